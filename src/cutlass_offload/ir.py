@@ -205,3 +205,67 @@ class KernelSource:
 
 def replace(obj, **changes):
     return dataclasses.replace(obj, **changes)
+
+
+@dataclass(frozen=True)
+class GemmRegion:
+    """A GEMM-family subgraph to offload: anchor op + fused epilogue.
+
+    nodes: FX node names, in graph order; the last one is the region's output.
+    a, b, bias, c: names of the region's input nodes by role (bias and c may be None).
+    form: the anchor op ("linear", "matmul", "mm", "addmm", "bmm").
+    b_nk: B is given as stored (N, K) (a Linear weight): logical B = b^T.
+    batch_mode: "fold" (batch dims folded into M, L = 1), "batched" (A and B
+      have the same batch dims) or "a_broadcast" (A is shared by every batch).
+    """
+
+    name: str
+    form: str
+    nodes: tuple
+    a: str
+    b: str
+    problem: GemmProblem
+    bias: Optional[str] = None
+    c: Optional[str] = None
+    b_nk: bool = False
+    batch_mode: str = "fold"
+    notes: tuple = ()
+
+    def __post_init__(self):
+        _check(self.batch_mode, ("fold", "batched", "a_broadcast"), "batch_mode")
+
+    @property
+    def output(self) -> str:
+        return self.nodes[-1]
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """An op that stays in PyTorch, and why (reaches the user's report)."""
+
+    node: str
+    op: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    regions: tuple
+    fallbacks: tuple
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Regions with their chosen kernel instantiation; kernels are deduplicated."""
+
+    arch: str
+    regions: tuple           # GemmRegion
+    kernels: tuple           # GemmKernel, parallel to regions
+    fallbacks: tuple
+
+    @property
+    def distinct_kernels(self) -> tuple:
+        seen = {}
+        for k in self.kernels:
+            seen.setdefault(k.name, k)
+        return tuple(seen.values())

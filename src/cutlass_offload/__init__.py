@@ -1,0 +1,15 @@
+"""cutlass_offload: offload PyTorch GEMM-family regions to CUTLASS kernels built into
+one shared library. Importing the package has no side effects.
+
+    compiled = cutlass_offload.compile(model, (x,), arch="sm_90a")
+    y = compiled(x)
+"""
+from .api import compile, load, resolve_arch
+from .backend import backend, make_backend
+from .errors import (CompileError, CutlassOffloadError, DeviceError, KernelLaunchError,
+                     ToolchainError, UnsupportedRegion)
+
+__version__ = "0.1.0"
+__all__ = ["compile", "load", "resolve_arch", "backend", "make_backend", "CompileError",
+           "CutlassOffloadError", "DeviceError", "KernelLaunchError", "ToolchainError",
+           "UnsupportedRegion"]

@@ -1,0 +1,165 @@
+"""Public entry points: ``compile`` (torch.export path), ``load``, ``backend``
+(torch.compile path). ``compile`` is the pipeline stages called in order."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from . import build as build_stage
+from .capture import Captured, capture, from_exported
+from .config import CompileOptions
+from .emit import emit_library
+from .errors import CutlassOffloadError, DeviceError
+from .partition import partition
+from .report import Report
+from .runtime.compiled_model import CompiledModel, offload
+from .select import select
+
+MANIFEST = "manifest.json"
+ARCH_ALIASES = {"sm90a": "sm90a", "sm_90a": "sm90a", "sm90": "sm90a", "sm_90": "sm90a",
+                "sm80": "sm80", "sm_80": "sm80"}
+
+
+def resolve_arch(arch: str | None) -> str:
+    """'sm90a' or 'sm80' from an explicit name or the visible GPU.
+
+    Raises DeviceError when arch is None and no GPU is visible, ValueError for an
+    unknown name.
+    """
+    if arch is not None:
+        if arch not in ARCH_ALIASES:
+            raise ValueError(f"unknown arch {arch!r}: use sm_90a (Hopper) or sm_80 (Ampere)")
+        return ARCH_ALIASES[arch]
+    if not torch.cuda.is_available():
+        raise DeviceError("no GPU visible to pick the target from: pass arch='sm_90a' or 'sm_80'")
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) == (9, 0):
+        return "sm90a"
+    if major == 8:
+        return "sm80"
+    raise DeviceError(f"GPU sm_{major}{minor} is not a supported target (sm_80/sm_90a)")
+
+
+class _Phases:
+    def __init__(self):
+        self.seconds = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name):
+        t0 = time.perf_counter()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None = None,
+            allow_tf32: bool = False, dynamic_batch: bool = False, dynamic_shapes=None,
+            out_dir: str | os.PathLike | None = None, strict: bool = False,
+            num_sms: int | None = None) -> CompiledModel:
+    """Offload ``model``'s GEMM-family regions to CUTLASS kernels in one shared library.
+
+    example_inputs: a tuple of tensors as the model takes them (any device).
+    arch: "sm_90a" or "sm_80"; None = from the visible GPU.
+    out_dir: if given, the library, its source, the exported program, the example
+      inputs and the report are written there (atomically: a folder is either
+      complete, with manifest.json, or absent) for ``load`` / ``cutlass-offload run``.
+    Returns a CompiledModel; its regions run on a GPU of ``arch``.
+    Raises DeviceError, ToolchainError, CompileError (nvcc failed: names the
+    regions and kernels, keeps the source), CutlassOffloadError when ``strict`` and
+    a GEMM-family op falls back.
+    """
+    options = CompileOptions(arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict,
+                             num_sms=num_sms)
+    phases = _Phases()
+    with phases("capture"):
+        cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
+                      dynamic_shapes=dynamic_shapes)
+    compiled = _compile_graph(cap.graph_module, options, phases)
+    if out_dir is not None:
+        with phases("save"):
+            save(compiled, cap, example_inputs, options, out_dir)
+        compiled.report.phases = dict(phases.seconds)
+    return compiled
+
+
+def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=None) -> CompiledModel:
+    with phases("partition"):
+        part = partition(gm, options)
+    with phases("select"):
+        plan = select(part, options.arch, options)
+    if options.strict and plan.fallbacks:
+        raise CutlassOffloadError("strict mode: GEMM-family ops left in PyTorch:\n" + "\n".join(
+            f"  {f.node} ({f.op}): {f.reason}" for f in plan.fallbacks))
+    report = Report.from_plan(plan)
+    lib = library_path
+    if plan.regions and lib is None:
+        with phases("emit"):
+            src = emit_library(plan)
+        with phases("build"):
+            res = build_stage.build(src, plan)
+        lib = res.library
+        report.build = {"cache_hit": res.cache_hit, "seconds": res.seconds,
+                        "library": str(res.library), "source": str(res.source)}
+    with phases("load"):
+        gm = offload(gm, plan, lib)
+    report.phases = dict(phases.seconds)
+    return CompiledModel(gm, plan, report, lib)
+
+
+def _fingerprint(plan) -> list:
+    return [[r.name, k.name] for r, k in zip(plan.regions, plan.kernels)]
+
+
+def save(compiled: CompiledModel, cap: Captured, example_inputs, options: CompileOptions, out_dir):
+    """Write the artifacts of a compile to out_dir, atomically (rename into place)."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        torch.export.save(cap.exported, str(tmp / "model.pt2"))
+        torch.save(tuple(example_inputs), tmp / "inputs.pt")
+        if compiled.library_path:
+            shutil.copy2(compiled.library_path, tmp / build_stage.LIB_NAME)
+            src = compiled.report.build.get("source")
+            if src:
+                shutil.copy2(src, tmp / build_stage.SOURCE_NAME)
+        (tmp / "report.json").write_text(json.dumps(compiled.report.to_dict(), indent=1))
+        manifest = {"options": asdict(options), "fingerprint": _fingerprint(compiled.plan),
+                    "torch": torch.__version__}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load(out_dir) -> tuple:
+    """(CompiledModel, reference GraphModule, example inputs) from a compile's out_dir.
+
+    Re-partitions the saved ExportedProgram and checks that it gives the same
+    regions and kernels as when the library was built (else CutlassOffloadError).
+    """
+    out = Path(out_dir)
+    if not (out / MANIFEST).is_file():
+        raise CutlassOffloadError(f"{out} is not a complete cutlass-offload output folder")
+    manifest = json.loads((out / MANIFEST).read_text())
+    options = CompileOptions(**manifest["options"])
+    ep = torch.export.load(str(out / "model.pt2"))
+    inputs = torch.load(out / "inputs.pt")
+    lib = out / build_stage.LIB_NAME
+    compiled = _compile_graph(from_exported(ep), options, _Phases(),
+                              library_path=lib if lib.exists() else None)
+    if _fingerprint(compiled.plan) != manifest["fingerprint"]:
+        raise CutlassOffloadError(f"{out}: the saved model partitions differently now "
+                                  "(package version changed?); compile it again")
+    compiled.report = Report(**json.loads((out / "report.json").read_text()))
+    return compiled, ep.module(), inputs

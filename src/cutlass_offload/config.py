@@ -1,0 +1,57 @@
+"""All knobs in one place. Nothing else in the package reads ``os.environ``.
+
+Environment variables:
+  CUTLASS_OFFLOAD_CACHE_DIR  build cache root (default: $XDG_CACHE_HOME/cutlass_offload
+                             or ~/.cache/cutlass_offload)
+  CUTLASS_OFFLOAD_NVCC       explicit path to nvcc
+  CUDA_HOME / CUDA_PATH      CUDA toolkit root (nvcc looked up in its bin/)
+  CUTLASS_OFFLOAD_NVCC_THREADS  value of nvcc's -t (default 0 = one per core)
+  CUTLASS_OFFLOAD_VERBOSE    1 prints each compile command
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Knobs:
+    cache_dir: Path
+    nvcc: str | None
+    cuda_home: str | None
+    nvcc_threads: int
+    verbose: bool
+
+
+def knobs() -> Knobs:
+    """Read the environment now (not at import time, so tests can change it)."""
+    env = os.environ
+    cache = env.get("CUTLASS_OFFLOAD_CACHE_DIR")
+    if not cache:
+        base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        cache = os.path.join(base, "cutlass_offload")
+    return Knobs(
+        cache_dir=Path(cache),
+        nvcc=env.get("CUTLASS_OFFLOAD_NVCC") or None,
+        cuda_home=env.get("CUDA_HOME") or env.get("CUDA_PATH") or None,
+        nvcc_threads=int(env.get("CUTLASS_OFFLOAD_NVCC_THREADS", "0")),
+        verbose=env.get("CUTLASS_OFFLOAD_VERBOSE", "0") not in ("", "0"),
+    )
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """User-facing options of one compile.
+
+    arch: "sm90a" (CUTLASS 3.x TMA warp-specialized, H100/H200) or "sm80" (2.x);
+      None = from the visible GPU, else an error when no GPU is visible.
+    allow_tf32: let fp32 GEMMs run as TF32 (10-bit mantissa inputs).
+    strict: a region that falls back raises instead.
+    num_sms: SM count used by tile selection (132 on H100/H200 SXM, 108 on A100).
+    """
+
+    arch: str | None = None
+    allow_tf32: bool = False
+    strict: bool = False
+    num_sms: int | None = None

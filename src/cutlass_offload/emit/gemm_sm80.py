@@ -1,0 +1,404 @@
+"""Emit one CUTLASS 2.x tensor-core GEMM (``cutlass2x_sm80`` family).
+
+The generated C++ instantiates ``cutlass::gemm::device::GemmUniversal`` with a
+``LinearCombinationGeneric`` epilogue, or, when the epilogue has a residual,
+``GemmUniversalWithBroadcast`` with ``LinearCombinationResidualBlock`` (the
+approach of Apache TVM's CUTLASS BYOC). ArchTag is Sm80; the same code compiles
+for sm_80 and sm_90a (on Hopper it serves problems whose alignment TMA cannot
+handle).
+
+Epilogue mapping, D = post(residual_op(activation(acc + bias), C)):
+
+* no residual: ``act(alpha * acc + C)`` with ScaleType::NoBetaScaling, where the
+  source C is the bias vector read with ldc = 0 and batch stride 0 (the classic
+  row-broadcast trick); without a bias, ScaleType::OnlyAlphaScaling, so no
+  source is read at all.
+* residual: ``post(binary(act(alpha * acc + vector), beta * C))`` with the bias
+  as the broadcast vector (ldr = 0, batch stride 0) and alpha = beta = 1. A null
+  vector pointer is safe: CUTLASS's EpilogueWithBroadcast loads zeros when the
+  pointer is null and the kernel only offsets it when it is non-null, so a
+  kernel without a bias passes ``nullptr``.
+
+Alignment rules (elements):
+
+* f16 / bf16: align_a, align_b, align_c in {1, 2, 4, 8}. The multistage
+  (cp.async) mainloop copies 4, 8 or 16 bytes, so stages >= 3 needs
+  align_a, align_b >= 2; with an operand alignment of 1 the config must use
+  stages = 2, which selects the register-staged MmaPipelined mainloop.
+* f32 (TF32, instruction 16x8x8): align_a, align_b, align_c in {1, 2, 4}
+  (4 bytes is the smallest cp.async), stages >= 3. Stages = 2 is refused: the
+  2-stage DefaultMma specialization for float operands silently switches to
+  OpMultiplyAddFastF16 (operands rounded to fp16), which is not TF32.
+
+The launcher ``run`` also checks, per call, that pointers, leading dimensions
+and batch strides honour the kernel's alignments (CUTLASS 2.x can_implement
+only checks the problem extents) and returns CO_CANNOT_IMPLEMENT otherwise.
+"""
+from __future__ import annotations
+
+from string import Template
+
+from ..ir import GemmKernel, KernelConfig, KernelSource
+
+FAMILY = "cutlass2x_sm80"
+
+_ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32": "float"}
+_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+_INSTRUCTION = {"f16": (16, 8, 16), "bf16": (16, 8, 16), "f32": (16, 8, 8)}
+_ALIGNMENTS = {"f16": (1, 2, 4, 8), "bf16": (1, 2, 4, 8), "f32": (1, 2, 4)}
+
+_THREAD = "cutlass::epilogue::thread::"
+_ACTIVATION = {
+    "identity": _THREAD + "Identity",
+    "relu": _THREAD + "ReLu",
+    "gelu_erf": _THREAD + "GELU",
+    "gelu_tanh": _THREAD + "GELU_taylor",
+    "silu": _THREAD + "SiLu",
+    "sigmoid": _THREAD + "Sigmoid",
+}
+_HEAVY = ("gelu_erf", "gelu_tanh", "silu", "sigmoid")
+_BINARY = {"add": "cutlass::plus", "mul": "cutlass::multiplies"}
+_POST = {"identity": _THREAD + "Identity", "relu": _THREAD + "ReLu"}
+_LAYOUT_B = {"col": "cutlass::layout::ColumnMajor", "row": "cutlass::layout::RowMajor"}
+
+# Largest opt-in dynamic shared memory per block on sm_80 (A100); H100 allows more.
+_SMEM_LIMIT = 163 * 1024
+
+_INCLUDES_COMMON = (
+    "cutlass/cutlass.h",
+    "cutlass/numeric_types.h",
+    "cutlass/functional.h",
+    "cutlass/epilogue/thread/activation.h",
+)
+_INCLUDES_PLAIN = _INCLUDES_COMMON + (
+    "cutlass/epilogue/thread/linear_combination_generic.h",
+    "cutlass/gemm/device/gemm_universal.h",
+)
+_INCLUDES_RESIDUAL = _INCLUDES_COMMON + (
+    "cutlass/epilogue/thread/linear_combination_residual_block.h",
+    "cutlass/gemm/device/gemm_universal_with_broadcast.h",
+)
+
+# ---------------------------------------------------------------------------
+# C++ templates (string.Template, substituted strictly)
+# ---------------------------------------------------------------------------
+
+# Types shared by both variants.
+_TYPES = """\
+using ElementA = ${element};
+using ElementB = ${element};
+using ElementOutput = ${element};
+using ElementAccumulator = float;
+using ElementCompute = float;
+using LayoutA = cutlass::layout::RowMajor;
+using LayoutB = ${layout_b};
+using LayoutC = cutlass::layout::RowMajor;
+using ThreadblockShape = cutlass::gemm::GemmShape<${tile_m}, ${tile_n}, ${tile_k}>;
+using WarpShape = cutlass::gemm::GemmShape<${warp_m}, ${warp_n}, ${warp_k}>;
+using InstructionShape = cutlass::gemm::GemmShape<${inst_m}, ${inst_n}, ${inst_k}>;
+using Swizzle = cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>;
+constexpr int kStages = ${stages};
+constexpr int kAlignA = ${align_a};
+constexpr int kAlignB = ${align_b};
+constexpr int kAlignC = ${align_c};
+"""
+
+# Variant 1: no residual. D = act(alpha * acc + bias_row); bias read as C with ldc = 0.
+_PLAIN = """\
+// D = ${semantics}
+using EpilogueOp = cutlass::epilogue::thread::LinearCombinationGeneric<
+    ${activation}, ElementOutput, kAlignC, ElementAccumulator, ElementCompute,
+    cutlass::epilogue::thread::ScaleType::${scale_type},
+    cutlass::FloatRoundStyle::round_to_nearest, ${is_heavy}>;
+
+using Gemm = cutlass::gemm::device::GemmUniversal<
+    ElementA, LayoutA, ElementB, LayoutB, ElementOutput, LayoutC, ElementAccumulator,
+    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
+    ThreadblockShape, WarpShape, InstructionShape, EpilogueOp, Swizzle,
+    kStages, kAlignA, kAlignB, cutlass::arch::OpMultiplyAdd>;
+
+static typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
+  cutlass::gemm::GemmUniversalMode mode = args.l == 1
+      ? cutlass::gemm::GemmUniversalMode::kGemm
+      : cutlass::gemm::GemmUniversalMode::kBatched;
+  return typename Gemm::Arguments(
+      mode,
+      cutlass::gemm::GemmCoord(int(args.m), int(args.n), int(args.k)),
+      int(args.l),
+      typename EpilogueOp::Params(ElementCompute(1), ElementCompute(${beta})),
+      args.a, args.b, ${source_ptr}, args.d,
+      args.batch_stride_a, args.batch_stride_b, /*batch_stride_c=*/0, args.batch_stride_d,
+      args.lda, args.ldb, /*ldc=*/0, args.ldd);
+}
+"""
+
+# Variant 2: residual. D = post(binary(act(alpha * acc + vector), beta * C)).
+_RESIDUAL = """\
+// D = ${semantics}
+using EpilogueOp = cutlass::epilogue::thread::LinearCombinationResidualBlock<
+    ElementOutput, ElementAccumulator, ElementCompute, ElementOutput, kAlignC,
+    ${activation}, ${binary_op}, ${post_op}>;
+
+using Gemm = cutlass::gemm::device::GemmUniversalWithBroadcast<
+    ElementA, LayoutA, ElementB, LayoutB, ElementOutput, LayoutC, ElementAccumulator,
+    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
+    ThreadblockShape, WarpShape, InstructionShape, EpilogueOp, Swizzle,
+    kStages, kAlignA, kAlignB, cutlass::arch::OpMultiplyAdd>;
+
+static typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
+  cutlass::gemm::GemmUniversalMode mode = args.l == 1
+      ? cutlass::gemm::GemmUniversalMode::kGemm
+      : cutlass::gemm::GemmUniversalMode::kBatched;
+  return typename Gemm::Arguments(
+      mode,
+      cutlass::gemm::GemmCoord(int(args.m), int(args.n), int(args.k)),
+      int(args.l),
+      typename EpilogueOp::Params(ElementCompute(1), ElementCompute(1)),
+      args.a, args.b, args.c, args.d,
+      /*ptr_Vector=*/${vector_ptr}, /*ptr_Tensor=*/nullptr,
+      args.batch_stride_a, args.batch_stride_b, args.batch_stride_c, args.batch_stride_d,
+      /*batch_stride_Vector=*/0, /*batch_stride_Tensor=*/0,
+      args.lda, args.ldb, args.ldc, args.ldd, /*ldr=*/0, /*ldt=*/0);
+}
+"""
+
+# Launcher shared by both variants: checks, workspace, initialize, run.
+_LAUNCHER = """\
+static bool aligned(const void* p, int64_t ld, int64_t batch_stride, int64_t elems, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % uintptr_t(elems * bytes) == 0 &&
+         ld % elems == 0 && batch_stride % elems == 0;
+}
+
+// Problem and operand checks CUTLASS 2.x can_implement does not make.
+static bool supported(const CoGemmArgs& args) {
+  const int64_t kIntMax = INT32_MAX;
+  if (args.m < 0 || args.n <= 0 || args.k <= 0 || args.l < 0) return false;
+  if (args.m > kIntMax || args.n > kIntMax || args.k > kIntMax || args.l > kIntMax) return false;
+  if (args.a == nullptr || args.b == nullptr || args.d == nullptr) return false;
+  const int64_t e = int64_t(sizeof(ElementA));
+  if (!aligned(args.a, args.lda, args.batch_stride_a, kAlignA, e)) return false;
+  if (!aligned(args.b, args.ldb, args.batch_stride_b, kAlignB, e)) return false;
+  if (!aligned(args.d, args.ldd, args.batch_stride_d, kAlignC, e)) return false;
+${operand_checks}  return true;
+}
+
+int64_t workspace_size(const CoGemmArgs& args) {
+  if (args.m == 0 || args.l == 0 || !supported(args)) return 0;
+  return int64_t(Gemm::get_workspace_size(make_arguments(args)));
+}
+
+int run(const CoGemmArgs& args, cudaStream_t stream) {
+  if (args.m < 0 || args.l < 0) return CO_CANNOT_IMPLEMENT;
+  if (args.m == 0 || args.l == 0) return CO_OK;  // empty output: nothing to launch
+  if (!supported(args)) return CO_CANNOT_IMPLEMENT;
+  typename Gemm::Arguments arguments = make_arguments(args);
+  if (Gemm::can_implement(arguments) != cutlass::Status::kSuccess) return CO_CANNOT_IMPLEMENT;
+  size_t needed = Gemm::get_workspace_size(arguments);
+  if (args.workspace_bytes < int64_t(needed)) return CO_WORKSPACE_TOO_SMALL;
+  Gemm gemm;
+  // No workspace pointer when none is needed: initialize() would memset it.
+  if (gemm.initialize(arguments, needed ? args.workspace : nullptr, stream) != cutlass::Status::kSuccess)
+    return CO_INIT_FAILED;
+  if (gemm.run(stream) != cutlass::Status::kSuccess) return CO_LAUNCH_FAILED;
+  if (cudaGetLastError() != cudaSuccess) return CO_LAUNCH_FAILED;
+  return CO_OK;
+}
+"""
+
+_CHECK_BIAS = """\
+  if (args.bias == nullptr) return false;
+  if (!aligned(args.bias, 0, 0, kAlignC, e)) return false;
+"""
+_CHECK_RESIDUAL = """\
+  if (args.c == nullptr) return false;
+  if (!aligned(args.c, args.ldc, args.batch_stride_c, kAlignC, e)) return false;
+"""
+
+_KERNEL = """\
+// ${name}
+namespace ${name} {
+
+${types}
+${operation}
+${launcher}
+}  // namespace ${name}
+"""
+
+
+# ---------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------
+
+def check(kernel: GemmKernel) -> None:
+    """Raise ValueError unless ``kernel`` is a legal cutlass2x_sm80 instantiation.
+
+    Checks family, arch, dtype/alignment/stages combinations (see the module
+    docstring), the instruction shape for the dtype, tile/warp divisibility and
+    the mainloop shared-memory budget of sm_80.
+    """
+    cfg = kernel.config
+    if cfg.family != FAMILY:
+        raise ValueError(f"gemm_sm80 emits only {FAMILY} kernels, got family {cfg.family!r}")
+    if kernel.layout_a != "row":
+        raise ValueError(f"A must be row-major, got layout_a={kernel.layout_a!r}")
+    if kernel.layout_b not in _LAYOUT_B:
+        raise ValueError(f"layout_b must be 'row' or 'col', got {kernel.layout_b!r}")
+    if kernel.accumulate != "f32":
+        raise ValueError(f"only f32 accumulation is supported, got {kernel.accumulate!r}")
+    dtype = kernel.dtype
+    if dtype not in _ELEMENT:
+        raise ValueError(f"unsupported dtype {dtype!r}")
+    allowed = _ALIGNMENTS[dtype]
+    for what, a in (("align_a", kernel.align_a), ("align_b", kernel.align_b),
+                    ("align_c", kernel.align_c)):
+        if a not in allowed:
+            raise ValueError(f"{what}={a} is not legal for {dtype}: allowed {allowed} "
+                             f"(at most 16 bytes per access)")
+    min_ab = min(kernel.align_a, kernel.align_b)
+    if dtype == "f32":
+        if cfg.stages < 3:
+            raise ValueError("TF32 kernels need stages >= 3: the 2-stage float mainloop "
+                             "rounds operands to fp16 (OpMultiplyAddFastF16)")
+    else:
+        if cfg.stages < 2:
+            raise ValueError(f"stages must be >= 2, got {cfg.stages}")
+        if min_ab * _BYTES[dtype] < 4 and cfg.stages != 2:
+            raise ValueError(
+                f"{dtype} with align_a={kernel.align_a}, align_b={kernel.align_b} needs "
+                f"stages=2 (MmaPipelined): cp.async copies only 4, 8 or 16 bytes, "
+                f"got stages={cfg.stages}")
+    if tuple(cfg.instruction) != _INSTRUCTION[dtype]:
+        raise ValueError(f"{dtype} needs instruction shape {_INSTRUCTION[dtype]}, "
+                         f"got {tuple(cfg.instruction)}")
+    tm, tn, tk = cfg.tile
+    wm, wn, wk = cfg.warp
+    im, in_, ik = cfg.instruction
+    if tm % wm or tn % wn or wk != tk:
+        raise ValueError(f"warp {cfg.warp} must tile the threadblock {cfg.tile} in M and N "
+                         f"and have the same K")
+    if wm % im or wn % in_ or wk % ik:
+        raise ValueError(f"warp {cfg.warp} must be a multiple of instruction {cfg.instruction}")
+    warps = (tm // wm) * (tn // wn)
+    if warps not in (1, 2, 4, 8):
+        raise ValueError(f"{warps} warps per threadblock; use 1, 2, 4 or 8")
+    smem = cfg.stages * (tm + tn) * tk * _BYTES[dtype]
+    if smem > _SMEM_LIMIT:
+        raise ValueError(f"mainloop needs {smem} bytes of shared memory, more than the "
+                         f"{_SMEM_LIMIT} bytes an sm_80 block may use")
+
+
+# ---------------------------------------------------------------------------
+# Substitution values and emission
+# ---------------------------------------------------------------------------
+
+def _semantics(kernel: GemmKernel) -> str:
+    ep = kernel.epilogue
+    x = "acc + bias" if ep.bias else "acc"
+    if ep.activation != "identity":
+        x = f"{ep.activation}({x})"
+    if ep.residual != "none":
+        x = f"{x} {'+' if ep.residual == 'add' else '*'} C"
+    if ep.post_activation != "identity":
+        x = f"{ep.post_activation}({x})"
+    return x
+
+
+def values(kernel: GemmKernel) -> dict:
+    """Return the substitution dict for the templates of ``kernel``.
+
+    Keys cover both variants; each template uses the subset it needs. Raises
+    ValueError (from ``check``) if the kernel is not a legal instantiation.
+    """
+    check(kernel)
+    cfg = kernel.config
+    ep = kernel.epilogue
+    residual = ep.residual != "none"
+    operand_checks = (_CHECK_BIAS if ep.bias else "") + (_CHECK_RESIDUAL if residual else "")
+    return {
+        "name": kernel.name,
+        "semantics": _semantics(kernel),
+        "element": _ELEMENT[kernel.dtype],
+        "layout_b": _LAYOUT_B[kernel.layout_b],
+        "tile_m": cfg.tile[0], "tile_n": cfg.tile[1], "tile_k": cfg.tile[2],
+        "warp_m": cfg.warp[0], "warp_n": cfg.warp[1], "warp_k": cfg.warp[2],
+        "inst_m": cfg.instruction[0], "inst_n": cfg.instruction[1],
+        "inst_k": cfg.instruction[2],
+        "stages": cfg.stages,
+        "align_a": kernel.align_a, "align_b": kernel.align_b, "align_c": kernel.align_c,
+        "activation": _ACTIVATION[ep.activation],
+        "is_heavy": "true" if ep.activation in _HEAVY else "false",
+        # Plain variant: bias row broadcast through C, or no source at all.
+        "scale_type": "NoBetaScaling" if ep.bias else "OnlyAlphaScaling",
+        "beta": 1 if ep.bias else 0,
+        "source_ptr": "args.bias" if ep.bias else "nullptr",
+        # Residual variant.
+        "binary_op": _BINARY.get(ep.residual, ""),
+        "post_op": _POST[ep.post_activation],
+        "vector_ptr": "const_cast<void*>(args.bias)" if ep.bias else "nullptr",
+        "operand_checks": operand_checks,
+    }
+
+
+def emit(kernel: GemmKernel) -> KernelSource:
+    """Return the KernelSource (name, includes, code) of one cutlass2x_sm80 kernel.
+
+    ``code`` defines ``namespace <kernel.name> { int64_t workspace_size(const
+    CoGemmArgs&); int run(const CoGemmArgs&, cudaStream_t); }``; ``run`` returns
+    a CoStatus. ``includes`` are header names relative to the CUTLASS include
+    directories, to be emitted as ``#include "<name>"`` after prelude.h.
+    Raises ValueError for an illegal kernel (see ``check``) and KeyError if a
+    template placeholder has no value.
+    """
+    v = values(kernel)
+    residual = kernel.epilogue.residual != "none"
+    operation = Template(_RESIDUAL if residual else _PLAIN).substitute(v)
+    code = Template(_KERNEL).substitute(
+        v,
+        types=Template(_TYPES).substitute(v),
+        operation=operation,
+        launcher=Template(_LAUNCHER).substitute(v),
+    )
+    includes = _INCLUDES_RESIDUAL if residual else _INCLUDES_PLAIN
+    return KernelSource(name=kernel.name, includes=includes, code=code)
+
+
+# ---------------------------------------------------------------------------
+# Known-good configurations
+# ---------------------------------------------------------------------------
+
+def _cfg(tile, warp, stages, instruction) -> KernelConfig:
+    return KernelConfig(family=FAMILY, tile=tile, warp=warp, stages=stages,
+                        instruction=instruction)
+
+
+def legal_configs(dtype: str, align_a: int, align_b: int, align_c: int) -> list[KernelConfig]:
+    """Return up to 4 configs, largest tile first, that compile for this dtype/alignment.
+
+    Raises ValueError if the dtype or an alignment is not supported at all.
+    """
+    if dtype not in _ELEMENT:
+        raise ValueError(f"unsupported dtype {dtype!r}")
+    allowed = _ALIGNMENTS[dtype]
+    for what, a in (("align_a", align_a), ("align_b", align_b), ("align_c", align_c)):
+        if a not in allowed:
+            raise ValueError(f"{what}={a} is not legal for {dtype}: allowed {allowed}")
+    inst = _INSTRUCTION[dtype]
+    if dtype == "f32":
+        return [
+            _cfg((128, 128, 32), (64, 64, 32), 3, inst),
+            _cfg((128, 64, 32), (64, 32, 32), 3, inst),
+            _cfg((64, 64, 32), (32, 32, 32), 4, inst),
+        ]
+    if min(align_a, align_b) * _BYTES[dtype] < 4:
+        # Sub-4-byte operand accesses: register-staged 2-stage mainloop only.
+        return [
+            _cfg((128, 128, 32), (64, 64, 32), 2, inst),
+            _cfg((128, 64, 32), (64, 32, 32), 2, inst),
+            _cfg((64, 64, 32), (32, 32, 32), 2, inst),
+        ]
+    return [
+        _cfg((128, 256, 32), (64, 64, 32), 3, inst),
+        _cfg((128, 128, 32), (64, 64, 32), 4, inst),
+        _cfg((128, 64, 32), (64, 32, 32), 4, inst),
+        _cfg((64, 64, 32), (32, 32, 32), 5, inst),
+    ]

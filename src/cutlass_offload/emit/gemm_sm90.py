@@ -1,0 +1,421 @@
+"""C++ for one CUTLASS 3.x sm90a TMA warp-specialized GEMM (family ``cutlass3x_sm90``).
+
+``emit(kernel)`` returns a ``KernelSource`` whose code defines, inside
+``namespace <kernel.name>``::
+
+    int64_t workspace_size(const CoGemmArgs& args);        // bytes
+    int run(const CoGemmArgs& args, cudaStream_t stream);  // a CoStatus
+
+The kernel is built with the CUTLASS collective builders (mainloop and epilogue),
+``GemmUniversal<Shape<int,int,int,int>, ...>`` (problem (M, N, K, L)) and
+``GemmUniversalAdapter``. The epilogue
+``D = post(residual_op(activation(acc + bias), C))`` is an epilogue visitor tree
+(EVT) computed in fp32; a plain epilogue uses ``LinearCombination`` with beta 0
+and no source load (ElementC = void).
+
+``run`` does no allocation, no synchronisation and, after its first call, no
+device query, so it can be captured into a CUDA graph.
+"""
+from __future__ import annotations
+
+import string
+
+from ..ir import GemmEpilogue, GemmKernel, KernelSource
+
+FAMILY = "cutlass3x_sm90"
+
+# dtype -> (C++ element type, bits)
+_ELEMENT = {
+    "f16": ("cutlass::half_t", 16),
+    "bf16": ("cutlass::bfloat16_t", 16),
+    "f32": ("float", 32),  # TF32 tensor-core math on fp32 storage
+}
+
+# ir activation -> CUTLASS elementwise functor template (None: no node)
+_ACTIVATION = {
+    "identity": None,
+    "relu": "cutlass::epilogue::thread::ReLu",
+    "gelu_erf": "cutlass::epilogue::thread::GELU",
+    "gelu_tanh": "cutlass::epilogue::thread::GELU_taylor",
+    "silu": "cutlass::epilogue::thread::SiLu",
+    "sigmoid": "cutlass::epilogue::thread::Sigmoid",
+}
+
+_RESIDUAL = {"add": "cutlass::plus", "mul": "cutlass::multiplies"}
+
+_KERNEL_SCHEDULES = (
+    "KernelTmaWarpSpecializedCooperative",
+    "KernelTmaWarpSpecializedPingpong",
+    "KernelTmaWarpSpecialized",
+)
+# kernel schedule -> the epilogue schedule it must be paired with
+_EPILOGUE_FOR = {
+    "KernelTmaWarpSpecializedCooperative": "TmaWarpSpecializedCooperative",
+    "KernelTmaWarpSpecializedPingpong": "TmaWarpSpecialized",
+    "KernelTmaWarpSpecialized": "TmaWarpSpecialized",
+}
+
+INCLUDES = (
+    "cute/tensor.hpp",
+    "cutlass/cutlass.h",
+    "cutlass/numeric_types.h",
+    "cutlass/kernel_hardware_info.h",
+    "cutlass/epilogue/thread/activation.h",
+    "cutlass/epilogue/fusion/operations.hpp",
+    "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp",
+    "cutlass/gemm/dispatch_policy.hpp",
+    "cutlass/gemm/collective/collective_builder.hpp",
+    "cutlass/epilogue/collective/collective_builder.hpp",
+    "cutlass/gemm/kernel/gemm_universal.hpp",
+    "cutlass/gemm/device/gemm_universal_adapter.h",
+)
+
+# One template for the family. Placeholders are ${name}; substitution is strict
+# (string.Template.substitute raises KeyError on a missing key).
+TEMPLATE = string.Template("""\
+// ${name}
+// D = ${semantics}
+namespace ${name} {
+
+using ElementA = ${element_ab};
+using ElementB = ${element_ab};
+using ElementC = ${element_c};
+using ElementD = ${element_d};
+using ElementBias = ${element_d};
+using ElementAccumulator = float;
+using ElementCompute = float;
+using LayoutA = cutlass::layout::RowMajor;
+using LayoutB = ${layout_b};
+using LayoutC = cutlass::layout::RowMajor;
+using LayoutD = cutlass::layout::RowMajor;
+constexpr int AlignmentA = ${align_a};
+constexpr int AlignmentB = ${align_b};
+constexpr int AlignmentC = ${align_c};
+constexpr int AlignmentD = ${align_c};
+constexpr auto RoundStyle = cutlass::FloatRoundStyle::round_to_nearest;
+
+using TileShape = cute::Shape<cute::_${tile_m}, cute::_${tile_n}, cute::_${tile_k}>;
+using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
+
+// Epilogue fusion: ${epilogue_tag}
+using FusionOp =
+${fusion_type};
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto,
+    ElementAccumulator, ElementCompute,
+    ElementC, LayoutC, AlignmentC,
+    ElementD, LayoutD, AlignmentD,
+    cutlass::epilogue::${epilogue_schedule},
+    FusionOp
+  >::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    ElementA, LayoutA, AlignmentA,
+    ElementB, LayoutB, AlignmentB,
+    ElementAccumulator,
+    TileShape, ClusterShape,
+    ${stage_count},
+    cutlass::gemm::${kernel_schedule}
+  >::CollectiveOp;
+
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
+    cute::Shape<int, int, int, int>,  // (M, N, K, L)
+    CollectiveMainloop,
+    CollectiveEpilogue>;
+
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+static_assert(cute::is_same_v<typename GemmKernel::StrideA, cute::Stride<int64_t, cute::_1, int64_t>>,
+              "A: row-major (M, K, L)");
+static_assert(cute::is_same_v<typename GemmKernel::StrideB, ${stride_b_type}>,
+              "B: ${layout_b_doc}");
+static_assert(cute::is_same_v<typename GemmKernel::StrideD, cute::Stride<int64_t, cute::_1, int64_t>>,
+              "D: row-major (M, N, L)");
+
+// SM count of the device current at the first call, cached so that later calls
+// (e.g. under CUDA graph capture) do no device query.
+static inline const cutlass::KernelHardwareInfo& hardware_info() {
+  static const cutlass::KernelHardwareInfo info = [] {
+    cutlass::KernelHardwareInfo hw;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+      device = 0;
+      (void)cudaGetLastError();
+    }
+    hw.device_id = device;
+    hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+    return hw;
+  }();
+  return info;
+}
+
+static inline typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
+  typename Gemm::Arguments arguments{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {static_cast<int>(args.m), static_cast<int>(args.n), static_cast<int>(args.k),
+       static_cast<int>(args.l)},
+      {static_cast<ElementA const*>(args.a),
+       cute::make_stride(int64_t(args.lda), cute::_1{}, int64_t(args.batch_stride_a)),
+       static_cast<ElementB const*>(args.b),
+       ${stride_b_value}},
+      {{},
+       ${ptr_c},
+       cute::make_stride(int64_t(args.ldc), cute::_1{}, int64_t(args.batch_stride_c)),
+       static_cast<ElementD*>(args.d),
+       cute::make_stride(int64_t(args.ldd), cute::_1{}, int64_t(args.batch_stride_d))},
+      hardware_info()};
+${fusion_args}
+  return arguments;
+}
+
+static inline bool co_fits_int(int64_t v) { return v >= 0 && v <= INT32_MAX; }
+static inline bool co_tma_aligned(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;  // TMA needs 16-byte aligned bases
+}
+
+int64_t workspace_size(const CoGemmArgs& args) {
+  return static_cast<int64_t>(Gemm::get_workspace_size(make_arguments(args)));
+}
+
+int run(const CoGemmArgs& args, cudaStream_t stream) {
+  if (!(co_fits_int(args.m) && co_fits_int(args.n) && co_fits_int(args.k) && co_fits_int(args.l))) {
+    return CO_CANNOT_IMPLEMENT;
+  }
+  if (args.m == 0 || args.n == 0 || args.l == 0) {
+    return CO_OK;  // empty output: nothing to launch
+  }
+  if (!(co_tma_aligned(args.a) && co_tma_aligned(args.b) && co_tma_aligned(args.d)${c_check})) {
+    return CO_CANNOT_IMPLEMENT;
+  }
+  typename Gemm::Arguments arguments = make_arguments(args);
+  if (Gemm::can_implement(arguments) != cutlass::Status::kSuccess) {
+    return CO_CANNOT_IMPLEMENT;
+  }
+  int64_t needed = static_cast<int64_t>(Gemm::get_workspace_size(arguments));
+  if (args.workspace_bytes < needed || (needed > 0 && args.workspace == nullptr)) {
+    return CO_WORKSPACE_TOO_SMALL;
+  }
+  Gemm gemm;
+  if (gemm.initialize(arguments, args.workspace, stream) != cutlass::Status::kSuccess) {
+    return CO_INIT_FAILED;
+  }
+  if (gemm.run(stream) != cutlass::Status::kSuccess) {
+    return CO_LAUNCH_FAILED;
+  }
+  if (cudaGetLastError() != cudaSuccess) {
+    return CO_LAUNCH_FAILED;
+  }
+  return CO_OK;
+}
+
+}  // namespace ${name}
+""")
+
+_NS = "cutlass::epilogue::fusion::"
+
+
+class _Node:
+    """One EVT node: its C++ type and the C++ initializer of its Arguments."""
+
+    def __init__(self, type_: str, args: str, children: tuple = ()):
+        self.type = type_
+        self.args = args
+        self.children = children
+
+    def render_type(self, indent: int) -> str:
+        pad = "  " * indent
+        if not self.children:
+            return pad + self.type
+        inner = ",\n".join(c.render_type(indent + 1) for c in self.children)
+        return f"{pad}{_NS}Sm90EVT<{self.type},\n{inner}>"
+
+    def render_args(self, indent: int) -> str:
+        pad = "  " * indent
+        if not self.children:
+            return pad + self.args
+        inner = ",\n".join(c.render_args(indent + 1) for c in self.children)
+        return f"{pad}{{  // {self.type.split('<')[1].split(',')[0]}\n{inner},\n{pad}  {self.args}}}"
+
+
+def _compute(fn: str, out: str, *children: _Node) -> _Node:
+    return _Node(f"{_NS}Sm90Compute<{fn}, {out}, ElementCompute, RoundStyle>", "{}", children)
+
+
+def _evt(ep: GemmEpilogue) -> _Node:
+    """The epilogue tree for a non-plain epilogue; the root outputs ElementD."""
+    # Each stage is (functor, extra children) applied on top of the tree so far.
+    stages = []
+    if ep.bias:
+        bias = _Node(
+            f"{_NS}Sm90RowBroadcast<0, TileShape, ElementBias, ElementCompute, "
+            "cute::Stride<cute::_0, cute::_1, cute::_0>>",
+            "{static_cast<ElementBias const*>(args.bias), ElementBias(0), {}}")
+        stages.append(("cutlass::plus", (bias,)))
+    if _ACTIVATION[ep.activation]:
+        stages.append((_ACTIVATION[ep.activation], ()))
+    if ep.residual != "none":
+        stages.append((_RESIDUAL[ep.residual], (_Node(f"{_NS}Sm90SrcFetch<ElementC>", "{}"),)))
+    if _ACTIVATION[ep.post_activation]:
+        stages.append((_ACTIVATION[ep.post_activation], ()))
+    node = _Node(f"{_NS}Sm90AccFetch", "{}")
+    for i, (fn, extra) in enumerate(stages):
+        out = "ElementD" if i == len(stages) - 1 else "ElementCompute"
+        node = _compute(fn, out, node, *extra)
+    return node
+
+
+def _is_plain(ep: GemmEpilogue) -> bool:
+    return not ep.bias and ep.activation == "identity" and ep.residual == "none"
+
+
+def _semantics(ep: GemmEpilogue) -> str:
+    x = "acc + bias" if ep.bias else "acc"
+    if ep.activation != "identity":
+        x = f"{ep.activation}({x})"
+    if ep.residual == "add":
+        x = f"{x} + C"
+    elif ep.residual == "mul":
+        x = f"({x}) * C"
+    if ep.post_activation != "identity":
+        x = f"{ep.post_activation}({x})"
+    return x
+
+
+def validate(kernel: GemmKernel) -> None:
+    """Check that ``kernel`` is a buildable cutlass3x_sm90 kernel.
+
+    Returns None. Raises ValueError for a wrong family/arch, an alignment TMA
+    cannot do (16-byte: 8 elements for 16-bit types, 4 for TF32), a tile,
+    cluster or schedule combination the sm90 builders reject; raises
+    NotImplementedError for TF32 with a row-major (N-contiguous) B.
+    """
+    cfg = kernel.config
+    if cfg.family != FAMILY:
+        raise ValueError(f"gemm_sm90 emits family {FAMILY!r}, got {cfg.family!r}")
+    if kernel.arch != "sm90a":
+        raise ValueError(f"{FAMILY} needs arch 'sm90a', got {kernel.arch!r}")
+    if kernel.layout_a != "row":
+        raise ValueError(f"layout_a must be 'row' (K contiguous), got {kernel.layout_a!r}")
+    if kernel.accumulate != "f32":
+        raise ValueError(f"only f32 accumulation is supported, got {kernel.accumulate!r}")
+    if kernel.dtype == "f32" and kernel.layout_b != "col":
+        raise NotImplementedError(
+            "TF32 on sm90 wgmma needs K-major operands; B with layout 'row' (N contiguous) "
+            "is not supported, use layout_b='col' or a 16-bit dtype")
+    bits = _ELEMENT[kernel.dtype][1]
+    need = 128 // bits
+    for what, a in (("align_a", kernel.align_a), ("align_b", kernel.align_b),
+                    ("align_c", kernel.align_c)):
+        if a % need:
+            raise ValueError(
+                f"{what}={a}: TMA needs 16-byte alignment, i.e. {need} {kernel.dtype} elements")
+    tm, tn, tk = cfg.tile
+    if tm not in (64, 128, 256):
+        raise ValueError(f"tile M must be 64, 128 or 256, got {tm}")
+    if not (tn % 16 == 0 and 16 <= tn <= 256):
+        raise ValueError(f"tile N must be a multiple of 16 in [16, 256], got {tn}")
+    k_atom = 256 // bits  # one wgmma K step: 16 for 16-bit, 8 for tf32
+    if tk <= 0 or tk % k_atom:
+        raise ValueError(f"tile K must be a positive multiple of {k_atom}, got {tk}")
+    cm, cn, ck = cfg.cluster
+    if ck != 1 or cm not in (1, 2, 4) or cn not in (1, 2, 4) or cm * cn > 4:
+        raise ValueError(f"cluster must be (1|2|4, 1|2|4, 1) with at most 4 CTAs, got {cfg.cluster}")
+    if cfg.kernel_schedule not in _KERNEL_SCHEDULES:
+        raise ValueError(f"kernel_schedule must be one of {_KERNEL_SCHEDULES}, "
+                         f"got {cfg.kernel_schedule!r}")
+    if cfg.kernel_schedule == "KernelTmaWarpSpecializedCooperative" and tm < 128:
+        raise ValueError(f"the cooperative schedule needs tile M >= 128, got {tm}")
+    epi = cfg.epilogue_schedule or _EPILOGUE_FOR[cfg.kernel_schedule]
+    if epi != _EPILOGUE_FOR[cfg.kernel_schedule]:
+        raise ValueError(f"epilogue_schedule {epi!r} does not match kernel_schedule "
+                         f"{cfg.kernel_schedule!r} (expected {_EPILOGUE_FOR[cfg.kernel_schedule]!r})")
+    if cfg.stages < 0 or cfg.stages == 1:
+        raise ValueError(f"stages must be 0 (auto) or >= 2, got {cfg.stages}")
+
+
+def values(kernel: GemmKernel) -> dict:
+    """Build the substitution dict for ``TEMPLATE`` (every placeholder, no more).
+
+    Returns a dict of str -> str. Raises what ``validate`` raises.
+    """
+    validate(kernel)
+    cfg = kernel.config
+    ep = kernel.epilogue
+    element = _ELEMENT[kernel.dtype][0]
+    residual = ep.residual != "none"
+
+    if kernel.layout_b == "col":  # stored (N, K), K contiguous
+        layout_b = "cutlass::layout::ColumnMajor"
+        stride_b_type = "cute::Stride<int64_t, cute::_1, int64_t>"
+        stride_b_value = "cute::make_stride(int64_t(args.ldb), cute::_1{}, int64_t(args.batch_stride_b))"
+        layout_b_doc = "(N, K, L), K contiguous"
+    else:  # stored (K, N), N contiguous
+        layout_b = "cutlass::layout::RowMajor"
+        stride_b_type = "cute::Stride<cute::_1, int64_t, int64_t>"
+        stride_b_value = "cute::make_stride(cute::_1{}, int64_t(args.ldb), int64_t(args.batch_stride_b))"
+        layout_b_doc = "(K, N, L), N contiguous"
+
+    if _is_plain(ep):
+        fusion_type = ("  cutlass::epilogue::fusion::LinearCombination<"
+                       "ElementD, ElementCompute, ElementC, ElementCompute, RoundStyle>")
+        fusion_args = ("  arguments.epilogue.thread.alpha = ElementCompute(1);\n"
+                       "  arguments.epilogue.thread.beta = ElementCompute(0);")
+    else:
+        tree = _evt(ep)
+        fusion_type = tree.render_type(1)
+        fusion_args = ("  // EVT arguments: each node is {child args..., op args}\n"
+                       "  arguments.epilogue.thread =\n" + tree.render_args(2) + ";")
+
+    if cfg.stages == 0:
+        stage_count = ("cutlass::gemm::collective::StageCountAutoCarveout<"
+                       "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>")
+    else:
+        stage_count = f"cutlass::gemm::collective::StageCount<{cfg.stages}>"
+
+    return {
+        "name": kernel.name,
+        "semantics": _semantics(ep),
+        "epilogue_tag": ep.tag,
+        "element_ab": element,
+        "element_c": element if residual else "void",
+        "element_d": element,
+        "layout_b": layout_b,
+        "layout_b_doc": layout_b_doc,
+        "align_a": str(kernel.align_a),
+        "align_b": str(kernel.align_b),
+        "align_c": str(kernel.align_c),
+        "tile_m": str(cfg.tile[0]),
+        "tile_n": str(cfg.tile[1]),
+        "tile_k": str(cfg.tile[2]),
+        "cluster_m": str(cfg.cluster[0]),
+        "cluster_n": str(cfg.cluster[1]),
+        "cluster_k": str(cfg.cluster[2]),
+        "fusion_type": fusion_type,
+        "fusion_args": fusion_args,
+        "epilogue_schedule": cfg.epilogue_schedule or _EPILOGUE_FOR[cfg.kernel_schedule],
+        "kernel_schedule": cfg.kernel_schedule,
+        "stage_count": stage_count,
+        "stride_b_type": stride_b_type,
+        "stride_b_value": stride_b_value,
+        "ptr_c": "static_cast<ElementC const*>(args.c)" if residual else "nullptr",
+        "c_check": " && args.c != nullptr && co_tma_aligned(args.c)" if residual else "",
+    }
+
+
+def emit(kernel: GemmKernel) -> KernelSource:
+    """Return the ``KernelSource`` (name, includes, code) for one cutlass3x_sm90 kernel.
+
+    The code defines ``namespace <kernel.name> { int64_t workspace_size(const
+    CoGemmArgs&); int run(const CoGemmArgs&, cudaStream_t); }`` and expects
+    prelude.h and ``includes`` to come first in the TU.
+
+    Raises ValueError for a kernel this family cannot build (see ``validate``),
+    NotImplementedError for TF32 with B row-major, KeyError if the template and
+    ``values`` ever disagree on a placeholder.
+    """
+    code = TEMPLATE.substitute(values(kernel))
+    return KernelSource(name=kernel.name, includes=INCLUDES, code=code)

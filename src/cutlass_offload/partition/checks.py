@@ -1,0 +1,263 @@
+"""Named predicates of the GEMM pattern table.
+
+Operand readers return ``Operands`` or raise ``UnsupportedRegion(reason)``.
+Epilogue checks take ``(state, node)`` and return None when the node may join
+the region, else a short reason (kept in the region's notes).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.fx as fx
+
+from ..errors import UnsupportedRegion
+from .graph_utils import DTYPE_NAMES, aten, hint_int, reachable, same_dim, same_shape, static_int, val
+
+
+@dataclass
+class Operands:
+    """What an anchor computes, read off the graph."""
+
+    form: str
+    a: fx.Node
+    b: fx.Node
+    b_nk: bool                 # b is stored (N, K): logical B = b^T
+    m_dims: tuple              # sizes folded into M (leading dims of A + M)
+    n: int
+    k: int
+    dtype: str
+    batch_mode: str = "fold"
+    batch_dims: tuple = ()     # sizes of L when batched
+    bias: Optional[fx.Node] = None
+    c: Optional[fx.Node] = None  # addmm input of full output shape: residual add
+
+
+@dataclass
+class EpilogueState:
+    anchor: fx.Node
+    operands: Operands
+    out: fx.Node               # current region output
+    bias: bool = False
+    activation: str = "identity"
+    residual: str = "none"
+    post_activation: str = "identity"
+    c: Optional[fx.Node] = None
+    nodes: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- operand readers
+
+def _dtype(node, what) -> str:
+    v = val(node)
+    if not isinstance(v, torch.Tensor):
+        raise UnsupportedRegion(f"{what} is not a tensor")
+    if v.dtype not in DTYPE_NAMES:
+        raise UnsupportedRegion(f"{what} has unsupported dtype {v.dtype}")
+    return DTYPE_NAMES[v.dtype]
+
+
+def _common_dtype(a, b, options) -> str:
+    da, db = _dtype(a, "A"), _dtype(b, "B")
+    if da != db:
+        raise UnsupportedRegion(f"mixed input dtypes {da} x {db}")
+    if da == "f32" and not options.allow_tf32:
+        raise UnsupportedRegion("fp32 GEMM: TF32 not allowed (pass allow_tf32=True / --tf32)")
+    return da
+
+
+def _static(x, what) -> int:
+    s = static_int(x)
+    if s is None:
+        raise UnsupportedRegion(f"dynamic {what}")
+    return s
+
+
+def _check_a_row_major(a):
+    v = val(a)
+    if v.dim() >= 2 and static_int(v.shape[-1]) != 1 and static_int(v.stride(-1)) != 1:
+        raise UnsupportedRegion("A is not row-major (K not contiguous)")
+
+
+def _b_layout_ok(b, b_nk):
+    """B must have a unit stride along K (col) or N (row) in its last two dims."""
+    v = val(b)
+    if static_int(v.stride(-1)) == 1 or static_int(v.stride(-2)) == 1:
+        return
+    raise UnsupportedRegion("B has no unit stride in its last two dims")
+
+
+def linear_operands(node, options) -> Operands:
+    x, w = node.args[0], node.args[1]
+    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    dtype = _common_dtype(x, w, options)
+    xv, wv = val(x), val(w)
+    if wv.dim() != 2 or xv.dim() < 1:
+        raise UnsupportedRegion("linear needs a 2-D weight")
+    k = _static(xv.shape[-1], "K")
+    n = _static(wv.shape[0], "N")
+    _check_a_row_major(x)
+    _b_layout_ok(w, True)
+    if bias is not None:
+        if _dtype(bias, "bias") != dtype or val(bias).dim() != 1:
+            raise UnsupportedRegion("linear bias must be a 1-D vector of the input dtype")
+    return Operands("linear", x, w, True, tuple(xv.shape[:-1]), n, k, dtype, bias=bias)
+
+
+def _batched(form, a, b, options) -> Operands:
+    dtype = _common_dtype(a, b, options)
+    av, bv = val(a), val(b)
+    if av.dim() < 2 or bv.dim() < 2:
+        raise UnsupportedRegion("matrix-vector product (1-D operand)")
+    k = _static(av.shape[-1], "K")
+    if not same_dim(bv.shape[-2], av.shape[-1]):
+        raise UnsupportedRegion("K of A and B differ")
+    n = _static(bv.shape[-1], "N")
+    _check_a_row_major(a)
+    _b_layout_ok(b, False)
+    ab = _strip_ones(av.shape[:-2])
+    bb = _strip_ones(bv.shape[:-2])
+    if not bb:        # B shared by every batch entry: fold A's batch into M
+        return Operands(form, a, b, False, tuple(av.shape[:-1]), n, k, dtype)
+    if not ab:
+        return Operands(form, a, b, False, (av.shape[-2],), n, k, dtype,
+                        batch_mode="a_broadcast", batch_dims=tuple(bv.shape[:-2]))
+    if len(av.shape) == len(bv.shape) and same_shape(av.shape[:-2], bv.shape[:-2]):
+        return Operands(form, a, b, False, (av.shape[-2],), n, k, dtype,
+                        batch_mode="batched", batch_dims=tuple(av.shape[:-2]))
+    raise UnsupportedRegion(
+        f"partial batch broadcast {tuple(av.shape[:-2])} x {tuple(bv.shape[:-2])}")
+
+
+def _strip_ones(dims):
+    dims = list(dims)
+    while dims and static_int(dims[0]) == 1:
+        dims.pop(0)
+    return tuple(dims)
+
+
+def matmul_operands(node, options) -> Operands:
+    return _batched("matmul", node.args[0], node.args[1], options)
+
+
+def mm_operands(node, options) -> Operands:
+    return _batched("mm", node.args[0], node.args[1], options)
+
+
+def bmm_operands(node, options) -> Operands:
+    return _batched("bmm", node.args[0], node.args[1], options)
+
+
+def addmm_operands(node, options) -> Operands:
+    inp, a, b = node.args[0], node.args[1], node.args[2]
+    beta = node.kwargs.get("beta", 1)
+    alpha = node.kwargs.get("alpha", 1)
+    if beta != 1 or alpha != 1:
+        raise UnsupportedRegion("addmm with alpha/beta != 1")
+    ops = _batched("addmm", a, b, options)
+    iv = val(inp)
+    if _dtype(inp, "addmm input") != ops.dtype:
+        raise UnsupportedRegion("addmm input dtype differs")
+    out_shape = val(node).shape
+    if iv.dim() >= 1 and same_dim(iv.shape[-1], ops.n) and all(static_int(d) == 1 for d in iv.shape[:-1]):
+        ops.bias = inp
+    elif same_shape(iv.shape, out_shape):
+        ops.c = inp
+    else:
+        raise UnsupportedRegion(f"addmm input of shape {tuple(iv.shape)} broadcasts partially")
+    return ops
+
+
+# ---------------------------------------------------------------- epilogue checks
+
+def all_of(*preds):
+    """Combine checks: the first reason to refuse wins."""
+    def check(state, node):
+        for p in preds:
+            r = p(state, node)
+            if r:
+                return r
+        return None
+    check.__name__ = "all_of(" + ", ".join(p.__name__ for p in preds) + ")"
+    return check
+
+
+def _other(state, node):
+    if len(node.args) != 2:
+        return None
+    a, b = node.args
+    return b if a is state.out else a
+
+
+def no_bias_yet(state, node):
+    return "a second bias" if state.bias else None
+
+
+def no_activation_yet(state, node):
+    return "a second activation" if state.activation != "identity" else None
+
+
+def no_residual_yet(state, node):
+    return "a second residual" if state.residual != "none" else None
+
+
+def has_residual(state, node):
+    return None if state.residual != "none" else "relu after a residual only"
+
+
+def no_post_activation_yet(state, node):
+    return "a second post-activation" if state.post_activation != "identity" else None
+
+
+def alpha_is_one(state, node):
+    return None if node.kwargs.get("alpha", 1) == 1 else "add with alpha != 1"
+
+
+def other_is_column_vector(state, node):
+    o = _other(state, node)
+    if not isinstance(o, fx.Node) or not isinstance(val(o), torch.Tensor):
+        return "bias is not a tensor"
+    ov = val(o)
+    if ov.dim() < 1 or not same_dim(ov.shape[-1], state.operands.n):
+        return "not a per-column vector"
+    if any(static_int(d) != 1 for d in ov.shape[:-1]):
+        return "not a per-column vector"
+    return None
+
+
+def other_is_full_shape(state, node):
+    o = _other(state, node)
+    if not isinstance(o, fx.Node) or not isinstance(val(o), torch.Tensor):
+        return "residual is not a tensor"
+    if not same_shape(val(o).shape, val(state.out).shape):
+        return f"residual of shape {tuple(val(o).shape)} broadcasts to the output"
+    return None
+
+
+def other_same_dtype(state, node):
+    o = _other(state, node)
+    ov = val(o) if isinstance(o, fx.Node) else None
+    if ov is None or DTYPE_NAMES.get(ov.dtype) != state.operands.dtype:
+        return "operand dtype differs from the GEMM's"
+    return None
+
+
+def other_independent_of_gemm(state, node):
+    o = _other(state, node)
+    if reachable(state.anchor, o):
+        return "residual depends on the GEMM's own output"
+    return None
+
+
+ACTIVATION_NAMES = {
+    aten.relu.default: lambda n: "relu",
+    aten.silu.default: lambda n: "silu",
+    aten.sigmoid.default: lambda n: "sigmoid",
+    aten.gelu.default: lambda n: "gelu_tanh" if n.kwargs.get("approximate", "none") == "tanh" else "gelu_erf",
+}
+
+
+def m_hint(dims) -> int:
+    return int(math.prod(hint_int(d) for d in dims)) if dims else 1

@@ -1,0 +1,85 @@
+"""Small helpers over FX nodes carrying FakeTensor ``meta['val']``."""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+def val(node):
+    """The FakeTensor (or SymInt/int) recorded for a node, or None."""
+    if isinstance(node, fx.Node):
+        return node.meta.get("val")
+    return node
+
+
+def is_tensor_node(node) -> bool:
+    return isinstance(node, fx.Node) and isinstance(val(node), torch.Tensor)
+
+
+def static_int(x):
+    """x as a Python int when it is static, else None (a symbolic size)."""
+    if isinstance(x, int):
+        return x
+    try:
+        if x.node.is_constant():  # SymInt wrapping a constant
+            return int(x)
+    except AttributeError:
+        pass
+    return None
+
+
+def hint_int(x, default=1) -> int:
+    """The example value of a (possibly symbolic) size, for heuristics only."""
+    if isinstance(x, int):
+        return x
+    try:
+        h = x.node.hint
+        return int(h) if h is not None else default
+    except AttributeError:
+        return default
+
+
+def same_dim(a, b) -> bool:
+    """True when two sizes are provably the same (equal ints or the same symbol)."""
+    sa, sb = static_int(a), static_int(b)
+    if sa is not None and sb is not None:
+        return sa == sb
+    return str(a) == str(b)
+
+
+def same_shape(sa, sb) -> bool:
+    return len(sa) == len(sb) and all(same_dim(x, y) for x, y in zip(sa, sb))
+
+
+def max_alignment(extent, dtype: str) -> int:
+    """Largest of 8/4/2/1 elements (4/2/1 for fp32: 16 bytes at most) dividing extent."""
+    e = static_int(extent)
+    top = 4 if dtype == "f32" else 8
+    if e is None:
+        return 1
+    a = top
+    while a > 1 and e % a:
+        a //= 2
+    return a
+
+
+def reachable(src: fx.Node, dst: fx.Node) -> bool:
+    """True when dst depends on src (a path src -> ... -> dst exists)."""
+    if src is dst:
+        return True
+    order = {n: i for i, n in enumerate(src.graph.nodes)}
+    lo = order[src]
+    stack, seen = [dst], set()
+    while stack:
+        n = stack.pop()
+        if n is src:
+            return True
+        if n in seen or order[n] < lo:
+            continue
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return False

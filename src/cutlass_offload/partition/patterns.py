@@ -1,0 +1,52 @@
+"""The pattern table for the GEMM family: anchors and epilogue stages, as data.
+
+An anchor row names an ATen op and the function that reads its operands (or
+raises UnsupportedRegion with a reason). An epilogue stage row names the ops it
+accepts after the current region output and the checks (small named predicates,
+see checks.py) that must all hold. Adding a pattern is one row plus a test.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import checks as C
+from .graph_utils import aten
+
+
+@dataclass(frozen=True)
+class Anchor:
+    form: str
+    target: object
+    operands: Callable        # (node, options) -> checks.Operands
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str                 # which GemmEpilogue field it fills
+    targets: tuple
+    check: Callable           # (EpilogueState, node) -> str | None (reason to refuse)
+
+
+ANCHORS = (
+    Anchor("linear", aten.linear.default, C.linear_operands),
+    Anchor("matmul", aten.matmul.default, C.matmul_operands),
+    Anchor("mm", aten.mm.default, C.mm_operands),
+    Anchor("addmm", aten.addmm.default, C.addmm_operands),
+    Anchor("bmm", aten.bmm.default, C.bmm_operands),
+)
+
+EPILOGUE_STAGES = (
+    Stage("bias", (aten.add.Tensor,),
+          C.all_of(C.no_bias_yet, C.no_activation_yet, C.no_residual_yet, C.alpha_is_one,
+                   C.other_is_column_vector, C.other_same_dtype)),
+    Stage("activation", (aten.relu.default, aten.gelu.default, aten.silu.default, aten.sigmoid.default),
+          C.all_of(C.no_activation_yet, C.no_residual_yet)),
+    Stage("residual", (aten.add.Tensor, aten.mul.Tensor),
+          C.all_of(C.no_residual_yet, C.alpha_is_one, C.other_is_full_shape, C.other_same_dtype,
+                   C.other_independent_of_gemm)),
+    Stage("post_activation", (aten.relu.default,),
+          C.all_of(C.has_residual, C.no_post_activation_yet)),
+)
+
+ANCHOR_BY_TARGET = {a.target: a for a in ANCHORS}

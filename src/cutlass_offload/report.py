@@ -1,0 +1,58 @@
+"""The compile report: what was offloaded, what fell back and why, kernels, times."""
+from __future__ import annotations
+
+import collections
+from dataclasses import asdict, dataclass, field
+
+from .ir import Plan
+
+
+@dataclass
+class Report:
+    arch: str
+    regions: list = field(default_factory=list)      # dicts: name, form, nodes, kernel, notes
+    fallbacks: list = field(default_factory=list)    # dicts: node, op, reason
+    kernels: list = field(default_factory=list)      # dicts: name, family, regions
+    phases: dict = field(default_factory=dict)       # phase -> seconds
+    build: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> "Report":
+        users = collections.defaultdict(list)
+        for r, k in zip(plan.regions, plan.kernels):
+            users[k.name].append(r.name)
+        return cls(
+            arch=plan.arch,
+            regions=[{"name": r.name, "form": r.form, "nodes": list(r.nodes), "kernel": k.name,
+                      "epilogue": r.problem.epilogue.tag, "n": r.problem.n, "k": r.problem.k,
+                      "m_hint": r.problem.m_hint, "notes": list(r.notes)}
+                     for r, k in zip(plan.regions, plan.kernels)],
+            fallbacks=[asdict(f) for f in plan.fallbacks],
+            kernels=[{"name": k.name, "family": k.config.family, "regions": users[k.name]}
+                     for k in plan.distinct_kernels])
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def format(self) -> str:
+        out = [f"target {self.arch}: {len(self.regions)} regions offloaded, "
+               f"{len(self.fallbacks)} GEMM-family ops left in PyTorch, "
+               f"{len(self.kernels)} distinct kernels"]
+        by_form = collections.Counter(r["form"] + ":" + r["epilogue"] for r in self.regions)
+        if by_form:
+            out.append("offloaded (op:epilogue x count): " +
+                       ", ".join(f"{k} x{v}" for k, v in sorted(by_form.items())))
+        for f in self.fallbacks:
+            out.append(f"  fallback {f['node']} ({f['op']}): {f['reason']}")
+        notes = collections.Counter(n.split(":")[-1].strip() for r in self.regions for n in r["notes"])
+        for note, count in notes.most_common():
+            out.append(f"  epilogue op left in PyTorch x{count}: {note}")
+        out.append("kernels:")
+        for k in self.kernels:
+            out.append(f"  {k['name']}  ({len(k['regions'])} regions)")
+        if self.phases:
+            out.append("phases: " + ", ".join(f"{p} {s:.2f} s" for p, s in self.phases.items()))
+        if self.build:
+            out.append(f"build: {'cache hit' if self.build.get('cache_hit') else 'compiled'} "
+                       f"({self.build.get('seconds', 0):.1f} s nvcc) -> {self.build.get('library')}")
+        return "\n".join(out)

@@ -1,0 +1,106 @@
+"""Load / run: put region modules into the graph and wrap the result."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+import torch.fx as fx
+
+from ..errors import CutlassOffloadError
+from ..ir import Plan
+from .gemm_region import GemmRegionModule
+from .library import Library
+
+
+class LazyLibrary:
+    """Loads the .so on first use, so a compiled model can be built and inspected
+    on a machine without a GPU."""
+
+    def __init__(self, path):
+        self.path = Path(path) if path else None
+        self._lib = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Library:
+        with self._lock:
+            if self._lib is None:
+                if self.path is None:
+                    raise CutlassOffloadError("no library was built for this model")
+                self._lib = Library(self.path)
+            return self._lib
+
+
+def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
+    """Replace each region's nodes in ``gm`` by a call to a GemmRegionModule.
+
+    The region's original subgraph is kept as the module's ``fallback``. Mutates
+    and returns ``gm``.
+    """
+    if not plan.regions:
+        return gm
+    lib = LazyLibrary(library_path)
+    graph = gm.graph
+    by_name = {n.name: n for n in graph.nodes}
+    for i, (region, kernel) in enumerate(zip(plan.regions, plan.kernels)):
+        nodes = [by_name[name] for name in region.nodes]
+        sub, inputs = _extract(gm, nodes)
+        roles = {role: inputs.index(by_name[name]) for role, name in
+                 (("a", region.a), ("b", region.b), ("bias", region.bias), ("c", region.c)) if name}
+        module = GemmRegionModule(region, kernel, sub, roles, lib)
+        target = f"region_{i}"
+        gm.add_submodule(target, module)
+        out = nodes[-1]
+        with graph.inserting_before(out):
+            call = graph.call_module(target, tuple(inputs))
+        call.meta = dict(out.meta)
+        out.replace_all_uses_with(call)
+        for n in reversed(nodes):
+            graph.erase_node(n)
+        by_name[out.name] = call
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _extract(gm: fx.GraphModule, nodes: list):
+    """A GraphModule computing ``nodes`` (last one is the output) and its inputs:
+    the external nodes the region reads, in first-use order. Placeholders keep the
+    input nodes' names."""
+    inside = set(nodes)
+    inputs = []
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a not in inside and a not in inputs:
+                inputs.append(a)
+    sub = fx.Graph()
+    env = {}
+    for a in inputs:
+        env[a] = sub.placeholder(a.name)
+        env[a].meta = dict(a.meta)
+    for n in nodes:
+        env[n] = sub.node_copy(n, lambda x: env[x])
+    sub.output(env[nodes[-1]])
+    return fx.GraphModule(gm, sub), inputs
+
+
+class CompiledModel(torch.nn.Module):
+    """A model whose offloaded regions call the CUTLASS library; the rest is PyTorch.
+
+    Call it like the original model. ``plan`` lists regions and kernels,
+    ``report`` what was offloaded and the phase times. Regions run on the GPU only
+    (a CPU input raises DeviceError); move the model with ``.to("cuda")``.
+    """
+
+    def __init__(self, graph_module: fx.GraphModule, plan: Plan, report, library_path):
+        super().__init__()
+        self.graph_module = graph_module
+        self.plan = plan
+        self.report = report
+        self.library_path = library_path
+
+    def forward(self, *args, **kwargs):
+        return self.graph_module(*args, **kwargs)
+
+    def region_modules(self):
+        return [m for m in self.graph_module.modules() if isinstance(m, GemmRegionModule)]

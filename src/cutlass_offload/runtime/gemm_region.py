@@ -1,0 +1,153 @@
+"""The module that replaces one GEMM region in the graph and calls the library."""
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+
+from ..errors import DeviceError, KernelLaunchError
+from ..ir import GemmKernel, GemmRegion
+from .library import CO_CANNOT_IMPLEMENT, CO_OK, STATUS_NAMES, CoGemmArgs, check_device
+
+_ESIZE = {"f16": 2, "bf16": 2, "f32": 4}
+
+
+class GemmRegionModule(torch.nn.Module):
+    """Runs one region on the current CUDA stream; same inputs and output as ``fallback``.
+
+    Inputs arrive in the order of ``fallback``'s placeholders; ``roles`` maps
+    "a", "b", "bias", "c" to positions among them. The output tensor is
+    allocated through PyTorch's caching allocator; the workspace buffer is reused.
+    When a call cannot map onto the kernel (misaligned pointer or stride, a shape
+    ``can_implement`` refuses), that call runs ``fallback`` instead and
+    ``fallback_calls`` counts it. CUDA inputs only: a CPU input raises DeviceError.
+    """
+
+    def __init__(self, region: GemmRegion, kernel: GemmKernel, fallback: torch.fx.GraphModule,
+                 roles: dict, library_getter):
+        super().__init__()
+        self.region, self.kernel, self.fallback = region, kernel, fallback
+        self._ia, self._ib = roles["a"], roles["b"]      # positions among the inputs
+        self._ibias, self._ic = roles.get("bias"), roles.get("c")
+        self._library_getter = library_getter
+        self._fn = None
+        self._args = CoGemmArgs()
+        self._ws = None
+        self.fallback_calls = 0
+        self.calls = 0
+        p = region.problem
+        self._n, self._k = p.n, p.k
+        self._align = (kernel.align_a, kernel.align_b, kernel.align_c)
+        self._esize = _ESIZE[kernel.dtype]
+
+    def extra_repr(self) -> str:
+        return f"{self.region.name} -> {self.kernel.name}"
+
+    def _bind(self, device):
+        lib = self._library_getter()
+        check_device(self.kernel.arch, device)
+        self._fn, self._ws_fn = lib.launcher(f"co_{self.region.name}")
+
+    def forward(self, *xs):
+        a = xs[self._ia]
+        if not a.is_cuda:
+            raise DeviceError(f"{self.region.name}: inputs are on {a.device}; the compiled "
+                              "model runs its offloaded regions on a CUDA GPU")
+        if self._fn is None:
+            self._bind(a.device)
+        self.calls += 1
+        mapped = self._map(xs)
+        if mapped is None:
+            self.fallback_calls += 1
+            return self.fallback(*xs)
+        out, args, keep = mapped   # keep: temporaries that must outlive the launch
+        need = self._ws_fn(ctypes.byref(args))
+        if need > 0:
+            if self._ws is None or self._ws.numel() < need:
+                self._ws = torch.empty(need, dtype=torch.uint8, device=a.device)
+            args.workspace, args.workspace_bytes = self._ws.data_ptr(), self._ws.numel()
+        else:
+            args.workspace, args.workspace_bytes = None, 0
+        status = self._fn(ctypes.byref(args), torch.cuda.current_stream(a.device).cuda_stream)
+        if status == CO_OK:
+            return out
+        if status == CO_CANNOT_IMPLEMENT:
+            self.fallback_calls += 1
+            return self.fallback(*xs)
+        raise KernelLaunchError(f"{self.region.name} ({self.kernel.name}): "
+                                f"{STATUS_NAMES.get(status, status)}")
+
+    # -- mapping PyTorch tensors onto (L, M, K) x (L, K, N) -> (L, M, N) -------------
+
+    def _ok(self, t, ld, bstride, align) -> bool:
+        return (t.data_ptr() % (align * self._esize) == 0 and ld % align == 0
+                and bstride % align == 0)
+
+    def _map(self, xs):
+        r, n, k = self.region, self._n, self._k
+        al_a, al_b, al_c = self._align
+        a, b = xs[self._ia], xs[self._ib]
+        bl = b.transpose(-1, -2) if r.b_nk else b          # logical (..., K, N)
+        if r.batch_mode == "fold":
+            if r.form == "linear":
+                out_shape = a.shape[:-1] + (n,)
+            else:
+                out_shape = torch.broadcast_shapes(a.shape[:-2], bl.shape[:-2]) + (a.shape[-2], n)
+            a3 = a.reshape(1, -1, k)
+            b3 = bl.reshape(1, k, n)
+        else:
+            batch = torch.broadcast_shapes(a.shape[:-2], bl.shape[:-2])
+            lsize = math.prod(batch)
+            m = a.shape[-2]
+            out_shape = batch + (m, n)
+            a3 = a.reshape(1, m, k) if r.batch_mode == "a_broadcast" else a.reshape(lsize, m, k)
+            b3 = bl.reshape(lsize, k, n)
+        lsize, m = b3.shape[0] if r.batch_mode != "fold" else 1, a3.shape[1]
+        if a3.stride(-1) != 1 and k > 1:
+            a3 = a3.contiguous()
+        if self.kernel.layout_b == "col":
+            if b3.stride(-2) != 1 and k > 1:
+                b3 = b3.transpose(-1, -2).contiguous().transpose(-1, -2)
+            ldb = b3.stride(-1) if n > 1 else k
+        else:
+            if b3.stride(-1) != 1 and n > 1:
+                b3 = b3.contiguous()
+            ldb = b3.stride(-2) if k > 1 else n
+        lda = a3.stride(-2) if m > 1 else k
+        bsa = 0 if (r.batch_mode != "batched" or lsize == 1) else a3.stride(0)
+        bsb = 0 if lsize == 1 else b3.stride(0)
+        if not (self._ok(a3, lda, bsa, al_a) and self._ok(b3, ldb, bsb, al_b)):
+            return None
+        out = torch.empty(out_shape, dtype=a.dtype, device=a.device)
+        keep = [a3, b3]
+        args = self._args
+        args.a, args.b, args.d = a3.data_ptr(), b3.data_ptr(), out.data_ptr()
+        args.m, args.n, args.k, args.l = m, n, k, lsize
+        args.lda, args.ldb, args.ldd = lda, ldb, n
+        args.batch_stride_a, args.batch_stride_b = bsa, bsb
+        args.batch_stride_d = m * n if lsize > 1 else 0
+        if not self._ok(out, n, args.batch_stride_d, al_c):
+            return None
+        args.bias = None
+        if self._ibias is not None:
+            bias = xs[self._ibias].reshape(-1).contiguous()
+            if bias.numel() != n or not self._ok(bias, n, 0, al_c):
+                return None
+            args.bias = bias.data_ptr()
+            keep.append(bias)
+        args.c, args.ldc, args.batch_stride_c = None, 0, 0
+        if self._ic is not None:
+            c = xs[self._ic]
+            if tuple(c.shape) != tuple(out_shape):
+                return None
+            c3 = c.reshape(lsize, m, n)
+            if c3.stride(-1) != 1 and n > 1:
+                c3 = c3.contiguous()
+            ldc = c3.stride(-2) if m > 1 else n
+            bsc = c3.stride(0) if lsize > 1 else 0
+            if not self._ok(c3, ldc, bsc, al_c):
+                return None
+            args.c, args.ldc, args.batch_stride_c = c3.data_ptr(), ldc, bsc
+            keep.append(c3)
+        return out, args, keep

@@ -1,0 +1,63 @@
+"""Load a generated library with ctypes and check it fits the visible GPU."""
+from __future__ import annotations
+
+import ctypes
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import DeviceError
+
+
+class CoGemmArgs(ctypes.Structure):
+    """Mirror of ``struct CoGemmArgs`` in emit/templates/prelude.h (same field order)."""
+
+    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("c", ctypes.c_void_p), ("d", ctypes.c_void_p)] + [
+        (f, ctypes.c_int64) for f in (
+            "m", "n", "k", "l", "lda", "ldb", "ldc", "ldd",
+            "batch_stride_a", "batch_stride_b", "batch_stride_c", "batch_stride_d")] + [
+        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
+
+
+CO_OK, CO_CANNOT_IMPLEMENT = 0, 1
+STATUS_NAMES = {0: "ok", 1: "cannot implement", 2: "workspace too small",
+                3: "initialize failed", 4: "launch failed"}
+
+# Which compute capabilities can run a library built for an arch: sm_90a code runs
+# only on 9.0; sm_80 SASS runs on 8.x (CUDA binary compatibility within a major).
+_RUNS_ON = {"sm90a": lambda cc: cc == (9, 0), "sm80": lambda cc: cc[0] == 8}
+
+
+def check_device(arch: str, device=None) -> None:
+    """Raise DeviceError unless a CUDA GPU that can run ``arch`` code is visible."""
+    if not torch.cuda.is_available():
+        raise DeviceError(f"this compiled model runs CUTLASS kernels built for {arch} and needs "
+                          "a CUDA GPU; none is visible (torch.cuda.is_available() is False)")
+    cc = torch.cuda.get_device_capability(device)
+    if not _RUNS_ON[arch](cc):
+        name = torch.cuda.get_device_name(device)
+        raise DeviceError(f"the library was built for {arch} but the GPU is {name} "
+                          f"(sm_{cc[0]}{cc[1]}); recompile with the matching --arch")
+
+
+class Library:
+    """A loaded libcutlass_offload.so: region launchers by symbol."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._dll = ctypes.CDLL(str(self.path))
+        info = self._dll.co_library_info
+        info.restype = ctypes.c_char_p
+        self.info = json.loads(info().decode())
+
+    def launcher(self, symbol: str):
+        """(run, workspace_size) ctypes functions of one region."""
+        run = getattr(self._dll, symbol)
+        run.argtypes = [ctypes.POINTER(CoGemmArgs), ctypes.c_void_p]
+        run.restype = ctypes.c_int
+        ws = getattr(self._dll, symbol + "_workspace")
+        ws.argtypes = [ctypes.POINTER(CoGemmArgs)]
+        ws.restype = ctypes.c_int64
+        return run, ws

@@ -1,0 +1,38 @@
+"""Select: regions -> kernel instantiations (a pure function of problem and target)."""
+from __future__ import annotations
+
+from ..config import CompileOptions
+from ..ir import GemmKernel, GemmProblem, PartitionResult, Plan
+from . import sm80, sm90
+
+DEFAULT_NUM_SMS = {"sm90a": 132, "sm80": 108}  # H100/H200 SXM, A100 (vendor datasheets)
+
+
+def choose_kernel(problem: GemmProblem, arch: str, num_sms: int | None = None) -> GemmKernel:
+    """The kernel for one problem on ``arch`` ("sm90a" or "sm80").
+
+    Raises ValueError when no kernel family can run the problem class.
+    """
+    num_sms = num_sms or DEFAULT_NUM_SMS[arch]
+    if arch == "sm90a" and sm90.supports(problem):
+        config = sm90.choose(problem, num_sms)
+    else:
+        config = sm80.choose(problem, num_sms)
+    return GemmKernel(arch=arch, dtype=problem.dtype, layout_b=problem.layout_b,
+                      align_a=problem.align_a, align_b=problem.align_b, align_c=problem.align_c,
+                      epilogue=problem.epilogue, config=config, layout_a=problem.layout_a)
+
+
+def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOptions()) -> Plan:
+    """Choose a kernel per region; regions with no legal kernel become fallbacks."""
+    from ..ir import Fallback
+    regions, kernels, fallbacks = [], [], list(part.fallbacks)
+    for r in part.regions:
+        try:
+            k = choose_kernel(r.problem, arch, options.num_sms)
+        except ValueError as e:
+            fallbacks.append(Fallback(r.nodes[0], r.form, f"no kernel: {e}"))
+            continue
+        regions.append(r)
+        kernels.append(k)
+    return Plan(arch=arch, regions=tuple(regions), kernels=tuple(kernels), fallbacks=tuple(fallbacks))
