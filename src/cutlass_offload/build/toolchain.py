@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -57,11 +58,11 @@ def nvcc_version(nvcc: str) -> str:
 @functools.lru_cache(maxsize=None)
 def cutlass_root() -> Path:
     """cutlass_library/source from the nvidia-cutlass wheel (never vendored)."""
-    try:
-        import cutlass_library
-    except ImportError as e:
-        raise ToolchainError("the nvidia-cutlass wheel is not installed (pip install nvidia-cutlass)") from e
-    root = Path(cutlass_library.__file__).parent / "source"
+    # find_spec, not import: cutlass_library's own imports are not needed for headers
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or not spec.submodule_search_locations:
+        raise ToolchainError("the nvidia-cutlass wheel is not installed (pip install nvidia-cutlass)")
+    root = Path(list(spec.submodule_search_locations)[0]) / "source"
     if not (root / "include" / "cutlass" / "cutlass.h").is_file():
         raise ToolchainError(f"CUTLASS headers not found under {root}")
     return root

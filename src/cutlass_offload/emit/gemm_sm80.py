@@ -394,6 +394,7 @@ def legal_configs(dtype: str, align_a: int, align_b: int, align_c: int) -> list[
         return [
             _cfg((128, 128, 32), (64, 64, 32), 2, inst),
             _cfg((128, 64, 32), (64, 32, 32), 2, inst),
+            _cfg((64, 128, 32), (32, 64, 32), 2, inst),
             _cfg((64, 64, 32), (32, 32, 32), 2, inst),
         ]
     return [

@@ -1,0 +1,105 @@
+"""GPU: the conformance GEMM cases (and extras) run offloaded and match a float32
+reference. One library per dtype holds every case's kernel (one build)."""
+import random
+
+import pytest
+import torch
+
+import cutlass_offload as co
+from conftest import TOLERANCE, poison_allocator, rel_err
+from gemm_cases import (SuiteModel, case_forward, case_id, conformance_cases, example_dims,
+                        suite_dynamic_shapes, suite_inputs)
+
+pytestmark = pytest.mark.gpu
+CASES = conformance_cases()
+BF16_CASES = [c for i, c in enumerate(CASES) if i % 3 == 0]   # a third: fewer kernels to build
+
+
+def _compile(cases, dtype):
+    inputs = suite_inputs(cases, example_dims(cases), dtype)
+    compiled = co.compile(SuiteModel(cases), inputs, dynamic_shapes=suite_dynamic_shapes(cases))
+    return compiled.to("cuda")
+
+
+@pytest.fixture(scope="module")
+def suites():
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2) as pool:     # the two nvcc builds run side by side
+        f16 = pool.submit(_compile, CASES, torch.float16)
+        b16 = pool.submit(_compile, BF16_CASES, torch.bfloat16)
+        return {torch.float16: (CASES, f16.result()), torch.bfloat16: (BF16_CASES, b16.result())}
+
+
+def test_every_case_offloaded(suites):
+    for dtype, (cases, compiled) in suites.items():
+        assert len(compiled.plan.regions) == len(cases), compiled.report.format()
+        assert not compiled.plan.fallbacks
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("trial", range(3))
+def test_matches_float32_reference(suites, dtype, trial):
+    cases, compiled = suites[dtype]
+    rng = random.Random(trial)
+    dims = [{d: rng.randint(10, 50) for d in c["x"] + c["w"] if isinstance(d, str)} for c in cases]
+    inputs = suite_inputs(cases, dims, dtype, "cuda")
+    before = sum(m.fallback_calls for m in compiled.region_modules())
+    poison_allocator()
+    with torch.no_grad():
+        outs = compiled(*inputs)
+    torch.cuda.synchronize()
+    assert sum(m.fallback_calls for m in compiled.region_modules()) == before, \
+        "a region fell back to PyTorch instead of running its kernel"
+    i = 0
+    for k, c in enumerate(cases):
+        n = 3 if c["epilogue"] != "none" else 2
+        ref = case_forward(c, *(t.float() for t in inputs[i:i + n]))
+        i += n
+        out = outs[k]
+        assert out.dtype == dtype and out.shape == ref.shape, case_id(k, c)
+        assert not out.isnan().any(), f"{case_id(k, c)}: unwritten (NaN) output"
+        err = rel_err(out, ref)
+        assert err < TOLERANCE[dtype], f"{case_id(k, c)}: relative error {err:.2e}"
+
+
+def test_cuda_graph_capture(suites):
+    cases, compiled = suites[torch.float16]
+    dims = example_dims(cases, 16)
+    static_in = suite_inputs(cases, dims, torch.float16, "cuda")
+    with torch.no_grad():
+        compiled(*static_in)                      # warm up: binds the library
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            compiled(*static_in)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = compiled(*static_in)
+    fresh = suite_inputs(cases, dims, torch.float16, "cuda")
+    for dst, src in zip(static_in, fresh):
+        dst.copy_(src)
+    g.replay()
+    torch.cuda.synchronize()
+    i = 0
+    for k, c in enumerate(cases):
+        n = 3 if c["epilogue"] != "none" else 2
+        ref = case_forward(c, *(t.float() for t in fresh[i:i + n]))
+        i += n
+        assert rel_err(static_out[k], ref) < TOLERANCE[torch.float16], case_id(k, c)
+
+
+def test_misaligned_input_falls_back_correctly(suites):
+    """A view at an odd offset cannot use an alignment-8 kernel: that call must
+    run the PyTorch fallback and still be right."""
+    cases, compiled = suites[torch.float16]
+    inputs = list(suite_inputs(cases, example_dims(cases), torch.float16, "cuda"))
+    k = next(i for i, c in enumerate(cases) if c["x"] == [256, 64])
+    pos = sum(3 if c["epilogue"] != "none" else 2 for c in cases[:k])
+    x = inputs[pos]
+    buf = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")
+    inputs[pos] = buf[1:].view_as(x).copy_(x)       # 2-byte offset: not 16-byte aligned
+    with torch.no_grad():
+        out = compiled(*inputs)[k]
+    ref = case_forward(cases[k], *(t.float() for t in inputs[pos:pos + 3]))
+    assert rel_err(out, ref) < TOLERANCE[torch.float16]
