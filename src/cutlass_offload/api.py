@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from torch.export.passes import move_to_device_pass
 
 from . import build as build_stage
 from .capture import Captured, capture, from_exported
@@ -142,9 +143,11 @@ def save(compiled: CompiledModel, cap: Captured, example_inputs, options: Compil
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load(out_dir) -> tuple:
+def load(out_dir, device=None) -> tuple:
     """(CompiledModel, reference GraphModule, example inputs) from a compile's out_dir.
 
+    device: where to put the model, its constants and the inputs (e.g. "cuda");
+      None keeps them where they were exported (the CPU for the CLI).
     Re-partitions the saved ExportedProgram and checks that it gives the same
     regions and kernels as when the library was built (else CutlassOffloadError).
     """
@@ -155,6 +158,10 @@ def load(out_dir) -> tuple:
     options = CompileOptions(**manifest["options"])
     ep = torch.export.load(str(out / "model.pt2"))
     inputs = torch.load(out / "inputs.pt")
+    if device is not None:
+        # moves parameters, buffers, lifted constants and device= arguments alike
+        ep = move_to_device_pass(ep, device)
+        inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
     lib = out / build_stage.LIB_NAME
     compiled = _compile_graph(from_exported(ep), options, _Phases(),
                               library_path=lib if lib.exists() else None)

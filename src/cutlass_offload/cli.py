@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -48,12 +49,9 @@ def _bench(fn, iters=50, warmup=10) -> float:
 def _cmd_run(a) -> int:
     from .api import load
     from .runtime.library import check_device
-    compiled, reference, inputs = load(a.dir)
-    check_device(compiled.plan.arch)
-    dev = torch.device("cuda")
-    compiled = compiled.to(dev)
-    reference = reference.to(dev)
-    inputs = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in inputs)
+    arch = json.loads((Path(a.dir) / "manifest.json").read_text())["options"]["arch"]
+    check_device(arch)
+    compiled, reference, inputs = load(a.dir, device="cuda")
     with torch.no_grad():
         ref = reference(*inputs)
         out = compiled(*inputs)

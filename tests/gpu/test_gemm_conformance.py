@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import cutlass_offload as co
-from conftest import TOLERANCE, poison_allocator, rel_err
+from helpers import TOLERANCE, poison_allocator, rel_err
 from gemm_cases import (SuiteModel, case_forward, case_id, conformance_cases, example_dims,
                         suite_dynamic_shapes, suite_inputs)
 
