@@ -82,12 +82,22 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     with phases("capture"):
         cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
                       dynamic_shapes=dynamic_shapes)
-    compiled = _compile_graph(cap.graph_module, options, phases)
+    compiled = compile_captured(cap, options, phases)
     if out_dir is not None:
         with phases("save"):
             save(compiled, cap, example_inputs, options, out_dir)
         compiled.report.phases = dict(phases.seconds)
     return compiled
+
+
+def compile_captured(cap: Captured, options: CompileOptions, phases: _Phases | None = None) -> CompiledModel:
+    """The stages after capture: partition, select, emit, build, load.
+
+    Thread-safe for different ``cap`` objects (torch.export itself is not: capture
+    in one thread, then build several captured models side by side).
+    ``options.arch`` must be resolved ("sm90a" / "sm80").
+    """
+    return _compile_graph(cap.graph_module, options, phases or _Phases())
 
 
 def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=None) -> CompiledModel:
