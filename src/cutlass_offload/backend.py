@@ -10,7 +10,8 @@ from .config import CompileOptions
 
 
 def make_backend(arch: str | None = None, allow_tf32: bool = False, strict: bool = False):
-    """A torch.compile backend with fixed options."""
+    """A torch.compile backend with fixed options. Its ``compiled`` list holds the
+    CompiledModel of every graph it compiled (plans and reports, for inspection)."""
     def _backend(gm, example_inputs):
         from torch._dynamo.backends.common import aot_autograd
 
@@ -21,9 +22,11 @@ def make_backend(arch: str | None = None, allow_tf32: bool = False, strict: bool
 
         def fw_compiler(aten_gm, inputs):
             compiled = _compile_graph(canonicalize(aten_gm), options, _Phases())
+            _backend.compiled.append(compiled)
             return compiled.graph_module
 
         return aot_autograd(fw_compiler=fw_compiler)(gm, example_inputs)
+    _backend.compiled = []
     return _backend
 
 
