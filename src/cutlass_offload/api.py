@@ -63,11 +63,12 @@ class _Phases:
 def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None = None,
             allow_tf32: bool = False, dynamic_batch: bool = False, dynamic_shapes=None,
             out_dir: str | os.PathLike | None = None, strict: bool = False,
-            num_sms: int | None = None) -> CompiledModel:
+            num_sms: int | None = None, build_strategy: str = "sharded") -> CompiledModel:
     """Offload ``model``'s GEMM-family regions to CUTLASS kernels in one shared library.
 
     example_inputs: a tuple of tensors as the model takes them (any device).
     arch: "sm_90a" or "sm_80"; None = from the visible GPU.
+    build_strategy: "sharded" (default), "single" or "per-region" (see build/).
     out_dir: if given, the library, its source, the exported program, the example
       inputs and the report are written there (atomically: a folder is either
       complete, with manifest.json, or absent) for ``load`` / ``cutlass-offload run``.
@@ -77,7 +78,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     a GEMM-family op falls back.
     """
     options = CompileOptions(arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict,
-                             num_sms=num_sms)
+                             num_sms=num_sms, build_strategy=build_strategy)
     phases = _Phases()
     with phases("capture"):
         cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
@@ -100,28 +101,46 @@ def compile_captured(cap: Captured, options: CompileOptions, phases: _Phases | N
     return _compile_graph(cap.graph_module, options, phases or _Phases())
 
 
-def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=None) -> CompiledModel:
+def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=None,
+                   keep_regions=None) -> CompiledModel:
     with phases("partition"):
         part = partition(gm, options)
     with phases("select"):
         plan = select(part, options.arch, options)
-    if options.strict and plan.fallbacks:
-        raise CutlassOffloadError("strict mode: GEMM-family ops left in PyTorch:\n" + "\n".join(
-            f"  {f.node} ({f.op}): {f.reason}" for f in plan.fallbacks))
-    report = Report.from_plan(plan)
+    if keep_regions is not None:          # a reload: the regions that built last time
+        plan = _restrict(plan, keep_regions)
+    _check_strict(options, plan)
+    build_info = {}
     lib = library_path
     if plan.regions and lib is None:
-        with phases("emit"):
-            src = emit_library(plan)
         with phases("build"):
-            res = build_stage.build(src, plan)
-        lib = res.library
-        report.build = {"cache_hit": res.cache_hit, "seconds": res.seconds,
-                        "library": str(res.library), "source": str(res.source)}
+            res = build_stage.build(plan, options.build_strategy)
+        lib, plan, build_info = res.library, res.plan, res.to_dict()
+        _check_strict(options, plan)
+    report = Report.from_plan(plan)
+    report.build = build_info
     with phases("load"):
         gm = offload(gm, plan, lib)
     report.phases = dict(phases.seconds)
     return CompiledModel(gm, plan, report, lib)
+
+
+def _check_strict(options, plan):
+    if options.strict and plan.fallbacks:
+        raise CutlassOffloadError("strict mode: GEMM-family ops left in PyTorch:\n" + "\n".join(
+            f"  {f.node} ({f.op}): {f.reason}" for f in plan.fallbacks))
+
+
+def _restrict(plan, names) -> "Plan":
+    from dataclasses import replace
+
+    from .ir import Fallback
+    keep = set(names)
+    pairs = [(r, k) for r, k in zip(plan.regions, plan.kernels) if r.name in keep]
+    gone = [Fallback(r.nodes[0], r.form, "its kernel failed to compile when the library was built")
+            for r in plan.regions if r.name not in keep]
+    return replace(plan, regions=tuple(r for r, _ in pairs), kernels=tuple(k for _, k in pairs),
+                   fallbacks=plan.fallbacks + tuple(gone))
 
 
 def _fingerprint(plan) -> list:
@@ -138,9 +157,10 @@ def save(compiled: CompiledModel, cap: Captured, example_inputs, options: Compil
         torch.save(tuple(example_inputs), tmp / "inputs.pt")
         if compiled.library_path:
             shutil.copy2(compiled.library_path, tmp / build_stage.LIB_NAME)
-            src = compiled.report.build.get("source")
-            if src:
-                shutil.copy2(src, tmp / build_stage.SOURCE_NAME)
+            (tmp / "src").mkdir()
+            for unit in compiled.report.build.get("units", []):   # every source, for inspection
+                if unit.get("source") and os.path.exists(unit["source"]):
+                    shutil.copy2(unit["source"], tmp / "src" / f"{unit['name']}.{Path(unit['source']).parent.name.split('.')[-1]}.cu")
         (tmp / "report.json").write_text(json.dumps(compiled.report.to_dict(), indent=1))
         manifest = {"options": asdict(options), "fingerprint": _fingerprint(compiled.plan),
                     "torch": torch.__version__}
@@ -174,7 +194,8 @@ def load(out_dir, device=None) -> tuple:
         inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
     lib = out / build_stage.LIB_NAME
     compiled = _compile_graph(from_exported(ep), options, _Phases(),
-                              library_path=lib if lib.exists() else None)
+                              library_path=lib if lib.exists() else None,
+                              keep_regions=[name for name, _ in manifest["fingerprint"]])
     if _fingerprint(compiled.plan) != manifest["fingerprint"]:
         raise CutlassOffloadError(f"{out}: the saved model partitions differently now "
                                   "(package version changed?); compile it again")

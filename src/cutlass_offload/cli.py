@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,8 +17,10 @@ def _cmd_compile(a) -> int:
     t0 = time.perf_counter()
     model, inputs = load_model(a.model, a.dtype, a.batch, a.seq)
     t_model = time.perf_counter() - t0
+    if a.jobs:
+        os.environ["CUTLASS_OFFLOAD_JOBS"] = str(a.jobs)
     compiled = co_compile(model, inputs, arch=a.arch, allow_tf32=a.tf32, dynamic_batch=a.dynamic_batch,
-                          out_dir=a.out, strict=a.strict)
+                          out_dir=a.out, strict=a.strict, build_strategy=a.build)
     rep = compiled.report
     rep.phases = {"model": t_model, **rep.phases}
     print(rep.format())
@@ -127,6 +130,9 @@ def main(argv=None) -> int:
     c.add_argument("--dynamic-batch", action="store_true", help="export with a dynamic batch dim")
     c.add_argument("--tf32", action="store_true", help="allow fp32 GEMMs to run as TF32")
     c.add_argument("--strict", action="store_true", help="error instead of falling back")
+    c.add_argument("--build", default="sharded", choices=["sharded", "single", "per-region"],
+                   help="build strategy (default: sharded)")
+    c.add_argument("--jobs", type=int, default=0, help="parallel nvcc processes (default: by cores and memory)")
     c.set_defaults(fn=_cmd_compile)
     r = sub.add_parser("run", help="run a compiled folder on the GPU against PyTorch")
     r.add_argument("dir")

@@ -7,6 +7,7 @@ Environment variables:
   CUDA_HOME / CUDA_PATH      CUDA toolkit root (nvcc looked up in its bin/)
   CUTLASS_OFFLOAD_NVCC_THREADS  value of nvcc's -t (default 0 = one per core)
   CUTLASS_OFFLOAD_VERBOSE    1 prints each compile command
+  CUTLASS_OFFLOAD_JOBS       parallel nvcc processes (default: cores, capped by memory)
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class Knobs:
     cuda_home: str | None
     nvcc_threads: int
     verbose: bool
+    jobs: int
 
 
 def knobs() -> Knobs:
@@ -37,6 +39,7 @@ def knobs() -> Knobs:
         cuda_home=env.get("CUDA_HOME") or env.get("CUDA_PATH") or None,
         nvcc_threads=int(env.get("CUTLASS_OFFLOAD_NVCC_THREADS", "0")),
         verbose=env.get("CUTLASS_OFFLOAD_VERBOSE", "0") not in ("", "0"),
+        jobs=int(env.get("CUTLASS_OFFLOAD_JOBS", "0")),
     )
 
 
@@ -49,9 +52,18 @@ class CompileOptions:
     allow_tf32: let fp32 GEMMs run as TF32 (10-bit mantissa inputs).
     strict: a region that falls back raises instead.
     num_sms: SM count used by tile selection (132 on H100/H200 SXM, 108 on A100).
+    build_strategy: "sharded" (balanced parallel shards, cached per shard; the
+      default), "single" (one translation unit, one nvcc) or "per-region" (one module
+      per region compiled one after another: the old TVM way).
     """
 
     arch: str | None = None
     allow_tf32: bool = False
     strict: bool = False
     num_sms: int | None = None
+    build_strategy: str = "sharded"
+
+    def __post_init__(self):
+        if self.build_strategy not in ("sharded", "single", "per-region"):
+            raise ValueError(f"build_strategy must be sharded, single or per-region, "
+                             f"got {self.build_strategy!r}")

@@ -53,6 +53,15 @@ class Report:
         if self.phases:
             out.append("phases: " + ", ".join(f"{p} {s:.2f} s" for p, s in self.phases.items()))
         if self.build:
-            out.append(f"build: {'cache hit' if self.build.get('cache_hit') else 'compiled'} "
-                       f"({self.build.get('seconds', 0):.1f} s nvcc) -> {self.build.get('library')}")
+            b = self.build
+            compiled = [u for u in b.get("units", []) if not u["cache_hit"]]
+            out.append(f"build ({b['strategy']}, {b['jobs']} jobs): {b['seconds']:.1f} s wall, "
+                       f"{len(compiled)} of {len(b.get('units', []))} units compiled, critical path "
+                       f"{b['critical_path_seconds']:.1f} s, link {b['link_seconds']:.1f} s")
+            for u in sorted(compiled, key=lambda u: -u["seconds"]):
+                out.append(f"  {u['name']:<32} {len(u['kernels']):>3} kernels {u['seconds']:>7.1f} s "
+                           f"{u['peak_rss_mb']:>7.0f} MB peak  {'ok' if u['ok'] else 'FAILED'}")
+            for f in b.get("failures", []):
+                out.append(f"  kernel failed to compile: {f['kernel']} (log: {f['log']})")
+            out.append(f"  library: {b['library']}")
         return "\n".join(out)

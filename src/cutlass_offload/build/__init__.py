@@ -1,93 +1,376 @@
-"""Build: one generated translation unit -> one shared library, by one nvcc call.
+"""Build: the emitted kernels and launchers -> ONE shared library, fast.
 
-The library is cached by content (source text, nvcc command, nvcc version,
-CUTLASS version, arch); a second build of the same plan compiles nothing.
+Strategies (CompileOptions.build_strategy):
+
+* ``sharded`` (default): the distinct kernels go into balanced shards (build/shards.py)
+  compiled in parallel to objects, each cached by content; launchers are their
+  own small object, so a model change that reuses existing kernels recompiles no
+  kernel; a kernel already compiled in any cached shard is reused from there. The
+  objects are linked into one library, itself cached.
+* ``single``: one translation unit, one nvcc invocation (the seed's way).
+* ``per-region``: one module per region, compiled one after another, then linked
+  (the old TVM way; each region's module repeats the header cost).
+
+All three export the same symbols and run the same kernels. A kernel that fails
+to compile (sharded, per-region) is isolated: only regions using it fall back.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
-import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..config import knobs
-from ..emit import LibrarySource
+from ..emit import (TranslationUnit, emit_info_unit, emit_kernels, emit_launchers, emit_library,
+                    emit_region_unit, emit_unit)
 from ..errors import CompileError
-from ..ir import Plan
+from ..ir import Fallback, Plan
 from . import toolchain
 from .cache import BuildCache, cache_key
+from .jobs import Job, JobResult, run_job, run_jobs
+from .shards import estimate, job_slots, plan_shards
 
 LIB_NAME = "libcutlass_offload.so"
 SOURCE_NAME = "kernels.cu"
+OBJ_NAME = "unit.o"
+UNIT_NAME = "unit.cu"
 
 
-@dataclass(frozen=True)
+@dataclass
+class UnitReport:
+    """One translation unit of a build: what it holds and what it cost."""
+
+    name: str
+    kernels: tuple
+    seconds: float
+    cache_hit: bool
+    ok: bool
+    peak_rss_mb: float = 0.0
+    source: str = ""
+    log: str = ""
+
+
+@dataclass
 class BuildResult:
-    """library: path of the built .so inside the cache; seconds: nvcc wall time
-    (0 on a cache hit); command: the nvcc argv."""
+    """library: the .so (inside the cache); plan: the plan it serves (regions whose
+    kernel failed to compile removed and listed in plan.fallbacks); seconds: wall
+    time of the whole build; units: every translation unit; failures: (kernel, log)."""
 
     library: Path
-    source: Path
-    cache_hit: bool
+    plan: Plan
+    strategy: str
     seconds: float
-    command: tuple
+    jobs: int
+    units: list = field(default_factory=list)
+    link_seconds: float = 0.0
+    failures: list = field(default_factory=list)
+
+    @property
+    def cache_hit(self) -> bool:
+        return all(u.cache_hit for u in self.units) and not self.link_seconds
+
+    @property
+    def compiled(self) -> list:
+        return [u for u in self.units if not u.cache_hit]
+
+    @property
+    def critical_path(self) -> float:
+        """The longest unit compiled plus the link: the floor of this build's wall time."""
+        return max((u.seconds for u in self.compiled), default=0.0) + self.link_seconds
+
+    @property
+    def sources(self) -> list:
+        return [u.source for u in self.units if u.source]
+
+    def to_dict(self) -> dict:
+        return {"library": str(self.library), "strategy": self.strategy, "seconds": self.seconds,
+                "jobs": self.jobs, "cache_hit": self.cache_hit, "link_seconds": self.link_seconds,
+                "critical_path_seconds": self.critical_path,
+                "units": [asdict(u) for u in self.units],
+                "failures": [{"kernel": k, "log": str(l)} for k, l in self.failures]}
+
+    def format(self) -> str:
+        rows = [f"build ({self.strategy}, {self.jobs} jobs): {self.seconds:.1f} s wall, "
+                f"critical path {self.critical_path:.1f} s, link {self.link_seconds:.1f} s"]
+        rows.append(f"  {'unit':<40} {'kernels':>7} {'seconds':>8} {'peak MB':>8}  status")
+        for u in sorted(self.units, key=lambda u: -u.seconds):
+            status = "cached" if u.cache_hit else ("ok" if u.ok else "FAILED")
+            rows.append(f"  {u.name[:40]:<40} {len(u.kernels):>7} {u.seconds:>8.1f} "
+                        f"{u.peak_rss_mb:>8.0f}  {status}")
+        for k, log in self.failures:
+            rows.append(f"  kernel failed: {k} (log: {log})")
+        return "\n".join(rows)
 
 
-def build(src: LibrarySource, plan: Plan, cache: BuildCache | None = None) -> BuildResult:
-    """Compile ``src`` for ``plan.arch`` into a shared library (cached).
+def build(plan: Plan, strategy: str = "sharded", cache: BuildCache | None = None,
+          jobs: int | None = None) -> BuildResult:
+    """Build ``plan``'s kernels and launchers into one shared library (cached).
 
-    Raises ToolchainError without nvcc/CUTLASS, CompileError when nvcc fails (the
-    source and log are kept under ``<cache>/failed/``).
+    Raises ToolchainError without nvcc/CUTLASS; CompileError when nvcc fails on
+    the whole library (single strategy), on the launchers or at link time, with the
+    command, the log and the kept source. In the other strategies a failing kernel
+    only removes its regions from the returned plan.
     """
-    cache = cache or BuildCache()
-    nvcc = toolchain.find_nvcc()
-    threads = knobs().nvcc_threads
-    argv_shape = toolchain.nvcc_command("nvcc", plan.arch, SOURCE_NAME, LIB_NAME, threads)
-    key = cache_key(src.text, " ".join(argv_shape[1:]), toolchain.nvcc_version(nvcc),
-                    toolchain.cutlass_version(), plan.arch)
-    prefix = f"lib_{plan.arch}_{len(src.kernel_spans)}k"
-    hit = cache.lookup("lib", prefix, key, LIB_NAME)
-    if hit is None:
-        with cache.lock("lib", prefix, key):
-            hit = cache.lookup("lib", prefix, key, LIB_NAME)   # another process built it
-            if hit is None:
-                return _compile(src, plan, cache, nvcc, threads, prefix, key)
-    d, meta = hit
-    if not meta.get("ok", True):
-        raise _failure(src, plan, d, meta.get("command", []), (d / "nvcc.log").read_text(errors="replace"))
-    return BuildResult(d / LIB_NAME, d / SOURCE_NAME, True, 0.0, tuple(meta.get("command", ())))
+    b = _Builder(plan, cache or BuildCache(), jobs)
+    t0 = time.perf_counter()
+    if strategy == "single":
+        result = b.single()
+    elif strategy == "per-region":
+        result = b.per_region()
+    elif strategy == "sharded":
+        result = b.sharded()
+    else:
+        raise ValueError(f"unknown build strategy {strategy!r}")
+    result.seconds = time.perf_counter() - t0
+    return result
 
 
-def _compile(src, plan, cache, nvcc, threads, prefix, key) -> BuildResult:
-    staging = cache.staging("lib")
-    try:
-        (staging / SOURCE_NAME).write_text(src.text)
-        cmd = toolchain.nvcc_command(nvcc, plan.arch, str(staging / SOURCE_NAME),
-                                     str(staging / LIB_NAME), threads)
-        if knobs().verbose:
-            print(" ".join(cmd), flush=True)
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        seconds = time.perf_counter() - t0
-        log = proc.stdout + proc.stderr
-        (staging / "nvcc.log").write_text(log)
-        if proc.returncode != 0:
-            failed = cache.root / "failed" / f"{prefix}.{key[:16]}"
-            if failed.exists():
-                shutil.rmtree(failed)
-            failed.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staging, failed)
-            raise _failure(src, plan, failed, cmd, log)
-        d = cache.publish("lib", prefix, key, staging, LIB_NAME,
-                          {"ok": True, "command": cmd, "seconds": seconds, "arch": plan.arch,
-                           "kernels": [k for k, _, _ in src.kernel_spans]})
-        return BuildResult(d / LIB_NAME, d / SOURCE_NAME, False, seconds, tuple(cmd))
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+class _Builder:
+    def __init__(self, plan: Plan, cache: BuildCache, jobs):
+        self.plan, self.cache = plan, cache
+        self.nvcc = toolchain.find_nvcc()
+        self.versions = (toolchain.nvcc_version(self.nvcc), toolchain.cutlass_version(), plan.arch)
+        self.jobs = jobs or job_slots(plan.kernels)
+        self.sources = emit_kernels(plan)
+
+    # -- keys ------------------------------------------------------------------
+    def _unit_key(self, tu: TranslationUnit, cutlass=True) -> str:
+        cmd = toolchain.compile_command("nvcc", self.plan.arch, UNIT_NAME, OBJ_NAME, cutlass)
+        return cache_key(tu.text, toolchain.flags_signature(cmd), *self.versions)
+
+    def _kernel_key(self, name: str) -> str:
+        s = self.sources[name]
+        cmd = toolchain.compile_command("nvcc", self.plan.arch, UNIT_NAME, OBJ_NAME)
+        return cache_key(s.code, "\n".join(s.includes), toolchain.flags_signature(cmd), *self.versions)
+
+    def _index_path(self, name: str) -> Path:
+        return self.cache.root / "index" / f"{self._kernel_key(name)[:32]}.json"
+
+    # -- objects ---------------------------------------------------------------
+    def _object_job(self, name: str, prefix: str, tu: TranslationUnit, cutlass=True):
+        """(UnitReport, None) on a cache hit, else (None, Job) that builds it."""
+        key = self._unit_key(tu, cutlass)
+        hit = self.cache.lookup("obj", prefix, key, OBJ_NAME)
+        if hit is not None:
+            d, meta = hit
+            return UnitReport(name, tu.kernels, 0.0, True, meta.get("ok", True),
+                              meta.get("peak_rss_mb", 0.0), str(d / UNIT_NAME),
+                              str(d / "nvcc.log")), None
+        job = Job(name, [], tu.kernels, estimate([self._kernel(k) for k in tu.kernels]) if tu.kernels else 1.0)
+        job.unit = (prefix, key, tu, cutlass)
+        return None, job
+
+    def _kernel(self, name):
+        return next(k for k in self.plan.kernels if k.name == name)
+
+    def _compile_object(self, job: Job) -> JobResult:
+        """Worker: lock the key, double-check, compile, publish (success or failure)."""
+        prefix, key, tu, cutlass = job.unit
+        with self.cache.lock("obj", prefix, key):
+            hit = self.cache.lookup("obj", prefix, key, OBJ_NAME)
+            if hit is not None:                       # another process built it meanwhile
+                d, meta = hit
+                job.entry = d
+                return JobResult(job.name, meta.get("ok", True), 0.0, 0, "", tu.kernels)
+            staging = self.cache.staging("obj")
+            try:
+                (staging / UNIT_NAME).write_text(tu.text)
+                job.cmd = toolchain.compile_command(self.nvcc, self.plan.arch, str(staging / UNIT_NAME),
+                                                    str(staging / OBJ_NAME), cutlass)
+                job.log_path = staging / "nvcc.log"
+                res = run_job(job)
+                meta = {"ok": res.ok, "kernels": list(tu.kernels), "seconds": res.seconds,
+                        "peak_rss_mb": res.peak_rss / 2**20, "command": job.cmd}
+                job.entry = self.cache.publish("obj", prefix, key, staging,
+                                               OBJ_NAME if res.ok else None, meta)
+                if res.ok and not tu.symbols:     # kernel-only objects are reusable
+                    for k in tu.kernels:
+                        self._write_index(k, prefix, key)
+                return res
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def _write_index(self, kernel: str, prefix: str, key: str):
+        path = self._index_path(kernel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"kernel": kernel, "prefix": prefix, "key": key}))
+        os.replace(tmp, path)
+
+    def _cached_shard_of(self, kernel: str):
+        """The committed object of any earlier shard that compiled ``kernel``."""
+        try:
+            ref = json.loads(self._index_path(kernel).read_text())
+        except (OSError, ValueError):
+            return None
+        hit = self.cache.lookup("obj", ref["prefix"], ref["key"], OBJ_NAME)
+        if hit is None or not hit[1].get("ok", True):
+            return None
+        return ref["prefix"], ref["key"], hit
+
+    def _run(self, pending: list, desc: str, workers=None) -> list:
+        """Compile pending jobs; UnitReports in order."""
+        results = run_jobs(pending, workers or self.jobs, desc, runner=self._compile_object)
+        return [UnitReport(j.name, j.unit[2].kernels, r.seconds, r.seconds == 0.0, r.ok,
+                           r.peak_rss / 2**20, str(j.entry / UNIT_NAME), str(j.entry / "nvcc.log"))
+                for j, r in zip(pending, results)]
+
+    # -- strategies --------------------------------------------------------------
+    def sharded(self) -> BuildResult:
+        units, pending = [], []
+        reused = set()
+        for name in self.sources:                      # kernels compiled by an earlier build
+            if name in reused:
+                continue
+            found = self._cached_shard_of(name)
+            if found:
+                prefix, key, (d, meta) = found
+                reused.update(meta.get("kernels", ()))
+                units.append(UnitReport(d.name, tuple(meta.get("kernels", ())), 0.0, True, True,
+                                        meta.get("peak_rss_mb", 0.0), str(d / UNIT_NAME)))
+        todo = [k for k in {k.name: k for k in self.plan.kernels}.values() if k.name not in reused]
+        for i, shard in enumerate(plan_shards(todo, self.jobs)):
+            tu = emit_unit([self.sources[k.name] for k in shard],
+                           f"shard {i}: {len(shard)} kernels for {self.plan.arch}")
+            fam = "sm90" if shard[0].config.family == "cutlass3x_sm90" else "sm80"
+            prefix = f"shard_{fam}_{shard[0].dtype}_{len(shard)}k"
+            report, job = self._object_job(prefix, prefix, tu)
+            if report:
+                units.append(report)
+            else:
+                pending.append(job)
+        units += self._run(pending, "compiling shards")
+        failed = self._isolate([u for u in units if not u.ok])
+        units = [u for u in units if u.ok] + failed["retried"]
+        plan = self._pruned(failed["kernels"])
+        units.append(self._small_object("launchers", emit_launchers(plan)))
+        return self._finish(units, plan, failed["kernels"], "sharded")
+
+    def _isolate(self, bad_units) -> dict:
+        """Recompile the kernels of failed multi-kernel shards one by one, so one bad
+        kernel does not take its neighbours down. Returns the retried units that
+        built and the kernels that fail alone, with their logs."""
+        pending, done, kernels = [], [], []
+        for u in bad_units:
+            if len(u.kernels) == 1:
+                kernels.append((u.kernels[0], u.log))
+                continue
+            for k in u.kernels:
+                tu = emit_unit([self.sources[k]], f"{k} alone (isolating a failed shard)")
+                report, job = self._object_job("alone", "alone", tu)
+                if report is None:
+                    pending.append(job)
+                elif report.ok:
+                    done.append(report)
+                else:
+                    kernels.append((k, report.log))
+        done += self._run(pending, "isolating failures") if pending else []
+        kernels += [(u.kernels[0], u.log) for u in done if not u.ok]
+        return {"retried": [u for u in done if u.ok], "kernels": kernels}
+
+    def per_region(self) -> BuildResult:
+        units, pending = [], []
+        for i, region in enumerate(self.plan.regions):
+            tu = emit_region_unit(self.plan, i, self.sources)
+            report, job = self._object_job(region.name, "region", tu)
+            if report:
+                units.append(report)
+            else:
+                pending.append(job)
+        units += self._run(pending, "compiling regions", workers=1)   # one after another
+        failures = [(u.kernels[0], u.log) for u in units if not u.ok]
+        units = [u for u in units if u.ok]
+        plan = self._pruned(failures)
+        units.append(self._small_object("library_info", emit_info_unit(plan)))
+        return self._finish(units, plan, failures, "per-region")
+
+    def single(self) -> BuildResult:
+        src = emit_library(self.plan)
+        cmd = toolchain.nvcc_command("nvcc", self.plan.arch, SOURCE_NAME, LIB_NAME, 0)
+        key = cache_key(src.text, toolchain.flags_signature(cmd), *self.versions)
+        prefix = f"lib_{self.plan.arch}_{len(src.kernel_spans)}k_single"
+        with self.cache.lock("lib", prefix, key):
+            hit = self.cache.lookup("lib", prefix, key, LIB_NAME)
+            if hit is not None and not hit[1].get("ok", True):
+                d, meta = hit
+                raise _failure(src, self.plan, d, meta.get("command", []),
+                               (d / "nvcc.log").read_text(errors="replace"))
+            if hit is not None:
+                d, meta = hit
+                unit = UnitReport("single", src.kernels, 0.0, True, True, meta.get("peak_rss_mb", 0.0),
+                                  str(d / SOURCE_NAME))
+                return BuildResult(d / LIB_NAME, self.plan, "single", 0.0, 1, [unit])
+            staging = self.cache.staging("lib")
+            try:
+                (staging / SOURCE_NAME).write_text(src.text)
+                job = Job("single", toolchain.nvcc_command(
+                    self.nvcc, self.plan.arch, str(staging / SOURCE_NAME), str(staging / LIB_NAME), 0),
+                    src.kernels, log_path=staging / "nvcc.log")
+                res = run_jobs([job], 1, "compiling one unit")[0]
+                meta = {"ok": res.ok, "command": job.cmd, "seconds": res.seconds,
+                        "peak_rss_mb": res.peak_rss / 2**20, "kernels": list(src.kernels)}
+                d = self.cache.publish("lib", prefix, key, staging, LIB_NAME if res.ok else None, meta)
+                if not res.ok:
+                    raise _failure(src, self.plan, d, job.cmd, res.log)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        unit = UnitReport("single", src.kernels, res.seconds, False, True, res.peak_rss / 2**20,
+                          str(d / SOURCE_NAME))
+        return BuildResult(d / LIB_NAME, self.plan, "single", 0.0, 1, [unit])
+
+    # -- launchers and link ----------------------------------------------------------
+    def _pruned(self, failures) -> Plan:
+        bad = {k for k, _ in failures}
+        if not bad:
+            return self.plan
+        keep = [(r, k) for r, k in zip(self.plan.regions, self.plan.kernels) if k.name not in bad]
+        logs = dict(failures)
+        dropped = [Fallback(r.nodes[0], r.form, f"kernel {k.name} failed to compile (log: {logs[k.name]})")
+                   for r, k in zip(self.plan.regions, self.plan.kernels) if k.name in bad]
+        return replace(self.plan, regions=tuple(r for r, _ in keep), kernels=tuple(k for _, k in keep),
+                       fallbacks=self.plan.fallbacks + tuple(dropped))
+
+    def _small_object(self, name, tu) -> UnitReport:
+        report, job = self._object_job(name, name, tu, cutlass=False)
+        if report is None:
+            report = self._run([job], f"compiling {name}")[0]
+        if not report.ok:
+            raise CompileError(f"nvcc failed on the {name}", command=[], log_path=report.log,
+                               source_path=report.source)
+        return report
+
+    def _finish(self, units, plan, failures, strategy) -> BuildResult:
+        """Link every unit's object into the library (cached by the objects' keys)."""
+        objs = sorted({str(Path(u.source).parent / OBJ_NAME) for u in units})
+        keys = sorted(Path(p).parent.name for p in objs)
+        cmd_sig = toolchain.flags_signature(toolchain.link_command("nvcc", plan.arch, [], LIB_NAME))
+        key = cache_key(*keys, cmd_sig, *self.versions)
+        prefix = f"lib_{plan.arch}_{len(plan.distinct_kernels)}k"
+        link_seconds = 0.0
+        hit = self.cache.lookup("lib", prefix, key, LIB_NAME)
+        if hit is None:
+            with self.cache.lock("lib", prefix, key):
+                hit = self.cache.lookup("lib", prefix, key, LIB_NAME)
+                if hit is None:
+                    staging = self.cache.staging("lib")
+                    try:
+                        cmd = toolchain.link_command(self.nvcc, plan.arch, objs, str(staging / LIB_NAME))
+                        job = Job("link", cmd, log_path=staging / "link.log")
+                        res = run_job(job)
+                        link_seconds = res.seconds
+                        if not res.ok:
+                            raise CompileError(f"linking failed: {res.log.strip()[:300]}", command=cmd,
+                                               log_path=job.log_path, source_path=objs[0])
+                        self.cache.publish("lib", prefix, key, staging, LIB_NAME,
+                                           {"ok": True, "objects": keys, "seconds": link_seconds})
+                    finally:
+                        shutil.rmtree(staging, ignore_errors=True)
+                    hit = self.cache.lookup("lib", prefix, key, LIB_NAME)
+        d, _ = hit
+        return BuildResult(d / LIB_NAME, plan, strategy, 0.0, self.jobs, units, link_seconds, failures)
 
 
 _LINE = re.compile(rf"{re.escape(SOURCE_NAME)}\((\d+)\)|line (\d+) of \S*{re.escape(SOURCE_NAME)}")
@@ -97,7 +380,7 @@ def _failure(src, plan, folder: Path, cmd, log) -> CompileError:
     lines = {int(a or b) for a, b in _LINE.findall(log)}
     kernels = sorted({k for k in (src.kernel_at_line(n) for n in lines) if k})
     if not kernels:
-        kernels = [k for k, _, _ in src.kernel_spans]
+        kernels = list(src.kernels)
     regions = [r.name for r, k in zip(plan.regions, plan.kernels) if k.name in kernels]
     first = next((l for l in log.splitlines() if "error" in l), log.strip()[:300])
     return CompileError(f"nvcc failed: {first}", command=cmd, log_path=folder / "nvcc.log",

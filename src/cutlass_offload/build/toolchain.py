@@ -87,12 +87,51 @@ def cutlass_version() -> str:
     return f"{ver}+{h.hexdigest()[:12]}"
 
 
-def nvcc_command(nvcc: str, arch: str, source: str, output: str, threads: int = 0) -> list:
-    """The one nvcc invocation that turns a .cu into a shared library."""
+def _base(nvcc: str, arch: str) -> list:
     if arch not in GENCODE:
         raise ToolchainError(f"unknown arch {arch!r}; use one of {sorted(GENCODE)}")
-    cmd = [nvcc, *BASE_FLAGS, GENCODE[arch], "-shared", f"-t{threads}"]
+    return [nvcc, *BASE_FLAGS, GENCODE[arch]]
+
+
+def _includes() -> list:
+    out = []
     for d in include_dirs():
-        cmd += ["-I", d]
-    cmd += [source, "-o", output]
-    return cmd
+        out += ["-I", d]
+    return out
+
+
+def nvcc_command(nvcc: str, arch: str, source: str, output: str, threads: int = 0) -> list:
+    """The one nvcc invocation that turns a .cu into a shared library."""
+    return _base(nvcc, arch) + ["-shared", f"-t{threads}"] + _includes() + [source, "-o", output]
+
+
+def compile_command(nvcc: str, arch: str, source: str, output: str, cutlass: bool = True) -> list:
+    """nvcc -c: one translation unit to a relocatable object (position independent)."""
+    return _base(nvcc, arch) + ["-c"] + (_includes() if cutlass else []) + [source, "-o", output]
+
+
+def link_command(nvcc: str, arch: str, objects: list, output: str) -> list:
+    """Link objects into one shared library (CUDA runtime linked statically)."""
+    return [nvcc, GENCODE[arch], "-shared", *objects, "-o", output]
+
+
+def flags_signature(cmd: list) -> str:
+    """The command without file paths: what of it must enter a cache key."""
+    skip = set()
+    for i, a in enumerate(cmd):
+        if a in ("-I", "-o"):
+            skip.update((i, i + 1))
+    return " ".join(a for i, a in enumerate(cmd[1:], 1)
+                    if i not in skip and not a.endswith((".cu", ".o", ".so")))
+
+
+def available_memory() -> int:
+    """Bytes of MemAvailable (Linux), or 0 when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
