@@ -56,19 +56,46 @@ def mlp(batch=8, seq=128):
     return MLPBlock(), (torch.randn(batch, seq, 256),)
 
 
-BUILTIN = {"bert-base": bert_base, "gpt2": gpt2, "mlp": mlp}
+class _UNetSample(torch.nn.Module):
+    def __init__(self, unet):
+        super().__init__()
+        self.unet = unet
+
+    def forward(self, sample, timestep, encoder_hidden_states):
+        return self.unet(sample, timestep, encoder_hidden_states, return_dict=False)[0]
 
 
-def load_model(name: str, dtype: str = "fp16", batch: int = 8, seq: int = 128):
+def sd_unet(batch=2, seq=77):
+    """Stable Diffusion 1.5 UNet (diffusers UNet2DConditionModel: 320/640/1280/1280
+    channels, cross-attention dim 768), latent 4x64x64, ``seq`` text tokens."""
+    from diffusers import UNet2DConditionModel
+    unet = UNet2DConditionModel(
+        sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
+        block_out_channels=(320, 640, 1280, 1280), cross_attention_dim=768, attention_head_dim=8,
+        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3)
+    inputs = (torch.randn(batch, 4, 64, 64), torch.tensor([500] * batch),
+              torch.randn(batch, seq, 768))
+    return _UNetSample(unet), inputs
+
+
+BUILTIN = {"bert-base": bert_base, "gpt2": gpt2, "mlp": mlp, "sd-unet": sd_unet}
+# (batch, seq) defaults where the CLI's 8 x 128 does not fit the model
+DEFAULT_SIZES = {"sd-unet": (2, 77)}
+
+
+def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: int | None = None):
     """(model, example_inputs) for a built-in name or ``package.module:factory``.
 
     A factory is called with no arguments and returns (model, example_inputs).
+    batch / seq: None = the model's default (8 x 128; sd-unet 2 x 77 tokens).
     Floating inputs and parameters are cast to ``dtype``. Raises ValueError for an
     unknown name.
     """
     torch.manual_seed(0)
     if name in BUILTIN:
-        model, inputs = BUILTIN[name](batch=batch, seq=seq)
+        b, s = DEFAULT_SIZES.get(name, (8, 128))
+        model, inputs = BUILTIN[name](batch=batch or b, seq=seq or s)
     elif ":" in name:
         mod, fn = name.split(":", 1)
         model, inputs = getattr(importlib.import_module(mod), fn)()
