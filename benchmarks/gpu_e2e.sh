@@ -6,13 +6,14 @@ set -u
 OUT=${OUT:-$PWD/gpu_e2e_out}; mkdir -p "$OUT"
 models=${*:-bert-base gpt2}
 export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}   # e.g. PYTHON=.venv/bin/python after the README install
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 for m in $models; do   # compiles run on the CPU, beside the GPU tests
-  (python3 -m cutlass_offload.cli compile "$m" --out "/tmp/co_$m" --arch sm_90a > "$OUT/$m.log" 2>&1) &
+  ($PY -m cutlass_offload.cli compile "$m" --out "/tmp/co_$m" --arch sm_90a > "$OUT/$m.log" 2>&1) &
 done
-python3 -m pytest -q -rs tests/gpu tests/build 2>&1 | tee "$OUT/pytest.log"
+$PY -m pytest -q -rs tests/gpu tests/build 2>&1 | tee "$OUT/pytest.log"
 wait
 for m in $models; do   # one at a time, so latencies are not disturbed
-  python3 -m cutlass_offload.cli run "/tmp/co_$m" --json "$OUT/$m.json" >> "$OUT/$m.log" 2>&1
+  $PY -m cutlass_offload.cli run "/tmp/co_$m" --json "$OUT/$m.json" >> "$OUT/$m.log" 2>&1
   echo "== $m"; cat "$OUT/$m.log"
 done

@@ -25,6 +25,7 @@ from .runtime.compiled_model import CompiledModel, offload
 from .select import select
 
 MANIFEST = "manifest.json"
+# sm_90 is accepted for sm_90a: on Hopper only the arch-specific target has wgmma/TMA
 ARCH_ALIASES = {"sm90a": "sm90a", "sm_90a": "sm90a", "sm90": "sm90a", "sm_90": "sm90a",
                 "sm80": "sm80", "sm_80": "sm80"}
 
@@ -37,7 +38,8 @@ def resolve_arch(arch: str | None) -> str:
     """
     if arch is not None:
         if arch not in ARCH_ALIASES:
-            raise ValueError(f"unknown arch {arch!r}: use sm_90a (Hopper) or sm_80 (Ampere)")
+            raise ValueError(f"unknown arch {arch!r}: use sm_90a (Hopper; sm_90 means the same) "
+                             "or sm_80 (Ampere)")
         return ARCH_ALIASES[arch]
     if not torch.cuda.is_available():
         raise DeviceError("no GPU visible to pick the target from: pass arch='sm_90a' or 'sm_80'")

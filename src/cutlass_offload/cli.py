@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import CutlassOffloadError
+
 
 def _cmd_compile(a) -> int:
     from .api import compile as co_compile
@@ -71,8 +73,11 @@ def _graph_bench(fn):
 def _cmd_run(a) -> int:
     from .api import load
     from .runtime.library import check_device
-    arch = json.loads((Path(a.dir) / "manifest.json").read_text())["options"]["arch"]
-    check_device(arch)
+    manifest = Path(a.dir) / "manifest.json"
+    if not manifest.is_file():
+        raise CutlassOffloadError(f"{a.dir} is not a complete cutlass-offload output folder "
+                                  "(no manifest.json): run `cutlass-offload compile` first")
+    check_device(json.loads(manifest.read_text())["options"]["arch"])
     compiled, reference, inputs = load(a.dir, device="cuda")
     with torch.no_grad():
         ref = reference(*inputs)
@@ -145,12 +150,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         return a.fn(a)
-    except Exception as e:  # a clear one-line error for the user, full trace with -v env
-        from .errors import CutlassOffloadError
-        if isinstance(e, (CutlassOffloadError, ValueError)):
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        raise
+    except (CutlassOffloadError, ValueError, ImportError) as e:   # one clear line for the user
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

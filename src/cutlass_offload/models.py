@@ -98,7 +98,11 @@ def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: in
         model, inputs = BUILTIN[name](batch=batch or b, seq=seq or s)
     elif ":" in name:
         mod, fn = name.split(":", 1)
-        model, inputs = getattr(importlib.import_module(mod), fn)()
+        try:
+            factory = getattr(importlib.import_module(mod), fn)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"cannot load model factory {name!r}: {e}") from e
+        model, inputs = factory()
     else:
         raise ValueError(f"unknown model {name!r}: use one of {sorted(BUILTIN)} or package.module:factory")
     dt = DTYPES[dtype]
