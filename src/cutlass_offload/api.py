@@ -65,12 +65,15 @@ class _Phases:
 def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None = None,
             allow_tf32: bool = False, dynamic_batch: bool = False, dynamic_shapes=None,
             out_dir: str | os.PathLike | None = None, strict: bool = False,
-            num_sms: int | None = None, build_strategy: str = "sharded") -> CompiledModel:
+            num_sms: int | None = None, build_strategy: str = "sharded",
+            verify: bool = False) -> CompiledModel:
     """Offload ``model``'s GEMM-family regions to CUTLASS kernels in one shared library.
 
     example_inputs: a tuple of tensors as the model takes them (any device).
     arch: "sm_90a" or "sm_80"; None = from the visible GPU.
     build_strategy: "sharded" (default), "single" or "per-region" (see build/).
+    verify: compare each region's first kernel call with PyTorch and fall back
+      (with a warning naming the region) where they disagree; see CompiledModel.verify.
     out_dir: if given, the library, its source, the exported program, the example
       inputs and the report are written there (atomically: a folder is either
       complete, with manifest.json, or absent) for ``load`` / ``cutlass-offload run``.
@@ -86,6 +89,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
         cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
                       dynamic_shapes=dynamic_shapes)
     compiled = compile_captured(cap, options, phases)
+    compiled.verify(verify)
     if out_dir is not None:
         with phases("save"):
             save(compiled, cap, example_inputs, options, out_dir)

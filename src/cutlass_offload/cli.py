@@ -79,6 +79,7 @@ def _cmd_run(a) -> int:
                                   "(no manifest.json): run `cutlass-offload compile` first")
     check_device(json.loads(manifest.read_text())["options"]["arch"])
     compiled, reference, inputs = load(a.dir, device="cuda")
+    compiled.verify(a.verify)
     with torch.no_grad():
         ref = reference(*inputs)
         out = compiled(*inputs)
@@ -92,6 +93,9 @@ def _cmd_run(a) -> int:
         g_co = _graph_bench(lambda: compiled(*inputs))
     regions = compiled.region_modules()
     fallback_calls = sum(m.fallback_calls for m in regions)
+    for m in regions:
+        if m.disabled:
+            print(f"  {m.region.name} runs in PyTorch: {m.disabled}")
     result = {"relative_error": errs, "pytorch_ms": t_ref, "cutlass_offload_ms": t_co,
               "pytorch_cuda_graph_ms": g_ref, "cutlass_offload_cuda_graph_ms": g_co,
               "regions": len(regions), "kernel_calls_fell_back": fallback_calls,
@@ -143,6 +147,8 @@ def main(argv=None) -> int:
     r.add_argument("dir")
     r.add_argument("--json", default=None, help="write the results here")
     r.add_argument("--tolerance", type=float, default=1e-2, help="max relative error (exit 1 above)")
+    r.add_argument("--verify", action="store_true",
+                   help="check each region against PyTorch on its first call; fall back where it disagrees")
     r.set_defaults(fn=_cmd_run)
     k = sub.add_parser("cache", help="inspect or clear the build cache")
     k.add_argument("action", choices=["info", "clear"])

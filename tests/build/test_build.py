@@ -194,3 +194,28 @@ def test_two_processes_build_into_one_cache(tmp_path):
     meta = list((tmp_path / "obj").glob("shard_*/meta.json"))
     assert len(meta) == 1                           # compiled once: the other waited on the lock
     assert not list((tmp_path / "obj").glob(".staging-*"))
+
+
+def _compile_forever(cache_dir):
+    import os
+    os.environ["CUTLASS_OFFLOAD_CACHE_DIR"] = cache_dir
+    co.compile(nn.Sequential(nn.Linear(40, 40), nn.SiLU()).half(), (torch.randn(6, 40).half(),),
+               arch="sm_80")
+
+
+def test_killed_build_leaves_the_cache_usable(tmp_path):
+    import multiprocessing as mp
+    import os
+    import signal
+    import time
+    proc = mp.get_context("spawn").Process(target=_compile_forever, args=(str(tmp_path),))
+    proc.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((tmp_path / "obj").glob(".staging-*/unit.cu")):
+        time.sleep(0.2)
+    time.sleep(1.0)                                  # nvcc is running now
+    os.kill(proc.pid, signal.SIGKILL)                # the nvcc it started is orphaned
+    proc.join()
+    assert not list((tmp_path / "obj").glob("shard_*/meta.json"))   # nothing half-published
+    _compile_forever(str(tmp_path))                  # the next build just works
+    assert len(list((tmp_path / "obj").glob("shard_*/meta.json"))) == 1

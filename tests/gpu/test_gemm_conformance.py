@@ -105,3 +105,35 @@ def test_misaligned_input_falls_back_correctly(suites):
         out = compiled(*inputs)[k]
     ref = case_forward(cases[k], *(t.float() for t in inputs[pos:pos + 3]))
     assert rel_err(out, ref) < TOLERANCE[torch.float16]
+
+
+def test_verify_mode_catches_a_wrong_kernel():
+    """A region whose kernel computes the wrong function (a relu kernel planted on a
+    region that has no relu) is caught on its first call and falls back for good."""
+    import warnings
+
+    from cutlass_offload import build as build_stage
+    from cutlass_offload.ir import GemmEpilogue, replace
+    from cutlass_offload.partition import partition
+    from cutlass_offload.runtime.compiled_model import CompiledModel, offload
+    from cutlass_offload.select import select
+
+    model = torch.nn.Linear(64, 64).half()
+    cap = co.capture(model, (torch.randn(32, 64).half(),))
+    options = co.CompileOptions(arch=co.resolve_arch(None))
+    plan = select(partition(cap.graph_module, options), options.arch)
+    wrong = replace(plan.kernels[0], epilogue=GemmEpilogue(bias=True, activation="relu"))
+    plan = replace(plan, kernels=(wrong,))
+    res = build_stage.build(plan)
+    gm = offload(cap.graph_module, res.plan, res.library)
+    compiled = CompiledModel(gm, res.plan, None, res.library).to("cuda").verify()
+    x = torch.randn(32, 64, dtype=torch.float16, device="cuda")
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(x)
+        out2 = compiled(x)
+    ref = model.cuda().float()(x.float())
+    assert any("disagrees with PyTorch" in str(w.message) for w in caught)
+    (m,) = compiled.region_modules()
+    assert m.disabled and m.fallback_calls == 1
+    assert rel_err(out, ref) < TOLERANCE[torch.float16] and rel_err(out2, ref) < TOLERANCE[torch.float16]

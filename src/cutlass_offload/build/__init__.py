@@ -16,6 +16,7 @@ to compile (sharded, per-region) is isolated: only regions using it fall back.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -177,11 +178,19 @@ class _Builder:
                 return JobResult(job.name, meta.get("ok", True), 0.0, 0, "", tu.kernels)
             staging = self.cache.staging("obj")
             try:
-                (staging / UNIT_NAME).write_text(tu.text)
+                _write(staging / UNIT_NAME, tu.text)
                 job.cmd = toolchain.compile_command(self.nvcc, self.plan.arch, str(staging / UNIT_NAME),
                                                     str(staging / OBJ_NAME), cutlass)
                 job.log_path = staging / "nvcc.log"
                 res = run_job(job)
+                if res.killed:             # transient: report, but never cache as a failure
+                    keep = self.cache.root / "failed" / f"{prefix}.{key[:16]}"
+                    shutil.rmtree(keep, ignore_errors=True)
+                    keep.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(staging, keep)
+                    job.entry = keep
+                    (keep / "nvcc.log").write_text(res.log)
+                    return res
                 meta = {"ok": res.ok, "kernels": list(tu.kernels), "seconds": res.seconds,
                         "peak_rss_mb": res.peak_rss / 2**20, "command": job.cmd}
                 job.entry = self.cache.publish("obj", prefix, key, staging,
@@ -305,11 +314,15 @@ class _Builder:
                 return BuildResult(d / LIB_NAME, self.plan, "single", 0.0, 1, [unit])
             staging = self.cache.staging("lib")
             try:
-                (staging / SOURCE_NAME).write_text(src.text)
+                _write(staging / SOURCE_NAME, src.text)
                 job = Job("single", toolchain.nvcc_command(
                     self.nvcc, self.plan.arch, str(staging / SOURCE_NAME), str(staging / LIB_NAME), 0),
                     src.kernels, log_path=staging / "nvcc.log")
                 res = run_jobs([job], 1, "compiling one unit")[0]
+                if res.killed:
+                    raise CompileError(f"nvcc was killed: {res.log.strip().splitlines()[-1]}",
+                                       command=job.cmd, log_path=job.log_path,
+                                       source_path=staging / SOURCE_NAME, kernels=src.kernels)
                 meta = {"ok": res.ok, "command": job.cmd, "seconds": res.seconds,
                         "peak_rss_mb": res.peak_rss / 2**20, "kernels": list(src.kernels)}
                 d = self.cache.publish("lib", prefix, key, staging, LIB_NAME if res.ok else None, meta)
@@ -371,6 +384,18 @@ class _Builder:
                     hit = self.cache.lookup("lib", prefix, key, LIB_NAME)
         d, _ = hit
         return BuildResult(d / LIB_NAME, plan, strategy, 0.0, self.jobs, units, link_seconds, failures)
+
+
+def _write(path: Path, text: str):
+    """Write a generated file; a full disk becomes a clear CompileError."""
+    try:
+        path.write_text(text)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise CompileError(f"out of disk space writing {path} (free space in the cache "
+                               "folder, or point CUTLASS_OFFLOAD_CACHE_DIR elsewhere)",
+                               command=[], log_path="-", source_path=path) from e
+        raise
 
 
 _LINE = re.compile(rf"{re.escape(SOURCE_NAME)}\((\d+)\)|line (\d+) of \S*{re.escape(SOURCE_NAME)}")

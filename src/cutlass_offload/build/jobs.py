@@ -32,6 +32,7 @@ class JobResult:
     peak_rss: int            # bytes, the largest process of the job (nvcc, cicc, ptxas...)
     log: str
     kernels: tuple = field(default_factory=tuple)
+    killed: bool = False     # by a signal: transient (not cached as a failure)
 
 
 def run_job(job: Job) -> JobResult:
@@ -47,8 +48,13 @@ def run_job(job: Job) -> JobResult:
         proc.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
         text = log.read() if job.log_path else ""
+    if proc.returncode < 0 or proc.returncode == 137:
+        # SIGKILL is what the kernel's OOM killer sends: say so instead of a bare status
+        text += (f"\n[cutlass_offload] {job.cmd[0]} was killed (status {proc.returncode}); "
+                 "out of memory? Lower the parallel jobs with CUTLASS_OFFLOAD_JOBS.\n")
     return JobResult(job.name, proc.returncode == 0, time.perf_counter() - t0,
-                     usage.ru_maxrss * 1024, text, job.kernels)
+                     usage.ru_maxrss * 1024, text, job.kernels, killed=proc.returncode < 0
+                     or proc.returncode == 137)
 
 
 def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None) -> list:

@@ -102,5 +102,14 @@ class CompiledModel(torch.nn.Module):
     def forward(self, *args, **kwargs):
         return self.graph_module(*args, **kwargs)
 
+    def verify(self, enabled: bool = True) -> "CompiledModel":
+        """Verify mode: each region compares its first kernel call with PyTorch and
+        falls back for good (with a RuntimeWarning naming it) where they disagree.
+        Run one call before capturing the model into a CUDA graph: the comparison
+        synchronizes. Returns self."""
+        for m in self.region_modules():
+            m.verify = enabled
+        return self
+
     def region_modules(self):
         return [m for m in self.graph_module.modules() if isinstance(m, GemmRegionModule)]

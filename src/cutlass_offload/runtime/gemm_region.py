@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import warnings
 
 import torch
 
@@ -11,6 +12,9 @@ from ..ir import GemmKernel, GemmRegion
 from .library import CO_CANNOT_IMPLEMENT, CO_OK, STATUS_NAMES, CoGemmArgs, check_device
 
 _ESIZE = {"f16": 2, "bf16": 2, "f32": 4}
+# verify mode: norm-wise relative error allowed against the PyTorch subgraph (which
+# itself rounds in the same dtype): about 8x the unit roundoff of the output type
+VERIFY_TOLERANCE = {"f16": 1e-2, "bf16": 3e-2, "f32": 1e-2}
 
 
 def _current_stream(index):
@@ -46,6 +50,8 @@ class GemmRegionModule(torch.nn.Module):
         self._ws_shape, self._ws_need = None, 0
         self.fallback_calls = 0
         self.calls = 0
+        self.verify = False          # compare the first kernel call with the fallback
+        self.disabled = None         # reason, once verification failed: PyTorch from then on
         p = region.problem
         self._n, self._k = p.n, p.k
         self._align = (kernel.align_a, kernel.align_b, kernel.align_c)
@@ -67,6 +73,9 @@ class GemmRegionModule(torch.nn.Module):
         if self._fn is None:
             self._bind(a.device)
         self.calls += 1
+        if self.disabled:
+            self.fallback_calls += 1
+            return self.fallback(*xs)
         mapped = self._map(xs)
         if mapped is None:
             self.fallback_calls += 1
@@ -84,12 +93,31 @@ class GemmRegionModule(torch.nn.Module):
             args.workspace, args.workspace_bytes = None, 0
         status = self._fn(ctypes.byref(args), _current_stream(a.device.index))
         if status == CO_OK:
+            if self.verify:
+                return self._verified(out, xs)
             return out
         if status == CO_CANNOT_IMPLEMENT:
             self.fallback_calls += 1
             return self.fallback(*xs)
         raise KernelLaunchError(f"{self.region.name} ({self.kernel.name}): "
                                 f"{STATUS_NAMES.get(status, status)}")
+
+    def _verified(self, out, xs):
+        """First call in verify mode: compare with the PyTorch subgraph (float32
+        norm-wise relative error, tolerance by dtype); on disagreement warn, keep
+        the PyTorch result and run PyTorch for this region from then on."""
+        self.verify = False
+        ref = self.fallback(*xs)
+        o, r = out.double(), ref.double()
+        err = float((o - r).norm() / r.norm().clamp_min(1e-30))
+        tol = VERIFY_TOLERANCE[self.kernel.dtype]
+        if not err <= tol:          # NaN fails too
+            self.disabled = f"verification failed: relative error {err:.3e} > {tol:g}"
+            warnings.warn(f"cutlass_offload: {self.region.name} ({self.kernel.name}) disagrees with "
+                          f"PyTorch (relative error {err:.3e}); it runs in PyTorch from now on",
+                          RuntimeWarning, stacklevel=3)
+            return ref
+        return out
 
     # -- mapping PyTorch tensors onto (L, M, K) x (L, K, N) -> (L, M, N) -------------
 
