@@ -47,7 +47,7 @@ def plan_shards(kernels: list, slots: int) -> list:
 
     Kernels are grouped by (family, dtype) and sorted by name inside a group; the
     group with the longest predicted shard is split further (into equal contiguous
-    chunks) while shards < slots and the split shortens it.
+    chunks) while shards <= slots and the split shortens it.
     """
     groups = {}
     for k in sorted(kernels, key=lambda k: k.name):
@@ -60,13 +60,13 @@ def plan_shards(kernels: list, slots: int) -> list:
 
     while groups and sum(parts.values()) < slots:
         g = max(groups, key=longest)
-        if parts[g] >= len(groups[g]):
+        before, budget = longest(g), slots - sum(parts.values()) + parts[g]
+        # the fewest parts that shorten the longest shard (ceil(n / p) has plateaus)
+        better = next((p for p in range(parts[g] + 1, min(len(groups[g]), budget) + 1)
+                       if estimate(groups[g][:math.ceil(len(groups[g]) / p)]) < before), None)
+        if better is None:
             break
-        before = longest(g)
-        parts[g] += 1
-        if longest(g) >= before:          # no gain: undo and stop
-            parts[g] -= 1
-            break
+        parts[g] = better
     shards = []
     for g, ks in groups.items():
         n = parts[g]

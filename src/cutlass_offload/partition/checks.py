@@ -124,7 +124,7 @@ def _batched(form, a, b, options) -> Operands:
     if not ab:
         return Operands(form, a, b, False, (av.shape[-2],), n, k, dtype,
                         batch_mode="a_broadcast", batch_dims=tuple(bv.shape[:-2]))
-    if len(av.shape) == len(bv.shape) and same_shape(av.shape[:-2], bv.shape[:-2]):
+    if same_shape(ab, bb):      # equal batch dims once leading 1s are dropped
         return Operands(form, a, b, False, (av.shape[-2],), n, k, dtype,
                         batch_mode="batched", batch_dims=tuple(av.shape[:-2]))
     raise UnsupportedRegion(

@@ -1,0 +1,46 @@
+"""Shard planning (no nvcc): balance, grouping, job slots."""
+from cutlass_offload.build.shards import estimate, plan_shards
+from cutlass_offload.ir import GemmEpilogue, GemmKernel, KernelConfig
+
+SM90 = KernelConfig("cutlass3x_sm90", (128, 128, 64), 0, kernel_schedule="KernelTmaWarpSpecializedCooperative")
+SM80 = KernelConfig("cutlass2x_sm80", (128, 128, 32), 3, warp=(64, 64, 32), instruction=(16, 8, 16))
+ACTS = ("identity", "relu", "gelu_erf", "gelu_tanh", "silu", "sigmoid")
+
+
+def kernels(n, config=SM90, dtype="f16"):
+    return [GemmKernel("sm90a", dtype, "col", 8, 8, 8,
+                       GemmEpilogue(bias=bool(i % 2), activation=ACTS[i % 6],
+                                    residual=("none", "add", "mul")[i // 6 % 3]), config)
+            for i in range(n)]
+
+
+def test_one_kernel_per_shard_when_slots_allow():
+    shards = plan_shards(kernels(8), slots=16)
+    assert sorted(len(s) for s in shards) == [1] * 8
+
+
+def test_balanced_when_slots_are_few():
+    shards = plan_shards(kernels(12), slots=4)
+    assert sorted(len(s) for s in shards) == [3, 3, 3, 3]
+    assert sorted(k.name for s in shards for k in s) == sorted(k.name for k in kernels(12))
+
+
+def test_families_and_dtypes_never_mix_and_longest_first():
+    ks = kernels(6) + kernels(6, SM80) + kernels(2, dtype="bf16")
+    shards = plan_shards(ks, slots=5)
+    assert len(shards) <= 5
+    for s in shards:
+        assert len({(k.config.family, k.dtype) for k in s}) == 1
+    assert [estimate(s) for s in shards] == sorted((estimate(s) for s in shards), reverse=True)
+
+
+def test_one_slot_one_shard_per_group():
+    shards = plan_shards(kernels(5) + kernels(3, SM80), slots=1)
+    assert sorted(len(s) for s in shards) == [3, 5]
+
+
+def test_split_only_when_it_shortens_the_longest():
+    # 2.x kernels are cheap: a 2-kernel 2.x group is not split while a 3.x shard is longer
+    shards = plan_shards(kernels(4) + kernels(2, SM80), slots=3)
+    assert sorted((s[0].config.family, len(s)) for s in shards) == [
+        ("cutlass2x_sm80", 2), ("cutlass3x_sm90", 2), ("cutlass3x_sm90", 2)]
