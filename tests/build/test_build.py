@@ -219,3 +219,18 @@ def test_killed_build_leaves_the_cache_usable(tmp_path):
     assert not list((tmp_path / "obj").glob("shard_*/meta.json"))   # nothing half-published
     _compile_forever(str(tmp_path))                  # the next build just works
     assert len(list((tmp_path / "obj").glob("shard_*/meta.json"))) == 1
+
+
+def _load_in_subprocess(out):
+    loaded, _, _ = co.load(out)
+    return [r.name for r in loaded.plan.regions]
+
+
+def test_one_process_compiles_while_another_loads(sm80_model, tmp_path):
+    import multiprocessing as mp
+    compiled, out = sm80_model
+    with mp.get_context("spawn").Pool(2) as pool:
+        building = pool.apply_async(_compile_in_subprocess, (str(tmp_path),))
+        loading = pool.apply_async(_load_in_subprocess, (str(out),))
+        assert loading.get(timeout=600) == [r.name for r in compiled.plan.regions]
+        assert building.get(timeout=600)[0].endswith("libcutlass_offload.so")

@@ -17,6 +17,15 @@ _ESIZE = {"f16": 2, "bf16": 2, "f32": 4}
 VERIFY_TOLERANCE = {"f16": 1e-2, "bf16": 3e-2, "f32": 1e-2}
 
 
+def _strip(dims) -> tuple:
+    """Batch dims without leading 1s (they broadcast away)."""
+    dims = tuple(dims)
+    i = 0
+    while i < len(dims) and dims[i] == 1:
+        i += 1
+    return dims[i:]
+
+
 def _current_stream(index):
     """cudaStream_t of the current stream: the raw getter Inductor uses when it
     exists (a few us cheaper per call), else the public API."""
@@ -56,6 +65,7 @@ class GemmRegionModule(torch.nn.Module):
         self._n, self._k = p.n, p.k
         self._align = (kernel.align_a, kernel.align_b, kernel.align_c)
         self._esize = _ESIZE[kernel.dtype]
+        self._dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[kernel.dtype]
 
     def extra_repr(self) -> str:
         return f"{self.region.name} -> {self.kernel.name}"
@@ -125,12 +135,24 @@ class GemmRegionModule(torch.nn.Module):
         return (t.data_ptr() % (align * self._esize) == 0 and ld % align == 0
                 and bstride % align == 0)
 
+    def _same_kind(self, a, t) -> bool:
+        """The kernel's dtype, on the same device as A (else PyTorch runs the call)."""
+        return t.dtype == self._dtype and a.dtype == self._dtype and t.device == a.device
+
     def _map(self, xs):
+        """(out, CoGemmArgs, temporaries) for this call, or None when the call does not
+        fit the kernel (dtype, device, shape, alignment): the caller falls back."""
         r, n, k = self.region, self._n, self._k
         al_a, al_b, al_c = self._align
         a, b = xs[self._ia], xs[self._ib]
+        if not self._same_kind(a, b):
+            return None
         bl = b.transpose(-1, -2) if r.b_nk else b          # logical (..., K, N)
+        if a.shape[-1] != k or bl.dim() < 2 or bl.shape[-2] != k or bl.shape[-1] != n:
+            return None                      # not the problem this kernel was built for
         if r.batch_mode == "fold":
+            if bl.numel() != k * n:
+                return None
             if r.form == "linear":
                 out_shape = a.shape[:-1] + (n,)
             else:
@@ -138,6 +160,9 @@ class GemmRegionModule(torch.nn.Module):
             a3 = a.reshape(1, -1, k)
             b3 = bl.reshape(1, k, n)
         else:
+            if a.dim() < 2 or (r.batch_mode == "a_broadcast" and a.numel() != a.shape[-2] * k) or \
+                    (r.batch_mode == "batched" and _strip(a.shape[:-2]) != _strip(bl.shape[:-2])):
+                return None
             batch = torch.broadcast_shapes(a.shape[:-2], bl.shape[:-2])
             lsize = math.prod(batch)
             m = a.shape[-2]
@@ -172,6 +197,8 @@ class GemmRegionModule(torch.nn.Module):
             return None
         args.bias = None
         if self._ibias is not None:
+            if not self._same_kind(a, xs[self._ibias]):
+                return None
             bias = xs[self._ibias].reshape(-1).contiguous()
             if bias.numel() != n or not self._ok(bias, n, 0, al_c):
                 return None
@@ -180,7 +207,7 @@ class GemmRegionModule(torch.nn.Module):
         args.c, args.ldc, args.batch_stride_c = None, 0, 0
         if self._ic is not None:
             c = xs[self._ic]
-            if tuple(c.shape) != tuple(out_shape):
+            if not self._same_kind(a, c) or tuple(c.shape) != tuple(out_shape):
                 return None
             c3 = c.reshape(lsize, m, n)
             if c3.stride(-1) != 1 and n > 1:

@@ -1,0 +1,85 @@
+"""Mapping call arguments onto a kernel (no GPU: CPU tensors, no launch): calls that
+do not fit the kernel are refused (the region then runs PyTorch), never mis-mapped."""
+import pytest
+import torch
+
+from cutlass_offload.capture import capture
+from cutlass_offload.partition import partition
+from cutlass_offload.runtime.compiled_model import offload
+from cutlass_offload.select import select
+
+
+def region_module(fn, *inputs):
+    class M(torch.nn.Module):
+        def forward(self, *xs):
+            return fn(*xs)
+    cap = capture(M(), inputs)
+    plan = select(partition(cap.graph_module), "sm90a")
+    gm = offload(cap.graph_module, plan, library_path=None)
+    (mod,) = [m for m in gm.modules() if type(m).__name__ == "GemmRegionModule"]
+    return mod
+
+
+H = torch.float16
+
+
+def test_fitting_call_maps_with_strides_and_sizes():
+    mod = region_module(lambda x, w, b: torch.relu(torch.nn.functional.linear(x, w, b)),
+                        torch.randn(4, 6, 64, dtype=H), torch.randn(32, 64, dtype=H), torch.randn(32, dtype=H))
+    x, w, b = torch.randn(5, 6, 64, dtype=H), torch.randn(32, 64, dtype=H), torch.randn(32, dtype=H)
+    out, args, keep = mod._map((x, w, b))
+    assert out.shape == (5, 6, 32) and out.dtype == H
+    assert (args.m, args.n, args.k, args.l) == (30, 32, 64, 1)
+    assert (args.lda, args.ldb, args.ldd) == (64, 64, 32)
+    assert args.a == x.data_ptr() and args.b == w.data_ptr() and args.bias == b.data_ptr()
+
+
+@pytest.mark.parametrize("bad", ["dtype", "k", "n", "misaligned", "bias_dtype"])
+def test_call_that_does_not_fit_is_refused(bad):
+    mod = region_module(lambda x, w, b: torch.nn.functional.linear(x, w, b),
+                        torch.randn(8, 64, dtype=H), torch.randn(32, 64, dtype=H), torch.randn(32, dtype=H))
+    x, w, b = torch.randn(8, 64, dtype=H), torch.randn(32, 64, dtype=H), torch.randn(32, dtype=H)
+    if bad == "dtype":
+        x, w = x.float(), w.float()
+    elif bad == "k":
+        x, w = torch.randn(8, 48, dtype=H), torch.randn(32, 48, dtype=H)
+    elif bad == "n":
+        w, b = torch.randn(40, 64, dtype=H), torch.randn(40, dtype=H)
+    elif bad == "misaligned":
+        x = torch.randn(8 * 64 + 1, dtype=H)[1:].view(8, 64)
+    else:
+        b = b.float()
+    assert mod._map((x, w, b)) is None
+
+
+def test_non_contiguous_input_is_copied_not_misread():
+    mod = region_module(lambda x, w: x @ w, torch.randn(16, 64, dtype=H), torch.randn(64, 32, dtype=H))
+    x = torch.randn(64, 16, dtype=H).t()            # (16, 64), K not contiguous
+    out, args, keep = mod._map((x, torch.randn(64, 32, dtype=H)))
+    a3 = keep[0]
+    assert a3.is_contiguous() and torch.equal(a3[0], x) and args.a == a3.data_ptr()
+
+
+def test_every_conformance_case_maps_onto_its_kernel():
+    """Guards against silent fallbacks: each case's fresh inputs fit its kernel."""
+    from gemm_cases import SuiteModel, conformance_cases, example_dims, suite_dynamic_shapes, suite_inputs
+    cases = conformance_cases()
+    cap = capture(SuiteModel(cases), suite_inputs(cases, example_dims(cases), H),
+                  dynamic_shapes=suite_dynamic_shapes(cases))
+    plan = select(partition(cap.graph_module), "sm90a")
+    gm = offload(cap.graph_module, plan, library_path=None)
+    mods = {name: m for name, m in gm.named_children() if type(m).__name__ == "GemmRegionModule"}
+    calls = {}
+
+    def recording(name, m):
+        def forward(*args):            # map the call as on the GPU, then run PyTorch
+            calls[name] = m._map(args)
+            return m.fallback(*args)
+        return forward
+    for name, m in mods.items():
+        m.forward = recording(name, m)
+    with torch.no_grad():
+        gm(*suite_inputs(cases, example_dims(cases, 23), H))
+    assert len(calls) == len(cases)
+    refused = [n for n, c in calls.items() if c is None]
+    assert not refused, refused
