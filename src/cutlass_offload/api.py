@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -17,8 +17,8 @@ from torch.export.passes import move_to_device_pass
 from . import build as build_stage
 from .capture import Captured, capture, from_exported
 from .config import CompileOptions
-from .emit import emit_library
 from .errors import CutlassOffloadError, DeviceError
+from .ir import Fallback, Plan
 from .partition import partition
 from .report import Report
 from .runtime.compiled_model import CompiledModel, offload
@@ -137,10 +137,7 @@ def _check_strict(options, plan):
             f"  {f.node} ({f.op}): {f.reason}" for f in plan.fallbacks))
 
 
-def _restrict(plan, names) -> "Plan":
-    from dataclasses import replace
-
-    from .ir import Fallback
+def _restrict(plan: Plan, names) -> Plan:
     keep = set(names)
     pairs = [(r, k) for r, k in zip(plan.regions, plan.kernels) if r.name in keep]
     gone = [Fallback(r.nodes[0], r.form, "its kernel failed to compile when the library was built")

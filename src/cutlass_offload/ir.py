@@ -16,7 +16,7 @@ All classes are frozen dataclasses of scalars and tuples; they validate in
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 DTYPES = ("f16", "bf16", "f32")
@@ -82,8 +82,8 @@ class GemmProblem:
     (N, K) with K contiguous (a Linear weight), "row" means (K, N).
     align_*: elements, the largest of 8/4/2/1 (for 16-bit types) that divides the
     contiguous extent and leading dimension; checked again on every call.
-    a_batch_broadcast / b_batch_broadcast: the operand has no batch dims and is
-    shared by every batch entry (batch stride 0).
+    a_batch_broadcast: A has no batch dims and is shared by every batch entry of B
+    (batch stride 0). A B without batch dims is folded into M instead.
     """
 
     n: int
@@ -99,7 +99,6 @@ class GemmProblem:
     batch: Optional[int] = 1
     batch_hint: int = 1
     a_batch_broadcast: bool = False
-    b_batch_broadcast: bool = False
     tf32: bool = False
     layout_a: str = "row"
 
@@ -113,10 +112,6 @@ class GemmProblem:
             raise ValueError(f"N and K must be positive, got N={self.n} K={self.k}")
         if self.dtype == "f32" and not self.tf32:
             raise ValueError("fp32 GEMMs run only as TF32, which must be opted in")
-
-    @property
-    def flops_per_batch_row(self) -> int:
-        return 2 * self.n * self.k
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ import math
 import os
 
 from ..config import knobs
-from ..ir import GemmKernel
 from .toolchain import available_memory
 
 COST = {"cutlass3x_sm90": (43.0, 7.0), "cutlass2x_sm80": (10.0, 1.6)}   # (fixed, per kernel) s

@@ -41,9 +41,6 @@ class TranslationUnit:
         return None
 
 
-LibrarySource = TranslationUnit   # the single-TU library (kernels + launchers)
-
-
 def emit_kernel(kernel: GemmKernel) -> KernelSource:
     """C++ for one kernel instantiation. Raises ValueError for an illegal kernel."""
     return _EMITTERS[kernel.config.family](kernel)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.fx as fx
 
 from .graph_utils import aten, val

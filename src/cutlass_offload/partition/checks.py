@@ -81,7 +81,7 @@ def _check_a_row_major(a):
         raise UnsupportedRegion("A is not row-major (K not contiguous)")
 
 
-def _b_layout_ok(b, b_nk):
+def _b_layout_ok(b):
     """B must have a unit stride along K (col) or N (row) in its last two dims."""
     v = val(b)
     if static_int(v.stride(-1)) == 1 or static_int(v.stride(-2)) == 1:
@@ -99,7 +99,7 @@ def linear_operands(node, options) -> Operands:
     k = _static(xv.shape[-1], "K")
     n = _static(wv.shape[0], "N")
     _check_a_row_major(x)
-    _b_layout_ok(w, True)
+    _b_layout_ok(w)
     if bias is not None:
         if _dtype(bias, "bias") != dtype or val(bias).dim() != 1:
             raise UnsupportedRegion("linear bias must be a 1-D vector of the input dtype")
@@ -116,7 +116,7 @@ def _batched(form, a, b, options) -> Operands:
         raise UnsupportedRegion("K of A and B differ")
     n = _static(bv.shape[-1], "N")
     _check_a_row_major(a)
-    _b_layout_ok(b, False)
+    _b_layout_ok(b)
     ab = _strip_ones(av.shape[:-2])
     bb = _strip_ones(bv.shape[:-2])
     if not bb:        # B shared by every batch entry: fold A's batch into M
