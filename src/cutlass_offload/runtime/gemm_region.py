@@ -17,6 +17,12 @@ _ESIZE = {"f16": 2, "bf16": 2, "f32": 4}
 VERIFY_TOLERANCE = {"f16": 1e-2, "bf16": 3e-2, "f32": 1e-2}
 
 
+def _copy_args(args: CoGemmArgs) -> CoGemmArgs:
+    out = CoGemmArgs()
+    ctypes.pointer(out)[0] = args
+    return out
+
+
 def _strip(dims) -> tuple:
     """Batch dims without leading 1s (they broadcast away)."""
     dims = tuple(dims)
@@ -66,6 +72,11 @@ class GemmRegionModule(torch.nn.Module):
         self._align = (kernel.align_a, kernel.align_b, kernel.align_c)
         self._esize = _ESIZE[kernel.dtype]
         self._dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[kernel.dtype]
+        # inputs that the kernel reads, and their slot among (a, b, bias, c)
+        slots = [(0, self._ia), (1, self._ib), (2, self._ibias), (3, self._ic)]
+        self._role_slots = tuple(j for j, i in slots if i is not None)
+        self._roles = tuple(i for _, i in slots if i is not None)
+        self._direct = {}            # signature -> (CoGemmArgs with sizes/strides, out shape)
 
     def extra_repr(self) -> str:
         return f"{self.region.name} -> {self.kernel.name}"
@@ -141,7 +152,58 @@ class GemmRegionModule(torch.nn.Module):
 
     def _map(self, xs):
         """(out, CoGemmArgs, temporaries) for this call, or None when the call does not
-        fit the kernel (dtype, device, shape, alignment): the caller falls back."""
+        fit the kernel (dtype, device, shape, alignment): the caller falls back.
+
+        Calls repeat the same shapes and strides: once a signature has mapped without
+        copying any input, its sizes and strides are kept (in their own CoGemmArgs)
+        and later calls only set and check the pointers.
+        """
+        sig = self._signature(xs)
+        args = self._direct.get(sig)
+        if args is not None:
+            return self._map_direct(xs, args)
+        mapped = self._map_general(xs)
+        if mapped is not None and len(self._direct) < 64 and self._is_direct(xs, mapped[1]):
+            self._direct[sig] = _copy_args(mapped[1]), tuple(mapped[0].shape)
+        return mapped
+
+    def _signature(self, xs) -> tuple:
+        sig = []
+        for i in self._roles:
+            t = xs[i]
+            sig.append((t.shape, t.stride(), t.dtype, t.device))
+        return tuple(sig)
+
+    def _is_direct(self, xs, args) -> bool:
+        """True when the kernel reads the inputs themselves (no copy was needed)."""
+        ptrs = (args.a, args.b, args.bias, args.c)
+        return all(xs[i].data_ptr() == ptrs[j] for j, i in zip(self._role_slots, self._roles))
+
+    def _map_direct(self, xs, cached):
+        template, out_shape = cached
+        e = self._esize
+        al_a, al_b, al_c = self._align
+        a, b = xs[self._ia], xs[self._ib]
+        pa, pb = a.data_ptr(), b.data_ptr()
+        if pa % (al_a * e) or pb % (al_b * e):
+            return None
+        args = template
+        args.a, args.b = pa, pb
+        if self._ibias is not None:
+            args.bias = xs[self._ibias].data_ptr()
+            if args.bias % (al_c * e):
+                return None
+        if self._ic is not None:
+            args.c = xs[self._ic].data_ptr()
+            if args.c % (al_c * e):
+                return None
+        out = torch.empty(out_shape, dtype=self._dtype, device=a.device)
+        args.d = out.data_ptr()
+        if args.d % (al_c * e):
+            return None
+        return out, args, []
+
+    def _map_general(self, xs):
         r, n, k = self.region, self._n, self._k
         al_a, al_b, al_c = self._align
         a, b = xs[self._ia], xs[self._ib]
