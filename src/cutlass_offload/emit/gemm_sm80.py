@@ -101,6 +101,14 @@ constexpr int kStages = ${stages};
 constexpr int kAlignA = ${align_a};
 constexpr int kAlignB = ${align_b};
 constexpr int kAlignC = ${align_c};
+
+static cutlass::gemm::GemmUniversalMode mode(const CoGemmArgs& args) {
+  return args.l == 1 ? cutlass::gemm::GemmUniversalMode::kGemm
+                     : cutlass::gemm::GemmUniversalMode::kBatched;
+}
+static cutlass::gemm::GemmCoord extent(const CoGemmArgs& args) {
+  return cutlass::gemm::GemmCoord(int(args.m), int(args.n), int(args.k));
+}
 """
 
 # Variant 1: no residual. D = act(alpha * acc + bias_row); bias read as C with ldc = 0.
@@ -118,13 +126,8 @@ using Gemm = cutlass::gemm::device::GemmUniversal<
     kStages, kAlignA, kAlignB, cutlass::arch::OpMultiplyAdd>;
 
 static typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
-  cutlass::gemm::GemmUniversalMode mode = args.l == 1
-      ? cutlass::gemm::GemmUniversalMode::kGemm
-      : cutlass::gemm::GemmUniversalMode::kBatched;
   return typename Gemm::Arguments(
-      mode,
-      cutlass::gemm::GemmCoord(int(args.m), int(args.n), int(args.k)),
-      int(args.l),
+      mode(args), extent(args), int(args.l),
       typename EpilogueOp::Params(ElementCompute(1), ElementCompute(${beta})),
       args.a, args.b, ${source_ptr}, args.d,
       args.batch_stride_a, args.batch_stride_b, /*batch_stride_c=*/0, args.batch_stride_d,
@@ -146,13 +149,8 @@ using Gemm = cutlass::gemm::device::GemmUniversalWithBroadcast<
     kStages, kAlignA, kAlignB, cutlass::arch::OpMultiplyAdd>;
 
 static typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
-  cutlass::gemm::GemmUniversalMode mode = args.l == 1
-      ? cutlass::gemm::GemmUniversalMode::kGemm
-      : cutlass::gemm::GemmUniversalMode::kBatched;
   return typename Gemm::Arguments(
-      mode,
-      cutlass::gemm::GemmCoord(int(args.m), int(args.n), int(args.k)),
-      int(args.l),
+      mode(args), extent(args), int(args.l),
       typename EpilogueOp::Params(ElementCompute(1), ElementCompute(1)),
       args.a, args.b, args.c, args.d,
       /*ptr_Vector=*/${vector_ptr}, /*ptr_Tensor=*/nullptr,
