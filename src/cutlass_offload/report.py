@@ -44,7 +44,7 @@ class Report:
                        ", ".join(f"{k} x{v}" for k, v in sorted(by_form.items())))
         for f in self.fallbacks:
             out.append(f"  fallback {f['node']} ({f['op']}): {f['reason']}")
-        notes = collections.Counter(n.split(":")[-1].strip() for r in self.regions for n in r["notes"])
+        notes = collections.Counter(n.split(": ", 1)[-1].strip() for r in self.regions for n in r["notes"])
         for note, count in notes.most_common():
             out.append(f"  epilogue op left in PyTorch x{count}: {note}")
         out.append("kernels:")

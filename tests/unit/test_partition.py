@@ -182,3 +182,15 @@ def test_odd_alignment_goes_to_cutlass2x_on_hopper():
 def partition_result(reg):
     from cutlass_offload.ir import PartitionResult
     return PartitionResult((reg,), ())
+
+
+def test_gelu_approximate_given_by_position():
+    """aten.gelu(x, "tanh") written positionally is the tanh form, not erf."""
+    from cutlass_offload.partition import checks
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    pos = g.call_function(torch.ops.aten.gelu.default, (x, "tanh"))
+    kw = g.call_function(torch.ops.aten.gelu.default, (x,), {"approximate": "tanh"})
+    plain = g.call_function(torch.ops.aten.gelu.default, (x,))
+    name = checks.ACTIVATION_NAMES[torch.ops.aten.gelu.default]
+    assert (name(pos), name(kw), name(plain)) == ("gelu_tanh", "gelu_tanh", "gelu_erf")

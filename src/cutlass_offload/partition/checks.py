@@ -251,11 +251,18 @@ def other_independent_of_gemm(state, node):
     return None
 
 
+def _gelu_approximate(node) -> str:
+    """gelu's ``approximate`` argument, given by keyword or by position."""
+    if len(node.args) > 1:
+        return node.args[1]
+    return node.kwargs.get("approximate", "none")
+
+
 ACTIVATION_NAMES = {
     aten.relu.default: lambda n: "relu",
     aten.silu.default: lambda n: "silu",
     aten.sigmoid.default: lambda n: "sigmoid",
-    aten.gelu.default: lambda n: "gelu_tanh" if n.kwargs.get("approximate", "none") == "tanh" else "gelu_erf",
+    aten.gelu.default: lambda n: "gelu_tanh" if _gelu_approximate(n) == "tanh" else "gelu_erf",
 }
 
 
