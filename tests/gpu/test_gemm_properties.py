@@ -3,10 +3,12 @@ a fixed set of compiled problem classes, each against a float32 reference.
 
 Sizes fixed at compile time (K, N, dtype, epilogue) cover odd sizes, primes, 1s and
 a large K; M and the batch are dynamic, so hypothesis draws them freely (2..300)
-without recompiling. Default profile: derandomized (a fixed-seed subset) with 25
-examples; ``pytest --hypothesis-profile deep`` runs 500. A failure found here
-becomes a regression case in gemm_cases.py.
+without recompiling. By default a derandomized (fixed-seed) subset of 25 examples
+runs; CUTLASS_OFFLOAD_PROPERTY_EXAMPLES=500 runs that many random ones. A failure
+found here becomes a regression case in gemm_cases.py.
 """
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,10 +19,9 @@ import cutlass_offload as co
 from helpers import TOLERANCE, poison_allocator, rel_err
 
 pytestmark = pytest.mark.gpu
-settings.register_profile("default", max_examples=25, derandomize=True, deadline=None,
-                          suppress_health_check=[HealthCheck.function_scoped_fixture])
-settings.register_profile("deep", max_examples=500, deadline=None,
-                          suppress_health_check=[HealthCheck.function_scoped_fixture])
+_DEEP = int(os.environ.get("CUTLASS_OFFLOAD_PROPERTY_EXAMPLES", "0"))
+PROPERTY_SETTINGS = settings(max_examples=_DEEP or 25, derandomize=not _DEEP, deadline=None,
+                             suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 # (name, dtype, K, N, weight stored (N, K)?, batched, epilogue fn(y, bias, r))
 CLASSES = [
@@ -71,6 +72,7 @@ def compiled():
     return model
 
 
+@PROPERTY_SETTINGS
 @given(data=st.data())
 def test_random_sizes_match_float32_reference(compiled, data):
     sizes = [(data.draw(st.integers(2, 16)) if c[5] else 1, data.draw(st.integers(2, 300)))
