@@ -1,0 +1,77 @@
+"""Host-side cost of one offloaded-region call (Python + argument mapping).
+
+Without a GPU it times the mapping of a call onto the kernel's arguments (what a
+region call does besides the ctypes launch) on CPU tensors; with a GPU it also
+times whole region calls of a tiny GEMM (launch-bound, so the host path shows).
+Prints microseconds per call; writes JSON.
+
+    python benchmarks/call_overhead.py [--arch sm_90a] [--json call_overhead.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from cutlass_offload.capture import capture                     # noqa: E402
+from cutlass_offload.partition import partition                 # noqa: E402
+from cutlass_offload.runtime.compiled_model import offload      # noqa: E402
+from cutlass_offload.select import select                       # noqa: E402
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d=768):
+        super().__init__()
+        self.lin = torch.nn.Linear(d, d)
+
+    def forward(self, x, r):
+        return self.lin(x) + r
+
+
+def per_call_us(fn, n=20000) -> float:
+    for _ in range(n // 10):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", default="sm_90a")
+    p.add_argument("--json", default="call_overhead.json")
+    a = p.parse_args()
+    model = Block().half()
+    x, r = torch.randn(8, 128, 768).half(), torch.randn(8, 128, 768).half()
+    cap = capture(model, (x, r))
+    plan = select(partition(cap.graph_module), a.arch.replace("_", ""))
+    gm = offload(cap.graph_module, plan, library_path=None)
+    (mod,) = [m for m in gm.modules() if type(m).__name__ == "GemmRegionModule"]
+    args = (x, model.lin.weight, model.lin.bias, r)
+    result = {"map_general_us": per_call_us(lambda: mod._map_general(args)),
+              "map_cached_us": per_call_us(lambda: mod._map(args)),
+              "torch_empty_us": per_call_us(lambda: torch.empty((8, 128, 768), dtype=torch.float16))}
+    if torch.cuda.is_available():
+        import cutlass_offload as co
+        small = torch.nn.Linear(64, 64).half()
+        compiled = co.compile(small, (torch.randn(8, 64).half(),), arch=a.arch).to("cuda")
+        xs = torch.randn(8, 64, dtype=torch.float16, device="cuda")
+        with torch.no_grad():
+            result["region_call_us"] = per_call_us(lambda: compiled(xs), 5000)
+            small = small.cuda()
+            result["torch_linear_call_us"] = per_call_us(lambda: small(xs), 5000)
+        torch.cuda.synchronize()
+    for k, v in result.items():
+        print(f"{k:>24}: {v:8.1f} us")
+    Path(a.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
