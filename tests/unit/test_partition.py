@@ -194,3 +194,18 @@ def test_gelu_approximate_given_by_position():
     plain = g.call_function(torch.ops.aten.gelu.default, (x,))
     name = checks.ACTIVATION_NAMES[torch.ops.aten.gelu.default]
     assert (name(pos), name(kw), name(plain)) == ("gelu_tanh", "gelu_tanh", "gelu_erf")
+
+
+def test_model_without_supported_op_compiles_and_runs(tmp_path):
+    """Nothing to offload: no nvcc, no library, and the model runs (all PyTorch)."""
+    import cutlass_offload as co
+
+    class NoGemm(nn.Module):
+        def forward(self, x):
+            return torch.sigmoid(x) * 3 + x.float().sum().half()
+    x = r(4, 6)
+    compiled = co.compile(NoGemm(), (x,), arch="sm_80", out_dir=tmp_path / "out")
+    assert compiled.plan.regions == () and compiled.library_path is None
+    assert torch.equal(compiled(x), NoGemm()(x))
+    loaded, reference, inputs = co.load(tmp_path / "out")
+    assert torch.equal(loaded(*inputs), reference(*inputs))
