@@ -60,7 +60,8 @@ def region_symbol(region_name: str) -> str:
 
 
 def _prelude() -> list:
-    return (TEMPLATES / "prelude.h").read_text().splitlines()
+    """prelude.h inlined (a TU is self-contained); its include guard is for headers only."""
+    return [l for l in (TEMPLATES / "prelude.h").read_text().splitlines() if l != "#pragma once"]
 
 
 def _declarations(name: str, weak: bool) -> list:
