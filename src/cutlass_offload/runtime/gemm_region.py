@@ -124,7 +124,7 @@ class GemmRegionModule(torch.nn.Module):
                                 f"{STATUS_NAMES.get(status, status)}")
 
     def _verified(self, out, xs):
-        """First call in verify mode: compare with the PyTorch subgraph (float32
+        """First call in verify mode: compare with the PyTorch subgraph (float64
         norm-wise relative error, tolerance by dtype); on disagreement warn, keep
         the PyTorch result and run PyTorch for this region from then on."""
         self.verify = False
