@@ -44,3 +44,16 @@ def test_split_only_when_it_shortens_the_longest():
     shards = plan_shards(kernels(4) + kernels(2, SM80), slots=3)
     assert sorted((s[0].config.family, len(s)) for s in shards) == [
         ("cutlass2x_sm80", 2), ("cutlass3x_sm90", 2), ("cutlass3x_sm90", 2)]
+
+
+def test_kernels_sharing_a_mainloop_stay_together():
+    """bert-base's case: two epilogues on one 64x128 ping-pong mainloop and one
+    128x128 cooperative kernel, two slots: the mainloops are not mixed."""
+    pingpong = KernelConfig("cutlass3x_sm90", (64, 128, 64), 0, kernel_schedule="KernelTmaWarpSpecializedPingpong")
+    ks = [GemmKernel("sm90a", "f16", "col", 8, 8, 8, GemmEpilogue(bias=True), pingpong),
+          GemmKernel("sm90a", "f16", "col", 8, 8, 8, GemmEpilogue(bias=True, residual="add"), pingpong),
+          GemmKernel("sm90a", "f16", "col", 8, 8, 8, GemmEpilogue(bias=True, activation="gelu_erf"), SM90)]
+    shards = plan_shards(ks, slots=2)
+    assert sorted(sorted(k.config.tile for k in s) for s in shards) == [
+        [(64, 128, 64), (64, 128, 64)], [(128, 128, 64)]]
+    assert estimate(ks[:2]) < estimate([ks[0], ks[2]])

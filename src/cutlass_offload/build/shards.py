@@ -1,12 +1,19 @@
 """Group distinct kernels into balanced shards (one translation unit each).
 
 A translation unit costs a fixed part (parsing the CUTLASS/CuTe headers, first
-instantiation of shared templates) plus a marginal part per distinct kernel
-(../shared/design.md, measured with nvcc 13.0 on the 16-core H200 host: 3.x sm90a
-~43 s fixed + ~7 s per kernel, 2.x ~10 s + ~1.6 s). With P parallel jobs the
-floor is about fixed + U * marginal / P, so kernels of one family and dtype (which
-share most template instantiations) go together, split into as many equal shards
-as the job slots allow, while a split still shortens the longest shard.
+instantiation of shared templates), plus a large part for each distinct mainloop
+(dtype, layouts, alignment, tile, cluster, schedule) and a small part for each
+further epilogue on a mainloop already in the unit. Kernels of one family and
+dtype go together; within a group they are packed (largest mainloop first) into
+as many shards as the job slots allow while a split still shortens the longest
+shard: the floor of the wall time is about fixed + the longest shard's work.
+
+Costs, in seconds (relative weights for balancing, not predictions):
+* 3.x sm90a: fixed 43 s, ~7 s per kernel on the 16-core H200 host
+  (../shared/design.md); on a 2-core machine a one-kernel TU took 104.9 s, a
+  second kernel on the same mainloop +7.5 s, a kernel with another mainloop
+  +29.2 s (measured here with nvcc 13.0, bert-base's kernels). Hence 43 / 9 / 3.
+* 2.x sm80: fixed 10 s, ~1.6 s per kernel on the H200 host (design.md): 10 / 2 / 0.8.
 """
 from __future__ import annotations
 
@@ -16,15 +23,29 @@ import os
 from ..config import knobs
 from .toolchain import available_memory
 
-COST = {"cutlass3x_sm90": (43.0, 7.0), "cutlass2x_sm80": (10.0, 1.6)}   # (fixed, per kernel) s
-PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30}  # bytes per nvcc
+COST = {"cutlass3x_sm90": (43.0, 9.0, 3.0), "cutlass2x_sm80": (10.0, 2.0, 0.8)}  # fixed, mainloop, epilogue
+PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30}  # bytes per nvcc (design.md)
+
+
+def mainloop(kernel) -> tuple:
+    """What two kernels must share for one to be cheap next to the other."""
+    return (kernel.config.family, kernel.dtype, kernel.layout_a, kernel.layout_b, kernel.align_a,
+            kernel.align_b, kernel.align_c, kernel.config.tile, kernel.config.cluster,
+            kernel.config.stages, kernel.config.kernel_schedule, kernel.config.warp)
 
 
 def estimate(kernels) -> float:
-    """Predicted seconds of one translation unit holding ``kernels``."""
-    fams = {k.config.family for k in kernels}
-    fixed = max(COST[f][0] for f in fams) if fams else 1.0
-    return fixed + sum(COST[k.config.family][1] for k in kernels)
+    """Predicted relative cost of one translation unit holding ``kernels``."""
+    if not kernels:
+        return 0.0
+    fixed = max(COST[k.config.family][0] for k in kernels)
+    seen, total = set(), fixed
+    for k in kernels:
+        _, new, extra = COST[k.config.family]
+        key = mainloop(k)
+        total += extra if key in seen else new
+        seen.add(key)
+    return total
 
 
 def job_slots(kernels=()) -> int:
@@ -41,38 +62,78 @@ def job_slots(kernels=()) -> int:
     return max(1, min(cores, by_memory))
 
 
+def _split(group: list, n: int) -> list:
+    size, extra = divmod(len(group), n)
+    out, i = [], 0
+    for j in range(n):
+        step = size + (1 if j < extra else 0)
+        out.append(group[i:i + step])
+        i += step
+    return out
+
+
+def _lpt(pieces: list, parts: int) -> list:
+    """Largest piece first, each into the shard with the smallest estimate."""
+    bins = [[] for _ in range(parts)]
+    for piece in sorted(pieces, key=lambda p: (-estimate(p), p[0].name)):
+        target = min(range(parts), key=lambda i: (estimate(bins[i]), i))
+        bins[target].extend(piece)
+    return [b for b in bins if b]
+
+
+def _pack(kernels: list, parts: int) -> list:
+    """Pack kernels into at most ``parts`` shards, keeping mainloop groups whole
+    unless cutting one (which costs its mainloop once more) shortens the longest
+    shard. Deterministic."""
+    groups = {}
+    for k in sorted(kernels, key=lambda k: k.name):
+        groups.setdefault(mainloop(k), []).append(k)
+    cuts = {key: 1 for key in groups}
+
+    def packed(c):
+        return _lpt([p for key, g in groups.items() for p in _split(g, c[key])], parts)
+
+    def makespan(c):
+        return max(estimate(b) for b in packed(c))
+
+    best = makespan(cuts)
+    improved = True
+    while improved:
+        improved = False
+        for key in sorted(groups, key=lambda k: -estimate(groups[k])):
+            for n in range(cuts[key] + 1, min(len(groups[key]), parts) + 1):
+                trial = {**cuts, key: n}
+                m = makespan(trial)
+                if m < best:
+                    cuts, best, improved = trial, m, True
+                    break
+            if improved:
+                break
+    return packed(cuts)
+
+
 def plan_shards(kernels: list, slots: int) -> list:
     """Lists of kernels, one per shard, longest predicted first.
 
-    Kernels are grouped by (family, dtype) and sorted by name inside a group; the
-    group with the longest predicted shard is split further (into equal contiguous
-    chunks) while shards <= slots and the split shortens it.
+    Kernels are grouped by (family, dtype); the group with the longest predicted
+    shard gets more shards (skipping counts that do not shorten it) while the
+    total stays within ``slots``.
     """
     groups = {}
     for k in sorted(kernels, key=lambda k: k.name):
         groups.setdefault((k.config.family, k.dtype), []).append(k)
     parts = {g: 1 for g in groups}
 
-    def longest(g):
-        ks = groups[g]
-        return estimate(ks[:math.ceil(len(ks) / parts[g])])
+    def longest(g, p=None):
+        return max(estimate(s) for s in _pack(groups[g], p or parts[g]))
 
     while groups and sum(parts.values()) < slots:
         g = max(groups, key=longest)
         before, budget = longest(g), slots - sum(parts.values()) + parts[g]
-        # the fewest parts that shorten the longest shard (ceil(n / p) has plateaus)
         better = next((p for p in range(parts[g] + 1, min(len(groups[g]), budget) + 1)
-                       if estimate(groups[g][:math.ceil(len(groups[g]) / p)]) < before), None)
+                       if longest(g, p) < before), None)
         if better is None:
             break
         parts[g] = better
-    shards = []
-    for g, ks in groups.items():
-        n = parts[g]
-        size, extra = divmod(len(ks), n)
-        i = 0
-        for j in range(n):
-            step = size + (1 if j < extra else 0)
-            shards.append(ks[i:i + step])
-            i += step
-    return sorted((s for s in shards if s), key=estimate, reverse=True)
+    shards = [s for g, ks in groups.items() for s in _pack(ks, parts[g])]
+    return sorted(shards, key=estimate, reverse=True)
