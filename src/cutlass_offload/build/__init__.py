@@ -71,6 +71,7 @@ class _Builder:
         self.versions = (toolchain.nvcc_version(self.nvcc), toolchain.cutlass_version(), plan.arch)
         self.jobs = jobs or job_slots(plan.kernels)
         self.sources = emit_kernels(plan)
+        self.kernels = {k.name: k for k in plan.kernels}
 
     # -- keys ------------------------------------------------------------------
     def _unit_key(self, tu: TranslationUnit, cutlass=True) -> str:
@@ -100,7 +101,7 @@ class _Builder:
         return None, job
 
     def _kernel(self, name):
-        return next(k for k in self.plan.kernels if k.name == name)
+        return self.kernels[name]
 
     def _compile_object(self, job: Job) -> JobResult:
         """Worker: lock the key, double-check, compile, publish (success or failure)."""

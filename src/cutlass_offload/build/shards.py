@@ -17,7 +17,6 @@ Costs, in seconds (relative weights for balancing, not predictions):
 """
 from __future__ import annotations
 
-import math
 import os
 
 from ..config import knobs

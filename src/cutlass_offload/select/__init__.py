@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..config import CompileOptions
-from ..ir import GemmKernel, GemmProblem, PartitionResult, Plan
+from ..ir import Fallback, GemmKernel, GemmProblem, PartitionResult, Plan
 from . import sm80, sm90
 
 DEFAULT_NUM_SMS = {"sm90a": 132, "sm80": 108}  # H100/H200 SXM, A100 (vendor datasheets)
@@ -25,7 +25,6 @@ def choose_kernel(problem: GemmProblem, arch: str, num_sms: int | None = None) -
 
 def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOptions()) -> Plan:
     """Choose a kernel per region; regions with no legal kernel become fallbacks."""
-    from ..ir import Fallback
     regions, kernels, fallbacks = [], [], list(part.fallbacks)
     for r in part.regions:
         try:
