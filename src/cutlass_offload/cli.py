@@ -1,4 +1,4 @@
-"""``cutlass-offload`` command line: compile, run, cache."""
+"""cutlass-offload: compile a model's GEMMs into one CUTLASS library, run it, manage the cache."""
 from __future__ import annotations
 
 import argparse
