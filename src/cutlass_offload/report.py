@@ -4,7 +4,16 @@ from __future__ import annotations
 import collections
 from dataclasses import asdict, dataclass, field
 
-from .ir import Plan
+from .ir import ConvProblem, Plan
+
+
+def _shape(problem) -> dict:
+    if isinstance(problem, ConvProblem):
+        p = problem
+        return {"conv": {"n_hint": p.n_hint, "c": p.c, "h": p.h, "w": p.w, "k": p.k, "r": p.r,
+                         "s": p.s, "pad": list(p.pad), "stride": list(p.stride),
+                         "dilation": list(p.dilation)}}
+    return {"n": problem.n, "k": problem.k, "m_hint": problem.m_hint}
 
 
 @dataclass
@@ -24,8 +33,8 @@ class Report:
         return cls(
             arch=plan.arch,
             regions=[{"name": r.name, "form": r.form, "nodes": list(r.nodes), "kernel": k.name,
-                      "epilogue": r.problem.epilogue.tag, "n": r.problem.n, "k": r.problem.k,
-                      "m_hint": r.problem.m_hint, "notes": list(r.notes)}
+                      "epilogue": r.problem.epilogue.tag, **_shape(r.problem),
+                      "notes": list(r.notes)}
                      for r, k in zip(plan.regions, plan.kernels)],
             fallbacks=[asdict(f) for f in plan.fallbacks],
             kernels=[{"name": k.name, "family": k.config.family, "regions": users[k.name]}
@@ -36,7 +45,7 @@ class Report:
 
     def format(self) -> str:
         out = [f"target {self.arch}: {len(self.regions)} regions offloaded, "
-               f"{len(self.fallbacks)} GEMM-family ops left in PyTorch, "
+               f"{len(self.fallbacks)} GEMM/conv ops left in PyTorch, "
                f"{len(self.kernels)} distinct kernels"]
         by_form = collections.Counter(r["form"] + ":" + r["epilogue"] for r in self.regions)
         if by_form:

@@ -181,7 +181,8 @@ class _Builder:
             tu = emit_unit([self.sources[k.name] for k in shard],
                            f"shard {i}: {len(shard)} kernels for {self.plan.arch}")
             fam = "sm90" if shard[0].config.family == "cutlass3x_sm90" else "sm80"
-            prefix = f"shard_{fam}_{shard[0].dtype}_{len(shard)}k"
+            kind = "conv" if shard[0].kind == "conv2d_fprop" else "gemm"
+            prefix = f"shard_{fam}_{kind}_{shard[0].dtype}_{len(shard)}k"
             report, job = self._object_job(prefix, prefix, tu)
             if report:
                 units.append(report)

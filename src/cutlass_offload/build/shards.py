@@ -28,7 +28,8 @@ PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30}  # 
 
 def mainloop(kernel) -> tuple:
     """What two kernels must share for one to be cheap next to the other."""
-    return (kernel.config.family, kernel.dtype, kernel.layout_a, kernel.layout_b, kernel.align_a,
+    return (kernel.kind, kernel.config.family, kernel.dtype, kernel.layout_a, kernel.layout_b,
+            getattr(kernel, "iterator", ""), kernel.align_a,
             kernel.align_b, kernel.align_c, kernel.config.tile, kernel.config.cluster,
             kernel.config.stages, kernel.config.kernel_schedule, kernel.config.warp)
 
@@ -114,13 +115,13 @@ def _pack(kernels: list, parts: int) -> list:
 def plan_shards(kernels: list, slots: int) -> list:
     """Lists of kernels, one per shard, longest predicted first.
 
-    Kernels are grouped by (family, dtype); the group with the longest predicted
+    Kernels are grouped by (kind, family, dtype); the group with the longest predicted
     shard gets more shards (skipping counts that do not shorten it) while the
     total stays within ``slots``.
     """
     groups = {}
     for k in sorted(kernels, key=lambda k: k.name):
-        groups.setdefault((k.config.family, k.dtype), []).append(k)
+        groups.setdefault((k.kind, k.config.family, k.dtype), []).append(k)
     parts = {g: 1 for g in groups}
 
     def longest(g, p=None):

@@ -14,9 +14,10 @@ import torch.fx as fx
 
 from ..config import CompileOptions
 from ..errors import UnsupportedRegion
-from ..ir import Fallback, GemmEpilogue, GemmProblem, GemmRegion, PartitionResult
+from ..ir import ConvProblem, ConvRegion, Fallback, GemmEpilogue, GemmProblem, GemmRegion, PartitionResult
 from .checks import ACTIVATION_NAMES, EpilogueState, m_hint
-from .graph_utils import max_alignment, static_int, val
+from .conv import ConvOperands, batch_hint
+from .graph_utils import max_alignment, same_shape, static_int, val
 from .patterns import ANCHOR_BY_TARGET, EPILOGUE_STAGES
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,16 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
             log.info("fallback %s (%s): %s", node.name, anchor.form, e)
             continue
         state = _grow_epilogue(node, ops, taken)
-        region = _make_region(len(regions), node, ops, state)
+        make = _make_conv_region if isinstance(ops, ConvOperands) else _make_region
+        try:
+            region = make(len(regions), node, ops, state)
+        except ValueError as e:        # e.g. an empty conv output
+            fallbacks.append(Fallback(node.name, anchor.form, str(e)))
+            continue
         regions.append(region)
         taken.update(state.nodes)
+        if getattr(ops, "pad_node", None) is not None:
+            taken.add(ops.pad_node)
     return PartitionResult(tuple(regions), tuple(fallbacks))
 
 
@@ -95,6 +103,7 @@ def _apply(stage, state, node):
         state.activation = ACTIVATION_NAMES[node.target](node)
     elif stage.name == "residual":
         state.residual = "add" if "add" in str(node.target) else "mul"
+        state.residual_broadcast = not same_shape(val(other).shape, val(state.out).shape)
         state.c = other
     elif stage.name == "post_activation":
         state.post_activation = "relu"
@@ -129,3 +138,22 @@ def _make_region(index, anchor, ops, state) -> GemmRegion:
         bias=ops.bias.name if ops.bias is not None else None,
         c=state.c.name if state.c is not None else None,
         b_nk=ops.b_nk, batch_mode=ops.batch_mode, notes=tuple(state.notes))
+
+
+def _make_conv_region(index, anchor, ops: ConvOperands, state) -> ConvRegion:
+    dtype = ops.dtype
+    epilogue = GemmEpilogue(bias=state.bias, activation=state.activation,
+                            residual=state.residual, post_activation=state.post_activation,
+                            residual_broadcast=state.residual_broadcast)
+    problem = ConvProblem(
+        c=ops.c_in, k=ops.n, h=ops.h, w=ops.w, r=ops.r, s=ops.s, dtype=dtype,
+        align_a=max_alignment(ops.c_in, dtype), align_b=max_alignment(ops.c_in, dtype),
+        align_c=max_alignment(ops.n, dtype), pad=ops.pad, stride=ops.stride,
+        dilation=ops.dilation, epilogue=epilogue, n=static_int(ops.batch),
+        n_hint=max(1, batch_hint(ops)), tf32=dtype == "f32")
+    nodes = ([ops.pad_node] if ops.pad_node is not None else []) + list(state.nodes)
+    return ConvRegion(
+        name=f"region{index}_conv2d_{epilogue.tag}", nodes=tuple(n.name for n in nodes),
+        x=ops.a.name, w=ops.b.name, problem=problem,
+        bias=ops.bias.name if ops.bias is not None else None,
+        c=state.c.name if state.c is not None else None, notes=tuple(state.notes))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 import torch.fx as fx
 
 from .graph_utils import aten, val
@@ -27,6 +28,8 @@ _GEMMS = (aten.addmm.default, aten.mm.default, aten.linear.default, aten.matmul.
 def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     """Apply all rewrites in place; returns gm (recompiled)."""
     _drop_eval_dropout(gm.graph)
+    _fold_batch_norm(gm)
+    _drop_identity_scaling(gm.graph)
     _fuse_tanh_gelu(gm.graph)
     while _sink_views(gm.graph):
         pass
@@ -42,6 +45,99 @@ def _drop_eval_dropout(graph: fx.Graph):
             if train is False:
                 n.replace_all_uses_with(n.args[0])
                 graph.erase_node(n)
+
+
+def _get_attr_tensor(gm, node):
+    if not isinstance(node, fx.Node) or node.op != "get_attr":
+        return None
+    t = gm
+    for part in node.target.split("."):
+        t = getattr(t, part, None)
+    return t if isinstance(t, torch.Tensor) else None
+
+
+def _fold_batch_norm(gm: fx.GraphModule):
+    """conv2d -> batch_norm(training=False) becomes one conv2d with folded weights,
+    the standard inference rewrite (Jacob et al. 2018, sec. 3.2; TVM's
+    SimplifyInference + FoldScaleAxis):
+
+        scale = gamma / sqrt(running_var + eps)
+        w' = w * scale[k],  b' = (b - running_mean) * scale + beta
+
+    computed in float64 and rounded once to the weight's dtype. Only when the conv
+    output feeds just the batch_norm and every parameter is a module constant.
+    The new tensors are registered on ``gm`` as buffers ``_co_folded_<n>``.
+    """
+    graph = gm.graph
+    for bn in list(graph.nodes):
+        if bn.op != "call_function" or bn.target is not aten.batch_norm.default:
+            continue
+        conv = bn.args[0]
+        if not (_is_call(conv, aten.conv2d.default) and len(conv.users) == 1):
+            continue
+        training = bn.args[5] if len(bn.args) > 5 else bn.kwargs.get("training", False)
+        if training:
+            continue
+        eps = bn.args[7] if len(bn.args) > 7 else bn.kwargs.get("eps", 1e-5)
+        w = _get_attr_tensor(gm, conv.args[1])
+        b_node = conv.args[2] if len(conv.args) > 2 else conv.kwargs.get("bias")
+        b = _get_attr_tensor(gm, b_node) if b_node is not None else None
+        gamma, beta, mean, var = (_get_attr_tensor(gm, a) if a is not None else None
+                                  for a in bn.args[1:5])
+        if w is None or mean is None or var is None or (b_node is not None and b is None):
+            continue
+        with torch.no_grad():
+            scale = (var.double() + eps).rsqrt()
+            if gamma is not None:
+                scale = scale * gamma.double()
+            bias = -mean.double() * scale
+            if b is not None:
+                bias = bias + b.double() * scale
+            if beta is not None:
+                bias = bias + beta.double()
+            new_w = (w.double() * scale.reshape(-1, 1, 1, 1)).to(w.dtype)
+            new_b = bias.to(w.dtype)
+        names = []
+        for t in (new_w, new_b):
+            name = f"_co_folded_{len([k for k, _ in gm.named_buffers() if k.startswith('_co_folded_')])}"
+            gm.register_buffer(name, t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t)
+            names.append(name)
+        with graph.inserting_before(conv):
+            w_node, b_node2 = graph.get_attr(names[0]), graph.get_attr(names[1])
+        w_node.meta["val"] = conv.args[1].meta.get("val")
+        b_node2.meta["val"] = _fake_like(conv.args[1].meta.get("val"), new_b)
+        args = list(conv.args) + [None] * (3 - len(conv.args))
+        args[1], args[2] = w_node, b_node2
+        conv.args = tuple(args)
+        conv.kwargs = {k: v for k, v in conv.kwargs.items() if k != "bias"}
+        bn.replace_all_uses_with(conv)
+        graph.erase_node(bn)
+
+
+def _fake_like(fake_ref, real):
+    """A FakeTensor of real's shape/dtype in fake_ref's fake mode (for meta['val'])."""
+    mode = _fake_mode(fake_ref)
+    if mode is None:
+        return None
+    with mode:
+        return torch.empty(real.shape, dtype=real.dtype, device=fake_ref.device)
+
+
+def _drop_identity_scaling(graph: fx.Graph):
+    """x / 1.0 and x * 1.0 -> x (diffusers' ``output_scale_factor`` defaults to 1),
+    so the residual add before them can fuse. Only when the result keeps x's
+    dtype and shape (a Python scalar never promotes a floating tensor)."""
+    for n in list(graph.nodes):
+        if n.op != "call_function" or n.target not in (aten.div.Tensor, aten.mul.Tensor):
+            continue
+        if len(n.args) != 2 or not isinstance(n.args[0], fx.Node) or n.kwargs:
+            continue
+        x, k = n.args
+        xv, nv = x.meta.get("val"), n.meta.get("val")
+        if (isinstance(k, (int, float)) and float(k) == 1.0 and xv is not None and nv is not None
+                and xv.dtype == nv.dtype and xv.dtype.is_floating_point and xv.shape == nv.shape):
+            n.replace_all_uses_with(x)
+            graph.erase_node(n)
 
 
 def _is_call(n, target) -> bool:

@@ -44,6 +44,7 @@ class EpilogueState:
     activation: str = "identity"
     residual: str = "none"
     post_activation: str = "identity"
+    residual_broadcast: bool = False
     c: Optional[fx.Node] = None
     nodes: list = field(default_factory=list)
 
@@ -215,11 +216,23 @@ def alpha_is_one(state, node):
     return None if node.kwargs.get("alpha", 1) == 1 else "add with alpha != 1"
 
 
+def is_channel_vector(state, o) -> bool:
+    """A conv's per-output-channel tensor: (K, 1, 1) or (1, K, 1, 1) against NCHW."""
+    ov = val(o)
+    if state.operands.form != "conv2d" or not isinstance(ov, torch.Tensor) or ov.dim() < 3:
+        return False
+    shape = [static_int(d) for d in ov.shape]
+    return (shape[-3] == state.operands.n and shape[-2:] == [1, 1]
+            and all(d == 1 for d in shape[:-3]) and ov.dim() <= 4)
+
+
 def other_is_column_vector(state, node):
     o = _other(state, node)
     if not isinstance(o, fx.Node) or not isinstance(val(o), torch.Tensor):
         return "bias is not a tensor"
     ov = val(o)
+    if state.operands.form == "conv2d":
+        return None if is_channel_vector(state, o) else "not a per-channel (K, 1, 1) tensor"
     if ov.dim() < 1 or not same_dim(ov.shape[-1], state.operands.n):
         return "not a per-column vector"
     if any(static_int(d) != 1 for d in ov.shape[:-1]):
@@ -228,12 +241,18 @@ def other_is_column_vector(state, node):
 
 
 def other_is_full_shape(state, node):
+    """The residual has the output's shape; for a conv, a per-channel (K, 1, 1)
+    tensor is also accepted (the kernel broadcasts it: residual_broadcast)."""
     o = _other(state, node)
     if not isinstance(o, fx.Node) or not isinstance(val(o), torch.Tensor):
         return "residual is not a tensor"
-    if not same_shape(val(o).shape, val(state.out).shape):
-        return f"residual of shape {tuple(val(o).shape)} broadcasts to the output"
-    return None
+    if same_shape(val(o).shape, val(state.out).shape) or is_channel_vector(state, o):
+        return None
+    shape = tuple(val(o).shape)
+    if state.operands.form == "conv2d" and len(shape) == 4 and shape[2:] == (1, 1):
+        return (f"per-sample per-channel tensor {shape}: the implicit GEMM epilogue flattens "
+                "N*P*Q into one mode and cannot index it")
+    return f"residual of shape {shape} broadcasts to the output"
 
 
 def other_same_dtype(state, node):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import checks as C
+from . import conv as V
 from .graph_utils import aten
 
 
@@ -34,6 +35,9 @@ ANCHORS = (
     Anchor("mm", aten.mm.default, C.mm_operands),
     Anchor("addmm", aten.addmm.default, C.addmm_operands),
     Anchor("bmm", aten.bmm.default, C.bmm_operands),
+    Anchor("conv2d", aten.conv2d.default, V.conv2d_operands),
+    Anchor("conv2d", aten.conv2d.padding, V.conv2d_operands),
+    Anchor("conv2d", aten.convolution.default, V.convolution_operands),
 )
 
 EPILOGUE_STAGES = (

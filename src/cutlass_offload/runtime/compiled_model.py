@@ -8,9 +8,11 @@ import torch
 import torch.fx as fx
 
 from ..errors import CutlassOffloadError
-from ..ir import Plan
+from ..ir import ConvRegion, Plan
+from .conv_region import ConvRegionModule
 from .gemm_region import GemmRegionModule
 from .library import Library
+from .region import RegionModule
 
 
 class LazyLibrary:
@@ -32,9 +34,11 @@ class LazyLibrary:
 
 
 def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
-    """Replace each region's nodes in ``gm`` by a call to a GemmRegionModule.
+    """Replace each region's nodes in ``gm`` by a call to a region module
+    (GemmRegionModule / ConvRegionModule).
 
-    The region's original subgraph is kept as the module's ``fallback``. Mutates
+    The region's original subgraph is kept as the module's ``fallback``. Conv
+    weights held by ``gm`` are prepacked to channels_last (KRSC) once. Mutates
     and returns ``gm``.
     """
     if not plan.regions:
@@ -45,9 +49,15 @@ def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
     for i, (region, kernel) in enumerate(zip(plan.regions, plan.kernels)):
         nodes = [by_name[name] for name in region.nodes]
         sub, inputs = _extract(gm, nodes)
-        roles = {role: inputs.index(by_name[name]) for role, name in
-                 (("a", region.a), ("b", region.b), ("bias", region.bias), ("c", region.c)) if name}
-        module = GemmRegionModule(region, kernel, sub, roles, lib)
+        if isinstance(region, ConvRegion):
+            _prepack_weight(gm, by_name[region.w])
+            named = (("x", region.x), ("w", region.w), ("bias", region.bias), ("c", region.c))
+            cls = ConvRegionModule
+        else:
+            named = (("a", region.a), ("b", region.b), ("bias", region.bias), ("c", region.c))
+            cls = GemmRegionModule
+        roles = {role: inputs.index(by_name[name]) for role, name in named if name}
+        module = cls(region, kernel, sub, roles, lib)
         target = f"region_{i}"
         gm.add_submodule(target, module)
         out = nodes[-1]
@@ -61,6 +71,28 @@ def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
     graph.lint()
     gm.recompile()
     return gm
+
+
+def _prepack_weight(gm: fx.GraphModule, node: fx.Node) -> None:
+    """A conv weight held by the module (get_attr) becomes channels_last (KRSC in
+    memory) once, instead of a copy per call. The user's model keeps its own
+    tensor: the attribute is replaced, not modified."""
+    if node.op != "get_attr":
+        return
+    owner, _, name = node.target.rpartition(".")
+    mod = gm.get_submodule(owner) if owner else gm
+    t = getattr(mod, name)
+    if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.is_contiguous(memory_format=torch.channels_last):
+        return
+    packed = t.detach().contiguous(memory_format=torch.channels_last)
+    if isinstance(t, torch.nn.Parameter):
+        packed = torch.nn.Parameter(packed, requires_grad=t.requires_grad)
+    if name in getattr(mod, "_parameters", {}):
+        mod._parameters[name] = packed
+    elif name in getattr(mod, "_buffers", {}):
+        mod._buffers[name] = packed
+    else:
+        setattr(mod, name, packed)
 
 
 def _extract(gm: fx.GraphModule, nodes: list):
@@ -112,4 +144,10 @@ class CompiledModel(torch.nn.Module):
         return self
 
     def region_modules(self):
-        return [m for m in self.graph_module.modules() if isinstance(m, GemmRegionModule)]
+        return [m for m in self.graph_module.modules() if isinstance(m, RegionModule)]
+
+    def layout_conversions(self) -> int:
+        """Operands copied to NHWC by conv regions so far (all calls): the layout
+        conversions left in the model (0 when every conv input is channels_last)."""
+        return sum(m.layout_conversions for m in self.region_modules()
+                   if isinstance(m, ConvRegionModule))

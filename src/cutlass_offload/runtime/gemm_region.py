@@ -3,18 +3,12 @@ from __future__ import annotations
 
 import ctypes
 import math
-import warnings
 
 import torch
 
-from ..errors import DeviceError, KernelLaunchError
 from ..ir import GemmKernel, GemmRegion
-from .library import CO_CANNOT_IMPLEMENT, CO_OK, STATUS_NAMES, CoGemmArgs, check_device
-
-_ESIZE = {"f16": 2, "bf16": 2, "f32": 4}
-# verify mode: norm-wise relative error allowed against the PyTorch subgraph (which
-# itself rounds in the same dtype): about 8x the unit roundoff of the output type
-VERIFY_TOLERANCE = {"f16": 1e-2, "bf16": 3e-2, "f32": 1e-2}
+from .library import CoGemmArgs
+from .region import VERIFY_TOLERANCE, RegionModule  # noqa: F401  (re-exported)
 
 
 def _copy_args(args: CoGemmArgs) -> CoGemmArgs:
@@ -32,113 +26,27 @@ def _strip(dims) -> tuple:
     return dims[i:]
 
 
-def _current_stream(index):
-    """cudaStream_t of the current stream: the raw getter Inductor uses when it
-    exists (a few us cheaper per call), else the public API."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(index)
-    return torch.cuda.current_stream(index).cuda_stream
-
-
-class GemmRegionModule(torch.nn.Module):
-    """Runs one region on the current CUDA stream; same inputs and output as ``fallback``.
-
-    Inputs arrive in the order of ``fallback``'s placeholders; ``roles`` maps
-    "a", "b", "bias", "c" to positions among them. The output tensor is
-    allocated through PyTorch's caching allocator; the workspace buffer is reused.
-    When a call cannot map onto the kernel (misaligned pointer or stride, a shape
-    ``can_implement`` refuses), that call runs ``fallback`` instead and
-    ``fallback_calls`` counts it. CUDA inputs only: a CPU input raises DeviceError.
-    """
+class GemmRegionModule(RegionModule):
+    """A GEMM region: ``roles`` maps "a", "b", "bias", "c" to input positions."""
 
     def __init__(self, region: GemmRegion, kernel: GemmKernel, fallback: torch.fx.GraphModule,
                  roles: dict, library_getter):
-        super().__init__()
-        self.region, self.kernel, self.fallback = region, kernel, fallback
+        super().__init__(region, kernel, fallback, library_getter)
         self._ia, self._ib = roles["a"], roles["b"]      # positions among the inputs
         self._ibias, self._ic = roles.get("bias"), roles.get("c")
-        self._library_getter = library_getter
-        self._fn = None
+        self.primary = self._ia
         self._args = CoGemmArgs()
-        self._ws = None
-        self._ws_shape, self._ws_need = None, 0
-        self.fallback_calls = 0
-        self.calls = 0
-        self.verify = False          # compare the first kernel call with the fallback
-        self.disabled = None         # reason, once verification failed: PyTorch from then on
         p = region.problem
         self._n, self._k = p.n, p.k
         self._align = (kernel.align_a, kernel.align_b, kernel.align_c)
-        self._esize = _ESIZE[kernel.dtype]
-        self._dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[kernel.dtype]
         # inputs that the kernel reads, and their slot among (a, b, bias, c)
         slots = [(0, self._ia), (1, self._ib), (2, self._ibias), (3, self._ic)]
         self._role_slots = tuple(j for j, i in slots if i is not None)
         self._roles = tuple(i for _, i in slots if i is not None)
         self._direct = {}            # signature -> (CoGemmArgs with sizes/strides, out shape)
 
-    def extra_repr(self) -> str:
-        return f"{self.region.name} -> {self.kernel.name}"
-
-    def _bind(self, device):
-        lib = self._library_getter()
-        check_device(self.kernel.arch, device)
-        self._fn, self._ws_fn = lib.launcher(f"co_{self.region.name}")
-
-    def forward(self, *xs):
-        a = xs[self._ia]
-        if not a.is_cuda:
-            raise DeviceError(f"{self.region.name}: inputs are on {a.device}; the compiled "
-                              "model runs its offloaded regions on a CUDA GPU")
-        if self._fn is None:
-            self._bind(a.device)
-        self.calls += 1
-        if self.disabled:
-            self.fallback_calls += 1
-            return self.fallback(*xs)
-        mapped = self._map(xs)
-        if mapped is None:
-            self.fallback_calls += 1
-            return self.fallback(*xs)
-        out, args, keep = mapped   # keep: temporaries that must outlive the launch
-        shape = (args.m, args.n, args.k, args.l)
-        if shape != self._ws_shape:      # workspace size depends on the problem size only
-            self._ws_shape, self._ws_need = shape, self._ws_fn(ctypes.byref(args))
-        need = self._ws_need
-        if need > 0:
-            if self._ws is None or self._ws.numel() < need:
-                self._ws = torch.empty(need, dtype=torch.uint8, device=a.device)
-            args.workspace, args.workspace_bytes = self._ws.data_ptr(), self._ws.numel()
-        else:
-            args.workspace, args.workspace_bytes = None, 0
-        status = self._fn(ctypes.byref(args), _current_stream(a.device.index))
-        if status == CO_OK:
-            if self.verify:
-                return self._verified(out, xs)
-            return out
-        if status == CO_CANNOT_IMPLEMENT:
-            self.fallback_calls += 1
-            return self.fallback(*xs)
-        raise KernelLaunchError(f"{self.region.name} ({self.kernel.name}): "
-                                f"{STATUS_NAMES.get(status, status)}")
-
-    def _verified(self, out, xs):
-        """First call in verify mode: compare with the PyTorch subgraph (float64
-        norm-wise relative error, tolerance by dtype); on disagreement warn, keep
-        the PyTorch result and run PyTorch for this region from then on."""
-        self.verify = False
-        ref = self.fallback(*xs)
-        o, r = out.double(), ref.double()
-        err = float((o - r).norm() / r.norm().clamp_min(1e-30))
-        tol = VERIFY_TOLERANCE[self.kernel.dtype]
-        if not err <= tol:          # NaN fails too
-            self.disabled = f"verification failed: relative error {err:.3e} > {tol:g}"
-            warnings.warn(f"cutlass_offload: {self.region.name} ({self.kernel.name}) disagrees with "
-                          f"PyTorch (relative error {err:.3e}); it runs in PyTorch from now on",
-                          RuntimeWarning, stacklevel=3)
-            return ref
-        return out
+    def _ws_key(self, args) -> tuple:
+        return (args.m, args.n, args.k, args.l)
 
     # -- mapping PyTorch tensors onto (L, M, K) x (L, K, N) -> (L, M, N) -------------
 

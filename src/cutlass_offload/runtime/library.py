@@ -21,6 +21,19 @@ class CoGemmArgs(ctypes.Structure):
         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
 
 
+class CoConvArgs(ctypes.Structure):
+    """Mirror of ``struct CoConvArgs`` in emit/templates/prelude.h (same field order)."""
+
+    _fields_ = [("x", ctypes.c_void_p), ("filter", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("residual", ctypes.c_void_p), ("y", ctypes.c_void_p)] + [
+        (f, ctypes.c_int64) for f in (
+            "n", "h", "w", "c", "k", "r", "s", "p", "q",
+            "pad_h", "pad_w", "stride_h", "stride_w", "dilation_h", "dilation_w")] + [
+        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
+
+
+ARGS_TYPES = {"CoGemmArgs": CoGemmArgs, "CoConvArgs": CoConvArgs}
+
 CO_OK, CO_CANNOT_IMPLEMENT = 0, 1
 STATUS_NAMES = {0: "ok", 1: "cannot implement", 2: "workspace too small",
                 3: "initialize failed", 4: "launch failed"}
@@ -52,12 +65,12 @@ class Library:
         info.restype = ctypes.c_char_p
         self.info = json.loads(info().decode())
 
-    def launcher(self, symbol: str):
-        """(run, workspace_size) ctypes functions of one region."""
+    def launcher(self, symbol: str, args_type=CoGemmArgs):
+        """(run, workspace_size) ctypes functions of one region taking ``args_type``."""
         run = getattr(self._dll, symbol)
-        run.argtypes = [ctypes.POINTER(CoGemmArgs), ctypes.c_void_p]
+        run.argtypes = [ctypes.POINTER(args_type), ctypes.c_void_p]
         run.restype = ctypes.c_int
         ws = getattr(self._dll, symbol + "_workspace")
-        ws.argtypes = [ctypes.POINTER(CoGemmArgs)]
+        ws.argtypes = [ctypes.POINTER(args_type)]
         ws.restype = ctypes.c_int64
         return run, ws

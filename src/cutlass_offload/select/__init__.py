@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..config import CompileOptions
-from ..ir import Fallback, GemmKernel, GemmProblem, PartitionResult, Plan
+from ..ir import ConvRegion, Fallback, GemmKernel, GemmProblem, PartitionResult, Plan
 from . import sm80, sm90
 
 DEFAULT_NUM_SMS = {"sm90a": 132, "sm80": 108}  # H100/H200 SXM, A100 (vendor datasheets)
@@ -14,6 +14,8 @@ def choose_kernel(problem: GemmProblem, arch: str, num_sms: int | None = None) -
     Raises ValueError when no kernel family can run the problem class.
     """
     num_sms = num_sms or DEFAULT_NUM_SMS[arch]
+    if problem.epilogue.residual_broadcast:
+        raise ValueError("GEMM kernels take a full-shape residual only")
     if arch == "sm90a" and sm90.supports(problem):
         config = sm90.choose(problem, num_sms)
     else:
@@ -28,7 +30,11 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
     regions, kernels, fallbacks = [], [], list(part.fallbacks)
     for r in part.regions:
         try:
-            k = choose_kernel(r.problem, arch, options.num_sms)
+            if isinstance(r, ConvRegion):
+                from .conv import choose_conv_kernel   # imports the conv emitters
+                k = choose_conv_kernel(r.problem, arch, options.num_sms or DEFAULT_NUM_SMS[arch])
+            else:
+                k = choose_kernel(r.problem, arch, options.num_sms)
         except ValueError as e:
             fallbacks.append(Fallback(r.nodes[0], r.form, f"no kernel: {e}"))
             continue

@@ -24,6 +24,28 @@ struct CoGemmArgs {
   int64_t workspace_bytes;
 };
 
+// Arguments of one conv2d fprop call (implicit GEMM). Element offsets, not bytes.
+// Every tensor is packed with the channel innermost (NHWC activations, KRSC filters):
+//   x[n, h, w, c]      = x + ((n * H + h) * W + w) * C + c
+//   filter[k, r, s, c] = filter + ((k * R + r) * S + s) * C + c
+//   y[n, p, q, k]      = y + ((n * P + p) * Q + q) * K + k
+//   bias[k]            = bias + k                         (may be null)
+//   residual           = like y, or a (K,) vector when the kernel's residual is
+//                        broadcast per channel              (may be null)
+// pad_h / pad_w are the top / left padding; P and Q are given, so bottom / right
+// padding is whatever makes them: (P - 1) * stride_h + dilation_h * (R - 1) + 1 - H - pad_h.
+struct CoConvArgs {
+  const void* x;
+  const void* filter;
+  const void* bias;
+  const void* residual;
+  void* y;
+  int64_t n, h, w, c, k, r, s, p, q;
+  int64_t pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w;
+  void* workspace;
+  int64_t workspace_bytes;
+};
+
 // Status codes returned by every launcher.
 enum CoStatus : int {
   CO_OK = 0,

@@ -1,0 +1,166 @@
+"""Operand readers of the conv2d anchors (``aten.conv2d``, ``aten.conv2d.padding``,
+``aten.convolution``): what the conv computes, or UnsupportedRegion with a reason.
+
+Only fprop with groups == 1 on 4-D NCHW tensors with static C, H, W is offloaded
+(the batch may be dynamic). A zero ``constant_pad_nd`` over H and W whose only
+user is the conv is folded into the conv's (possibly asymmetric) padding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.fx as fx
+
+from ..errors import UnsupportedRegion
+from .graph_utils import DTYPE_NAMES, aten, hint_int, static_int, val
+
+
+@dataclass
+class ConvOperands:
+    form: str
+    a: fx.Node                  # x (N, C, H, W)
+    b: fx.Node                  # weight (K, C, R, S)
+    n: int                      # output channels K: the implicit GEMM's N
+    c_in: int
+    h: int
+    w: int
+    r: int
+    s: int
+    dtype: str
+    batch: object               # int or SymInt
+    pad: tuple                  # (top, bottom, left, right)
+    stride: tuple
+    dilation: tuple
+    bias: Optional[fx.Node] = None
+    c: Optional[fx.Node] = None
+    pad_node: Optional[fx.Node] = None   # folded constant_pad_nd, joins the region
+
+
+def _pair(v, what) -> tuple:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    if len(v) == 1:
+        v = v * 2
+    if len(v) != 2 or not all(isinstance(i, int) for i in v):
+        raise UnsupportedRegion(f"{what} {v} is not two static ints")
+    return tuple(v)
+
+
+def _dtype(node, what) -> str:
+    v = val(node)
+    if not isinstance(v, torch.Tensor):
+        raise UnsupportedRegion(f"{what} is not a tensor")
+    if v.dtype not in DTYPE_NAMES:
+        raise UnsupportedRegion(f"{what} has unsupported dtype {v.dtype}")
+    return DTYPE_NAMES[v.dtype]
+
+
+def _same_padding(r, s, dilation) -> tuple:
+    """PyTorch's padding='same' (torch/nn/modules/conv.py, _conv_forward): total
+    d * (k - 1) per dim, the extra pixel of an odd total at the bottom/right."""
+    out = []
+    for k, d in ((r, dilation[0]), (s, dilation[1])):
+        total = d * (k - 1)
+        out += [total // 2, total - total // 2]
+    return tuple(out)
+
+
+def _fold_pad(x: fx.Node, pad: tuple):
+    """(input, padding, pad node) with a zero constant_pad_nd over H/W folded in."""
+    if not (isinstance(x, fx.Node) and x.op == "call_function" and len(x.users) == 1
+            and x.target in (aten.constant_pad_nd.default, aten.pad.default)):
+        return x, pad, None
+    amounts = list(x.args[1])
+    if x.target == aten.pad.default:      # pad(input, pad, mode="constant", value=None)
+        mode = x.args[2] if len(x.args) > 2 else x.kwargs.get("mode", "constant")
+        value = x.args[3] if len(x.args) > 3 else x.kwargs.get("value", None)
+        if mode != "constant":
+            return x, pad, None
+        value = 0 if value is None else value
+    else:
+        value = x.args[2] if len(x.args) > 2 else x.kwargs.get("value", 0)
+    if value != 0 or len(amounts) > 4 or not all(isinstance(a, int) and a >= 0 for a in amounts):
+        return x, pad, None
+    if any(static_int(d) is None for d in val(x.args[0]).shape[1:]):
+        return x, pad, None
+    amounts += [0] * (4 - len(amounts))
+    left, right, top, bottom = amounts          # F.pad order: last dim first
+    t, b, l, r = pad
+    return x.args[0], (t + top, b + bottom, l + left, r + right), x
+
+
+def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, groups,
+                  transposed=False, form="conv2d") -> ConvOperands:
+    if transposed:
+        raise UnsupportedRegion("transposed convolution (dgrad-like) stays in PyTorch")
+    if groups != 1:
+        raise UnsupportedRegion(f"grouped convolution (groups={groups}) stays in PyTorch")
+    dtype = _dtype(x, "input")
+    if _dtype(w, "weight") != dtype:
+        raise UnsupportedRegion("input and weight dtypes differ")
+    if dtype == "f32" and not options.allow_tf32:
+        raise UnsupportedRegion("fp32 conv: TF32 not allowed (pass allow_tf32=True / --tf32)")
+    xv, wv = val(x), val(w)
+    if xv.dim() != 4 or wv.dim() != 4:
+        raise UnsupportedRegion("conv2d needs 4-D (N, C, H, W) input and (K, C, R, S) weight")
+    stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+    k, c_w, r, s = (static_int(d) for d in wv.shape)
+    c, h, wd = (static_int(d) for d in xv.shape[1:])
+    if None in (k, c_w, r, s):
+        raise UnsupportedRegion("dynamic weight shape")
+    if None in (c, h, wd):
+        raise UnsupportedRegion("dynamic channels or spatial size (only the batch may be dynamic)")
+    if c != c_w:
+        raise UnsupportedRegion(f"input channels {c} != weight channels {c_w}")
+    if isinstance(padding, str):
+        if padding == "valid":
+            pad = (0, 0, 0, 0)
+        elif padding == "same":
+            if stride != (1, 1):
+                raise UnsupportedRegion("padding='same' with stride != 1")
+            pad = _same_padding(r, s, dilation)
+        else:
+            raise UnsupportedRegion(f"padding mode {padding!r}")
+    else:
+        ph, pw = _pair(padding, "padding")
+        pad = (ph, ph, pw, pw)
+    if min(pad) < 0:
+        raise UnsupportedRegion("negative padding")
+    x_in, pad, pad_node = _fold_pad(x, pad)
+    if pad_node is not None:
+        c, h, wd = (static_int(d) for d in val(x_in).shape[1:])
+    if bias is not None:
+        bv = val(bias)
+        if _dtype(bias, "bias") != dtype or bv.dim() != 1 or static_int(bv.shape[0]) != k:
+            raise UnsupportedRegion("conv bias must be a (K,) vector of the input dtype")
+    return ConvOperands(form, x_in, w, k, c, h, wd, r, s, dtype, val(x_in).shape[0], pad, stride,
+                        dilation, bias=bias, pad_node=pad_node)
+
+
+def _arg(node, i, name, default):
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+def conv2d_operands(node, options) -> ConvOperands:
+    """aten.conv2d.default and aten.conv2d.padding (padding given as a string)."""
+    return conv_operands(
+        node, options, x=node.args[0], w=node.args[1], bias=_arg(node, 2, "bias", None),
+        stride=_arg(node, 3, "stride", 1), padding=_arg(node, 4, "padding", 0),
+        dilation=_arg(node, 5, "dilation", 1), groups=_arg(node, 6, "groups", 1))
+
+
+def convolution_operands(node, options) -> ConvOperands:
+    """aten.convolution.default (what AOTAutograd and full decomposition produce)."""
+    if len(val(node.args[0]).shape) != 4:
+        raise UnsupportedRegion("only 2-D convolution is offloaded")
+    return conv_operands(
+        node, options, x=node.args[0], w=node.args[1], bias=node.args[2], stride=node.args[3],
+        padding=node.args[4], dilation=node.args[5], transposed=node.args[6],
+        groups=node.args[8])
+
+
+def batch_hint(ops: ConvOperands) -> int:
+    return hint_int(ops.batch)

@@ -1,0 +1,106 @@
+"""The module that replaces one conv2d region and calls the library.
+
+The graph is NCHW (PyTorch's logical layout); the kernels run NHWC. A tensor
+whose memory is channels_last is already NHWC (``x.permute(0, 2, 3, 1)`` is
+contiguous), so it is passed as is; anything else is converted for the call and
+counted in ``layout_conversions``. The output is allocated NHWC and returned as
+an NCHW view in channels_last memory format, so a following conv (or an
+elementwise op, which keeps the format) needs no conversion.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import ConvKernel, ConvRegion
+from .library import CoConvArgs
+from .region import RegionModule
+
+
+def nhwc(t: torch.Tensor):
+    """(NHWC view, converted?) of a 4-D NCHW tensor."""
+    v = t.permute(0, 2, 3, 1)
+    if v.is_contiguous():
+        return v, False
+    return v.contiguous(), True
+
+
+class ConvRegionModule(RegionModule):
+    """A conv2d fprop region: ``roles`` maps "x", "w", "bias", "c" to input positions.
+
+    Input x: (N, C, H, W) of the region's dtype, any memory format (channels_last
+    avoids a copy); weight (K, C, R, S) (prepack it to channels_last once: see
+    compiled_model.prepack_conv_weights); bias (K,) or (1, K, 1, 1); residual of
+    the output's shape, or per-channel when the kernel broadcasts it. Output:
+    (N, K, P, Q) in channels_last memory format.
+    """
+
+    def __init__(self, region: ConvRegion, kernel: ConvKernel, fallback: torch.fx.GraphModule,
+                 roles: dict, library_getter):
+        super().__init__(region, kernel, fallback, library_getter)
+        self._ix, self._iw = roles["x"], roles["w"]
+        self._ibias, self._ic = roles.get("bias"), roles.get("c")
+        self.primary = self._ix
+        p = region.problem
+        self._p = p
+        self._chw = (p.c, p.h, p.w)
+        self._kcrs = (p.k, p.c, p.r, p.s)
+        self.layout_conversions = 0      # operands copied to NHWC, over all calls
+
+    def _ws_key(self, args) -> tuple:
+        return (args.n,)
+
+    def _map(self, xs):
+        p, kern = self._p, self.kernel
+        x, w = xs[self._ix], xs[self._iw]
+        if x.dtype != self._dtype or w.dtype != self._dtype or w.device != x.device:
+            return None
+        if x.dim() != 4 or tuple(x.shape[1:]) != self._chw or tuple(w.shape) != self._kcrs:
+            return None                       # not the problem this kernel was built for
+        n = x.shape[0]
+        if n == 0:
+            return None
+        xn, cx = nhwc(x)
+        wn, cw = nhwc(w)
+        keep = [xn, wn]
+        conversions = cx + cw
+        out_nhwc = torch.empty((n, p.p, p.q, p.k), dtype=self._dtype, device=x.device)
+        args = CoConvArgs()
+        args.x, args.filter, args.y = xn.data_ptr(), wn.data_ptr(), out_nhwc.data_ptr()
+        if not (self._aligned(args.x, kern.align_a) and self._aligned(args.filter, kern.align_b)
+                and self._aligned(args.y, kern.align_c)):
+            return None
+        args.bias = None
+        if self._ibias is not None:
+            b = xs[self._ibias]
+            if b.dtype != self._dtype or b.device != x.device or b.numel() != p.k:
+                return None
+            b = b.reshape(-1).contiguous()
+            if not self._aligned(b.data_ptr(), kern.align_c):
+                return None
+            args.bias = b.data_ptr()
+            keep.append(b)
+        args.residual = None
+        if self._ic is not None:
+            c = xs[self._ic]
+            if c.dtype != self._dtype or c.device != x.device:
+                return None
+            if kern.epilogue.residual_broadcast:
+                if c.numel() != p.k:
+                    return None
+                cn = c.reshape(-1).contiguous()
+            else:
+                if tuple(c.shape) != (n, p.k, p.p, p.q):
+                    return None
+                cn, cc = nhwc(c)
+                conversions += cc
+            if not self._aligned(cn.data_ptr(), kern.align_c):
+                return None
+            args.residual = cn.data_ptr()
+            keep.append(cn)
+        args.n, args.h, args.w, args.c = n, p.h, p.w, p.c
+        args.k, args.r, args.s, args.p, args.q = p.k, p.r, p.s, p.p, p.q
+        args.pad_h, args.pad_w = p.pad[0], p.pad[2]
+        args.stride_h, args.stride_w = p.stride
+        args.dilation_h, args.dilation_w = p.dilation
+        self.layout_conversions += conversions
+        return out_nhwc.permute(0, 3, 1, 2), args, keep

@@ -1,0 +1,126 @@
+"""What every offloaded region module shares: binding to the library, the call
+path (map inputs -> launch on the current stream -> or fall back), the reused
+workspace, and verify mode. Subclasses map PyTorch tensors onto their C ABI."""
+from __future__ import annotations
+
+import ctypes
+import warnings
+
+import torch
+
+from ..errors import DeviceError, KernelLaunchError
+from .library import ARGS_TYPES, CO_CANNOT_IMPLEMENT, CO_OK, STATUS_NAMES, check_device
+
+ESIZE = {"f16": 2, "bf16": 2, "f32": 4}
+TORCH_DTYPE = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+# verify mode: norm-wise relative error allowed against the PyTorch subgraph (which
+# itself rounds in the same dtype): about 8x the unit roundoff of the output type
+VERIFY_TOLERANCE = {"f16": 1e-2, "bf16": 3e-2, "f32": 1e-2}
+
+
+def current_stream(index):
+    """cudaStream_t of the current stream: the raw getter Inductor uses when it
+    exists (a few us cheaper per call), else the public API."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+class RegionModule(torch.nn.Module):
+    """Runs one region on the current CUDA stream; same inputs and output as ``fallback``.
+
+    Inputs arrive in the order of ``fallback``'s placeholders. The output is
+    allocated through PyTorch's caching allocator; the workspace buffer is reused.
+    A call that cannot map onto the kernel (``_map`` returns None, or the kernel's
+    can_implement refuses) runs ``fallback`` instead; ``fallback_calls`` counts
+    those. CUDA inputs only: a CPU input raises DeviceError.
+    """
+
+    primary = 0                    # position of the input whose device the call runs on
+
+    def __init__(self, region, kernel, fallback: torch.fx.GraphModule, library_getter):
+        super().__init__()
+        self.region, self.kernel, self.fallback = region, kernel, fallback
+        self._library_getter = library_getter
+        self._fn = None
+        self._ws = None
+        self._ws_shape, self._ws_need = None, 0
+        self.fallback_calls = 0
+        self.calls = 0
+        self.verify = False          # compare the first kernel call with the fallback
+        self.disabled = None         # reason, once verification failed: PyTorch from then on
+        self._esize = ESIZE[kernel.dtype]
+        self._dtype = TORCH_DTYPE[kernel.dtype]
+
+    def extra_repr(self) -> str:
+        return f"{self.region.name} -> {self.kernel.name}"
+
+    def _bind(self, device):
+        lib = self._library_getter()
+        check_device(self.kernel.arch, device)
+        self._fn, self._ws_fn = lib.launcher(f"co_{self.region.name}", ARGS_TYPES[self.kernel.args_type])
+
+    # subclasses: (out, args, temporaries) or None; the workspace key of args
+    def _map(self, xs):
+        raise NotImplementedError
+
+    def _ws_key(self, args) -> tuple:
+        raise NotImplementedError
+
+    def forward(self, *xs):
+        a = xs[self.primary]
+        if not a.is_cuda:
+            raise DeviceError(f"{self.region.name}: inputs are on {a.device}; the compiled "
+                              "model runs its offloaded regions on a CUDA GPU")
+        if self._fn is None:
+            self._bind(a.device)
+        self.calls += 1
+        if self.disabled:
+            self.fallback_calls += 1
+            return self.fallback(*xs)
+        mapped = self._map(xs)
+        if mapped is None:
+            self.fallback_calls += 1
+            return self.fallback(*xs)
+        out, args, keep = mapped   # keep: temporaries that must outlive the launch
+        key = self._ws_key(args)
+        if key != self._ws_shape:        # workspace size depends on the problem size only
+            self._ws_shape, self._ws_need = key, self._ws_fn(ctypes.byref(args))
+        need = self._ws_need
+        if need > 0:
+            if self._ws is None or self._ws.numel() < need:
+                self._ws = torch.empty(need, dtype=torch.uint8, device=a.device)
+            args.workspace, args.workspace_bytes = self._ws.data_ptr(), self._ws.numel()
+        else:
+            args.workspace, args.workspace_bytes = None, 0
+        status = self._fn(ctypes.byref(args), current_stream(a.device.index))
+        if status == CO_OK:
+            if self.verify:
+                return self._verified(out, xs)
+            return out
+        if status == CO_CANNOT_IMPLEMENT:
+            self.fallback_calls += 1
+            return self.fallback(*xs)
+        raise KernelLaunchError(f"{self.region.name} ({self.kernel.name}): "
+                                f"{STATUS_NAMES.get(status, status)}")
+
+    def _verified(self, out, xs):
+        """First call in verify mode: compare with the PyTorch subgraph (float64
+        norm-wise relative error, tolerance by dtype); on disagreement warn, keep
+        the PyTorch result and run PyTorch for this region from then on."""
+        self.verify = False
+        ref = self.fallback(*xs)
+        o, r = out.double(), ref.double()
+        err = float((o - r).norm() / r.norm().clamp_min(1e-30))
+        tol = VERIFY_TOLERANCE[self.kernel.dtype]
+        if not err <= tol:          # NaN fails too
+            self.disabled = f"verification failed: relative error {err:.3e} > {tol:g}"
+            warnings.warn(f"cutlass_offload: {self.region.name} ({self.kernel.name}) disagrees with "
+                          f"PyTorch (relative error {err:.3e}); it runs in PyTorch from now on",
+                          RuntimeWarning, stacklevel=3)
+            return ref
+        return out
+
+    def _aligned(self, ptr, align) -> bool:
+        return ptr % (align * self._esize) == 0
