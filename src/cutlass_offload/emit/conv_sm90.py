@@ -1,0 +1,513 @@
+"""C++ for one CUTLASS 3.x sm90a implicit-GEMM conv2d fprop (family ``cutlass3x_sm90``).
+
+``emit(kernel)`` returns a ``KernelSource`` whose code defines, inside
+``namespace <kernel.name>``::
+
+    int64_t workspace_size(const CoConvArgs& args);        // bytes (always 0 today)
+    int run(const CoConvArgs& args, cudaStream_t stream);  // a CoStatus
+
+The kernel: the conv mainloop builder (``cutlass::conv::collective::CollectiveBuilder``,
+``conv::Operator::kFprop``: TMA im2col loads of the NHWC activation, tiled TMA
+loads of the KRSC filter, wgmma), the sm90 epilogue builder with an EVT fusion
+(as in gemm_sm90.py), ``ConvUniversal<ConvProblemShape<kFprop, 2>, ...>`` and
+``ConvUniversalAdapter``.
+
+How the conv maps onto the GEMM (all paths under cutlass_library/source/include):
+
+* cutlass/conv/detail.hpp, ``get_transformed_problem_shape_MNKL``: for fprop
+  M = (Q, P, N) (output pixels, W fastest), N = K (output channels),
+  K = (C, S, R), L = _1. The mainloop sees M linearized (``get_linearized_...``).
+  So an output channel is a GEMM *column*: the bias and the per-channel residual
+  vector are ``Sm90RowBroadcast`` nodes (stride <_0, _1, _0>: constant along M),
+  exactly like CUTLASS's own ``LinCombPerColBias`` used by its conv fusion tests.
+* cutlass/detail/layout.hpp, ``TagToStrideC<TensorNHWC>``: the epilogue's C/D
+  stride is ((q, p, n), _1, _0); for packed NPQK that is ((K, Q*K, P*Q*K), 1, 0)
+  (the order follows M = (Q, P, N); see examples/76_blackwell_conv, which fills
+  it from ``stride_C[RankT-2-i]``). With a TensorNHWC layout tag the epilogue
+  builder picks TMA im2col store/load for D and C (sm90_builder.inl), so the
+  full residual is simply the epilogue's C operand (``Sm90SrcFetch``).
+* cutlass/conv/dispatch_policy.hpp: ``MainloopSm90TmaGmmaWarpSpecializedImplicitGemm``
+  static_asserts that the Cooperative / Pingpong conv schedules are "not supported
+  for conv yet" (CUTLASS 4.2). The only sm90 schedule is
+  ``KernelImplicitTmaWarpSpecializedSm90``, which derives from
+  ``gemm::KernelTmaWarpSpecialized`` (sm90_implicit_gemm_tma_warpspecialized.hpp:
+  ConvUniversal *is* that GemmUniversal): non-persistent, one producer and one
+  consumer warpgroup, so the epilogue schedule is ``TmaWarpSpecialized`` and the
+  whole accumulator tile lives in 128 threads' registers.
+* cutlass_library/conv3x_emitter.py: the tile's K mode is wrapped in a Shape
+  (``Shape<_M, _N, Shape<_K>>``) so that the mainloop tiles the C sub-mode of
+  K = (C, S, R) and iterates S and R (C below the tile is zero-filled by TMA).
+* cutlass/conv/convnd_problem_shape.hpp: ``ConvProblemShape`` carries lower AND
+  upper padding and computes P = 1 + (H + lower + upper - ((R-1)*dil + 1)) / stride.
+  run() passes lower = (pad_h, pad_w) and the upper padding that reproduces the
+  caller's P and Q: (P-1)*stride + dil*(R-1) + 1 - H - pad (asymmetric padding
+  is native). A negative value (the last input rows are never read, e.g. a 1x1
+  stride-2 conv on an even H) is clamped to 0: the mainloop's can_implement
+  refuses negative padding, and any upper padding in (-stride, 0] gives the same
+  P (the im2col traversal extent is (H + upper_corner - lower_corner - 1) / stride
+  + 1, copy_traits_sm90_im2col.hpp). run() then checks that CUTLASS's P, Q equal
+  the caller's.
+* TMA im2col limits (sm90_implicit_gemm_gmma_ss_warpspecialized.hpp can_implement,
+  and cuTensorMapEncodeIm2col): padding in [0, 256]; corners -pad and
+  upper - (R-1)*dil in [-128, 127]; filter offsets (R-1)*dil < 255; traversal
+  stride <= 8 (CUTLASS does not check the stride, and under NDEBUG a failed
+  descriptor encode is silent, so run() checks it); 16-byte aligned base
+  pointers and channel strides (C % 8 == 0, K % 8 == 0 for 16-bit types).
+
+The epilogue ``y = post(residual_op(activation(acc + bias), residual))`` is an
+EVT computed in fp32, built as in gemm_sm90.py (same functors); a plain
+epilogue is ``LinearCombination`` with beta 0 and no source load.
+
+``run`` does no allocation, no synchronisation and no device query (the
+non-persistent kernel's grid comes from the problem shape alone), so it can be
+captured into a CUDA graph. It builds the TMA descriptors on the host each call.
+"""
+from __future__ import annotations
+
+import string
+
+from ..ir import ConvKernel, ConvProblem, GemmEpilogue, KernelConfig, KernelSource
+from .gemm_sm90 import _ACTIVATION, _ELEMENT, _NS, _RESIDUAL, _compute, _Node
+
+FAMILY = "cutlass3x_sm90"
+
+# The one sm90 conv kernel schedule in CUTLASS 4.2 (see the module docstring)
+# and the epilogue schedule it must be paired with.
+KERNEL_SCHEDULE = "KernelImplicitTmaWarpSpecializedSm90"
+EPILOGUE_SCHEDULE = "TmaWarpSpecialized"
+
+# Largest first: (tile, cluster, kernel schedule). 128x128 with a 2x1 cluster
+# (the filter tile is multicast to the two CTAs along M: every M tile reads the
+# same filter) for big layers; 128x64 for the many 64-channel layers (no half-
+# empty N tile); 64x64 for small spatial extents. All keep the accumulator at
+# <= 128 fp32 registers per thread (one consumer warpgroup holds the tile).
+CANDIDATES = (
+    ((128, 128, 64), (2, 1, 1), KERNEL_SCHEDULE),
+    ((128, 64, 64), (2, 1, 1), KERNEL_SCHEDULE),
+    ((64, 64, 64), (1, 1, 1), KERNEL_SCHEDULE),
+)
+
+# TMA im2col limits for 2 spatial dims (see the module docstring)
+_MAX_PADDING = 256
+_CORNER_LIMIT = 1 << (16 // 2 - 1)      # corners in [-128, 127]
+_OFFSET_LIMIT = (1 << (16 // 2)) - 1    # (R-1)*dil < 255
+_MAX_TRAVERSAL_STRIDE = 8
+_MAX_ACC_PER_THREAD = 128               # fp32 accumulators per consumer thread
+
+INCLUDES = (
+    "cute/tensor.hpp",
+    "cutlass/cutlass.h",
+    "cutlass/numeric_types.h",
+    "cutlass/epilogue/thread/activation.h",
+    "cutlass/epilogue/fusion/operations.hpp",
+    "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp",
+    "cutlass/epilogue/collective/collective_builder.hpp",
+    "cutlass/conv/convnd_problem_shape.hpp",
+    "cutlass/conv/dispatch_policy.hpp",
+    "cutlass/conv/collective/collective_builder.hpp",
+    "cutlass/conv/kernel/conv_universal.hpp",
+    "cutlass/conv/device/conv_universal_adapter.hpp",
+)
+
+# Placeholders are ${name}; substitution is strict (KeyError on a missing key).
+TEMPLATE = string.Template("""\
+// ${name}
+// y = ${semantics}
+namespace ${name} {
+
+using ElementA = ${element};   // x, NHWC
+using ElementB = ${element};   // filter, KRSC
+using ElementC = ${element_c};   // residual source (void: none)
+using ElementD = ${element};   // y, NPQK
+using ElementBias = ${element};
+using ElementAccumulator = float;
+using ElementCompute = float;
+// KRSC is the filter's "NHWC" (K outermost, C innermost): the builder wants
+// the same tag for activation and filter (gmem_layout_tags_to_spatial_dims).
+using LayoutA = cutlass::layout::TensorNHWC;
+using LayoutB = cutlass::layout::TensorNHWC;
+using LayoutC = cutlass::layout::TensorNHWC;
+using LayoutD = cutlass::layout::TensorNHWC;
+constexpr int AlignmentA = ${align_a};
+constexpr int AlignmentB = ${align_b};
+constexpr int AlignmentC = ${align_c};
+constexpr int AlignmentD = ${align_c};
+constexpr auto RoundStyle = cutlass::FloatRoundStyle::round_to_nearest;
+
+// K mode wrapped in a Shape: tiles C within K = (C, S, R)
+using TileShape = cute::Shape<cute::_${tile_m}, cute::_${tile_n}, cute::Shape<cute::_${tile_k}>>;
+using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
+
+// Epilogue fusion: ${epilogue_tag}
+using FusionOp =
+${fusion_type};
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto,
+    ElementAccumulator, ElementCompute,
+    ElementC, LayoutC, AlignmentC,
+    ElementD, LayoutD, AlignmentD,
+    cutlass::epilogue::${epilogue_schedule},
+    FusionOp
+  >::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::conv::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    cutlass::conv::Operator::kFprop,
+    ElementA, LayoutA, AlignmentA,
+    ElementB, LayoutB, AlignmentB,
+    ElementAccumulator,
+    TileShape, ClusterShape,
+    ${stage_count},
+    cutlass::conv::${kernel_schedule}
+  >::CollectiveOp;
+
+using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop, 2>;
+
+using ConvKernel = cutlass::conv::kernel::ConvUniversal<
+    ProblemShape,
+    CollectiveMainloop,
+    CollectiveEpilogue>;
+
+using Conv = cutlass::conv::device::ConvUniversalAdapter<ConvKernel>;
+
+using StrideOut = cute::Stride<cute::Stride<int64_t, int64_t, int64_t>, cute::_1, cute::_0>;
+static_assert(CollectiveMainloop::NumSpatialDimensions == 2, "conv2d");
+static_assert(cute::is_same_v<typename ConvKernel::StrideD, StrideOut>,
+              "D: modes ((q, p, n), k, batch) of NPQK");
+static_assert(cute::is_same_v<typename ConvKernel::StrideC, StrideOut>,
+              "C: modes ((q, p, n), k, batch) of NPQK");
+
+static inline bool co_fits_int(int64_t v) { return v >= 0 && v <= INT32_MAX; }
+static inline bool co_tma_aligned(const void* p) {
+  return p != nullptr && (reinterpret_cast<uintptr_t>(p) & 15u) == 0;  // TMA: 16-byte bases
+}
+
+// Checks CUTLASS's can_implement does not make (see conv_sm90.py).
+static inline bool co_args_ok(const CoConvArgs& a) {
+  const int64_t ext[] = {a.n, a.h, a.w, a.c, a.k, a.r, a.s, a.p, a.q, a.pad_h, a.pad_w,
+                         a.stride_h, a.stride_w, a.dilation_h, a.dilation_w};
+  for (int64_t v : ext) {
+    if (!co_fits_int(v)) return false;
+  }
+  if (a.h < 1 || a.w < 1 || a.c < 1 || a.k < 1 || a.r < 1 || a.s < 1 || a.p < 1 || a.q < 1) {
+    return false;
+  }
+  if (a.dilation_h < 1 || a.dilation_w < 1) return false;
+  // TMA im2col elementStrides are in [1, 8]; a failed descriptor encode would go unnoticed
+  if (a.stride_h < 1 || a.stride_w < 1 || a.stride_h > 8 || a.stride_w > 8) return false;
+  int64_t m = a.n * a.p;  // GEMM M = N*P*Q, each factor < 2^31: no overflow
+  if (m > INT32_MAX) return false;
+  return m * a.q <= INT32_MAX;
+}
+
+// Bottom (right) padding that makes the output extent `out`; a negative value
+// (trailing input never read) is clamped to 0, which keeps the extent because it
+// lies in (-stride, 0]; run() re-checks the extents anyway.
+static inline int co_upper_pad(int64_t out, int64_t in, int64_t filter, int64_t lower,
+                               int64_t stride, int64_t dilation) {
+  int64_t upper = (out - 1) * stride + dilation * (filter - 1) + 1 - in - lower;
+  // too large stays too large (can_implement refuses > 256) instead of wrapping
+  return static_cast<int>(upper < 0 ? 0 : (upper > INT32_MAX ? INT32_MAX : upper));
+}
+
+static inline ProblemShape make_problem(const CoConvArgs& a) {
+  return ProblemShape(
+      cutlass::conv::Mode::kCrossCorrelation,
+      {int(a.n), int(a.h), int(a.w), int(a.c)},  // activation NHWC, packed
+      {int(a.k), int(a.r), int(a.s), int(a.c)},  // filter KRSC, packed
+      {int(a.pad_h), int(a.pad_w)},              // lower (top, left) padding
+      {co_upper_pad(a.p, a.h, a.r, a.pad_h, a.stride_h, a.dilation_h),
+       co_upper_pad(a.q, a.w, a.s, a.pad_w, a.stride_w, a.dilation_w)},  // upper
+      {int(a.stride_h), int(a.stride_w)},
+      {int(a.dilation_h), int(a.dilation_w)},
+      1);                                        // groups
+}
+
+static inline typename Conv::Arguments make_arguments(const CoConvArgs& args,
+                                                      const ProblemShape& problem) {
+  // packed NPQK seen as the epilogue's ((q, p, n), k, batch)
+  StrideOut stride_out = cute::make_stride(
+      cute::make_stride(int64_t(args.k), int64_t(args.q * args.k),
+                        int64_t(args.p * args.q * args.k)),
+      cute::_1{}, cute::_0{});
+  typename Conv::Arguments arguments{
+      problem,
+      {static_cast<ElementA const*>(args.x), static_cast<ElementB const*>(args.filter)},
+      {{},
+       ${ptr_c},
+       stride_out,
+       static_cast<ElementD*>(args.y),
+       stride_out}};
+${fusion_args}
+  return arguments;
+}
+
+int64_t workspace_size(const CoConvArgs& args) {
+  if (!co_args_ok(args) || args.n == 0) {
+    return 0;
+  }
+  return static_cast<int64_t>(Conv::get_workspace_size(make_arguments(args, make_problem(args))));
+}
+
+int run(const CoConvArgs& args, cudaStream_t stream) {
+  if (!co_args_ok(args)) {
+    return CO_CANNOT_IMPLEMENT;
+  }
+  if (args.n == 0) {
+    return CO_OK;  // empty output: nothing to launch
+  }
+  if (!(co_tma_aligned(args.x) && co_tma_aligned(args.filter) && co_tma_aligned(args.y)${operand_check})) {
+    return CO_CANNOT_IMPLEMENT;
+  }
+  ProblemShape problem = make_problem(args);
+  // CUTLASS derives P, Q from the padding; they must be the caller's
+  if (problem.shape_C[1] != args.p || problem.shape_C[2] != args.q) {
+    return CO_CANNOT_IMPLEMENT;
+  }
+  typename Conv::Arguments arguments = make_arguments(args, problem);
+  if (Conv::can_implement(arguments) != cutlass::Status::kSuccess) {
+    return CO_CANNOT_IMPLEMENT;
+  }
+  int64_t needed = static_cast<int64_t>(Conv::get_workspace_size(arguments));
+  if (args.workspace_bytes < needed || (needed > 0 && args.workspace == nullptr)) {
+    return CO_WORKSPACE_TOO_SMALL;
+  }
+  Conv conv;
+  if (conv.initialize(arguments, args.workspace, stream) != cutlass::Status::kSuccess) {
+    return CO_INIT_FAILED;
+  }
+  if (conv.run(stream) != cutlass::Status::kSuccess) {
+    return CO_LAUNCH_FAILED;
+  }
+  if (cudaGetLastError() != cudaSuccess) {
+    return CO_LAUNCH_FAILED;
+  }
+  return CO_OK;
+}
+
+}  // namespace ${name}
+""")
+
+
+def _row_broadcast(pointer: str) -> _Node:
+    """A per-output-channel (K,) vector: constant along M = (q, p, n), see the docstring."""
+    return _Node(
+        f"{_NS}Sm90RowBroadcast<0, TileShape, ElementBias, ElementCompute, "
+        "cute::Stride<cute::_0, cute::_1, cute::_0>>",
+        f"{{static_cast<ElementBias const*>({pointer}), ElementBias(0), {{}}}}")
+
+
+def _evt(ep: GemmEpilogue) -> _Node:
+    """The epilogue tree for a non-plain epilogue; the root outputs ElementD."""
+    # Each stage is (functor, extra children) applied on top of the tree so far.
+    stages = []
+    if ep.bias:
+        stages.append(("cutlass::plus", (_row_broadcast("args.bias"),)))
+    if _ACTIVATION[ep.activation]:
+        stages.append((_ACTIVATION[ep.activation], ()))
+    if ep.residual != "none":
+        source = (_row_broadcast("args.residual") if ep.residual_broadcast
+                  else _Node(f"{_NS}Sm90SrcFetch<ElementC>", "{}"))
+        stages.append((_RESIDUAL[ep.residual], (source,)))
+    if _ACTIVATION[ep.post_activation]:
+        stages.append((_ACTIVATION[ep.post_activation], ()))
+    node = _Node(f"{_NS}Sm90AccFetch", "{}")
+    for i, (fn, extra) in enumerate(stages):
+        out = "ElementD" if i == len(stages) - 1 else "ElementCompute"
+        node = _compute(fn, out, node, *extra)
+    return node
+
+
+def _is_plain(ep: GemmEpilogue) -> bool:
+    return not ep.bias and ep.activation == "identity" and ep.residual == "none"
+
+
+def _reads_source(ep: GemmEpilogue) -> bool:
+    """True when the full NPQK residual is the epilogue's C operand."""
+    return ep.residual != "none" and not ep.residual_broadcast
+
+
+def _semantics(ep: GemmEpilogue) -> str:
+    x = "conv(x, filter)" + (" + bias[k]" if ep.bias else "")
+    if ep.activation != "identity":
+        x = f"{ep.activation}({x})"
+    res = "residual[k]" if ep.residual_broadcast else "residual"
+    if ep.residual == "add":
+        x = f"{x} + {res}"
+    elif ep.residual == "mul":
+        x = f"({x}) * {res}"
+    if ep.post_activation != "identity":
+        x = f"{ep.post_activation}({x})"
+    return x
+
+
+def _upper_pad(out: int, size: int, filt: int, lower: int, stride: int, dil: int) -> int:
+    """Mirror of co_upper_pad in the C++ (clamped at 0)."""
+    return max(0, (out - 1) * stride + dil * (filt - 1) + 1 - size - lower)
+
+
+def _im2col_ok(size: int, filt: int, lower: int, out: int, stride: int, dil: int) -> bool:
+    """One spatial dim within the TMA im2col limits (module docstring)."""
+    upper = _upper_pad(out, size, filt, lower, stride, dil)
+    reach = (filt - 1) * dil
+    return (1 <= stride <= _MAX_TRAVERSAL_STRIDE
+            and lower <= min(_MAX_PADDING, _CORNER_LIMIT) and upper <= _MAX_PADDING
+            and -_CORNER_LIMIT <= upper - reach <= _CORNER_LIMIT - 1
+            and reach < _OFFSET_LIMIT)
+
+
+def supports(problem: ConvProblem) -> bool:
+    """True when a cutlass3x_sm90 conv kernel can run this problem class at all:
+    f16/bf16, C and K multiples of 8 (TMA 16-byte strides), and padding, stride
+    and dilation within the TMA im2col limits. Sizes checked only at run time:
+    N*P*Q <= INT32_MAX."""
+    if problem.dtype not in ("f16", "bf16") or problem.tf32:
+        return False
+    if (problem.align_a, problem.align_b, problem.align_c) != (8, 8, 8):
+        return False
+    if problem.c % 8 or problem.k % 8:
+        return False
+    top, _, left, _ = problem.pad
+    return (_im2col_ok(problem.h, problem.r, top, problem.p, problem.stride[0], problem.dilation[0])
+            and _im2col_ok(problem.w, problem.s, left, problem.q, problem.stride[1],
+                           problem.dilation[1]))
+
+
+def make_config(tile: tuple, cluster: tuple, kernel_schedule: str = KERNEL_SCHEDULE,
+                stages: int = 0) -> KernelConfig:
+    """A KernelConfig for this family (e.g. from one CANDIDATES entry)."""
+    return KernelConfig(FAMILY, tuple(tile), stages, cluster=tuple(cluster),
+                        kernel_schedule=kernel_schedule, epilogue_schedule=EPILOGUE_SCHEDULE)
+
+
+def validate(kernel: ConvKernel) -> None:
+    """Check that ``kernel`` is a buildable cutlass3x_sm90 conv2d fprop kernel.
+
+    Returns None. Raises ValueError for a wrong family/arch, a 2.x iterator or
+    unity-stride variant, a dtype other than f16/bf16, non-f32 accumulation, an
+    alignment below 8 elements (TMA needs 16 bytes), or a tile, cluster, stage
+    count or schedule the sm90 conv builders reject (or that would spill: more
+    than 128 accumulators per thread).
+    """
+    cfg = kernel.config
+    if cfg.family != FAMILY:
+        raise ValueError(f"conv_sm90 emits family {FAMILY!r}, got {cfg.family!r}")
+    if kernel.arch != "sm90a":
+        raise ValueError(f"{FAMILY} needs arch 'sm90a', got {kernel.arch!r}")
+    if kernel.iterator:
+        raise ValueError(f"3.x conv kernels use TMA im2col; iterator must be '', "
+                         f"got {kernel.iterator!r}")
+    if kernel.stride_support != "strided":
+        raise ValueError("3.x conv kernels take any stride at run time; "
+                         "stride_support must be 'strided'")
+    if kernel.dtype not in ("f16", "bf16"):
+        raise ValueError(f"{FAMILY} conv supports f16 and bf16, got {kernel.dtype!r}")
+    if kernel.accumulate != "f32":
+        raise ValueError(f"only f32 accumulation is supported, got {kernel.accumulate!r}")
+    need = 128 // _ELEMENT[kernel.dtype][1]
+    for what, a in (("align_a", kernel.align_a), ("align_b", kernel.align_b),
+                    ("align_c", kernel.align_c)):
+        if a != need:
+            raise ValueError(f"{what}={a}: TMA needs 16-byte alignment, i.e. {need} "
+                             f"{kernel.dtype} elements (C and K multiples of {need})")
+    tm, tn, tk = cfg.tile
+    if tm not in (64, 128):
+        # one consumer warpgroup: 64-row wgmma atoms, M tile 64 or 128
+        raise ValueError(f"tile M must be 64 or 128, got {tm}")
+    if not (tn % 16 == 0 and 16 <= tn <= 256):
+        raise ValueError(f"tile N must be a multiple of 16 in [16, 256], got {tn}")
+    if tm * tn // 128 > _MAX_ACC_PER_THREAD:
+        raise ValueError(f"tile {tm}x{tn} needs {tm * tn // 128} fp32 accumulators per thread "
+                         f"in the single consumer warpgroup (at most {_MAX_ACC_PER_THREAD})")
+    if tk not in (16, 32, 64, 128):
+        # one wgmma K step is 16; the TMA im2col box holds at most 256 channels
+        raise ValueError(f"tile K must be 16, 32, 64 or 128, got {tk}")
+    cm, cn, ck = cfg.cluster
+    if ck != 1 or cm not in (1, 2, 4) or cn not in (1, 2, 4) or cm * cn > 4:
+        raise ValueError(f"cluster must be (1|2|4, 1|2|4, 1) with at most 4 CTAs, "
+                         f"got {cfg.cluster}")
+    if cfg.kernel_schedule != KERNEL_SCHEDULE:
+        raise ValueError(f"kernel_schedule must be {KERNEL_SCHEDULE!r} (CUTLASS 4.2 has no "
+                         f"cooperative or ping-pong sm90 conv), got {cfg.kernel_schedule!r}")
+    if cfg.epilogue_schedule not in ("", EPILOGUE_SCHEDULE):
+        raise ValueError(f"epilogue_schedule must be {EPILOGUE_SCHEDULE!r} (or ''), "
+                         f"got {cfg.epilogue_schedule!r}")
+    if cfg.stages < 0 or cfg.stages == 1:
+        raise ValueError(f"stages must be 0 (auto) or >= 2, got {cfg.stages}")
+
+
+def values(kernel: ConvKernel) -> dict:
+    """Build the substitution dict for ``TEMPLATE`` (every placeholder, no more).
+
+    Returns a dict of str -> str. Raises what ``validate`` raises.
+    """
+    validate(kernel)
+    cfg = kernel.config
+    ep = kernel.epilogue
+    element = _ELEMENT[kernel.dtype][0]
+
+    if _is_plain(ep):
+        fusion_type = ("  cutlass::epilogue::fusion::LinearCombination<"
+                       "ElementD, ElementCompute, ElementC, ElementCompute, RoundStyle>")
+        fusion_args = ("  arguments.epilogue.thread.alpha = ElementCompute(1);\n"
+                       "  arguments.epilogue.thread.beta = ElementCompute(0);")
+    else:
+        tree = _evt(ep)
+        fusion_type = tree.render_type(1)
+        fusion_args = ("  // EVT arguments: each node is {child args..., op args}\n"
+                       "  arguments.epilogue.thread =\n" + tree.render_args(2) + ";")
+
+    if cfg.stages == 0:
+        stage_count = ("cutlass::conv::collective::StageCountAutoCarveout<"
+                       "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>")
+    else:
+        stage_count = f"cutlass::conv::collective::StageCount<{cfg.stages}>"
+
+    # every pointer the kernel reads must be there and TMA/vector aligned
+    operand_check = ""
+    if ep.bias:
+        operand_check += " && co_tma_aligned(args.bias)"
+    if ep.residual != "none":
+        operand_check += " && co_tma_aligned(args.residual)"
+
+    return {
+        "name": kernel.name,
+        "semantics": _semantics(ep),
+        "epilogue_tag": ep.tag,
+        "element": element,
+        "element_c": element if _reads_source(ep) else "void",
+        "align_a": str(kernel.align_a),
+        "align_b": str(kernel.align_b),
+        "align_c": str(kernel.align_c),
+        "tile_m": str(cfg.tile[0]),
+        "tile_n": str(cfg.tile[1]),
+        "tile_k": str(cfg.tile[2]),
+        "cluster_m": str(cfg.cluster[0]),
+        "cluster_n": str(cfg.cluster[1]),
+        "cluster_k": str(cfg.cluster[2]),
+        "fusion_type": fusion_type,
+        "fusion_args": fusion_args,
+        "epilogue_schedule": EPILOGUE_SCHEDULE,
+        "kernel_schedule": cfg.kernel_schedule,
+        "stage_count": stage_count,
+        "ptr_c": ("static_cast<ElementC const*>(args.residual)" if _reads_source(ep)
+                  else "nullptr"),
+        "operand_check": operand_check,
+    }
+
+
+def emit(kernel: ConvKernel) -> KernelSource:
+    """Return the ``KernelSource`` for one cutlass3x_sm90 conv2d fprop kernel.
+
+    The code defines ``namespace <kernel.name> { int64_t workspace_size(const
+    CoConvArgs&); int run(const CoConvArgs&, cudaStream_t); }`` and expects
+    prelude.h and ``includes`` to come first in the TU.
+
+    Raises ValueError for a kernel this family cannot build (see ``validate``),
+    KeyError if the template and ``values`` ever disagree on a placeholder.
+    """
+    code = TEMPLATE.substitute(values(kernel))
+    return KernelSource(name=kernel.name, includes=INCLUDES, code=code, args_type="CoConvArgs")
