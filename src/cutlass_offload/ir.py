@@ -25,7 +25,7 @@ RESIDUAL_OPS = ("none", "add", "mul")
 POST_ACTIVATIONS = ("identity", "relu")
 LAYOUTS = ("row", "col")
 ARCHS = ("sm80", "sm90a")
-FAMILIES = ("cutlass2x_sm80", "cutlass3x_sm90")
+FAMILIES = ("cutlass2x_sm80", "cutlass3x_sm90", "rowwise_norm")
 
 _SHORT = {
     "identity": "id", "relu": "relu", "gelu_erf": "gelu", "gelu_tanh": "gelutanh",
@@ -309,13 +309,106 @@ class ConvKernel:
                 f"_align{self.align_a}{self.align_b}{self.align_c}_{self.epilogue.tag}")
 
 
+NORM_KINDS = ("layer_norm", "rms_norm")
+
+
+@dataclass(frozen=True)
+class NormProblem:
+    """What one normalization region computes, over the LAST axis only:
+
+    x viewed as (rows, cols), each row normalized in fp32 and rounded once:
+      layer_norm: y = (x - mean) * rsqrt(var + eps) [* weight] [+ bias]  (biased var)
+      rms_norm:   y = x * rsqrt(mean(x^2) + eps) [* weight]
+    eps: as the graph gives it (the op's argument or the decomposed form's
+    constant). cols: static; rows: ``None`` when dynamic (rows_hint = the
+    example's). align: elements, the largest of 8/4/2/1 (4/2/1 for fp32) dividing
+    cols. weight / bias: the affine (cols,) vectors are present. Norm regions have
+    no fused epilogue (``epilogue`` is the empty GemmEpilogue, for the report).
+    """
+
+    kind: str
+    dtype: str
+    cols: int
+    eps: float
+    align: int
+    weight: bool = False
+    bias: bool = False
+    rows: Optional[int] = None
+    rows_hint: int = 1
+
+    epilogue = GemmEpilogue()
+
+    def __post_init__(self):
+        _check(self.kind, NORM_KINDS, "kind")
+        _check(self.dtype, DTYPES, "dtype")
+        _check(self.align, (1, 2, 4, 8), "alignment")
+        if self.cols < 1 or self.cols % self.align:
+            raise ValueError(f"cols {self.cols} must be positive and a multiple of align {self.align}")
+        if not (self.eps >= 0.0) or self.eps == float("inf"):
+            raise ValueError(f"eps must be finite and >= 0, got {self.eps!r}")
+        if self.bias and not self.weight:
+            raise ValueError("a norm with a bias but no weight is not a PyTorch form")
+        if self.bias and self.kind == "rms_norm":
+            raise ValueError("rms_norm has no bias")
+
+
+@dataclass(frozen=True)
+class NormKernel:
+    """One distinct row-wise normalization kernel (one row per thread block, or one
+    warp per row for short rows; emit/norm.py). Its identity is dtype, kind,
+    vector width (``vec`` elements per load, cols % vec == 0) and the affine
+    parameters; rows, cols and eps are runtime arguments.
+
+    config: KernelConfig of family "rowwise_norm", tile (1, 1, 1): no tuning
+    choice is compiled in (the block size is picked per call from cols).
+    """
+
+    arch: str
+    kind: str
+    dtype: str
+    vec: int
+    weight: bool
+    bias: bool
+    config: "KernelConfig" = None
+
+    def __post_init__(self):
+        _check(self.arch, ARCHS, "arch")
+        _check(self.kind, NORM_KINDS, "kind")
+        _check(self.dtype, DTYPES, "dtype")
+        _check(self.vec, (1, 2, 4) if self.dtype == "f32" else (1, 2, 4, 8), "vector width")
+        if self.bias and not self.weight:
+            raise ValueError("a norm kernel with a bias needs a weight")
+        if self.config is None:
+            object.__setattr__(self, "config", KernelConfig("rowwise_norm", (1, 1, 1), stages=0))
+        elif self.config.family != "rowwise_norm":
+            raise ValueError("norm kernels are of the rowwise_norm family")
+
+    args_type = "CoNormArgs"
+    layout_a = layout_b = "row"
+
+    # the (A, B, C) alignments other kernel kinds have (build/shards.py reads them)
+    @property
+    def align_a(self) -> int:
+        return self.vec
+
+    align_b = align_c = align_a
+
+    @property
+    def affine(self) -> str:
+        return "weight_bias" if self.bias else ("weight" if self.weight else "noaffine")
+
+    @property
+    def name(self) -> str:
+        return f"rowwise_{self.kind}_{self.dtype}_vec{self.vec}_{self.affine}"
+
+
 @dataclass(frozen=True)
 class KernelSource:
     """C++ for one kernel: its includes (collected once per TU) and its code.
 
     code defines ``namespace <name> { int64_t workspace_size(const Args&);
     int run(const Args&, cudaStream_t); }`` where Args is ``args_type``
-    (CoGemmArgs, CoConvArgs; emit/templates/prelude.h).
+    (CoGemmArgs, CoConvArgs, CoNormArgs; emit/templates/prelude.h).
     """
 
     name: str
@@ -388,6 +481,32 @@ class ConvRegion:
 
 
 @dataclass(frozen=True)
+class NormRegion:
+    """A layer_norm / rms_norm over the last axis to offload (no epilogue).
+
+    nodes: FX node names in graph order, the last one the region's output (the
+    ``aten.layer_norm`` / ``aten.rms_norm`` node alone, or every node of a
+    decomposed RMS norm such as transformers' LlamaRMSNorm, with the
+    ``_assert_tensor_metadata`` checks on its intermediates).
+    x, weight, bias: input node names by role (weight and bias may be None).
+    form: "layer_norm", "rms_norm" (the ATen op) or "rms_norm_decomposed".
+    """
+
+    name: str
+    form: str
+    nodes: tuple
+    x: str
+    problem: NormProblem
+    weight: Optional[str] = None
+    bias: Optional[str] = None
+    notes: tuple = ()
+
+    @property
+    def output(self) -> str:
+        return self.nodes[-1]
+
+
+@dataclass(frozen=True)
 class Fallback:
     """An op that stays in PyTorch, and why (reaches the user's report)."""
 
@@ -407,8 +526,8 @@ class Plan:
     """Regions with their chosen kernel instantiation; kernels are deduplicated."""
 
     arch: str
-    regions: tuple           # GemmRegion | ConvRegion
-    kernels: tuple           # GemmKernel | ConvKernel, parallel to regions
+    regions: tuple           # GemmRegion | ConvRegion | NormRegion
+    kernels: tuple           # GemmKernel | ConvKernel | NormKernel, parallel to regions
     fallbacks: tuple
 
     @property

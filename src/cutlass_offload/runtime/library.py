@@ -32,7 +32,16 @@ class CoConvArgs(ctypes.Structure):
         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
 
 
-ARGS_TYPES = {"CoGemmArgs": CoGemmArgs, "CoConvArgs": CoConvArgs}
+class CoNormArgs(ctypes.Structure):
+    """Mirror of ``struct CoNormArgs`` in emit/templates/prelude.h (same field order)."""
+
+    _fields_ = [("input", ctypes.c_void_p), ("weight", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("output", ctypes.c_void_p), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
+                ("eps", ctypes.c_float), ("workspace", ctypes.c_void_p),
+                ("workspace_bytes", ctypes.c_int64)]
+
+
+ARGS_TYPES = {"CoGemmArgs": CoGemmArgs, "CoConvArgs": CoConvArgs, "CoNormArgs": CoNormArgs}
 
 CO_OK, CO_CANNOT_IMPLEMENT = 0, 1
 STATUS_NAMES = {0: "ok", 1: "cannot implement", 2: "workspace too small",

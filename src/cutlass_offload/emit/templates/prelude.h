@@ -46,6 +46,25 @@ struct CoConvArgs {
   int64_t workspace_bytes;
 };
 
+// Arguments of one row-wise normalization call (layer_norm / rms_norm over the
+// last axis). Element offsets, not bytes. Rows are packed (row stride = cols):
+//   input[r, c]  = input + r * cols + c
+//   output[r, c] = output + r * cols + c
+//   weight[c]    = weight + c                             (may be null: no scale)
+//   bias[c]      = bias + c                               (may be null: no shift)
+// eps is added to the variance (layer_norm) or the mean square (rms_norm).
+// Norm kernels need no workspace; the fields are there for uniformity.
+struct CoNormArgs {
+  const void* input;
+  const void* weight;
+  const void* bias;
+  void* output;
+  int64_t rows, cols;
+  float eps;
+  void* workspace;
+  int64_t workspace_bytes;
+};
+
 // Status codes returned by every launcher.
 enum CoStatus : int {
   CO_OK = 0,
