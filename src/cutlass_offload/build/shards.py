@@ -22,8 +22,10 @@ import os
 from ..config import knobs
 from .toolchain import available_memory
 
-COST = {"cutlass3x_sm90": (43.0, 9.0, 3.0), "cutlass2x_sm80": (10.0, 2.0, 0.8)}  # fixed, mainloop, epilogue
-PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30}  # bytes per nvcc (design.md)
+COST = {"cutlass3x_sm90": (43.0, 9.0, 3.0), "cutlass2x_sm80": (10.0, 2.0, 0.8),  # fixed, mainloop, epilogue
+        "rowwise_norm": (4.0, 0.8, 0.8)}
+PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30,  # bytes per nvcc (design.md)
+               "rowwise_norm": 0.5 * 2**30}
 
 
 def mainloop(kernel) -> tuple:

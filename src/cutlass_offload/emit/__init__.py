@@ -21,7 +21,8 @@ TEMPLATES = Path(__file__).parent / "templates"
 # (kernel kind, family) -> module with emit(kernel) -> KernelSource
 _EMITTERS = {("gemm", "cutlass2x_sm80"): "gemm_sm80", ("gemm", "cutlass3x_sm90"): "gemm_sm90",
              ("conv2d_fprop", "cutlass2x_sm80"): "conv_sm80",
-             ("conv2d_fprop", "cutlass3x_sm90"): "conv_sm90"}
+             ("conv2d_fprop", "cutlass3x_sm90"): "conv_sm90",
+             ("layer_norm", "rowwise_norm"): "norm", ("rms_norm", "rowwise_norm"): "norm"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class TranslationUnit:
 
 
 def emit_kernel(kernel) -> KernelSource:
-    """C++ for one kernel instantiation (GemmKernel or ConvKernel).
+    """C++ for one kernel instantiation (GemmKernel, ConvKernel or NormKernel).
 
     Raises ValueError for an illegal kernel."""
     import importlib
