@@ -4,10 +4,14 @@ from __future__ import annotations
 import collections
 from dataclasses import asdict, dataclass, field
 
-from .ir import ConvProblem, Plan
+from .ir import ConvProblem, NormProblem, Plan
 
 
 def _shape(problem) -> dict:
+    if isinstance(problem, NormProblem):
+        p = problem
+        return {"norm": {"kind": p.kind, "rows_hint": p.rows_hint, "cols": p.cols, "eps": p.eps,
+                         "weight": p.weight, "bias": p.bias}}
     if isinstance(problem, ConvProblem):
         p = problem
         return {"conv": {"n_hint": p.n_hint, "c": p.c, "h": p.h, "w": p.w, "k": p.k, "r": p.r,

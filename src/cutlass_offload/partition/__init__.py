@@ -18,6 +18,7 @@ from ..ir import ConvProblem, ConvRegion, Fallback, GemmEpilogue, GemmProblem, G
 from .checks import ACTIVATION_NAMES, EpilogueState, m_hint
 from .conv import ConvOperands, batch_hint
 from .graph_utils import max_alignment, same_shape, static_int, val
+from .norm import NormOperands, make_norm_region
 from .patterns import ANCHOR_BY_TARGET, EPILOGUE_STAGES
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,20 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
         except UnsupportedRegion as e:
             fallbacks.append(Fallback(node.name, anchor.form, str(e)))
             log.info("fallback %s (%s): %s", node.name, anchor.form, e)
+            continue
+        if ops is None:                # not the anchor's pattern after all (a plain rsqrt)
+            continue
+        if isinstance(ops, NormOperands):          # norms: no epilogue growth
+            if any(n in taken for n in ops.nodes):
+                fallbacks.append(Fallback(node.name, anchor.form, "overlaps another region"))
+                continue
+            try:
+                region = make_norm_region(len(regions), ops)
+            except ValueError as e:
+                fallbacks.append(Fallback(node.name, anchor.form, str(e)))
+                continue
+            regions.append(region)
+            taken.update(ops.nodes)
             continue
         state = _grow_epilogue(node, ops, taken)
         make = _make_conv_region if isinstance(ops, ConvOperands) else _make_region

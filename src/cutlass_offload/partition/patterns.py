@@ -12,6 +12,7 @@ from typing import Callable
 
 from . import checks as C
 from . import conv as V
+from . import norm as NORM
 from .graph_utils import aten
 
 
@@ -38,7 +39,12 @@ ANCHORS = (
     Anchor("conv2d", aten.conv2d.default, V.conv2d_operands),
     Anchor("conv2d", aten.conv2d.padding, V.conv2d_operands),
     Anchor("conv2d", aten.convolution.default, V.convolution_operands),
-)
+    # norms (partition/norm.py): no epilogue; the rsqrt row returns None for an rsqrt
+    # that is not the statistic of a written-out RMS norm
+    Anchor("layer_norm", aten.layer_norm.default, NORM.layer_norm_operands),
+    Anchor("rms_norm", aten.rsqrt.default, NORM.rsqrt_rms_operands),
+) + ((Anchor("rms_norm", aten.rms_norm.default, NORM.rms_norm_operands),)
+     if hasattr(aten, "rms_norm") else ())
 
 EPILOGUE_STAGES = (
     Stage("bias", (aten.add.Tensor,),

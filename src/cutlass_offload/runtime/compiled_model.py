@@ -8,10 +8,11 @@ import torch
 import torch.fx as fx
 
 from ..errors import CutlassOffloadError
-from ..ir import ConvRegion, Plan
+from ..ir import ConvRegion, NormRegion, Plan
 from .conv_region import ConvRegionModule
 from .gemm_region import GemmRegionModule
 from .library import Library
+from .norm_region import NormRegionModule
 from .region import RegionModule
 
 
@@ -35,7 +36,7 @@ class LazyLibrary:
 
 def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
     """Replace each region's nodes in ``gm`` by a call to a region module
-    (GemmRegionModule / ConvRegionModule).
+    (GemmRegionModule / ConvRegionModule / NormRegionModule).
 
     The region's original subgraph is kept as the module's ``fallback``. Conv
     weights held by ``gm`` are prepacked to channels_last (KRSC) once. Mutates
@@ -49,7 +50,10 @@ def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
     for i, (region, kernel) in enumerate(zip(plan.regions, plan.kernels)):
         nodes = [by_name[name] for name in region.nodes]
         sub, inputs = _extract(gm, nodes)
-        if isinstance(region, ConvRegion):
+        if isinstance(region, NormRegion):
+            named = (("x", region.x), ("weight", region.weight), ("bias", region.bias))
+            cls = NormRegionModule
+        elif isinstance(region, ConvRegion):
             _prepack_weight(gm, by_name[region.w])
             named = (("x", region.x), ("w", region.w), ("bias", region.bias), ("c", region.c))
             cls = ConvRegionModule

@@ -1,0 +1,314 @@
+"""Operand readers of the normalization anchors: layer_norm and rms_norm over the
+LAST axis, or UnsupportedRegion with a reason (the op stays in PyTorch).
+
+Forms matched (fp16 / bf16 / fp32, affine weight and bias optional):
+
+* ``aten.layer_norm(x, [C], weight, bias, eps)``: normalized_shape = the last dim.
+* ``aten.rms_norm(x, [C], weight, eps)`` with an explicit eps.
+* the RMS norm written out, as transformers writes it (LlamaRMSNorm, T5LayerNorm,
+  and the like), anchored at its ``rsqrt``::
+
+      xf = x.to(float32)                       # optional when x is already fp32
+      r  = rsqrt(mean(xf.pow(2), [-1], keepdim=True) + eps)    # or xf * xf
+      y  = xf * r                              # or x * r (promotes to fp32)
+      y  = y.to(x.dtype)                       # optional when y already is x.dtype
+      y  = weight * y                          # optional, weight (C,) of x.dtype
+
+  The statistics must be fp32; every intermediate must be used only inside the
+  form (the ``_assert_tensor_metadata`` checks torch.export inserts before each
+  ``.to`` join the region). An ``rsqrt`` that is not of this shape is not a norm
+  (the reader returns None: no region, no fallback).
+
+eps is read from the graph: the op's argument (or its schema default for
+layer_norm), the constant added in the written-out form. ``aten.rms_norm``
+without an eps stays in PyTorch: its default is the epsilon of the computation
+type, which the graph does not state.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.fx as fx
+
+from ..errors import UnsupportedRegion
+from ..ir import NormProblem, NormRegion
+from .graph_utils import DTYPE_NAMES, aten, hint_int, max_alignment, static_int, val
+
+_ASSERT = getattr(aten, "_assert_tensor_metadata", None)
+_ASSERT = _ASSERT.default if _ASSERT is not None else None
+_CASTS = (aten.to.dtype, aten._to_copy.default)
+
+
+@dataclass
+class NormOperands:
+    form: str                     # "layer_norm", "rms_norm", "rms_norm_decomposed"
+    kind: str                     # "layer_norm" or "rms_norm"
+    x: fx.Node
+    cols: int
+    dtype: str
+    eps: float
+    nodes: list                   # the region's nodes in graph order; the last is its output
+    weight: Optional[fx.Node] = None
+    bias: Optional[fx.Node] = None
+    notes: list = field(default_factory=list)
+
+
+def _arg(node, index, name):
+    """Argument ``name`` of an ATen call: positional, keyword or the schema default."""
+    if len(node.args) > index:
+        return node.args[index]
+    if name in node.kwargs:
+        return node.kwargs[name]
+    for a in node.target._schema.arguments:
+        if a.name == name:
+            return a.default_value if a.has_default_value() else None
+    return None
+
+
+def _dtype(node, what) -> str:
+    v = val(node)
+    if not isinstance(v, torch.Tensor):
+        raise UnsupportedRegion(f"{what} is not a tensor")
+    if v.dtype not in DTYPE_NAMES:
+        raise UnsupportedRegion(f"{what} has unsupported dtype {v.dtype}")
+    return DTYPE_NAMES[v.dtype]
+
+
+def _cols(x) -> int:
+    xv = val(x)
+    if xv.dim() < 1:
+        raise UnsupportedRegion("a 0-d input has no axis to normalize")
+    cols = static_int(xv.shape[-1])
+    if cols is None:
+        raise UnsupportedRegion("dynamic hidden size (the normalized last dim must be static)")
+    if cols < 1:
+        raise UnsupportedRegion("empty normalized axis")
+    return cols
+
+
+def _eps(eps, what) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise UnsupportedRegion(f"{what}: eps {eps!r} is not a constant number")
+    eps = float(eps)
+    if not (0.0 <= eps < math.inf):
+        raise UnsupportedRegion(f"{what}: eps {eps!r} is not finite and >= 0")
+    return eps
+
+
+def _vector(node, what, dtype, cols):
+    """An affine parameter: None, or a (cols,) tensor of the input's dtype."""
+    if node is None:
+        return None
+    v = val(node)
+    if not isinstance(node, fx.Node) or not isinstance(v, torch.Tensor):
+        raise UnsupportedRegion(f"{what} is not a tensor")
+    if DTYPE_NAMES.get(v.dtype) != dtype:
+        raise UnsupportedRegion(f"{what} dtype {v.dtype} differs from the input's ({dtype})")
+    if v.dim() != 1 or static_int(v.shape[0]) != cols:
+        raise UnsupportedRegion(f"{what} of shape {tuple(v.shape)} is not a ({cols},) vector")
+    return node
+
+
+def _last_axis_only(shape, what, cols):
+    shape = list(shape)
+    if len(shape) != 1:
+        raise UnsupportedRegion(f"{what} over the last {len(shape)} axes {shape}: only a norm "
+                                "over the last axis is offloaded")
+    if static_int(shape[0]) != cols:
+        raise UnsupportedRegion(f"{what}: normalized_shape {shape} is not static or not the last dim")
+
+
+def layer_norm_operands(node, options) -> NormOperands:
+    """aten.layer_norm.default(input, normalized_shape, weight, bias, eps, cudnn_enable)."""
+    x = node.args[0]
+    dtype = _dtype(x, "input")
+    cols = _cols(x)
+    _last_axis_only(_arg(node, 1, "normalized_shape"), "layer_norm", cols)
+    weight = _vector(_arg(node, 2, "weight"), "weight", dtype, cols)
+    bias = _vector(_arg(node, 3, "bias"), "bias", dtype, cols)
+    if bias is not None and weight is None:
+        raise UnsupportedRegion("layer_norm with a bias but no weight")
+    eps = _eps(_arg(node, 4, "eps"), "layer_norm")
+    return NormOperands("layer_norm", "layer_norm", x, cols, dtype, eps, [node], weight, bias)
+
+
+def rms_norm_operands(node, options) -> NormOperands:
+    """aten.rms_norm.default(input, normalized_shape, weight, eps)."""
+    x = node.args[0]
+    dtype = _dtype(x, "input")
+    cols = _cols(x)
+    _last_axis_only(_arg(node, 1, "normalized_shape"), "rms_norm", cols)
+    weight = _vector(_arg(node, 2, "weight"), "weight", dtype, cols)
+    eps = _arg(node, 3, "eps")
+    if eps is None:
+        raise UnsupportedRegion("rms_norm without an explicit eps (PyTorch's default is the "
+                                "epsilon of the computation type, not stated in the graph)")
+    return NormOperands("rms_norm", "rms_norm", x, cols, dtype, _eps(eps, "rms_norm"), [node], weight)
+
+
+# ------------------------------------------------------------- the written-out RMS norm
+
+def _call(n, *targets) -> bool:
+    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
+
+
+def _users(n) -> list:
+    """Users of n, less the metadata checks torch.export inserts (they join the region)."""
+    return [u for u in n.users if u.target is not _ASSERT]
+
+
+def _checks(n) -> list:
+    return [u for u in n.users if u.target is _ASSERT]
+
+
+def _other(n, one):
+    """The other argument of a binary call n, one of whose arguments is ``one``."""
+    a, b = n.args[0], n.args[1]
+    return b if a is one else a
+
+
+def _cast_of(n):
+    """(source, dtype) when n is a pure dtype cast (to.dtype / _to_copy), else None."""
+    if _call(n, aten.to.dtype):
+        extra = dict(zip(("non_blocking", "copy", "memory_format"), n.args[2:]), **n.kwargs)
+        if any(v not in (None, False, torch.preserve_format) for v in extra.values()):
+            return None
+        return n.args[0], n.args[1]
+    if _call(n, aten._to_copy.default) and len(n.args) == 1:
+        kw = dict(n.kwargs)
+        dt = kw.pop("dtype", None)
+        v = val(n.args[0])
+        if dt is None or not isinstance(v, torch.Tensor):
+            return None
+        if kw.pop("device", v.device) != v.device or kw.pop("layout", torch.strided) != torch.strided:
+            return None
+        if any(x not in (None, False, torch.preserve_format) for x in kw.values()):
+            return None
+        return n.args[0], dt
+    return None
+
+
+def _square_base(n):
+    if _call(n, aten.pow.Tensor_Scalar) and n.args[1] in (2, 2.0):
+        return n.args[0]
+    if _call(n, aten.mul.Tensor) and len(n.args) == 2 and n.args[0] is n.args[1] and not n.kwargs:
+        return n.args[0]
+    return None
+
+
+def _mean_eps(add):
+    """(mean node, eps) of ``mean + eps`` (either order; add.Tensor / add.Scalar)."""
+    if not _call(add, aten.add.Tensor, aten.add.Scalar) or len(add.args) != 2:
+        return None, None
+    if add.kwargs.get("alpha", 1) != 1:
+        return None, None
+    a, b = add.args
+    if isinstance(a, fx.Node) and _call(a, aten.mean.dim):
+        return a, b
+    if isinstance(b, fx.Node) and _call(b, aten.mean.dim):
+        return b, a
+    return None, None
+
+
+def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
+    """The written-out RMS norm anchored at ``rsqrt(mean(x^2, -1, keepdim) + eps)``;
+    None when this rsqrt is not the statistic of an RMS norm."""
+    add = node.args[0]
+    mean, eps = _mean_eps(add)
+    if mean is None:
+        return None
+    sq = mean.args[0]
+    xf = _square_base(sq)
+    if xf is None or not isinstance(xf, fx.Node) or not isinstance(val(xf), torch.Tensor):
+        return None
+    what = "RMS norm"
+    # from here on it is an RMS norm: refusals become fallbacks with a reason
+    if len(_users(add)) != 1 or len(_users(mean)) != 1 or len(_users(sq)) != 1:
+        raise UnsupportedRegion(f"{what}: an intermediate of its statistics is used elsewhere")
+    xv = val(xf)
+    dims = _arg(mean, 1, "dim")
+    dims = [dims] if isinstance(dims, int) else list(dims or [])
+    keepdim = _arg(mean, 2, "keepdim")
+    if len(dims) != 1 or dims[0] not in (-1, xv.dim() - 1) or not keepdim:
+        raise UnsupportedRegion(f"{what} over dims {dims} (keepdim={keepdim}): only the last "
+                                "axis with keepdim=True is offloaded")
+    if mean.kwargs.get("dtype") is not None:
+        raise UnsupportedRegion(f"{what}: mean with a dtype argument")
+    eps = _eps(eps, what)
+    if xv.dtype != torch.float32:
+        raise UnsupportedRegion(f"{what}: statistics in {xv.dtype} (only fp32 statistics are matched)")
+    cast = _cast_of(xf)
+    x = cast[0] if cast is not None else xf
+    if not isinstance(x, fx.Node):
+        raise UnsupportedRegion(f"{what}: the input is not a tensor node")
+    dtype = _dtype(x, "input")
+    cols = _cols(x)
+    if _cols(xf) != cols or val(xf).shape != val(x).shape:
+        raise UnsupportedRegion(f"{what}: the cast changes the shape")
+
+    r_users = _users(node)
+    if len(r_users) != 1 or not _call(r_users[0], aten.mul.Tensor) or len(r_users[0].args) != 2:
+        raise UnsupportedRegion(f"{what}: rsqrt(mean(x^2) + eps) is not only multiplied into x")
+    norm = r_users[0]
+    src = _other(norm, node)
+    if src is not xf and src is not x:
+        raise UnsupportedRegion(f"{what}: rsqrt(mean(x^2) + eps) multiplies another tensor")
+    inner = [sq, mean, add, node, norm]
+    if cast is not None:                   # x.to(fp32) joins; x itself may be used anywhere
+        if not set(_users(xf)) <= {sq, norm}:
+            raise UnsupportedRegion(f"{what}: x.to({xv.dtype}) is used outside the norm")
+        inner.insert(0, xf)
+    out, notes = norm, []
+    nxt = _users(out)
+    if len(nxt) == 1 and _cast_of(nxt[0]) is not None and _cast_of(nxt[0])[1] == val(x).dtype:
+        out = nxt[0]                                   # y.to(input dtype)
+        inner.append(out)
+    if val(out).dtype != val(x).dtype:
+        raise UnsupportedRegion(f"{what}: the result is {val(out).dtype}, the input {val(x).dtype}")
+    weight = None
+    nxt = _users(out)
+    if len(nxt) == 1 and _call(nxt[0], aten.mul.Tensor) and len(nxt[0].args) == 2:
+        w = _other(nxt[0], out)
+        try:
+            weight = _vector(w, "weight", dtype, cols)
+            if val(nxt[0]).dtype != val(x).dtype or tuple(val(nxt[0]).shape) != tuple(val(out).shape):
+                raise UnsupportedRegion("weight * y changes the dtype or shape")
+        except UnsupportedRegion as e:
+            weight = None
+            notes.append(f"{nxt[0].name} not fused: {e}")
+        if weight is not None:
+            out = nxt[0]
+            inner.append(out)
+    elif len(nxt) > 1:
+        notes.append(f"norm stops at {out.name}: used {len(nxt)} times")
+    # metadata checks on intermediates join the region; the output's stay outside
+    members = set(inner)
+    for n in inner[:-1]:
+        members.update(_checks(n))
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    nodes = sorted(members, key=order.__getitem__)
+    if nodes[-1] is not out:
+        raise UnsupportedRegion(f"{what}: a node of the form comes after its output")
+    for n in nodes[:-1]:
+        if not set(n.users) <= members:
+            raise UnsupportedRegion(f"{what}: intermediate {n.name} is used outside the norm")
+    return NormOperands("rms_norm_decomposed", "rms_norm", x, cols, dtype, eps, nodes, weight,
+                        notes=notes)
+
+
+def make_norm_region(index: int, ops: NormOperands) -> NormRegion:
+    """The NormRegion of a matched norm (ValueError for an impossible problem)."""
+    lead = val(ops.x).shape[:-1]
+    static = [static_int(d) for d in lead]
+    rows = None if any(s is None for s in static) else int(math.prod(static))
+    rows_hint = max(1, int(math.prod(hint_int(d) for d in lead)))
+    problem = NormProblem(kind=ops.kind, dtype=ops.dtype, cols=ops.cols, eps=ops.eps,
+                          align=max_alignment(ops.cols, ops.dtype), weight=ops.weight is not None,
+                          bias=ops.bias is not None, rows=rows, rows_hint=rows_hint)
+    return NormRegion(name=f"region{index}_{ops.form}", form=ops.form,
+                      nodes=tuple(n.name for n in ops.nodes), x=ops.x.name, problem=problem,
+                      weight=ops.weight.name if ops.weight is not None else None,
+                      bias=ops.bias.name if ops.bias is not None else None, notes=tuple(ops.notes))
