@@ -1,6 +1,7 @@
 """Capture: nn.Module + example inputs -> ATen graph (torch.export), canonicalized."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -28,11 +29,21 @@ def capture(model: torch.nn.Module, example_inputs: tuple, *, dynamic_batch: boo
     model = model.eval()
     args = tuple(example_inputs)
     if dynamic_shapes is None and dynamic_batch:
-        dynamic_shapes = tuple({0: torch.export.Dim.AUTO} if isinstance(a, torch.Tensor) else None
-                               for a in args)
+        dynamic_shapes = _batch_dynamic(model, args)
     with torch.no_grad():
         ep = torch.export.export(model, args, dynamic_shapes=dynamic_shapes)
     return Captured(ep, from_exported(ep))
+
+
+def _batch_dynamic(model, args) -> tuple:
+    """Dim 0 of every tensor argument dynamic, shaped like forward's signature
+    (a ``*args`` parameter takes one nested tuple for all its arguments)."""
+    specs = [{0: torch.export.Dim.AUTO} if isinstance(a, torch.Tensor) else None for a in args]
+    params = list(inspect.signature(model.forward).parameters.values())
+    fixed = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return tuple(specs[:len(fixed)]) + (tuple(specs[len(fixed):]),)
+    return tuple(specs)
 
 
 def from_exported(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -84,6 +85,7 @@ def _cmd_run(a) -> int:
         ref = reference(*inputs)
         out = compiled(*inputs)
         torch.cuda.synchronize()
+        conversions = compiled.layout_conversions()     # after exactly one forward
         refs = ref if isinstance(ref, (tuple, list)) else (ref,)
         outs = out if isinstance(out, (tuple, list)) else (out,)
         errs = [_rel_err(o, r) for o, r in zip(outs, refs)]
@@ -99,9 +101,14 @@ def _cmd_run(a) -> int:
     result = {"relative_error": errs, "pytorch_ms": t_ref, "cutlass_offload_ms": t_co,
               "pytorch_cuda_graph_ms": g_ref, "cutlass_offload_cuda_graph_ms": g_co,
               "regions": len(regions), "kernel_calls_fell_back": fallback_calls,
+              "regions_by_op": dict(collections.Counter(m.region.form for m in regions)),
+              "layout_conversions_per_forward": conversions,
               "gpu": torch.cuda.get_device_name()}
-    print(f"GPU {result['gpu']}: {len(regions)} offloaded regions, "
+    by_op = ", ".join(f"{k} {v}" for k, v in sorted(result["regions_by_op"].items()))
+    print(f"GPU {result['gpu']}: {len(regions)} offloaded regions ({by_op}), "
           f"{fallback_calls} region calls fell back to PyTorch")
+    if "conv2d" in result["regions_by_op"]:
+        print(f"NCHW -> NHWC layout conversions left per forward: {conversions}")
     print("relative error vs PyTorch: " + ", ".join(f"{e:.3e}" for e in errs))
     print(f"median latency: PyTorch eager {t_ref:.3f} ms, cutlass_offload {t_co:.3f} ms "
           f"(speedup {t_ref / t_co:.2f}x)")

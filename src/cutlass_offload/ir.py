@@ -155,7 +155,8 @@ class KernelConfig:
             c = "x".join(map(str, self.cluster))
             sched = {"KernelTmaWarpSpecializedCooperative": "coop",
                      "KernelTmaWarpSpecializedPingpong": "pingpong",
-                     "KernelTmaWarpSpecialized": "ws"}.get(self.kernel_schedule, "auto")
+                     "KernelTmaWarpSpecialized": "ws",
+                     "KernelImplicitTmaWarpSpecializedSm90": "ws"}.get(self.kernel_schedule, "auto")
             return f"{t}_c{c}_{sched}" + (f"_s{self.stages}" if self.stages else "")
         w = "x".join(map(str, self.warp))
         return f"{t}_w{w}_s{self.stages}"

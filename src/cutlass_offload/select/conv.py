@@ -11,6 +11,8 @@ import math
 from ..emit import conv_sm80, conv_sm90
 from ..ir import ConvKernel, ConvProblem, KernelConfig
 
+_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+
 
 def _gemm_m(problem: ConvProblem) -> int:
     return problem.n_hint * problem.p * problem.q
@@ -47,4 +49,10 @@ def choose_conv_kernel(problem: ConvProblem, arch: str, num_sms: int) -> ConvKer
     if arch == "sm90a" and conv_sm90.supports(problem):
         return ConvKernel(config=_sm90_config(problem, num_sms), iterator="", **common)
     iterator = conv_sm80.choose_iterator(problem.dtype, problem.c, problem.align_a)
+    if iterator in ("few_channels", "fixed_channels"):
+        # Those iterators leave filter positions r >= R unmasked on the activation
+        # side of the last K tile (zeros only on the filter side), so an inf/NaN
+        # input could leak into a neighbouring output as 0 * inf. Small-C convs
+        # are cheap (a network's stem): take the exact-masking iterators.
+        iterator = "optimized" if problem.align_a * _BYTES[problem.dtype] >= 4 else "analytic"
     return ConvKernel(config=_sm80_config(problem, num_sms, iterator), iterator=iterator, **common)
