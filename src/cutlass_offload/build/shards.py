@@ -14,6 +14,9 @@ Costs, in seconds (relative weights for balancing, not predictions):
   second kernel on the same mainloop +7.5 s, a kernel with another mainloop
   +29.2 s (measured here with nvcc 13.0, bert-base's kernels). Hence 43 / 9 / 3.
 * 2.x sm80: fixed 10 s, ~1.6 s per kernel on the H200 host (design.md): 10 / 2 / 0.8.
+* rowwise_norm (emit/norm.py): on 2 cores a one-kernel TU takes 9-13 s, almost all of
+  it parsing cutlass/numeric_types.h (9.5 s for the headers alone, 9.1 s for seven
+  kernels), ~350 MB peak: a fixed part below a 2.x TU's, kernels nearly free: 4 / 0.3 / 0.3.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from ..config import knobs
 from .toolchain import available_memory
 
 COST = {"cutlass3x_sm90": (43.0, 9.0, 3.0), "cutlass2x_sm80": (10.0, 2.0, 0.8),  # fixed, mainloop, epilogue
-        "rowwise_norm": (4.0, 0.8, 0.8)}
+        "rowwise_norm": (4.0, 0.3, 0.3)}
 PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30,  # bytes per nvcc (design.md)
                "rowwise_norm": 0.5 * 2**30}
 
