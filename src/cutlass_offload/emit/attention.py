@@ -1,0 +1,694 @@
+"""Emit CUTLASS's memory-efficient fused multi-head attention forward kernel.
+
+The kernel is ``AttentionKernel`` of the nvidia-cutlass wheel's
+``examples/41_fused_multi_head_attention/kernel_forward.h`` (the xFormers /
+PyTorch "mem-efficient" SDPA kernel, CUTLASS 2.x warp-level MMA, ArchTag Sm80:
+it runs on sm_80 and later and is compiled for sm_80 and sm_90a alike). It is
+included from the wheel, never copied: ``extra_include_dirs()`` gives the
+folders the compile command needs.
+
+Per (batch, head, block of kQueriesPerBlock queries) the kernel computes
+``out = softmax(scale * q @ k^T + bias, causal mask) @ v`` with an online
+softmax over blocks of kKeysPerBlock keys, fp32 accumulation.
+
+Template parameters (``AttentionKernel`` fields, chosen like PyTorch's sm80
+dispatch, aten/.../mem_eff_attention/kernels/cutlassF.h):
+
+* kQueriesPerBlock x kKeysPerBlock, kMaxK (upper bound of both head dims):
+  64x64 k64 and 64x128 k128 keep the output in registers
+  (kSingleValueIteration = kMaxK <= kKeysPerBlock, "rf"); 32x128 k65536
+  ("gmem") loops over head_dim_v in blocks of 128 and keeps the running output
+  in an fp32 buffer in global memory: the caller's workspace for f16/bf16
+  (``workspace_size`` > 0), the output itself for f32.
+* isAligned: Q/K/V read 16 bytes at a time (8 elements of f16/bf16) or, not
+  aligned, 4 elements (``DefaultGemmType::kMinimumAlignment`` = 4 for 16-bit
+  and f32 tensor cores, gemm_kernel_utils.h). f32 has one kernel (4 both ways).
+* kSupportsBias: an additive bias tile is loaded per (query block, key block).
+  kSupportsDropout is always false (inference; the dropout code is compiled
+  only with HAS_PYTORCH anyway).
+* The causal mask is NOT a template parameter: ``Params::custom_mask_type``
+  (NoCustomMask / CausalFromTopLeft / CausalFromBottomRight) is a runtime
+  argument, so one kernel serves all three masks (``CoAttentionArgs.causal``).
+
+Layouts (kernel_forward.h Params / advance_to_block): Q, K, V are BMHK with
+every stride a runtime argument: batch (int64), sequence and head (int32 in
+Params), head_dim contiguous. Any non-negative stride works (0 broadcasts, e.g.
+one K/V head shared by every query head), so PyTorch's (B, H, L, E) tensors
+are passed as they are. The output is BMHK with only the sequence stride
+free: its head stride is head_dim_v and its batch stride seq_q * seq stride
+(hard-coded in advance_to_block). The bias is (B, H, Mq, Nk) with batch / head
+(int64) and query (int32) strides, 0 = broadcast, key stride 1.
+
+Restrictions found in kernel_forward.h (and its iterators), all checked by the
+emitted ``run`` (CO_CANNOT_IMPLEMENT) and, where static, by ``choose``:
+
+* Vector accesses are predicated on their FIRST element only (CUTLASS 2.x
+  PredicatedTileAccessIterator and epilogue PredicatedTileIterator), so a
+  vector straddling the end of a row is read / written whole: head_dim and
+  head_dim_v must be multiples of the Q/K/V access width (8 aligned, 4 not
+  aligned) and head_dim_v of the output access (4 elements: the epilogue's
+  LinearCombination<float, 4>). Head dims that are not multiples of 4 are
+  refused; PyTorch's SDPA pads them to a multiple of 8 for the same kernel.
+* ``check_supported`` checks V only against kAlignmentV = 1, but the aligned
+  kernel reads V 8 at a time (MM1::kAlignmentB): ``run`` checks the real one.
+  It never checks the batch strides; ``run`` does.
+* The bias is always loaded in 16-byte vectors (TileSmemLoader with
+  128 / sizeof_bits elements, even in the not-aligned kernel), predicated on the
+  first element: pointer and bias strides must be multiples of 16 bytes and
+  every bias row readable up to round_up(seq_kv, 8) (f32: 4) elements
+  (``bias_kv_capacity``; xFormers pads its bias the same way).
+* int32 arithmetic in advance_to_block / the key loop: seq_q, seq_kv, the
+  sequence and head strides, seq_kv * k/v seq stride, heads * head strides,
+  seq_q * bias query stride, batch * seq_q and heads * head_dim_v must fit in
+  int32; batch and heads <= 65535 (grid z / y).
+* Bottom-right causal computes ``num_keys - num_queries`` in uint32: seq_q must
+  not exceed seq_kv (rows would see no key).
+* seq_q == 1 with K and V head strides 0 (one K/V head for all query heads)
+  takes a kernel shortcut that treats heads as queries: it drops the mask
+  (wrong for top-left causal, where the single query sees key 0 only), keeps
+  the bias query stride (wrong for a per-head bias; fixed upstream later) and
+  processes kQueriesPerBlock heads per block from a block start with
+  ``num_queries = num_heads`` (reads / writes past the last head when heads > kQueriesPerBlock
+  and not a multiple of it). ``run`` does that remapping itself, correctly,
+  before launching (and top-left causal with one query becomes seq_kv = 1), so
+  the kernel never takes its shortcut with more than one head.
+* Scale: the kernel multiplies the logits by the scale (before the bias when it
+  supports one) and tracks the row maximum with ``atomicMaxFloat``, which uses
+  integer atomicMax for ``value >= 0`` and unsigned atomicMin otherwise. -0.0
+  passes ``>= 0`` but is INT_MIN as an int, so it never replaces the initial
+  -inf: a row whose logits in a key block are all -0.0 keeps max = -inf and
+  exp2(0 - (-inf)) = inf gives NaN (or, with a bias, drops that block). With
+  scale <= 0, an all-zero query row (padding) hits exactly that, so only
+  finite scales > 0 are taken (PyTorch's default 1/sqrt(E) is); for a negative
+  scale negate Q (or K) and pass -scale. Positive scales are safe in practice:
+  q.k = +0 times scale > 0 is +0; only a negative q.k whose product with the
+  scale underflows (|scale * q.k| < 1.4e-45) becomes -0.0, and it matters only
+  if every logit of a row in a key block does. Fully masked rows give
+  0/0 = NaN, as in PyTorch's math path.
+* f32 runs on tensor cores as 3xTF32 (OpMultiplyAddFastF32), close to fp32.
+* Launch: dynamic shared memory is sizeof(SharedStorage) (18.5 KiB for 64x64,
+  51 KiB for 64x128 and 32x128 f16/bf16, up to 84 KiB f32); ``run`` raises the
+  kernel's limit once per device when above 48 KiB and returns
+  CO_CANNOT_IMPLEMENT if the device cannot give it.
+
+kernel_forward.h includes ``<curand_kernel.h>`` unconditionally (used only for
+dropout with HAS_PYTORCH). A CUDA toolkit without cuRAND headers (e.g. a bare
+nvcc install) needs an empty stand-in: ``compat_headers()`` /
+``write_compat_headers(dir)``, passed with ``-Xcompiler=-idirafter,<dir>`` so a
+real cuRAND header, when present, still wins (``include_flags``).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+from typing import Optional
+
+from ..ir import KernelConfig, KernelSource
+
+FAMILY = "cutlass2x_sm80"
+ARCHS = ("sm80", "sm90a")
+DTYPES = ("f16", "bf16", "f32")
+CAUSAL = ("none", "top_left", "bottom_right")
+CAUSAL_CODE = {"none": 0, "top_left": 1, "bottom_right": 2}   # CoAttentionArgs.causal
+BIASES = ("none", "add")
+BIAS_BROADCAST_DIMS = ("batch", "heads", "queries")
+LAYOUTS = ("bmhk",)
+
+_ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32": "float"}
+_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+# Q/K/V access width in elements: aligned kernel (16 bytes) / not aligned (kMinimumAlignment).
+_ALIGNED_ACCESS = {"f16": 8, "bf16": 8, "f32": 4}
+_UNALIGNED_ACCESS = 4
+_OUTPUT_ACCESS = 4        # epilogue LinearCombination<float, 128 / 32>
+# (kQueriesPerBlock, kKeysPerBlock, kMaxK), PyTorch's sm80 forward kernels.
+TILES = ((64, 64, 64), (64, 128, 128), (32, 128, 65536))
+MAX_HEAD_DIM = 65536
+_GRID_MAX = 65535
+
+TEMPLATES = Path(__file__).parent / "templates"
+ARGS_HEADER = "attention_args.h"
+KERNEL_HEADER = "41_fused_multi_head_attention/kernel_forward.h"
+
+# Field order of struct CoAttentionArgs (templates/attention_args.h), for a ctypes mirror:
+# "ptr" -> c_void_p, "i64" -> c_int64, "f32" -> c_float, "i32" -> c_int32.
+ARGS_FIELDS = (
+    ("q", "ptr"), ("k", "ptr"), ("v", "ptr"), ("bias", "ptr"), ("out", "ptr"),
+    ("batch", "i64"), ("heads", "i64"), ("seq_q", "i64"), ("seq_kv", "i64"),
+    ("head_dim", "i64"), ("head_dim_v", "i64"),
+    ("q_stride_batch", "i64"), ("q_stride_seq", "i64"), ("q_stride_head", "i64"),
+    ("k_stride_batch", "i64"), ("k_stride_seq", "i64"), ("k_stride_head", "i64"),
+    ("v_stride_batch", "i64"), ("v_stride_seq", "i64"), ("v_stride_head", "i64"),
+    ("out_stride_batch", "i64"), ("out_stride_seq", "i64"), ("out_stride_head", "i64"),
+    ("bias_stride_batch", "i64"), ("bias_stride_head", "i64"), ("bias_stride_query", "i64"),
+    ("bias_kv_capacity", "i64"),
+    ("scale", "f32"), ("causal", "i32"),
+    ("workspace", "ptr"), ("workspace_bytes", "i64"),
+)
+
+
+def _check(value, allowed, what):
+    if value not in allowed:
+        raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------
+# Include paths
+# ---------------------------------------------------------------------------
+
+def extra_include_dirs() -> tuple:
+    """Folders to add with ``-I`` (besides CUTLASS's include/ and tools/util/include)
+    when compiling an attention kernel: this package's templates folder (for
+    ``attention_args.h``) and the wheel's ``examples`` folder, from which the
+    kernel is included as ``41_fused_multi_head_attention/kernel_forward.h`` (its
+    own relative includes resolve from there; the example's generic folder names
+    such as ``gemm/`` stay off the search path). Raises ToolchainError without
+    the wheel."""
+    from ..build.toolchain import cutlass_root
+    examples = cutlass_root() / "examples"
+    return (str(TEMPLATES), str(examples))
+
+
+def compat_headers() -> dict:
+    """{file name: text} of empty stand-ins for headers kernel_forward.h includes
+    but does not use without HAS_PYTORCH (cuRAND: dropout only)."""
+    return {"curand_kernel.h": "// cutlass_offload stand-in: kernel_forward.h includes cuRAND "
+                               "only for dropout (HAS_PYTORCH).\n#pragma once\n"}
+
+
+def write_compat_headers(directory) -> str:
+    """Write ``compat_headers()`` into ``directory`` (created); return its path.
+    Pass it with ``-Xcompiler=-idirafter,<dir>`` (searched after the system
+    folders, so the toolkit's own cuRAND header wins when it exists)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in compat_headers().items():
+        p = d / name
+        if not p.is_file() or p.read_text() != text:
+            p.write_text(text)
+    return str(d)
+
+
+def include_flags(compat_dir: Optional[str] = None) -> list:
+    """nvcc flags for an attention translation unit: ``-I`` for each of
+    ``extra_include_dirs()`` and, with ``compat_dir`` (see write_compat_headers;
+    no commas in the path), the after-system-headers fallback folder."""
+    flags = []
+    for d in extra_include_dirs():
+        flags += ["-I", d]
+    if compat_dir:
+        if "," in compat_dir:
+            raise ValueError(f"-Xcompiler splits on commas: {compat_dir!r}")
+        flags.append(f"-Xcompiler=-idirafter,{compat_dir}")
+    return flags
+
+
+# ---------------------------------------------------------------------------
+# Problem and kernel descriptions (frozen; to move into ir.py)
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """What one attention region computes, per batch b and head h:
+
+    out[b, :, h, :] = softmax(scale * Q_bh @ K_bh^T + bias_bh, mask) @ V_bh
+    with Q_bh (seq_q, head_dim), K_bh (seq_kv, head_dim), V_bh (seq_kv, head_dim_v),
+    fp32 accumulation and softmax, output in ``dtype``.
+
+    seq_q, seq_kv, batch: ``None`` when dynamic (all three are runtime arguments).
+    causal: "none", "top_left" (query i sees keys j <= i: PyTorch is_causal=True,
+      torch.nn.attention.bias.causal_upper_left) or "bottom_right" (j <= i + seq_kv
+      - seq_q: causal_lower_right; needs seq_q <= seq_kv).
+    bias: "none" or "add" (an additive float bias of the input dtype; a boolean
+      mask becomes 0 / -inf). bias_broadcast: the dims of (batch, heads, queries)
+      over which the bias is broadcast (stride 0), e.g. ("batch", "heads") for a
+      (Mq, Nk) bias; keys cannot be broadcast (key stride 1).
+    scale: the logit scale taken from the model (PyTorch default 1/sqrt(head_dim));
+      any float is representable, the kernel takes finite scale > 0 (see module doc).
+    layout: "bmhk", the kernel's native order (batch, seq, heads, head_dim) with
+      runtime batch / seq / head strides for Q, K, V (any values, 0 broadcasts; so
+      a PyTorch (B, H, L, E) tensor is used in place). The output is packed BMHK
+      except for its seq stride (head stride head_dim_v, batch stride seq_q *
+      seq stride), and the bias (B, H, Mq, Nk) has batch / head / query strides.
+    align: elements, the largest of 8/4/2/1 dividing the Q/K/V pointers and all
+      their strides (example inputs; checked again on every call): 8 (16-bit) or
+      4 (f32) selects the aligned kernel, 4 the not-aligned one.
+    """
+
+    heads: int
+    seq_q: Optional[int]
+    seq_kv: Optional[int]
+    head_dim: int
+    head_dim_v: int
+    dtype: str
+    scale: float
+    batch: Optional[int] = None
+    causal: str = "none"
+    bias: str = "none"
+    bias_broadcast: tuple = ()
+    align: int = 8
+    layout: str = "bmhk"
+    batch_hint: int = 1
+
+    def __post_init__(self):
+        _check(self.dtype, DTYPES, "dtype")
+        _check(self.causal, CAUSAL, "causal")
+        _check(self.bias, BIASES, "bias")
+        _check(self.layout, LAYOUTS, "layout")
+        _check(self.align, (1, 2, 4, 8), "align")
+        if self.heads < 1 or self.head_dim < 1 or self.head_dim_v < 1:
+            raise ValueError(f"heads and head dims must be positive: heads={self.heads} "
+                             f"head_dim={self.head_dim} head_dim_v={self.head_dim_v}")
+        for what, n in (("batch", self.batch), ("seq_q", self.seq_q), ("seq_kv", self.seq_kv)):
+            if n is not None and n < 0:
+                raise ValueError(f"{what} must be >= 0 or None (dynamic), got {n}")
+        if not isinstance(self.scale, numbers.Real) or isinstance(self.scale, bool):
+            raise ValueError(f"scale must be a real number, got {self.scale!r}")
+        object.__setattr__(self, "scale", float(self.scale))
+        dims = tuple(self.bias_broadcast)
+        if "keys" in dims:
+            raise ValueError("a bias broadcast over keys is a per-row constant (softmax "
+                             "ignores it unless it is -inf): drop it or materialize it; the "
+                             "kernel reads bias rows with key stride 1")
+        for d in dims:
+            _check(d, BIAS_BROADCAST_DIMS, "bias_broadcast dim")
+        if len(set(dims)) != len(dims):
+            raise ValueError(f"bias_broadcast lists a dim twice: {dims}")
+        if dims and self.bias == "none":
+            raise ValueError("bias_broadcast needs a bias")
+        # canonical order, so equal problems compare equal
+        object.__setattr__(self, "bias_broadcast",
+                           tuple(d for d in BIAS_BROADCAST_DIMS if d in dims))
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """One distinct AttentionKernel<...> instantiation (examples/41 kernel_forward.h).
+
+    config: KernelConfig(family "cutlass2x_sm80", tile = (kQueriesPerBlock,
+      kKeysPerBlock, kMaxK), warp (32, 32, 32) and instruction (16, 8, 8) as the
+      kernel hard-codes them, stages 4 (16-bit) / 3 (f32): the mainloop depth the
+      kernel requests; informational, not a template parameter).
+    aligned: isAligned (Q/K/V read 16 bytes at a time) vs 4-element accesses.
+    supports_bias: kSupportsBias. kSupportsDropout is always false.
+    The causal mask, all sizes, strides and the scale are runtime arguments.
+    """
+
+    arch: str
+    dtype: str
+    config: KernelConfig
+    aligned: bool = True
+    supports_bias: bool = False
+
+    kind = "attention"
+    args_type = "CoAttentionArgs"
+
+    def __post_init__(self):
+        _check(self.arch, ARCHS, "arch")
+        _check(self.dtype, DTYPES, "dtype")
+
+    @property
+    def queries_per_block(self) -> int:
+        return self.config.tile[0]
+
+    @property
+    def keys_per_block(self) -> int:
+        return self.config.tile[1]
+
+    @property
+    def max_k(self) -> int:
+        return self.config.tile[2]
+
+    @property
+    def single_value_iteration(self) -> bool:
+        """kSingleValueIteration: the output stays in registers ("rf")."""
+        return self.max_k <= self.keys_per_block
+
+    @property
+    def needs_workspace(self) -> bool:
+        """kNeedsOutputAccumulatorBuffer: fp32 running output in the workspace."""
+        return not self.single_value_iteration and self.dtype != "f32"
+
+    @property
+    def access(self) -> int:
+        """Q/K/V access width in elements (head dims and strides must be multiples)."""
+        return _ALIGNED_ACCESS[self.dtype] if self.aligned else _UNALIGNED_ACCESS
+
+    @property
+    def name(self) -> str:
+        q, k, mk = self.config.tile
+        mode = "rf" if self.single_value_iteration else "gmem"
+        return (f"{self.config.family}_fmha_fwd_{self.dtype}_"
+                f"{'aligned' if self.aligned else 'notaligned'}_{q}x{k}_k{mk}_{mode}"
+                + ("_bias" if self.supports_bias else ""))
+
+
+# ---------------------------------------------------------------------------
+# Kernel choice
+# ---------------------------------------------------------------------------
+
+def config_for(dtype: str, tile: tuple) -> KernelConfig:
+    """The KernelConfig describing AttentionKernel tile ``tile`` for ``dtype``."""
+    _check(dtype, DTYPES, "dtype")
+    _check(tuple(tile), TILES, "attention tile (kQueriesPerBlock, kKeysPerBlock, kMaxK)")
+    return KernelConfig(family=FAMILY, tile=tuple(tile), warp=(32, 32, 32),
+                        instruction=(16, 8, 8), stages=4 if _BYTES[dtype] == 2 else 3)
+
+
+def _tile_for(max_head_dim: int) -> tuple:
+    for tile in TILES:
+        if max_head_dim <= tile[2]:
+            return tile
+    raise ValueError(f"head dim {max_head_dim} exceeds {MAX_HEAD_DIM}")
+
+
+def refusal(problem: AttentionProblem, arch: str = "sm80") -> Optional[str]:
+    """Why no AttentionKernel can run ``problem`` on ``arch``, or None if one can."""
+    if arch not in ARCHS:
+        return f"attention kernels target {ARCHS}, not {arch!r}"
+    p = problem
+    if not (math.isfinite(p.scale) and p.scale > 0):
+        return (f"scale {p.scale!r}: the kernel takes only finite scales > 0 (its row max "
+                f"ignores -0.0 logits, so a zero query row with scale <= 0 gives NaN); "
+                f"for a negative scale negate Q and pass -scale")
+    for what, d in (("head_dim", p.head_dim), ("head_dim_v", p.head_dim_v)):
+        if d > MAX_HEAD_DIM:
+            return f"{what}={d} exceeds the kernel's kMaxK bound {MAX_HEAD_DIM}"
+        if d % _UNALIGNED_ACCESS:
+            return (f"{what}={d} is not a multiple of 4: even the not-aligned kernel moves "
+                    f"Q/K/V/output in 4-element vectors predicated on their first element, "
+                    f"so a partial vector would read or write past the head; pad the head "
+                    f"dim to a multiple of 8 (as PyTorch's SDPA does)")
+    if p.align < _UNALIGNED_ACCESS:
+        return (f"Q/K/V pointers or strides are only {p.align}-element aligned; the kernel "
+                f"needs multiples of 4 elements")
+    if p.batch is not None and p.batch > _GRID_MAX:
+        return f"batch {p.batch} exceeds the grid's z limit {_GRID_MAX}"
+    if p.heads > _GRID_MAX:
+        return f"{p.heads} heads exceed the grid's y limit {_GRID_MAX}"
+    for what, n in (("seq_q", p.seq_q), ("seq_kv", p.seq_kv)):
+        if n is not None and n > 2**31 - 1:
+            return f"{what}={n} does not fit the kernel's int32 sizes"
+    if p.seq_kv == 0 and (p.seq_q or 0) > 0:
+        return "seq_kv = 0: softmax over no keys"
+    if p.causal == "bottom_right" and p.seq_q is not None and p.seq_kv is not None \
+            and p.seq_q > p.seq_kv:
+        return (f"bottom-right causal with seq_q={p.seq_q} > seq_kv={p.seq_kv}: the first "
+                f"rows see no key (the kernel computes seq_kv - seq_q in uint32)")
+    return None
+
+
+def supports(problem: AttentionProblem, arch: str = "sm80") -> bool:
+    """True if ``choose(problem, arch)`` returns a kernel."""
+    return refusal(problem, arch) is None
+
+
+def choose(problem: AttentionProblem, arch: str = "sm80") -> AttentionKernel:
+    """The AttentionKernel for ``problem`` (PyTorch's sm80 dispatch order: the first
+    of 64x64 k64, 64x128 k128, 32x128 k65536 whose kMaxK covers both head dims),
+    aligned when the head dims and ``problem.align`` allow 16-byte accesses (f32:
+    always), not aligned (4 elements) otherwise. Raises ValueError with the reason
+    when no kernel can run it (see ``refusal``)."""
+    reason = refusal(problem, arch)
+    if reason:
+        raise ValueError(reason)
+    tile = _tile_for(max(problem.head_dim, problem.head_dim_v))
+    wide = _ALIGNED_ACCESS[problem.dtype]
+    aligned = (problem.dtype == "f32" or
+               (problem.align >= wide and problem.head_dim % wide == 0
+                and problem.head_dim_v % wide == 0))
+    return AttentionKernel(arch=arch, dtype=problem.dtype, config=config_for(problem.dtype, tile),
+                           aligned=aligned, supports_bias=problem.bias != "none")
+
+
+def workspace_bytes(kernel: AttentionKernel, batch: int, heads: int, seq_q: int,
+                    head_dim_v: int) -> int:
+    """What the emitted ``workspace_size`` returns for a supported call (0 for "rf"
+    kernels and f32): the fp32 output accumulator, packed BMHK."""
+    return batch * seq_q * heads * head_dim_v * 4 if kernel.needs_workspace else 0
+
+
+# ---------------------------------------------------------------------------
+# Validation and emission
+# ---------------------------------------------------------------------------
+
+def check(kernel: AttentionKernel) -> None:
+    """Raise ValueError unless ``kernel`` is an instantiation this module emits."""
+    cfg = kernel.config
+    if cfg.family != FAMILY:
+        raise ValueError(f"attention kernels are {FAMILY}, got family {cfg.family!r}")
+    if tuple(cfg.tile) not in TILES:
+        raise ValueError(f"attention tile (kQueriesPerBlock, kKeysPerBlock, kMaxK) must be "
+                         f"one of {TILES}, got {tuple(cfg.tile)}")
+    if cfg != config_for(kernel.dtype, cfg.tile):
+        raise ValueError(f"the kernel fixes warp (32, 32, 32), instruction (16, 8, 8) and "
+                         f"stages {config_for(kernel.dtype, cfg.tile).stages} for "
+                         f"{kernel.dtype}; got {cfg}")
+    if kernel.dtype == "f32" and not kernel.aligned:
+        raise ValueError("f32 has a single access width (4 elements): use aligned=True")
+
+
+_KERNEL = """\
+// ${name}: fused multi-head attention forward, CUTLASS examples/41 AttentionKernel
+// ${semantics}
+namespace ${name} {
+
+using Attention = AttentionKernel<
+    ${element}, cutlass::arch::Sm80,
+    /*isAligned=*/${aligned}, /*kQueriesPerBlock=*/${queries}, /*kKeysPerBlock=*/${keys},
+    /*kMaxK=*/${max_k}, /*kSupportsDropout=*/false, /*kSupportsBias=*/${bias}>;
+using Element = typename Attention::scalar_t;
+using Accum = typename Attention::output_accum_t;
+
+static_assert(Attention::kSingleValueIteration == ${single}, "rf / gmem variant");
+static_assert(Attention::kNeedsOutputAccumulatorBuffer == ${needs_workspace}, "workspace");
+static_assert(Attention::kAlignmentQ == ${access} && Attention::kAlignmentK == ${access} &&
+              Attention::MM1::kAlignmentB == ${access}, "Q/K/V access width");
+
+constexpr int64_t kMaxK = Attention::kMaxK;
+constexpr int64_t kAlignQK = Attention::kAlignmentQ;
+// kernel_forward.h checks V against kAlignmentV = 1, but MM1 reads it kAlignmentB at a time.
+constexpr int64_t kAlignV = Attention::MM1::kAlignmentB;
+constexpr int64_t kAlignOut = Attention::MM1::OutputTileIterator::kElementsPerAccess;
+constexpr int64_t kAlignAccum = Attention::MM1::OutputTileIteratorAccum::kElementsPerAccess;
+// MM0::BiasLoader reads 128-bit vectors whatever isAligned says.
+constexpr int64_t kAlignBias = 128 / cutlass::sizeof_bits<Element>::value;
+// The fp32 running output lives in the output itself (f32 "gmem" kernels).
+constexpr bool kAccumulatesInOutput =
+    !Attention::kKeepOutputInRF && !Attention::kNeedsOutputAccumulatorBuffer;
+constexpr int kSmemBytes = int(sizeof(typename Attention::SharedStorage));
+constexpr int64_t kInt32Max = INT32_MAX;
+constexpr int64_t kGridMax = 65535;
+constexpr int kMaxDevices = 64;
+
+static bool fits32(int64_t x) { return x >= 0 && x <= kInt32Max; }
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+static bool ptr_aligned(const void* p, int64_t elems, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % uintptr_t(elems * bytes) == 0;
+}
+// A Q/K/V operand: non-null, aligned pointer, non-negative strides that are multiples
+// of the access width, seq / head strides within int32 (Params fields).
+static bool operand_ok(const void* p, int64_t sb, int64_t ss, int64_t sh, int64_t align) {
+  return p != nullptr && ptr_aligned(p, align, sizeof(Element)) && sb >= 0 &&
+         sb % align == 0 && ss % align == 0 && sh % align == 0 && fits32(ss) && fits32(sh);
+}
+static bool empty(const CoAttentionArgs& a) {
+  return a.batch == 0 || a.heads == 0 || a.seq_q == 0;
+}
+// One query, one K/V head shared by every query head: heads are run as queries.
+static bool heads_as_queries(const CoAttentionArgs& a) {
+  return a.seq_q == 1 && a.heads > 1 && a.k_stride_head == 0 && a.v_stride_head == 0;
+}
+static int64_t accum_bytes(const CoAttentionArgs& a) {
+  return Attention::kNeedsOutputAccumulatorBuffer
+             ? a.batch * a.seq_q * a.heads * a.head_dim_v * int64_t(sizeof(Accum))
+             : 0;
+}
+
+// Every restriction of kernel_forward.h (see emit/attention.py) but the workspace.
+static bool supported(const CoAttentionArgs& a) {
+  if (a.batch < 0 || a.heads < 0 || a.seq_q < 0) return false;
+  if (a.seq_kv < 1 || a.head_dim < 1 || a.head_dim_v < 1) return false;
+  if (a.head_dim > kMaxK || a.head_dim_v > kMaxK) return false;
+  if (a.batch > kGridMax || a.heads > kGridMax || !fits32(a.seq_q) || !fits32(a.seq_kv)) return false;
+  if (a.head_dim % kAlignQK || a.head_dim_v % kAlignV || a.head_dim_v % kAlignOut) return false;
+  if (!(a.scale > 0.0f) || !(a.scale < INFINITY)) return false;
+  if (a.causal < 0 || a.causal > 2) return false;
+  if (a.causal == 2 && a.seq_q > a.seq_kv) return false;
+  if (!operand_ok(a.q, a.q_stride_batch, a.q_stride_seq, a.q_stride_head, kAlignQK)) return false;
+  if (!operand_ok(a.k, a.k_stride_batch, a.k_stride_seq, a.k_stride_head, kAlignQK)) return false;
+  if (!operand_ok(a.v, a.v_stride_batch, a.v_stride_seq, a.v_stride_head, kAlignV)) return false;
+  // int32 products in advance_to_block and the key loop
+  if (!fits32(a.seq_kv * a.k_stride_seq) || !fits32(a.seq_kv * a.v_stride_seq)) return false;
+  if (!fits32(a.heads * a.q_stride_head) || !fits32(a.heads * a.k_stride_head) ||
+      !fits32(a.heads * a.v_stride_head)) return false;
+  if (!fits32(a.batch * a.seq_q) || !fits32(a.heads * a.head_dim_v)) return false;
+  if ((a.batch * a.seq_q) * (a.heads * a.head_dim_v) > (int64_t(1) << 59)) return false;
+  // output: BMHK, head stride head_dim_v, batch stride seq_q * seq stride (kernel-fixed)
+  if (a.out == nullptr || !ptr_aligned(a.out, kAlignOut, sizeof(Element))) return false;
+  if (a.out_stride_head != a.head_dim_v) return false;
+  if (a.out_stride_seq < a.heads * a.head_dim_v || a.out_stride_seq % kAlignOut ||
+      !fits32(a.out_stride_seq)) return false;
+  if (a.batch > 1 && a.out_stride_batch != a.seq_q * a.out_stride_seq) return false;
+  if ((kAccumulatesInOutput || heads_as_queries(a)) &&
+      a.out_stride_seq != a.heads * a.head_dim_v) return false;
+  if (a.bias != nullptr) {
+    if (!Attention::kSupportsBias) return false;
+    if (!ptr_aligned(a.bias, kAlignBias, sizeof(Element))) return false;
+    if (a.bias_stride_batch < 0 || a.bias_stride_head < 0 || a.bias_stride_query < 0) return false;
+    if (a.bias_stride_batch % kAlignBias || a.bias_stride_head % kAlignBias ||
+        a.bias_stride_query % kAlignBias) return false;
+    if (!fits32(a.bias_stride_query) || !fits32(a.seq_q * a.bias_stride_query) ||
+        !fits32(a.heads * a.bias_stride_head)) return false;
+    const int64_t capacity = a.bias_kv_capacity > 0 ? a.bias_kv_capacity : a.seq_kv;
+    if (capacity < round_up(a.seq_kv, kAlignBias)) return false;
+  }
+  return true;
+}
+
+static typename Attention::Params make_params(const CoAttentionArgs& a) {
+  typename Attention::Params p;
+  p.query_ptr = static_cast<Element*>(const_cast<void*>(a.q));
+  p.key_ptr = static_cast<Element*>(const_cast<void*>(a.k));
+  p.value_ptr = static_cast<Element*>(const_cast<void*>(a.v));
+  p.attn_bias_ptr = static_cast<Element*>(const_cast<void*>(a.bias));
+  p.output_ptr = static_cast<Element*>(a.out);
+  p.output_accum_ptr =
+      Attention::kNeedsOutputAccumulatorBuffer ? static_cast<Accum*>(a.workspace) : nullptr;
+  p.logsumexp_ptr = nullptr;
+  p.scale = a.scale;
+  p.head_dim = int32_t(a.head_dim);
+  p.head_dim_value = int32_t(a.head_dim_v);
+  p.num_batches = int32_t(a.batch);
+  p.num_heads = int32_t(a.heads);
+  p.num_queries = int32_t(a.seq_q);
+  p.num_keys = int32_t(a.seq_kv);
+  p.q_strideB = a.q_stride_batch;
+  p.k_strideB = a.k_stride_batch;
+  p.v_strideB = a.v_stride_batch;
+  p.q_strideM = int32_t(a.q_stride_seq);
+  p.k_strideM = int32_t(a.k_stride_seq);
+  p.v_strideM = int32_t(a.v_stride_seq);
+  p.q_strideH = int32_t(a.q_stride_head);
+  p.k_strideH = int32_t(a.k_stride_head);
+  p.v_strideH = int32_t(a.v_stride_head);
+  p.o_strideM = int32_t(a.out_stride_seq);
+  p.bias_strideB = a.bias_stride_batch;
+  p.bias_strideH = a.bias_stride_head;
+  p.bias_strideM = int32_t(a.bias_stride_query);
+  p.custom_mask_type = a.causal == 1   ? Attention::CausalFromTopLeft
+                       : a.causal == 2 ? Attention::CausalFromBottomRight
+                                       : Attention::NoCustomMask;
+  p.use_dropout = false;
+  if (a.seq_q == 1) {
+    // One query: top-left causal sees key 0 only, bottom-right every key.
+    if (a.causal == 1) p.num_keys = 1;
+    p.custom_mask_type = Attention::NoCustomMask;
+    if (heads_as_queries(a)) {
+      // The kernel's own shortcut for this case is wrong (see emit/attention.py):
+      // do it here, with the bias and the block bounds right.
+      p.num_queries = int32_t(a.heads);
+      p.num_heads = 1;
+      p.q_strideM = int32_t(a.q_stride_head);
+      p.o_strideM = int32_t(a.head_dim_v);
+      p.bias_strideM = int32_t(a.bias_stride_head);
+      p.bias_strideH = 0;
+    }
+  }
+  return p;
+}
+
+// Raise the kernel's dynamic shared memory limit once per device.
+static int prepare_smem() {
+  if (kSmemBytes <= 48 * 1024) return CO_OK;
+  static std::atomic<int> done[kMaxDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) { cudaGetLastError(); return CO_INIT_FAILED; }
+  if (device < kMaxDevices && done[device].load(std::memory_order_acquire)) return CO_OK;
+  int optin = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();
+    return CO_INIT_FAILED;
+  }
+  if (optin < kSmemBytes) return CO_CANNOT_IMPLEMENT;
+  if (cudaFuncSetAttribute(attention_kernel_batched_impl<Attention>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {
+    cudaGetLastError();
+    return CO_INIT_FAILED;
+  }
+  if (device < kMaxDevices) done[device].store(1, std::memory_order_release);
+  return CO_OK;
+}
+
+int64_t workspace_size(const CoAttentionArgs& args) {
+  if (empty(args) || !supported(args)) return 0;
+  return accum_bytes(args);
+}
+
+int run(const CoAttentionArgs& args, cudaStream_t stream) {
+  if (args.batch < 0 || args.heads < 0 || args.seq_q < 0) return CO_CANNOT_IMPLEMENT;
+  if (empty(args)) return CO_OK;  // empty output: nothing to launch
+  if (!supported(args)) return CO_CANNOT_IMPLEMENT;
+  const int64_t needed = accum_bytes(args);
+  if (needed > 0) {
+    if (args.workspace_bytes < needed) return CO_WORKSPACE_TOO_SMALL;
+    if (args.workspace == nullptr || !ptr_aligned(args.workspace, kAlignAccum, sizeof(Accum)))
+      return CO_CANNOT_IMPLEMENT;
+  }
+  typename Attention::Params p = make_params(args);
+  if (!Attention::check_supported(p)) return CO_CANNOT_IMPLEMENT;
+  const int status = prepare_smem();
+  if (status != CO_OK) return status;
+  attention_kernel_batched_impl<Attention>
+      <<<p.getBlocksGrid(), p.getThreadsGrid(), kSmemBytes, stream>>>(p);
+  if (cudaGetLastError() != cudaSuccess) return CO_LAUNCH_FAILED;
+  return CO_OK;
+}
+
+}  // namespace ${name}
+"""
+
+
+def values(kernel: AttentionKernel) -> dict:
+    """The substitution dict of ``kernel``'s C++ (raises ValueError via ``check``)."""
+    check(kernel)
+    q, k, mk = kernel.config.tile
+    bias = " + bias" if kernel.supports_bias else ""
+    output = ("output in registers" if kernel.single_value_iteration
+              else "fp32 output accumulated in global memory")
+    semantics = (f"out = softmax(scale * q k^T{bias}, causal mask) v; {kernel.dtype}, "
+                 f"{'aligned' if kernel.aligned else 'not aligned'} "
+                 f"({kernel.access}-element Q/K/V accesses), {output}")
+    return {
+        "name": kernel.name,
+        "semantics": semantics,
+        "element": _ELEMENT[kernel.dtype],
+        "aligned": "true" if kernel.aligned else "false",
+        "queries": q, "keys": k, "max_k": mk,
+        "bias": "true" if kernel.supports_bias else "false",
+        "single": "true" if kernel.single_value_iteration else "false",
+        "needs_workspace": "true" if kernel.needs_workspace else "false",
+        "access": kernel.access,
+    }
+
+
+INCLUDES = (ARGS_HEADER, "atomic", "cmath", "climits", KERNEL_HEADER)
+
+
+def emit(kernel: AttentionKernel) -> KernelSource:
+    """Return the KernelSource of one attention kernel.
+
+    ``code`` defines ``namespace <kernel.name> { int64_t workspace_size(const
+    CoAttentionArgs&); int run(const CoAttentionArgs&, cudaStream_t); }``;
+    ``run`` checks every restriction (module docstring) and returns a CoStatus:
+    CO_CANNOT_IMPLEMENT for an unsupported call, CO_WORKSPACE_TOO_SMALL, or
+    CO_INIT_FAILED / CO_LAUNCH_FAILED from CUDA. ``includes`` need
+    ``extra_include_dirs()`` on the include path; ``attention_args.h`` can be
+    dropped from them once struct CoAttentionArgs lives in prelude.h (its guard
+    macro CO_ATTENTION_ARGS makes both copies coexist). Raises ValueError for an
+    illegal kernel (see ``check``)."""
+    code = Template(_KERNEL).substitute(values(kernel))
+    return KernelSource(name=kernel.name, includes=INCLUDES, code=code,
+                        args_type="CoAttentionArgs")
