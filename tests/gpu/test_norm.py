@@ -1,0 +1,180 @@
+"""GPU: layer_norm / rms_norm regions run offloaded and match a float64 PyTorch
+reference (float32 inside transformers' written-out RMS norm, as written there).
+
+One library holds every case's kernel (one build): the suite model takes one
+input per case and returns one output per case. Short rows (a warp per row),
+rows held in registers and rows streamed from memory (cols beyond 4 vectors per
+thread) are all covered.
+"""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import cutlass_offload as co
+from helpers import poison_allocator, rel_err
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-2
+
+
+class LlamaRMSNorm(nn.Module):
+    """transformers' LlamaRMSNorm, as written there."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+# (id, module factory, input shape, dtype, input scale). BERT's eps 1e-12 with
+# inputs of variance 1e-6: with 1e-5 added instead the output would be ~3x too small.
+CASES = [
+    ("layer_norm_2x128x64_f16", lambda: nn.LayerNorm(64), (2, 128, 64), torch.float16, 1.0),
+    ("layer_norm_128x30_f32", lambda: nn.LayerNorm(30), (128, 30), torch.float32, 1.0),
+    ("rms_norm_1x1x4096_f16", lambda: nn.RMSNorm(4096, eps=1e-6), (1, 1, 4096), torch.float16, 1.0),
+    ("llama_rms_1x1x4096_f16", lambda: LlamaRMSNorm(4096, eps=1e-6), (1, 1, 4096), torch.float16, 1.0),
+    ("bert_layer_norm_eps1e-12", lambda: nn.LayerNorm(768, eps=1e-12), (8, 128, 768), torch.float16, 1e-3),
+    ("llama_rms_3x7x256_bf16", lambda: LlamaRMSNorm(256, eps=1e-5), (3, 7, 256), torch.bfloat16, 1.0),
+    ("layer_norm_noaffine_5x96_bf16", lambda: nn.LayerNorm(96, elementwise_affine=False), (5, 96),
+     torch.bfloat16, 1.0),
+    ("layer_norm_streamed_3x20000_f32", lambda: nn.LayerNorm(20000), (3, 20000), torch.float32, 1.0),
+]
+
+
+class Suite(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.norms = nn.ModuleList()
+        for _, make, _, dtype, _ in CASES:
+            m = make()
+            with torch.no_grad():             # weight ~ N(1, 0.5), bias ~ N(0, 0.5)
+                for pname, p in m.named_parameters():
+                    p.normal_(1.0 if pname == "weight" else 0.0, 0.5)
+            self.norms.append(m.to(dtype))
+
+    def forward(self, *xs):
+        return tuple(m(x) for m, x in zip(self.norms, xs))
+
+
+def inputs(seed, device="cuda"):
+    g = torch.Generator().manual_seed(seed)
+    return tuple((torch.randn(shape, generator=g) * scale).to(dtype).to(device)
+                 for _, _, shape, dtype, scale in CASES)
+
+
+@pytest.fixture(scope="module")
+def suite():
+    model = Suite().cuda()
+    compiled = co.compile(model, inputs(0))
+    return model, compiled
+
+
+def test_every_case_offloaded(suite):
+    _, compiled = suite
+    assert len(compiled.plan.regions) == len(CASES), compiled.report.format()
+    assert not compiled.plan.fallbacks
+    kinds = [r.problem.kind for r in compiled.plan.regions]
+    assert kinds == ["layer_norm", "layer_norm", "rms_norm", "rms_norm", "layer_norm", "rms_norm",
+                     "layer_norm", "layer_norm"]
+    assert compiled.plan.regions[4].problem.eps == 1e-12
+
+
+def _reference(model, xs):
+    ref = copy.deepcopy(model).double()
+    with torch.no_grad():
+        return ref(*(x.double() for x in xs))
+
+
+@pytest.mark.parametrize("trial", range(2))
+def test_cases_match_float64_reference(suite, trial):
+    model, compiled = suite
+    xs = inputs(trial + 1)                       # fresh data, not the example inputs
+    before = sum(m.fallback_calls for m in compiled.region_modules())
+    poison_allocator()
+    with torch.no_grad():
+        outs = compiled(*xs)
+    torch.cuda.synchronize()
+    assert sum(m.fallback_calls for m in compiled.region_modules()) == before, \
+        "a region fell back to PyTorch instead of running its kernel"
+    refs = _reference(model, xs)
+    failures = []
+    for (name, _, shape, dtype, _), out, ref in zip(CASES, outs, refs):
+        assert out.shape == shape and out.dtype == dtype, name
+        assert not out.isnan().any(), f"{name}: unwritten (NaN) output"
+        err = rel_err(out, ref)
+        if not err < TOL:
+            failures.append(f"{name}: relative error {err:.2e}")
+    assert not failures, failures
+
+
+def test_eps_is_the_models(suite):
+    """The BERT case with eps=1e-5 instead of 1e-12 would be far off: the kernel
+    really uses the graph's eps."""
+    model, compiled = suite
+    xs = inputs(5)
+    with torch.no_grad():
+        out = compiled(*xs)[4]
+        wrong = nn.functional.layer_norm(xs[4].double(), (768,), model.norms[4].weight.double(),
+                                         model.norms[4].bias.double(), 1e-5)
+    assert rel_err(out, wrong) > 0.1
+
+
+def test_non_contiguous_and_misaligned_inputs(suite):
+    model, compiled = suite
+    xs = list(inputs(7))
+    x = xs[0]                                        # (2, 128, 64) fp16
+    xs[0] = x.transpose(0, 1).contiguous().transpose(0, 1)      # same values, not contiguous
+    buf = torch.empty(xs[4].numel() + 1, dtype=xs[4].dtype, device="cuda")
+    xs[4] = buf[1:].view_as(xs[4]).copy_(xs[4])      # 2-byte offset: runs PyTorch
+    with torch.no_grad():
+        outs = compiled(*xs)
+    refs = _reference(model, xs)
+    assert rel_err(outs[0], refs[0]) < TOL and rel_err(outs[4], refs[4]) < TOL
+    mods = compiled.region_modules()
+    assert mods[0].copies >= 1 and mods[4].fallback_calls >= 1
+
+
+def test_cuda_graph_capture(suite):
+    model, compiled = suite
+    static_in = inputs(11)
+    with torch.no_grad():
+        compiled(*static_in)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            compiled(*static_in)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = compiled(*static_in)
+    for dst, src in zip(static_in, inputs(12)):
+        dst.copy_(src)
+    g.replay()
+    torch.cuda.synchronize()
+    refs = _reference(model, static_in)
+    for (name, *_), out, ref in zip(CASES, static_out, refs):
+        assert rel_err(out, ref) < TOL, name
+
+
+def test_layer_norm_over_a_non_last_axis_is_not_offloaded():
+    model = nn.LayerNorm([128, 64]).half().cuda()
+    x = torch.randn(2, 128, 64, dtype=torch.float16, device="cuda")
+    compiled = co.compile(model, (x,))
+    assert not compiled.plan.regions
+    (f,) = compiled.plan.fallbacks
+    assert f.op == "layer_norm" and "last axis" in f.reason
+    x = torch.randn(2, 128, 64, dtype=torch.float16, device="cuda")
+    with torch.no_grad():
+        out = compiled(x)
+        ref = copy.deepcopy(model).double()(x.double())
+    assert rel_err(out, ref) < TOL
