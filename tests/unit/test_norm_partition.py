@@ -264,3 +264,30 @@ def test_launchers_and_shards_for_norm_kernels():
     shards = plan_shards(list(plan.distinct_kernels), 2)
     assert sorted(k.name for s in shards for k in s) == sorted(k.name for k in plan.distinct_kernels)
     assert estimate(list(plan.distinct_kernels)) > 0 and job_slots(plan.kernels) >= 1
+
+
+def test_aot_autograd_forms_of_the_torch_compile_backend():
+    """native_layer_norm + getitem, _to_copy casts, and aten.rms_norm decomposed with
+    the weight multiplied in fp32 before the final cast."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from cutlass_offload.partition.canonicalize import canonicalize
+    seen = []
+
+    def fw(gm, inputs):
+        seen.append(partition(canonicalize(gm)))
+        return gm
+    m = nn.Sequential(nn.LayerNorm(64, eps=1e-12), LlamaRMSNorm(64), nn.RMSNorm(64, eps=1e-6)).half().eval()
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            torch.compile(m, backend=aot_autograd(fw_compiler=fw))(torch.randn(4, 64, dtype=H))
+    finally:
+        torch._dynamo.reset()
+    (part,) = seen
+    assert not part.fallbacks, part.fallbacks
+    assert [r.form for r in part.regions] == ["layer_norm", "rms_norm_decomposed", "rms_norm_decomposed"]
+    ln, llama, rms = (r.problem for r in part.regions)
+    assert ln.eps == 1e-12 and llama.eps == 1e-6 and abs(rms.eps - 1e-6) < 1e-12
+    assert all(p.weight for p in (ln, llama, rms)) and ln.bias
+    assert part.regions[0].nodes[-1].startswith("getitem")

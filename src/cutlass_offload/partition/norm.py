@@ -3,7 +3,9 @@ LAST axis, or UnsupportedRegion with a reason (the op stays in PyTorch).
 
 Forms matched (fp16 / bf16 / fp32, affine weight and bias optional):
 
-* ``aten.layer_norm(x, [C], weight, bias, eps)``: normalized_shape = the last dim.
+* ``aten.layer_norm(x, [C], weight, bias, eps)``: normalized_shape = the last dim;
+  ``aten.native_layer_norm`` alike when only its normalized output is used
+  (the torch.compile backend's AOTAutograd graphs).
 * ``aten.rms_norm(x, [C], weight, eps)`` with an explicit eps.
 * the RMS norm written out, as transformers writes it (LlamaRMSNorm, T5LayerNorm,
   and the like), anchored at its ``rsqrt``::
@@ -13,6 +15,8 @@ Forms matched (fp16 / bf16 / fp32, affine weight and bias optional):
       y  = xf * r                              # or x * r (promotes to fp32)
       y  = y.to(x.dtype)                       # optional when y already is x.dtype
       y  = weight * y                          # optional, weight (C,) of x.dtype
+      y  = y.to(x.dtype)                       # when weight * y was fp32 (AOTAutograd's
+                                               # decomposition of aten.rms_norm)
 
   The statistics must be fp32; every intermediate must be used only inside the
   form (the ``_assert_tensor_metadata`` checks torch.export inserts before each
@@ -27,6 +31,7 @@ type, which the graph does not state.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -135,6 +140,19 @@ def layer_norm_operands(node, options) -> NormOperands:
     return NormOperands("layer_norm", "layer_norm", x, cols, dtype, eps, [node], weight, bias)
 
 
+def native_layer_norm_operands(node, options) -> NormOperands:
+    """aten.native_layer_norm.default (what AOTAutograd produces for the torch.compile
+    backend): (out, mean, rstd); offloaded when only ``out`` (getitem 0) is used."""
+    ops = layer_norm_operands(node, options)
+    outs = [u for u in node.users if u.target is operator.getitem]
+    if len(outs) != len(node.users) or any(u.args[1] != 0 for u in outs):
+        raise UnsupportedRegion("native_layer_norm: its mean / rstd outputs are used")
+    if len(outs) != 1:
+        raise UnsupportedRegion("native_layer_norm: its output is read more than once")
+    ops.nodes = [node, outs[0]]
+    return ops
+
+
 def rms_norm_operands(node, options) -> NormOperands:
     """aten.rms_norm.default(input, normalized_shape, weight, eps)."""
     x = node.args[0]
@@ -188,6 +206,16 @@ def _cast_of(n):
         if any(x not in (None, False, torch.preserve_format) for x in kw.values()):
             return None
         return n.args[0], dt
+    return None
+
+
+def _cast_to(n, dtype):
+    """n's only user when it is a cast of n to ``dtype``, else None."""
+    users = _users(n)
+    if len(users) == 1:
+        c = _cast_of(users[0])
+        if c is not None and c[0] is n and c[1] == dtype:
+            return users[0]
     return None
 
 
@@ -261,29 +289,40 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
         if not set(_users(xf)) <= {sq, norm}:
             raise UnsupportedRegion(f"{what}: x.to({xv.dtype}) is used outside the norm")
         inner.insert(0, xf)
-    out, notes = norm, []
-    nxt = _users(out)
-    if len(nxt) == 1 and _cast_of(nxt[0]) is not None and _cast_of(nxt[0])[1] == val(x).dtype:
-        out = nxt[0]                                   # y.to(input dtype)
+    # the tail: [y.to(x.dtype)] [weight * y] [.to(x.dtype)], ending in x's dtype
+    # (AOTAutograd's decomposition of rms_norm multiplies the weight in fp32, then casts)
+    xdt, notes = val(x).dtype, []
+    out = _cast_to(norm, xdt) or norm
+    if out is not norm:
         inner.append(out)
-    if val(out).dtype != val(x).dtype:
-        raise UnsupportedRegion(f"{what}: the result is {val(out).dtype}, the input {val(x).dtype}")
-    weight = None
+    weight, plain = None, (out, len(inner))            # where the region may end without weight
     nxt = _users(out)
     if len(nxt) == 1 and _call(nxt[0], aten.mul.Tensor) and len(nxt[0].args) == 2:
-        w = _other(nxt[0], out)
+        wmul = nxt[0]
         try:
-            weight = _vector(w, "weight", dtype, cols)
-            if val(nxt[0]).dtype != val(x).dtype or tuple(val(nxt[0]).shape) != tuple(val(out).shape):
-                raise UnsupportedRegion("weight * y changes the dtype or shape")
+            weight = _vector(_other(wmul, out), "weight", dtype, cols)
+            if tuple(val(wmul).shape) != tuple(val(out).shape):
+                raise UnsupportedRegion("weight * y broadcasts to another shape")
+            if val(wmul).dtype not in (xdt, torch.float32):
+                raise UnsupportedRegion(f"weight * y is {val(wmul).dtype}")
         except UnsupportedRegion as e:
             weight = None
-            notes.append(f"{nxt[0].name} not fused: {e}")
+            notes.append(f"{wmul.name} not fused: {e}")
         if weight is not None:
-            out = nxt[0]
+            out = wmul
             inner.append(out)
+            last = _cast_to(out, xdt)
+            if last is not None:
+                out = last
+                inner.append(out)
+            if val(out).dtype != xdt:                  # the weight made it fp32 for good
+                notes.append(f"{wmul.name} not fused: weight * y stays {val(out).dtype}")
+                weight, (out, keep) = None, plain
+                del inner[keep:]
     elif len(nxt) > 1:
         notes.append(f"norm stops at {out.name}: used {len(nxt)} times")
+    if val(out).dtype != xdt:
+        raise UnsupportedRegion(f"{what}: the result is {val(out).dtype}, the input {xdt}")
     # metadata checks on intermediates join the region; the output's stay outside
     members = set(inner)
     for n in inner[:-1]:

@@ -42,6 +42,7 @@ ANCHORS = (
     # norms (partition/norm.py): no epilogue; the rsqrt row returns None for an rsqrt
     # that is not the statistic of a written-out RMS norm
     Anchor("layer_norm", aten.layer_norm.default, NORM.layer_norm_operands),
+    Anchor("layer_norm", aten.native_layer_norm.default, NORM.native_layer_norm_operands),
     Anchor("rms_norm", aten.rsqrt.default, NORM.rsqrt_rms_operands),
 ) + ((Anchor("rms_norm", aten.rms_norm.default, NORM.rms_norm_operands),)
      if hasattr(aten, "rms_norm") else ())
