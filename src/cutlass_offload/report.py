@@ -49,7 +49,7 @@ class Report:
 
     def format(self) -> str:
         out = [f"target {self.arch}: {len(self.regions)} regions offloaded, "
-               f"{len(self.fallbacks)} GEMM/conv ops left in PyTorch, "
+               f"{len(self.fallbacks)} GEMM/conv/norm ops left in PyTorch, "
                f"{len(self.kernels)} distinct kernels"]
         by_form = collections.Counter(r["form"] + ":" + r["epilogue"] for r in self.regions)
         if by_form:
