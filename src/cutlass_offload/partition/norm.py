@@ -44,7 +44,6 @@ from .graph_utils import DTYPE_NAMES, aten, hint_int, max_alignment, static_int,
 
 _ASSERT = getattr(aten, "_assert_tensor_metadata", None)
 _ASSERT = _ASSERT.default if _ASSERT is not None else None
-_CASTS = (aten.to.dtype, aten._to_copy.default)
 
 
 @dataclass
