@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import cutlass_offload as co
 from cutlass_offload.emit import conv_sm90
-from cutlass_offload.ir import ConvProblem, ConvRegion, replace
+from cutlass_offload.ir import ConvProblem, replace
 from cutlass_offload.runtime.conv_region import ConvRegionModule
 from helpers import TOLERANCE, poison_allocator, rel_err
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..ir import KernelSource, Plan
-from . import gemm_sm80, gemm_sm90
+
 
 TEMPLATES = Path(__file__).parent / "templates"
 # (kernel kind, family) -> module with emit(kernel) -> KernelSource
