@@ -88,7 +88,7 @@ def test_nvcc_error_names_region_and_keeps_source(monkeypatch, tmp_path):
     def broken(kernel):
         src = real(kernel)
         return type(src)(src.name, src.includes, src.code.replace("int run(", "int run(this is not C++ ", 1))
-    monkeypatch.setitem(emit._EMITTERS, "cutlass2x_sm80", broken)
+    monkeypatch.setattr(gemm_sm80, "emit", broken)
     out = tmp_path / "never"
     with pytest.raises(CompileError) as e:
         co.compile(nn.Sequential(nn.Linear(24, 40)).half(), (torch.randn(3, 24).half(),),
@@ -155,7 +155,7 @@ def test_failing_kernel_falls_back_alone_and_is_cached(monkeypatch):
         if kernel.epilogue.activation == "silu":
             return type(src)(src.name, src.includes, src.code + "\nstatic_assert(false, \"planted\");\n")
         return src
-    monkeypatch.setitem(emit._EMITTERS, "cutlass2x_sm80", sometimes_broken)
+    monkeypatch.setattr(gemm_sm80, "emit", sometimes_broken)
 
     class Two(nn.Module):
         def __init__(self):
