@@ -25,7 +25,7 @@ RESIDUAL_OPS = ("none", "add", "mul")
 POST_ACTIVATIONS = ("identity", "relu")
 LAYOUTS = ("row", "col")
 ARCHS = ("sm80", "sm90a")
-FAMILIES = ("cutlass2x_sm80", "cutlass3x_sm90", "rowwise_norm")
+FAMILIES = ("cutlass2x_sm80", "cutlass3x_sm90", "rowwise_norm", "nhwc_group_norm")
 
 _SHORT = {
     "identity": "id", "relu": "relu", "gelu_erf": "gelu", "gelu_tanh": "gelutanh",
@@ -404,6 +404,108 @@ class NormKernel:
 
 
 @dataclass(frozen=True)
+class GroupNormProblem:
+    """What one group_norm region computes: a 4-D (N, C, H, W) input, run NHWC
+    (channel innermost in memory, i.e. a channels_last PyTorch tensor).
+
+    The C channels split into ``groups`` consecutive groups of C / groups; per
+    (n, group) the mean and biased variance over its H * W * C / groups elements,
+    in fp32, then per element, rounded once to ``dtype``:
+      y = (x - mean) * rsqrt(var + eps) [* weight[c]] [+ bias[c]]    [then silu(y)]
+    c, h, w: static; n: ``None`` when dynamic (n_hint = the example's). eps: the
+    graph's. align: elements, the largest of 8/4/2/1 (4/2/1 for fp32) dividing
+    C / groups (a vector never straddles two groups). weight / bias: the
+    per-channel (C,) affine vectors are present (each optional). silu: the
+    group_norm's only user, an ``aten.silu``, is part of the region (``epilogue``
+    then says "silu", for the report).
+    """
+
+    dtype: str
+    c: int
+    h: int
+    w: int
+    groups: int
+    eps: float
+    align: int
+    weight: bool = False
+    bias: bool = False
+    silu: bool = False
+    n: Optional[int] = None
+    n_hint: int = 1
+
+    def __post_init__(self):
+        _check(self.dtype, DTYPES, "dtype")
+        _check(self.align, (1, 2, 4) if self.dtype == "f32" else (1, 2, 4, 8), "alignment")
+        if min(self.c, self.h, self.w, self.groups) < 1:
+            raise ValueError(f"group_norm extents must be positive: {self}")
+        if self.c % self.groups:
+            raise ValueError(f"C={self.c} is not a multiple of groups={self.groups}")
+        if self.channels_per_group % self.align:
+            raise ValueError(f"C / groups = {self.channels_per_group} is not a multiple of "
+                             f"align {self.align}")
+        if not (self.eps >= 0.0) or self.eps == float("inf"):
+            raise ValueError(f"eps must be finite and >= 0, got {self.eps!r}")
+
+    @property
+    def channels_per_group(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def epilogue(self) -> GemmEpilogue:
+        return GemmEpilogue(activation="silu" if self.silu else "identity")
+
+
+@dataclass(frozen=True)
+class GroupNormKernel:
+    """One distinct NHWC group_norm kernel (emit/group_norm.py): identity is dtype,
+    vector width (``vec`` elements per load; C / groups % vec == 0), the affine
+    parameters and the fused SiLU. N, C, H, W, groups and eps are runtime
+    arguments; the launch shape is picked per call.
+
+    config: KernelConfig of family "nhwc_group_norm", tile (1, 1, 1): no tuning
+    choice is compiled in.
+    """
+
+    arch: str
+    dtype: str
+    vec: int
+    weight: bool
+    bias: bool
+    silu: bool
+    config: "KernelConfig" = None
+
+    def __post_init__(self):
+        _check(self.arch, ARCHS, "arch")
+        _check(self.dtype, DTYPES, "dtype")
+        _check(self.vec, (1, 2, 4) if self.dtype == "f32" else (1, 2, 4, 8), "vector width")
+        if self.config is None:
+            object.__setattr__(self, "config", KernelConfig("nhwc_group_norm", (1, 1, 1), stages=0))
+        elif self.config.family != "nhwc_group_norm":
+            raise ValueError("group_norm kernels are of the nhwc_group_norm family")
+
+    kind = "group_norm"
+    args_type = "CoGroupNormArgs"
+    layout_a = layout_b = "nhwc"
+
+    # the (A, B, C) alignments other kernel kinds have (build/shards.py reads them)
+    @property
+    def align_a(self) -> int:
+        return self.vec
+
+    align_b = align_c = align_a
+
+    @property
+    def affine(self) -> str:
+        return {(True, True): "weight_bias", (True, False): "weight", (False, True): "bias",
+                (False, False): "noaffine"}[self.weight, self.bias]
+
+    @property
+    def name(self) -> str:
+        return (f"nhwc_group_norm_{self.dtype}_vec{self.vec}_{self.affine}"
+                + ("_silu" if self.silu else ""))
+
+
+@dataclass(frozen=True)
 class KernelSource:
     """C++ for one kernel: its includes (collected once per TU) and its code.
 
@@ -508,6 +610,31 @@ class NormRegion:
 
 
 @dataclass(frozen=True)
+class GroupNormRegion:
+    """An ``aten.group_norm`` on a 4-D input to offload, with the ``aten.silu`` that
+    is its only user when ``problem.silu``.
+
+    nodes: FX node names in graph order (the group_norm, then the silu); the last
+    one is the region's output. x, weight, bias: input node names by role (weight
+    and bias may be None). The graph is NCHW; the region module runs NHWC and
+    returns a channels_last tensor.
+    """
+
+    name: str
+    nodes: tuple
+    x: str
+    problem: GroupNormProblem
+    weight: Optional[str] = None
+    bias: Optional[str] = None
+    notes: tuple = ()
+    form: str = "group_norm"
+
+    @property
+    def output(self) -> str:
+        return self.nodes[-1]
+
+
+@dataclass(frozen=True)
 class Fallback:
     """An op that stays in PyTorch, and why (reaches the user's report)."""
 
@@ -527,8 +654,8 @@ class Plan:
     """Regions with their chosen kernel instantiation; kernels are deduplicated."""
 
     arch: str
-    regions: tuple           # GemmRegion | ConvRegion | NormRegion
-    kernels: tuple           # GemmKernel | ConvKernel | NormKernel, parallel to regions
+    regions: tuple           # GemmRegion | ConvRegion | NormRegion | GroupNormRegion
+    kernels: tuple           # GemmKernel | ConvKernel | NormKernel | GroupNormKernel, parallel
     fallbacks: tuple
 
     @property

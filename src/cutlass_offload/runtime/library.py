@@ -41,7 +41,17 @@ class CoNormArgs(ctypes.Structure):
                 ("workspace_bytes", ctypes.c_int64)]
 
 
-ARGS_TYPES = {"CoGemmArgs": CoGemmArgs, "CoConvArgs": CoConvArgs, "CoNormArgs": CoNormArgs}
+class CoGroupNormArgs(ctypes.Structure):
+    """Mirror of ``struct CoGroupNormArgs`` in emit/templates/prelude.h (same field order)."""
+
+    _fields_ = [("input", ctypes.c_void_p), ("weight", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("output", ctypes.c_void_p)] + [
+        (f, ctypes.c_int64) for f in ("n", "h", "w", "c", "groups")] + [
+        ("eps", ctypes.c_float), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
+
+
+ARGS_TYPES = {"CoGemmArgs": CoGemmArgs, "CoConvArgs": CoConvArgs, "CoNormArgs": CoNormArgs,
+              "CoGroupNormArgs": CoGroupNormArgs}
 
 CO_OK, CO_CANNOT_IMPLEMENT = 0, 1
 STATUS_NAMES = {0: "ok", 1: "cannot implement", 2: "workspace too small",

@@ -65,6 +65,25 @@ struct CoNormArgs {
   int64_t workspace_bytes;
 };
 
+// Arguments of one group_norm call over an NHWC tensor (channel innermost, i.e. a
+// channels_last PyTorch tensor). Element offsets, not bytes; packed:
+//   input[n, h, w, c]  = input + ((n * H + h) * W + w) * C + c
+//   output[n, h, w, c] = output + ((n * H + h) * W + w) * C + c
+//   weight[c], bias[c] = weight + c, bias + c             (each may be null)
+// Channels [g * C / groups, (g + 1) * C / groups) form group g; statistics per
+// (n, group); eps is added to the variance. The workspace (workspace_size bytes)
+// holds the per-group statistics; it needs no initialization.
+struct CoGroupNormArgs {
+  const void* input;
+  const void* weight;
+  const void* bias;
+  void* output;
+  int64_t n, h, w, c, groups;
+  float eps;
+  void* workspace;
+  int64_t workspace_bytes;
+};
+
 // Status codes returned by every launcher.
 enum CoStatus : int {
   CO_OK = 0,
