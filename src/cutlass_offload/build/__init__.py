@@ -182,7 +182,8 @@ class _Builder:
         for i, shard in enumerate(plan_shards(todo, self.jobs)):
             tu = emit_unit([self.sources[k.name] for k in shard],
                            f"shard {i}: {len(shard)} kernels for {self.plan.arch}")
-            fam = {"cutlass3x_sm90": "sm90", "rowwise_norm": "rowwise"}.get(shard[0].config.family, "sm80")
+            fam = {"cutlass3x_sm90": "sm90", "rowwise_norm": "rowwise",
+                   "nhwc_group_norm": "nhwc"}.get(shard[0].config.family, "sm80")
             kind = {"conv2d_fprop": "conv"}.get(shard[0].kind, shard[0].kind)   # gemm, layer_norm, ...
             prefix = f"shard_{fam}_{kind}_{shard[0].dtype}_{len(shard)}k"
             report, job = self._object_job(prefix, prefix, tu)

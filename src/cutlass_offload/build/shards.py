@@ -17,6 +17,8 @@ Costs, in seconds (relative weights for balancing, not predictions):
 * rowwise_norm (emit/norm.py): on 2 cores a one-kernel TU takes 9-13 s, almost all of
   it parsing cutlass/numeric_types.h (9.5 s for the headers alone, 9.1 s for seven
   kernels), ~350 MB peak: a fixed part below a 2.x TU's, kernels nearly free: 4 / 0.3 / 0.3.
+* nhwc_group_norm (emit/group_norm.py): the same headers; on 2 cores one kernel 8.5 s
+  (sm_80; 9.3 s sm_90a), eight kernels 10.9 s, ~350 MB peak: 4 / 0.3 / 0.3 as well.
 """
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ from ..config import knobs
 from .toolchain import available_memory
 
 COST = {"cutlass3x_sm90": (43.0, 9.0, 3.0), "cutlass2x_sm80": (10.0, 2.0, 0.8),  # fixed, mainloop, epilogue
-        "rowwise_norm": (4.0, 0.3, 0.3)}
+        "rowwise_norm": (4.0, 0.3, 0.3), "nhwc_group_norm": (4.0, 0.3, 0.3)}
 PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30,  # bytes per nvcc (design.md)
-               "rowwise_norm": 0.5 * 2**30}
+               "rowwise_norm": 0.5 * 2**30, "nhwc_group_norm": 0.5 * 2**30}
 
 
 def mainloop(kernel) -> tuple:
