@@ -4,10 +4,14 @@ from __future__ import annotations
 import collections
 from dataclasses import asdict, dataclass, field
 
-from .ir import ConvProblem, NormProblem, Plan
+from .ir import ConvProblem, GroupNormProblem, NormProblem, Plan
 
 
 def _shape(problem) -> dict:
+    if isinstance(problem, GroupNormProblem):
+        p = problem
+        return {"group_norm": {"n_hint": p.n_hint, "c": p.c, "h": p.h, "w": p.w, "groups": p.groups,
+                               "eps": p.eps, "weight": p.weight, "bias": p.bias, "silu": p.silu}}
     if isinstance(problem, NormProblem):
         p = problem
         return {"norm": {"kind": p.kind, "rows_hint": p.rows_hint, "cols": p.cols, "eps": p.eps,

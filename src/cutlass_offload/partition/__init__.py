@@ -18,6 +18,7 @@ from ..ir import ConvProblem, ConvRegion, Fallback, GemmEpilogue, GemmProblem, G
 from .checks import ACTIVATION_NAMES, EpilogueState, m_hint
 from .conv import ConvOperands, batch_hint
 from .graph_utils import max_alignment, same_shape, static_int, val
+from .group_norm import GroupNormOperands, make_group_norm_region
 from .norm import NormOperands, make_norm_region
 from .patterns import ANCHOR_BY_TARGET, EPILOGUE_STAGES
 
@@ -45,12 +46,13 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
             continue
         if ops is None:                # not the anchor's pattern after all (a plain rsqrt)
             continue
-        if isinstance(ops, NormOperands):          # norms: no epilogue growth
+        if isinstance(ops, (NormOperands, GroupNormOperands)):   # norms: no epilogue growth
             if any(n in taken for n in ops.nodes):
                 fallbacks.append(Fallback(node.name, anchor.form, "overlaps another region"))
                 continue
+            make = make_group_norm_region if isinstance(ops, GroupNormOperands) else make_norm_region
             try:
-                region = make_norm_region(len(regions), ops)
+                region = make(len(regions), ops)
             except ValueError as e:
                 fallbacks.append(Fallback(node.name, anchor.form, str(e)))
                 continue

@@ -12,6 +12,7 @@ from typing import Callable
 
 from . import checks as C
 from . import conv as V
+from . import group_norm as GN
 from . import norm as NORM
 from .graph_utils import aten
 
@@ -44,6 +45,8 @@ ANCHORS = (
     Anchor("layer_norm", aten.layer_norm.default, NORM.layer_norm_operands),
     Anchor("layer_norm", aten.native_layer_norm.default, NORM.native_layer_norm_operands),
     Anchor("rms_norm", aten.rsqrt.default, NORM.rsqrt_rms_operands),
+    # group_norm (partition/group_norm.py), with the silu that is its only user
+    Anchor("group_norm", aten.group_norm.default, GN.group_norm_operands),
 ) + ((Anchor("rms_norm", aten.rms_norm.default, NORM.rms_norm_operands),)
      if hasattr(aten, "rms_norm") else ())
 

@@ -8,9 +8,10 @@ import torch
 import torch.fx as fx
 
 from ..errors import CutlassOffloadError
-from ..ir import ConvRegion, NormRegion, Plan
+from ..ir import ConvRegion, GroupNormRegion, NormRegion, Plan
 from .conv_region import ConvRegionModule
 from .gemm_region import GemmRegionModule
+from .group_norm_region import GroupNormRegionModule
 from .library import Library
 from .norm_region import NormRegionModule
 from .region import RegionModule
@@ -36,7 +37,7 @@ class LazyLibrary:
 
 def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
     """Replace each region's nodes in ``gm`` by a call to a region module
-    (GemmRegionModule / ConvRegionModule / NormRegionModule).
+    (GemmRegionModule / ConvRegionModule / NormRegionModule / GroupNormRegionModule).
 
     The region's original subgraph is kept as the module's ``fallback``. Conv
     weights held by ``gm`` are prepacked to channels_last (KRSC) once. Mutates
@@ -53,6 +54,9 @@ def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
         if isinstance(region, NormRegion):
             named = (("x", region.x), ("weight", region.weight), ("bias", region.bias))
             cls = NormRegionModule
+        elif isinstance(region, GroupNormRegion):
+            named = (("x", region.x), ("weight", region.weight), ("bias", region.bias))
+            cls = GroupNormRegionModule
         elif isinstance(region, ConvRegion):
             _prepack_weight(gm, by_name[region.w])
             named = (("x", region.x), ("w", region.w), ("bias", region.bias), ("c", region.c))
@@ -151,7 +155,8 @@ class CompiledModel(torch.nn.Module):
         return [m for m in self.graph_module.modules() if isinstance(m, RegionModule)]
 
     def layout_conversions(self) -> int:
-        """Operands copied to NHWC by conv regions so far (all calls): the layout
-        conversions left in the model (0 when every conv input is channels_last)."""
+        """Operands copied to NHWC by conv and group_norm regions so far (all calls):
+        the layout conversions left in the model (0 when every input of theirs is
+        channels_last)."""
         return sum(m.layout_conversions for m in self.region_modules()
-                   if isinstance(m, ConvRegionModule))
+                   if isinstance(m, (ConvRegionModule, GroupNormRegionModule)))

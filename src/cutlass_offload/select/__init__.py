@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from ..config import CompileOptions
-from ..ir import ConvRegion, Fallback, GemmKernel, GemmProblem, NormRegion, PartitionResult, Plan
+from ..ir import (ConvRegion, Fallback, GemmKernel, GemmProblem, GroupNormRegion, NormRegion,
+                  PartitionResult, Plan)
 from . import sm80, sm90
+from .group_norm import choose_group_norm_kernel
 from .norm import choose_norm_kernel
 
 DEFAULT_NUM_SMS = {"sm90a": 132, "sm80": 108}  # H100/H200 SXM, A100 (vendor datasheets)
@@ -33,6 +35,8 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
         try:
             if isinstance(r, NormRegion):
                 k = choose_norm_kernel(r.problem, arch)
+            elif isinstance(r, GroupNormRegion):
+                k = choose_group_norm_kernel(r.problem, arch)
             elif isinstance(r, ConvRegion):
                 from .conv import choose_conv_kernel   # imports the conv emitters
                 k = choose_conv_kernel(r.problem, arch, options.num_sms or DEFAULT_NUM_SMS[arch])
