@@ -57,3 +57,18 @@ def test_kernels_sharing_a_mainloop_stay_together():
     assert sorted(sorted(k.config.tile for k in s) for s in shards) == [
         [(64, 128, 64), (64, 128, 64)], [(128, 128, 64)]]
     assert estimate(ks[:2]) < estimate([ks[0], ks[2]])
+
+
+def test_single_strategy_keeps_3x_convs_apart_from_gemm_headers():
+    """CUTLASS 3.x conv kernels and GEMM headers cannot share a translation unit."""
+    from cutlass_offload.build import _header_compatible_groups
+    from cutlass_offload.ir import ConvKernel, GemmEpilogue, GemmKernel, KernelConfig
+    ep = GemmEpilogue(bias=True)
+    conv3 = ConvKernel("sm90a", "f16", 8, 8, 8, ep, KernelConfig("cutlass3x_sm90", (128, 128, 64), 0,
+                       kernel_schedule="KernelImplicitTmaWarpSpecializedSm90"), iterator="")
+    conv2 = ConvKernel("sm90a", "f16", 1, 1, 8, ep, KernelConfig("cutlass2x_sm80", (64, 64, 32), 2,
+                       warp=(32, 32, 32), instruction=(16, 8, 16)), iterator="analytic")
+    gemm = GemmKernel("sm90a", "f16", "col", 8, 8, 8, ep, KernelConfig("cutlass3x_sm90", (128, 128, 64), 0))
+    assert _header_compatible_groups([conv3, gemm, conv2]) == [[conv3], [gemm, conv2]]
+    assert _header_compatible_groups([conv2, gemm]) == [[conv2, gemm]]
+    assert _header_compatible_groups([conv3]) == [[conv3]]

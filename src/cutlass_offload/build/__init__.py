@@ -166,11 +166,12 @@ class _Builder:
                 for j, r in zip(pending, results)]
 
     # -- strategies --------------------------------------------------------------
-    def sharded(self) -> BuildResult:
+    def sharded(self, shards=None, workers=None, strategy="sharded") -> BuildResult:
+        """shards: explicit kernel groups (else planned); workers: parallel nvcc jobs."""
         units, pending = [], []
         reused = set()
         for name in self.sources:                      # kernels compiled by an earlier build
-            if name in reused:
+            if name in reused or shards is not None:
                 continue
             found = self._cached_shard_of(name)
             if found:
@@ -179,7 +180,7 @@ class _Builder:
                 units.append(UnitReport(d.name, tuple(meta.get("kernels", ())), 0.0, True, True,
                                         meta.get("peak_rss_mb", 0.0), str(d / UNIT_NAME)))
         todo = [k for k in {k.name: k for k in self.plan.kernels}.values() if k.name not in reused]
-        for i, shard in enumerate(plan_shards(todo, self.jobs)):
+        for i, shard in enumerate(shards if shards is not None else plan_shards(todo, self.jobs)):
             tu = emit_unit([self.sources[k.name] for k in shard],
                            f"shard {i}: {len(shard)} kernels for {self.plan.arch}")
             fam = {"cutlass3x_sm90": "sm90", "rowwise_norm": "rowwise",
@@ -191,12 +192,12 @@ class _Builder:
                 units.append(report)
             else:
                 pending.append(job)
-        units += self._run(pending, "compiling shards")
+        units += self._run(pending, "compiling shards", workers)
         failed = self._isolate([u for u in units if not u.ok])
         units = [u for u in units if u.ok] + failed["retried"]
         plan = self._pruned(failed["kernels"])
         units.append(self._small_object("launchers", emit_launchers(plan)))
-        return self._finish(units, plan, failed["kernels"], "sharded")
+        return self._finish(units, plan, failed["kernels"], strategy)
 
     def _isolate(self, bad_units) -> dict:
         """Recompile the kernels of failed multi-kernel shards one by one, so one bad
@@ -237,6 +238,10 @@ class _Builder:
         return self._finish(units, plan, failures, "per-region")
 
     def single(self) -> BuildResult:
+        groups = _header_compatible_groups(self.plan.distinct_kernels)
+        if len(groups) > 1:
+            # CUTLASS cannot hold both in one TU: one unit per group, one after another
+            return self.sharded(shards=groups, workers=1, strategy="single")
         src = emit_library(self.plan)
         cmd = toolchain.nvcc_command("nvcc", self.plan.arch, SOURCE_NAME, LIB_NAME, 0)
         key = cache_key(src.text, toolchain.flags_signature(cmd), *self.versions)
@@ -324,6 +329,22 @@ class _Builder:
                     hit = self.cache.lookup("lib", prefix, key, LIB_NAME)
         d, _ = hit
         return BuildResult(d / LIB_NAME, plan, strategy, 0.0, self.jobs, units, link_seconds, failures)
+
+
+def _header_compatible_groups(kernels) -> list:
+    """The kernels split into groups that may share one translation unit.
+
+    CUTLASS 3.x conv kernels cannot sit in a TU that also includes
+    cutlass/gemm/kernel/gemm_universal.h (every GEMM emitter's headers pull it
+    in): ConvUniversal derives from 3.x GemmUniversal with a non-tuple problem
+    shape, which the 2.x GemmUniversal partial specialization also matches
+    (nvcc: "more than one partial specialization matches"; moving the include
+    after the conv's instantiation makes g++ reject it instead). CUTLASS's own
+    generator never mixes them either. Everything else shares one group.
+    """
+    conv3x = [k for k in kernels if k.kind == "conv2d_fprop" and k.config.family == "cutlass3x_sm90"]
+    rest = [k for k in kernels if k not in conv3x]
+    return [g for g in (conv3x, rest) if g] if conv3x and rest else [list(kernels)]
 
 
 def _write(path: Path, text: str):
