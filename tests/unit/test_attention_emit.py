@@ -190,7 +190,7 @@ def test_emitted_template_arguments(dtype, element, head_dim, bias):
     assert (f"kSingleValueIteration == {'true' if k.single_value_iteration else 'false'}"
             in src.code)
     assert "$" not in src.code
-    assert src.includes[0] == "attention_args.h"
+    assert "attention_args.h" not in src.includes      # struct CoAttentionArgs is in prelude.h
     assert "41_fused_multi_head_attention/kernel_forward.h" in src.includes
 
 
@@ -221,14 +221,14 @@ def test_unit_with_several_kernels():
     tu = emit_unit([at.emit(k) for k in kernels.values()], "attention")
     assert tu.kernels == tuple(kernels)
     assert tu.text.count("#include <41_fused_multi_head_attention/kernel_forward.h>") == 1
-    assert tu.text.count("#include <attention_args.h>") == 1
-    assert tu.text.index("#include <attention_args.h>") < tu.text.index("const CoAttentionArgs&")
+    assert tu.text.count("struct CoAttentionArgs {") == 1          # from the prelude
+    assert tu.text.index("struct CoAttentionArgs {") < tu.text.index("const CoAttentionArgs&")
 
 
 # --- ABI ---------------------------------------------------------------------
 
 def test_args_fields_match_header():
-    text = (at.TEMPLATES / at.ARGS_HEADER).read_text()
+    text = (at.TEMPLATES / "prelude.h").read_text()
     body = re.search(r"struct CoAttentionArgs \{(.*?)\};", text, re.DOTALL).group(1)
     kinds = {"const void*": "ptr", "void*": "ptr", "int64_t": "i64", "float": "f32",
              "int32_t": "i32"}
@@ -240,19 +240,34 @@ def test_args_fields_match_header():
         m = re.match(r"(const void\*|void\*|int64_t|float|int32_t)\s+(.*)", decl, re.DOTALL)
         fields += [(n.strip(), kinds[m.group(1)]) for n in m.group(2).split(",")]
     assert tuple(fields) == at.ARGS_FIELDS
-    assert "#ifndef CO_ATTENTION_ARGS" in text
+    from cutlass_offload.runtime.library import CoAttentionArgs
+    assert [f[0] for f in CoAttentionArgs._fields_] == [f for f, _ in at.ARGS_FIELDS]
 
 
 def test_include_dirs_and_compat_headers(tmp_path):
-    dirs = at.extra_include_dirs()
-    assert dirs[0] == str(at.TEMPLATES)
-    assert (at.TEMPLATES / at.ARGS_HEADER).is_file()
     from pathlib import Path
-    assert (Path(dirs[1]) / at.KERNEL_HEADER).is_file()
+    (examples,) = at.extra_include_dirs()
+    assert (Path(examples) / at.KERNEL_HEADER).is_file()
+    for name, text in at.compat_headers().items():      # the committed stand-ins
+        assert (Path(at.compat_dir()) / name).read_text() == text
     d = at.write_compat_headers(tmp_path / "compat")
     assert (Path(d) / "curand_kernel.h").is_file()
     flags = at.include_flags(d)
     assert flags[-1] == f"-Xcompiler=-idirafter,{d}"
-    assert flags[:4] == ["-I", dirs[0], "-I", dirs[1]]
+    assert flags[:2] == ["-I", examples]
     with pytest.raises(ValueError, match="comma"):
         at.include_flags("/tmp/a,b")
+
+
+def test_toolchain_compiles_with_the_attention_include_paths():
+    """Every CUTLASS compile can include the attention kernel (examples/ on the -I path,
+    the cuRAND stand-in after the system headers); neither path enters the cache key."""
+    from cutlass_offload.build import toolchain
+    cmd = toolchain.compile_command("nvcc", "sm80", "u.cu", "u.o")
+    (examples,) = at.extra_include_dirs()
+    assert cmd[cmd.index(examples) - 1] == "-I"
+    assert f"-Xcompiler=-idirafter,{at.compat_dir()}" in cmd
+    sig = toolchain.flags_signature(cmd)
+    assert examples not in sig and "idirafter" not in sig and at.compat_dir() not in sig
+    assert toolchain.flags_signature(toolchain.compile_command("nvcc", "sm80", "u.cu", "u.o",
+                                                               cutlass=False)) == sig

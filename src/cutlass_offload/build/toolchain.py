@@ -69,8 +69,26 @@ def cutlass_root() -> Path:
 
 
 def include_dirs() -> tuple:
+    """-I folders of every CUTLASS compile: include/, tools/util/include and, last,
+    the folders the attention kernel is included from (emit/attention.py)."""
+    from ..emit import attention
     r = cutlass_root()
-    return (str(r / "include"), str(r / "tools" / "util" / "include"))
+    return (str(r / "include"), str(r / "tools" / "util" / "include")) + attention.extra_include_dirs()
+
+
+def fallback_include_flags() -> list:
+    """Folders searched after the system headers (gcc -idirafter, passed to the host
+    preprocessor nvcc runs for every pass): the package's stand-ins for headers a
+    toolkit may lack (cuRAND, included but unused by the attention kernel); a real
+    header, when the toolkit has it, wins."""
+    from ..emit import attention
+    d = attention.compat_dir()
+    if "," in d:
+        raise ToolchainError(f"-Xcompiler splits on commas; the package path {d!r} has one")
+    return [f"{_IDIRAFTER}{d}"]
+
+
+_IDIRAFTER = "-Xcompiler=-idirafter,"
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,10 +98,12 @@ def cutlass_version() -> str:
     parts = [re.search(rf"#define CUTLASS_{p} (\d+)", text) for p in ("MAJOR", "MINOR", "PATCH")]
     ver = ".".join(m.group(1) for m in parts if m)
     h = hashlib.sha256()
-    inc = cutlass_root() / "include"
-    for p in sorted(inc.rglob("*.h*")):
-        st = p.stat()
-        h.update(f"{p.relative_to(inc)}:{st.st_size}".encode())
+    # the headers, and the examples folder the attention kernel is included from
+    for inc in (cutlass_root() / "include",
+                cutlass_root() / "examples" / "41_fused_multi_head_attention"):
+        for p in sorted(inc.rglob("*.h*")):
+            st = p.stat()
+            h.update(f"{p.relative_to(inc)}:{st.st_size}".encode())
     return f"{ver}+{h.hexdigest()[:12]}"
 
 
@@ -97,7 +117,7 @@ def _includes() -> list:
     out = []
     for d in include_dirs():
         out += ["-I", d]
-    return out
+    return out + fallback_include_flags()
 
 
 def nvcc_command(nvcc: str, arch: str, source: str, output: str, threads: int = 0) -> list:
@@ -121,6 +141,8 @@ def flags_signature(cmd: list) -> str:
     for i, a in enumerate(cmd):
         if a in ("-I", "-o"):
             skip.update((i, i + 1))
+        elif a.startswith(_IDIRAFTER):      # a folder of the package, like the -I ones
+            skip.add(i)
     return " ".join(a for i, a in enumerate(cmd[1:], 1)
                     if i not in skip and not a.endswith((".cu", ".o", ".so")))
 

@@ -93,9 +93,10 @@ emitted ``run`` (CO_CANNOT_IMPLEMENT) and, where static, by ``choose``:
 
 kernel_forward.h includes ``<curand_kernel.h>`` unconditionally (used only for
 dropout with HAS_PYTORCH). A CUDA toolkit without cuRAND headers (e.g. a bare
-nvcc install) needs an empty stand-in: ``compat_headers()`` /
-``write_compat_headers(dir)``, passed with ``-Xcompiler=-idirafter,<dir>`` so a
-real cuRAND header, when present, still wins (``include_flags``).
+nvcc install) needs an empty stand-in: ``compat_headers()``, committed in
+``templates/compat`` (``compat_dir()``; ``write_compat_headers(dir)`` writes them
+elsewhere), passed with ``-Xcompiler=-idirafter,<dir>`` so a real cuRAND header,
+when present, still wins (``include_flags``; build/toolchain.py adds it).
 """
 from __future__ import annotations
 
@@ -106,22 +107,21 @@ from pathlib import Path
 from string import Template
 from typing import Optional
 
-from ..ir import KernelConfig, KernelSource
+from ..ir import (ATTENTION_ALIGNED_ACCESS, ATTENTION_BIASES, ATTENTION_DTYPES, ATTENTION_LAYOUTS,
+                  ATTENTION_UNALIGNED_ACCESS, BIAS_BROADCAST_DIMS, CAUSAL, CAUSAL_CODE,  # noqa: F401
+                  AttentionKernel, AttentionProblem, KernelConfig, KernelSource)
 
 FAMILY = "cutlass2x_sm80"
 ARCHS = ("sm80", "sm90a")
-DTYPES = ("f16", "bf16", "f32")
-CAUSAL = ("none", "top_left", "bottom_right")
-CAUSAL_CODE = {"none": 0, "top_left": 1, "bottom_right": 2}   # CoAttentionArgs.causal
-BIASES = ("none", "add")
-BIAS_BROADCAST_DIMS = ("batch", "heads", "queries")
-LAYOUTS = ("bmhk",)
+DTYPES = ATTENTION_DTYPES
+BIASES = ATTENTION_BIASES
+LAYOUTS = ATTENTION_LAYOUTS
 
 _ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32": "float"}
 _BYTES = {"f16": 2, "bf16": 2, "f32": 4}
 # Q/K/V access width in elements: aligned kernel (16 bytes) / not aligned (kMinimumAlignment).
-_ALIGNED_ACCESS = {"f16": 8, "bf16": 8, "f32": 4}
-_UNALIGNED_ACCESS = 4
+_ALIGNED_ACCESS = ATTENTION_ALIGNED_ACCESS
+_UNALIGNED_ACCESS = ATTENTION_UNALIGNED_ACCESS
 _OUTPUT_ACCESS = 4        # epilogue LinearCombination<float, 128 / 32>
 # (kQueriesPerBlock, kKeysPerBlock, kMaxK), PyTorch's sm80 forward kernels.
 TILES = ((64, 64, 64), (64, 128, 128), (32, 128, 65536))
@@ -129,10 +129,10 @@ MAX_HEAD_DIM = 65536
 _GRID_MAX = 65535
 
 TEMPLATES = Path(__file__).parent / "templates"
-ARGS_HEADER = "attention_args.h"
+COMPAT_DIR = TEMPLATES / "compat"
 KERNEL_HEADER = "41_fused_multi_head_attention/kernel_forward.h"
 
-# Field order of struct CoAttentionArgs (templates/attention_args.h), for a ctypes mirror:
+# Field order of struct CoAttentionArgs (templates/prelude.h), for a ctypes mirror:
 # "ptr" -> c_void_p, "i64" -> c_int64, "f32" -> c_float, "i32" -> c_int32.
 ARGS_FIELDS = (
     ("q", "ptr"), ("k", "ptr"), ("v", "ptr"), ("bias", "ptr"), ("out", "ptr"),
@@ -159,16 +159,22 @@ def _check(value, allowed, what):
 # ---------------------------------------------------------------------------
 
 def extra_include_dirs() -> tuple:
-    """Folders to add with ``-I`` (besides CUTLASS's include/ and tools/util/include)
-    when compiling an attention kernel: this package's templates folder (for
-    ``attention_args.h``) and the wheel's ``examples`` folder, from which the
-    kernel is included as ``41_fused_multi_head_attention/kernel_forward.h`` (its
+    """Folders to add with ``-I`` (after CUTLASS's include/ and tools/util/include)
+    when compiling an attention kernel: the wheel's ``examples`` folder, from which
+    the kernel is included as ``41_fused_multi_head_attention/kernel_forward.h`` (its
     own relative includes resolve from there; the example's generic folder names
-    such as ``gemm/`` stay off the search path). Raises ToolchainError without
-    the wheel."""
+    such as ``gemm/`` stay off the search path). struct CoAttentionArgs is in
+    prelude.h. Raises ToolchainError without the wheel."""
     from ..build.toolchain import cutlass_root
     examples = cutlass_root() / "examples"
-    return (str(TEMPLATES), str(examples))
+    return (str(examples),)
+
+
+def compat_dir() -> str:
+    """The package's folder of stand-in headers (``compat_headers()``, committed as
+    files), for ``-Xcompiler=-idirafter,<dir>`` (build/toolchain.py passes it to
+    every CUTLASS compile)."""
+    return str(COMPAT_DIR)
 
 
 def compat_headers() -> dict:
@@ -203,146 +209,6 @@ def include_flags(compat_dir: Optional[str] = None) -> list:
             raise ValueError(f"-Xcompiler splits on commas: {compat_dir!r}")
         flags.append(f"-Xcompiler=-idirafter,{compat_dir}")
     return flags
-
-
-# ---------------------------------------------------------------------------
-# Problem and kernel descriptions (frozen; to move into ir.py)
-# ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class AttentionProblem:
-    """What one attention region computes, per batch b and head h:
-
-    out[b, :, h, :] = softmax(scale * Q_bh @ K_bh^T + bias_bh, mask) @ V_bh
-    with Q_bh (seq_q, head_dim), K_bh (seq_kv, head_dim), V_bh (seq_kv, head_dim_v),
-    fp32 accumulation and softmax, output in ``dtype``.
-
-    seq_q, seq_kv, batch: ``None`` when dynamic (all three are runtime arguments).
-    causal: "none", "top_left" (query i sees keys j <= i: PyTorch is_causal=True,
-      torch.nn.attention.bias.causal_upper_left) or "bottom_right" (j <= i + seq_kv
-      - seq_q: causal_lower_right; needs seq_q <= seq_kv).
-    bias: "none" or "add" (an additive float bias of the input dtype; a boolean
-      mask becomes 0 / -inf). bias_broadcast: the dims of (batch, heads, queries)
-      over which the bias is broadcast (stride 0), e.g. ("batch", "heads") for a
-      (Mq, Nk) bias; keys cannot be broadcast (key stride 1).
-    scale: the logit scale taken from the model (PyTorch default 1/sqrt(head_dim));
-      any float is representable, the kernel takes finite scale > 0 (see module doc).
-    layout: "bmhk", the kernel's native order (batch, seq, heads, head_dim) with
-      runtime batch / seq / head strides for Q, K, V (any values, 0 broadcasts; so
-      a PyTorch (B, H, L, E) tensor is used in place). The output is packed BMHK
-      except for its seq stride (head stride head_dim_v, batch stride seq_q *
-      seq stride), and the bias (B, H, Mq, Nk) has batch / head / query strides.
-    align: elements, the largest of 8/4/2/1 dividing the Q/K/V pointers and all
-      their strides (example inputs; checked again on every call): 8 (16-bit) or
-      4 (f32) selects the aligned kernel, 4 the not-aligned one.
-    """
-
-    heads: int
-    seq_q: Optional[int]
-    seq_kv: Optional[int]
-    head_dim: int
-    head_dim_v: int
-    dtype: str
-    scale: float
-    batch: Optional[int] = None
-    causal: str = "none"
-    bias: str = "none"
-    bias_broadcast: tuple = ()
-    align: int = 8
-    layout: str = "bmhk"
-    batch_hint: int = 1
-
-    def __post_init__(self):
-        _check(self.dtype, DTYPES, "dtype")
-        _check(self.causal, CAUSAL, "causal")
-        _check(self.bias, BIASES, "bias")
-        _check(self.layout, LAYOUTS, "layout")
-        _check(self.align, (1, 2, 4, 8), "align")
-        if self.heads < 1 or self.head_dim < 1 or self.head_dim_v < 1:
-            raise ValueError(f"heads and head dims must be positive: heads={self.heads} "
-                             f"head_dim={self.head_dim} head_dim_v={self.head_dim_v}")
-        for what, n in (("batch", self.batch), ("seq_q", self.seq_q), ("seq_kv", self.seq_kv)):
-            if n is not None and n < 0:
-                raise ValueError(f"{what} must be >= 0 or None (dynamic), got {n}")
-        if not isinstance(self.scale, numbers.Real) or isinstance(self.scale, bool):
-            raise ValueError(f"scale must be a real number, got {self.scale!r}")
-        object.__setattr__(self, "scale", float(self.scale))
-        dims = tuple(self.bias_broadcast)
-        if "keys" in dims:
-            raise ValueError("a bias broadcast over keys is a per-row constant (softmax "
-                             "ignores it unless it is -inf): drop it or materialize it; the "
-                             "kernel reads bias rows with key stride 1")
-        for d in dims:
-            _check(d, BIAS_BROADCAST_DIMS, "bias_broadcast dim")
-        if len(set(dims)) != len(dims):
-            raise ValueError(f"bias_broadcast lists a dim twice: {dims}")
-        if dims and self.bias == "none":
-            raise ValueError("bias_broadcast needs a bias")
-        # canonical order, so equal problems compare equal
-        object.__setattr__(self, "bias_broadcast",
-                           tuple(d for d in BIAS_BROADCAST_DIMS if d in dims))
-
-
-@dataclass(frozen=True)
-class AttentionKernel:
-    """One distinct AttentionKernel<...> instantiation (examples/41 kernel_forward.h).
-
-    config: KernelConfig(family "cutlass2x_sm80", tile = (kQueriesPerBlock,
-      kKeysPerBlock, kMaxK), warp (32, 32, 32) and instruction (16, 8, 8) as the
-      kernel hard-codes them, stages 4 (16-bit) / 3 (f32): the mainloop depth the
-      kernel requests; informational, not a template parameter).
-    aligned: isAligned (Q/K/V read 16 bytes at a time) vs 4-element accesses.
-    supports_bias: kSupportsBias. kSupportsDropout is always false.
-    The causal mask, all sizes, strides and the scale are runtime arguments.
-    """
-
-    arch: str
-    dtype: str
-    config: KernelConfig
-    aligned: bool = True
-    supports_bias: bool = False
-
-    kind = "attention"
-    args_type = "CoAttentionArgs"
-
-    def __post_init__(self):
-        _check(self.arch, ARCHS, "arch")
-        _check(self.dtype, DTYPES, "dtype")
-
-    @property
-    def queries_per_block(self) -> int:
-        return self.config.tile[0]
-
-    @property
-    def keys_per_block(self) -> int:
-        return self.config.tile[1]
-
-    @property
-    def max_k(self) -> int:
-        return self.config.tile[2]
-
-    @property
-    def single_value_iteration(self) -> bool:
-        """kSingleValueIteration: the output stays in registers ("rf")."""
-        return self.max_k <= self.keys_per_block
-
-    @property
-    def needs_workspace(self) -> bool:
-        """kNeedsOutputAccumulatorBuffer: fp32 running output in the workspace."""
-        return not self.single_value_iteration and self.dtype != "f32"
-
-    @property
-    def access(self) -> int:
-        """Q/K/V access width in elements (head dims and strides must be multiples)."""
-        return _ALIGNED_ACCESS[self.dtype] if self.aligned else _UNALIGNED_ACCESS
-
-    @property
-    def name(self) -> str:
-        q, k, mk = self.config.tile
-        mode = "rf" if self.single_value_iteration else "gmem"
-        return (f"{self.config.family}_fmha_fwd_{self.dtype}_"
-                f"{'aligned' if self.aligned else 'notaligned'}_{q}x{k}_k{mk}_{mode}"
-                + ("_bias" if self.supports_bias else ""))
 
 
 # ---------------------------------------------------------------------------
@@ -674,7 +540,7 @@ def values(kernel: AttentionKernel) -> dict:
     }
 
 
-INCLUDES = (ARGS_HEADER, "atomic", "cmath", "climits", KERNEL_HEADER)
+INCLUDES = ("atomic", "cmath", "climits", KERNEL_HEADER)
 
 
 def emit(kernel: AttentionKernel) -> KernelSource:
@@ -685,10 +551,10 @@ def emit(kernel: AttentionKernel) -> KernelSource:
     ``run`` checks every restriction (module docstring) and returns a CoStatus:
     CO_CANNOT_IMPLEMENT for an unsupported call, CO_WORKSPACE_TOO_SMALL, or
     CO_INIT_FAILED / CO_LAUNCH_FAILED from CUDA. ``includes`` need
-    ``extra_include_dirs()`` on the include path; ``attention_args.h`` can be
-    dropped from them once struct CoAttentionArgs lives in prelude.h (its guard
-    macro CO_ATTENTION_ARGS makes both copies coexist). Raises ValueError for an
-    illegal kernel (see ``check``)."""
+    ``extra_include_dirs()`` on the include path (and, without cuRAND headers in
+    the toolkit, ``compat_dir()`` after the system folders); struct
+    CoAttentionArgs comes from prelude.h. Raises ValueError for an illegal kernel
+    (see ``check``)."""
     code = Template(_KERNEL).substitute(values(kernel))
     return KernelSource(name=kernel.name, includes=INCLUDES, code=code,
                         args_type="CoAttentionArgs")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from ..emit.attention import ARGS_FIELDS as ATTENTION_ARGS_FIELDS
 from ..errors import DeviceError
 
 
@@ -50,8 +51,18 @@ class CoGroupNormArgs(ctypes.Structure):
         ("eps", ctypes.c_float), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
 
 
+_CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "f32": ctypes.c_float, "i32": ctypes.c_int32}
+
+
+class CoAttentionArgs(ctypes.Structure):
+    """Mirror of ``struct CoAttentionArgs`` in emit/templates/prelude.h (field order
+    from emit/attention.py ARGS_FIELDS)."""
+
+    _fields_ = [(name, _CTYPES[kind]) for name, kind in ATTENTION_ARGS_FIELDS]
+
+
 ARGS_TYPES = {"CoGemmArgs": CoGemmArgs, "CoConvArgs": CoConvArgs, "CoNormArgs": CoNormArgs,
-              "CoGroupNormArgs": CoGroupNormArgs}
+              "CoGroupNormArgs": CoGroupNormArgs, "CoAttentionArgs": CoAttentionArgs}
 
 CO_OK, CO_CANNOT_IMPLEMENT = 0, 1
 STATUS_NAMES = {0: "ok", 1: "cannot implement", 2: "workspace too small",
