@@ -4,10 +4,17 @@ from __future__ import annotations
 import collections
 from dataclasses import asdict, dataclass, field
 
-from .ir import ConvProblem, GroupNormProblem, NormProblem, Plan
+from .ir import AttentionProblem, ConvProblem, GroupNormProblem, NormProblem, Plan
 
 
 def _shape(problem) -> dict:
+    if isinstance(problem, AttentionProblem):
+        p = problem
+        return {"attention": {"batch_hint": p.batch_hint, "heads": p.heads, "seq_q": p.seq_q,
+                              "seq_kv": p.seq_kv, "head_dim": p.head_dim,
+                              "head_dim_v": p.head_dim_v, "scale": p.scale, "causal": p.causal,
+                              "bias": p.bias, "bias_broadcast": list(p.bias_broadcast),
+                              "align": p.align}}
     if isinstance(problem, GroupNormProblem):
         p = problem
         return {"group_norm": {"n_hint": p.n_hint, "c": p.c, "h": p.h, "w": p.w, "groups": p.groups,

@@ -20,7 +20,8 @@ from .conv import ConvOperands, batch_hint
 from .graph_utils import max_alignment, same_shape, static_int, val
 from .group_norm import GroupNormOperands, make_group_norm_region
 from .norm import NormOperands, make_norm_region
-from .patterns import ANCHOR_BY_TARGET, EPILOGUE_STAGES
+from .attention import make_attention_region
+from .patterns import ANCHOR_BY_TARGET, ATTENTION_BY_TARGET, EPILOGUE_STAGES
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
     Fallback). Node names in the result refer to ``gm.graph``.
     """
     regions, fallbacks, taken = [], [], set()
+    _attention_pass(gm, options, regions, fallbacks, taken)   # first: it owns its matmuls
     for node in gm.graph.nodes:
         if node.op != "call_function" or node in taken:
             continue
@@ -71,6 +73,32 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
         if getattr(ops, "pad_node", None) is not None:
             taken.add(ops.pad_node)
     return PartitionResult(tuple(regions), tuple(fallbacks))
+
+
+def _attention_pass(gm, options, regions, fallbacks, taken) -> None:
+    """Attention regions (partition/attention.py), before any GEMM anchor: a
+    hand-written attention's q @ k^T and p @ v matmuls belong to it. An attention
+    that falls back leaves its matmuls to the GEMM anchors."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node in taken:
+            continue
+        anchor = ATTENTION_BY_TARGET.get(node.target)
+        if anchor is None:
+            continue
+        try:
+            ops = anchor.operands(node, options)
+            if ops is None:            # a softmax that is not attention
+                continue
+            if any(n in taken for n in ops.nodes):
+                raise UnsupportedRegion("overlaps another region")
+            region = make_attention_region(len(regions), ops)
+        except UnsupportedRegion as e:
+            fallbacks.append(Fallback(node.name, anchor.form, str(e)))
+            log.info("fallback %s (%s): %s", node.name, anchor.form, e)
+            continue
+        regions.append(region)
+        taken.update(by_name[n] for n in region.nodes)
 
 
 def _grow_epilogue(anchor: fx.Node, ops, taken) -> EpilogueState:

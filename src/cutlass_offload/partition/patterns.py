@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from . import attention as ATT
 from . import checks as C
 from . import conv as V
 from . import group_norm as GN
@@ -64,3 +65,13 @@ EPILOGUE_STAGES = (
 )
 
 ANCHOR_BY_TARGET = {a.target: a for a in ANCHORS}
+
+# attention (partition/attention.py): matched in a pass of its own BEFORE the anchors
+# above, so the GEMM anchors do not claim the matmuls of a hand-written attention;
+# the softmax rows return None for a softmax that is not between q @ k^T and p @ v
+ATTENTION_ANCHORS = (
+    Anchor("sdpa", aten.scaled_dot_product_attention.default, ATT.sdpa_operands),
+    Anchor("softmax_attention", aten.softmax.int, ATT.softmax_operands),
+    Anchor("softmax_attention", aten._softmax.default, ATT.softmax_operands),
+)
+ATTENTION_BY_TARGET = {a.target: a for a in ATTENTION_ANCHORS}

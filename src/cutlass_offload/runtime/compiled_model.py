@@ -8,7 +8,8 @@ import torch
 import torch.fx as fx
 
 from ..errors import CutlassOffloadError
-from ..ir import ConvRegion, GroupNormRegion, NormRegion, Plan
+from ..ir import AttentionRegion, ConvRegion, GroupNormRegion, NormRegion, Plan
+from .attention_region import AttentionRegionModule
 from .conv_region import ConvRegionModule
 from .gemm_region import GemmRegionModule
 from .group_norm_region import GroupNormRegionModule
@@ -37,7 +38,8 @@ class LazyLibrary:
 
 def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
     """Replace each region's nodes in ``gm`` by a call to a region module
-    (GemmRegionModule / ConvRegionModule / NormRegionModule / GroupNormRegionModule).
+    (GemmRegionModule / ConvRegionModule / NormRegionModule / GroupNormRegionModule /
+    AttentionRegionModule).
 
     The region's original subgraph is kept as the module's ``fallback``. Conv
     weights held by ``gm`` are prepacked to channels_last (KRSC) once. Mutates
@@ -57,6 +59,10 @@ def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
         elif isinstance(region, GroupNormRegion):
             named = (("x", region.x), ("weight", region.weight), ("bias", region.bias))
             cls = GroupNormRegionModule
+        elif isinstance(region, AttentionRegion):
+            named = (("q", region.q), ("k", region.k), ("v", region.v), ("bias", region.bias),
+                     ("mask", region.mask))
+            cls = AttentionRegionModule
         elif isinstance(region, ConvRegion):
             _prepack_weight(gm, by_name[region.w])
             named = (("x", region.x), ("w", region.w), ("bias", region.bias), ("c", region.c))

@@ -68,6 +68,11 @@ class RegionModule(torch.nn.Module):
     def _ws_key(self, args) -> tuple:
         raise NotImplementedError
 
+    def _launched(self, out, keep):
+        """The region's result once the kernel is launched (subclasses may finish
+        ``out`` on the stream, e.g. rows the kernel does not compute)."""
+        return out
+
     def forward(self, *xs):
         a = xs[self.primary]
         if not a.is_cuda:
@@ -96,6 +101,7 @@ class RegionModule(torch.nn.Module):
             args.workspace, args.workspace_bytes = None, 0
         status = self._fn(ctypes.byref(args), current_stream(a.device.index))
         if status == CO_OK:
+            out = self._launched(out, keep)
             if self.verify:
                 return self._verified(out, xs)
             return out

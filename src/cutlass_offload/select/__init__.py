@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from ..config import CompileOptions
-from ..ir import (ConvRegion, Fallback, GemmKernel, GemmProblem, GroupNormRegion, NormRegion,
-                  PartitionResult, Plan)
+from ..ir import (AttentionRegion, ConvRegion, Fallback, GemmKernel, GemmProblem, GroupNormRegion,
+                  NormRegion, PartitionResult, Plan)
 from . import sm80, sm90
 from .group_norm import choose_group_norm_kernel
 from .norm import choose_norm_kernel
@@ -37,6 +37,9 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
                 k = choose_norm_kernel(r.problem, arch)
             elif isinstance(r, GroupNormRegion):
                 k = choose_group_norm_kernel(r.problem, arch)
+            elif isinstance(r, AttentionRegion):
+                from ..emit import attention            # the sm80 kernel, for sm_80 and sm_90a
+                k = attention.choose(r.problem, arch)
             elif isinstance(r, ConvRegion):
                 from .conv import choose_conv_kernel   # imports the conv emitters
                 k = choose_conv_kernel(r.problem, arch, options.num_sms or DEFAULT_NUM_SMS[arch])
