@@ -107,7 +107,7 @@ def _cmd_run(a) -> int:
     by_op = ", ".join(f"{k} {v}" for k, v in sorted(result["regions_by_op"].items()))
     print(f"GPU {result['gpu']}: {len(regions)} offloaded regions ({by_op}), "
           f"{fallback_calls} region calls fell back to PyTorch")
-    if "conv2d" in result["regions_by_op"]:
+    if {"conv2d", "group_norm"} & set(result["regions_by_op"]):
         print(f"NCHW -> NHWC layout conversions left per forward: {conversions}")
     print("relative error vs PyTorch: " + ", ".join(f"{e:.3e}" for e in errs))
     print(f"median latency: PyTorch eager {t_ref:.3f} ms, cutlass_offload {t_co:.3f} ms "
