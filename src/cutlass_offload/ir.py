@@ -872,6 +872,17 @@ class AttentionRegion:
     def output(self) -> str:
         return self.nodes[-1]
 
+    @property
+    def kernel_problem(self) -> AttentionProblem:
+        """The problem as the kernel runs it: bottom-right causal attention with more
+        queries than keys runs on the last seq_kv queries only (the region module
+        fills the rows that see no key)."""
+        p = self.problem
+        if p.causal == "bottom_right" and p.seq_q is not None and p.seq_kv is not None \
+                and p.seq_q > p.seq_kv:
+            return dataclasses.replace(p, seq_q=p.seq_kv)
+        return p
+
 
 @dataclass(frozen=True)
 class Fallback:

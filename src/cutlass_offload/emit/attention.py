@@ -101,8 +101,6 @@ when present, still wins (``include_flags``; build/toolchain.py adds it).
 from __future__ import annotations
 
 import math
-import numbers
-from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 from typing import Optional

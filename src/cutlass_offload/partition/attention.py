@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import operator
 import weakref
 from dataclasses import dataclass, field
 from typing import Optional
@@ -64,9 +63,7 @@ from .graph_utils import DTYPE_NAMES, aten, hint_int, same_dim, static_int, val
 _ASSERT = getattr(aten, "_assert_tensor_metadata", None)
 _ASSERT = _ASSERT.default if _ASSERT is not None else None
 _MATMULS = (aten.matmul.default, aten.bmm.default)
-_SOFTMAXES = (aten.softmax.int, aten._softmax.default)
 _SAME_SHAPE_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
-_CASTS = tuple(t for t in (aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default))
 _MAX_FOLD_NODES = 512            # a mask computed by more ops is not evaluated
 _MAX_FOLD_ELEMENTS = 1 << 26
 
@@ -341,7 +338,7 @@ def _evaluate(node):
                     env[n] = n.target(*args, **kwargs)
                     if isinstance(env[n], torch.Tensor) and env[n].numel() > _MAX_FOLD_ELEMENTS:
                         return None
-    except Exception:                               # noqa: BLE001: not evaluable: a bias
+    except Exception:                   # noqa: BLE001 (not evaluable: the mask is a bias)
         return None
     out = env[node]
     if not isinstance(out, torch.Tensor) or out.dim() < 1:
@@ -737,11 +734,9 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
         break
     q = a
     # logits: [casts | scalings | number shifts]* then at most one bias
-    bias = bias_kind = None
-    mask_fill = None
+    add_bias = fill = fill_value = None   # one additive bias, one masked_fill(mask, -inf)
     dtype_in = val(q).dtype
     for n in chain:
-        prev = n.args[0] if n.args else None
         c = _cast_of(n)
         if c is not None:
             if c[1] != torch.float32 and c[1] != dtype_in:
@@ -754,12 +749,11 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
                                     "another tensor")
         s = src[0]
         sc = _scaled(n)
-        f = sc[1] if sc is not None and sc[0] is s else None
-        if f is not None:
-            if bias is not None:
-                raise UnsupportedRegion(f"{what}: the logits are scaled after the bias "
+        if sc is not None and sc[0] is s:
+            if add_bias is not None or fill is not None:
+                raise UnsupportedRegion(f"{what}: the logits are scaled after the mask "
                                         "(the kernel scales before adding it)")
-            scale *= f
+            scale *= sc[1]
             nodes.append(n)
             continue
         if _call(n, aten.add.Tensor, aten.add.Scalar) and len(n.args) == 2:
@@ -769,20 +763,20 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
             if _number(other) is not None:        # softmax is shift-invariant
                 nodes.append(n)
                 continue
-            if bias is not None:
+            if add_bias is not None:
                 raise UnsupportedRegion(f"{what}: more than one bias is added to the logits")
-            bias, bias_kind = other, "float"
+            add_bias = other
             nodes.append(n)
             continue
         if _call(n, aten.masked_fill.Scalar) and n.args[0] is s and len(n.args) == 3:
-            fill = _number(n.args[2])
-            if fill is None or not (fill == -math.inf or (fill < 0 and math.isinf(fill))
-                                    or fill == torch.finfo(val(s).dtype).min):
-                raise UnsupportedRegion(f"{what}: masked_fill with {n.args[2]!r} (only -inf "
-                                        "masks the kernel's way)")
-            if bias is not None:
-                raise UnsupportedRegion(f"{what}: more than one mask on the logits")
-            bias, bias_kind, mask_fill = n.args[1], "bool_masked", fill
+            value = _number(n.args[2])
+            if value is None or not (value == -math.inf
+                                     or value == torch.finfo(val(s).dtype).min):
+                raise UnsupportedRegion(f"{what}: masked_fill with {n.args[2]!r} (only -inf or "
+                                        "finfo.min mask the kernel's way)")
+            if fill is not None:
+                raise UnsupportedRegion(f"{what}: more than one masked_fill on the logits")
+            fill, fill_value = n.args[1], value
             nodes.append(n)
             continue
         raise UnsupportedRegion(f"{what}: {n.target} between q @ k^T and the softmax")
@@ -804,29 +798,40 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
         raise UnsupportedRegion(f"{what}: q @ k^T in {val(mm).dtype}")
     ops = AttentionOperands("softmax_attention", q, k, pv.args[1], nodes, pv, scale,
                             k_transposed=k_transposed)
-    if bias is not None:
-        if not isinstance(bias, fx.Node):
-            raise UnsupportedRegion(f"{what}: the mask is not a tensor")
-        bv = _tensor(bias, "the mask")
-        if bias_kind == "bool_masked" and bv.dtype != torch.bool:
-            raise UnsupportedRegion(f"{what}: masked_fill with a {bv.dtype} mask")
-        lq, lk = val(mm).shape[-2], val(mm).shape[-1]
-        folded = _fold_mask(bias, bias_kind, lq, lk)
-        soft_fill = mask_fill is not None and mask_fill != -math.inf
-        if folded is not None and soft_fill and folded[0] == "bottom_right" and not (
-                static_int(lq) is not None and static_int(lk) is not None
-                and static_int(lq) <= static_int(lk)):
-            folded = None
+    lq, lk = val(mm).shape[-2], val(mm).shape[-1]
+    folded_fill = None
+    if fill is not None:
+        if not isinstance(fill, fx.Node) or _tensor(fill, "the mask").dtype != torch.bool:
+            raise UnsupportedRegion(f"{what}: masked_fill with a mask that is not boolean")
+        folded_fill = _fold_mask(fill, "bool_masked", lq, lk)
+        if folded_fill is not None and fill_value != -math.inf and folded_fill[0] == "bottom_right" \
+                and not (static_int(lq) is not None and static_int(lk) is not None
+                         and static_int(lq) <= static_int(lk)):
+            folded_fill = None            # finfo.min fills rows with no key softly
+        if folded_fill is not None:
+            ops.causal, ops.mask_check = folded_fill
+            ops.mask, ops.mask_kind = fill, "bool_masked"
+            ops.notes.append(f"mask {fill.name} folded: {folded_fill[0]}"
+                             + (" (checked once per shape)" if folded_fill[1] else ""))
+        elif fill_value != -math.inf:
+            raise UnsupportedRegion(f"{what}: masked_fill with finfo.min and a mask that is not a "
+                                    "compile-time causal pattern (rows with no key would differ)")
+        elif add_bias is not None:
+            raise UnsupportedRegion(f"{what}: a bias and a boolean mask that is not a "
+                                    "compile-time causal pattern (the kernel takes one bias)")
+        else:
+            ops.bias, ops.bias_kind = fill, "bool_masked"
+    if add_bias is not None:
+        if not isinstance(add_bias, fx.Node):
+            raise UnsupportedRegion(f"{what}: the bias is not a tensor")
+        folded = _fold_mask(add_bias, "float", lq, lk) if folded_fill is None else None
         if folded is not None:
             ops.causal, ops.mask_check = folded
-            ops.mask, ops.mask_kind = bias, bias_kind
-            ops.notes.append(f"mask {bias.name} folded: {folded[0]}"
+            ops.mask, ops.mask_kind = add_bias, "float"
+            ops.notes.append(f"mask {add_bias.name} folded: {folded[0]}"
                              + (" (checked once per shape)" if folded[1] else ""))
-        elif soft_fill:
-            raise UnsupportedRegion(f"{what}: masked_fill with finfo.min and a mask that is not a "
-                                    "compile-time causal pattern (fully masked rows would differ)")
         else:
-            ops.bias, ops.bias_kind = bias, bias_kind
+            ops.bias, ops.bias_kind = add_bias, "float"
     ops.output, extra, ops.out_layout = _absorb_output(pv, rank)
     ops.nodes += extra
     return ops

@@ -39,7 +39,7 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
                 k = choose_group_norm_kernel(r.problem, arch)
             elif isinstance(r, AttentionRegion):
                 from ..emit import attention            # the sm80 kernel, for sm_80 and sm_90a
-                k = attention.choose(r.problem, arch)
+                k = attention.choose(r.kernel_problem, arch)
             elif isinstance(r, ConvRegion):
                 from .conv import choose_conv_kernel   # imports the conv emitters
                 k = choose_conv_kernel(r.problem, arch, options.num_sms or DEFAULT_NUM_SMS[arch])
