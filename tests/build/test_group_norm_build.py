@@ -51,10 +51,14 @@ def test_group_norm_silu_builds_one_kernel_for_two_regions(tmp_path):
         a.n, a.c, a.h, a.w, a.groups, a.eps = n, c, h, w, groups, 1e-5
         return ws(ctypes.byref(a))
     # no GPU here: the plan assumes 132 SMs, about 2 blocks per SM. SD's first norm
-    # (2, 320, 64, 64): 160 vector columns x 3 lanes per block, 128 tiles of 32
-    # pixels per image: (mean, rstd) per (n, group) + (count, mean, M2) per tile
+    # (2, 320, 64, 64) takes three launches: 160 vector columns x 3 lanes per block,
+    # 128 tiles of 32 pixels per image: (mean, rstd) per (n, group) + (count, mean,
+    # M2) per tile
     assert workspace(2, 320, 64, 64, 32) == 2 * 32 * 8 + 2 * 32 * 128 * 12
-    # a single tile per image: (mean, rstd) only
-    assert workspace(2, 12, 1, 1, 3) == 2 * 3 * 8
+    # a batch of 300 fills the GPU with one tile per image: (mean, rstd) only
+    assert workspace(300, 320, 64, 64, 32) == 300 * 32 * 8
+    # small enough for one block per (n, group chunk) to hold in registers: one
+    # launch, no workspace (SD's 320 channels at 32x32, the odd 12 x 7x5)
+    assert workspace(2, 320, 32, 32, 32) == 0 and workspace(2, 12, 7, 5, 3) == 0
     # cannot implement (C not a multiple of groups, odd channels per group): 0
     assert workspace(2, 12, 8, 8, 5) == 0 and workspace(2, 15, 8, 8, 5) == 0

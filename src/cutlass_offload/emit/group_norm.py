@@ -1,34 +1,36 @@
 """Emit one NHWC group_norm kernel (``nhwc_group_norm`` family), optionally with a
 fused SiLU: x is (N, H*W, C) packed with the channel innermost (a channels_last
-PyTorch tensor), channels [g * C/G, (g + 1) * C/G) form group g.
+PyTorch tensor), channels [g * C/G, (g + 1) * C/G) form group g. Everything is
+computed in fp32 and rounded once: y = (x - mean) * (rstd * w) + b, then
+silu(y) = y / (1 + exp(-y)); rstd = rsqrt(var + eps), biased variance (PyTorch).
 
-Design: three launches on the given stream, no allocation, no host sync.
+A thread block is ``bx`` vector columns (``vec`` elements, at most 16 bytes,
+``cutlass::AlignedArray``) covering whole groups of a channel chunk, by ``by``
+pixel lanes (at most 512 threads). A thread owns one column, hence one group, and
+keeps up to 32 / vec (at most 16) vectors of it in registers; it takes their exact
+two-pass (mean, centred sum of squares) and folds it into its running (count,
+mean, M2) with Chan et al.'s pairwise update; the threads of each group then
+merge in a shared-memory tree. No E[x^2] - E[x]^2 cancellation anywhere: sound for
+SD's 4096 * 40 elements per group and for tiny groups. Two launch plans, picked
+per call (``make_plan``), no allocation, no host sync:
 
-* stats: grid over (n, channel chunk, pixel tile). A block is ``bx`` vector
-  columns (whole groups of the chunk, all C when C / vec <= 512) by ``by``
-  pixel lanes (about 512 threads); with every channel of a pixel in one block a
-  tile is one contiguous range of memory. A thread owns one column (so one
-  group), loads ``32 / vec`` vectors of its column (``vec`` elements, at most 16
-  bytes, ``cutlass::AlignedArray``) at a time into registers, takes their exact
-  two-pass (mean, centred sum of squares) in fp32 and folds it into its running
-  (count, mean, M2) with Chan et al.'s pairwise update; the threads of each
-  group then merge in a shared-memory tree, and one thread per group writes the
-  tile's (count, mean, M2) to the workspace. No E[x^2] - E[x]^2 cancellation
-  anywhere: sound for SD's 4096 * 40 elements per group and for tiny groups.
-* finalize: one warp per (n, group) merges its tiles' partials (Chan again) into
-  (mean, rstd), rstd = rsqrt(M2 / count + eps) (biased variance, as PyTorch).
-  Skipped when a single tile covers the image (stats then writes mean, rstd).
-* apply: same block shape and tiles; a thread reads its group's (mean, rstd) and
-  its column's weight / bias once, then streams its pixels:
-  y = (x - mean) * (rstd * w) + b, then silu(y) = y / (1 + exp(-y)), rounded
-  once to the output type, 16-byte stores when vec allows.
+* fused, one launch, when a block can hold a whole (n, channel chunk) in
+  registers (up to 16K elements: SD's 8x8 and 16x16 norms, 320 channels at
+  32x32): one block per (n, chunk), the fewest groups per chunk giving >= 64
+  contiguous bytes per pixel; statistics, then normalize from registers.
+* three launches otherwise: (1) stats over (n, chunk, pixel tile) blocks, about
+  two per SM (N = 2, G = 32 at 64x64: 2 x 128 blocks of 160 x 3 threads, not the
+  64 of one block per (n, group)); a tile is one contiguous memory range when
+  the chunk is all of C; each group's tile (count, mean, M2) goes to the
+  workspace; (2) finalize: one warp per (n, group) merges its tiles (Chan) into
+  (mean, rstd), skipped with a single tile; (3) apply: same blocks, each thread
+  reads its group's (mean, rstd) and its column's weight / bias once, then
+  streams its pixels, four vectors in flight.
 
-The tile count is chosen per call for about two blocks per SM (N = 2, G = 32 at
-64x64 gives 2 x 128 blocks, not the 64 of one block per (n, group)). The
-workspace holds N * G (mean, rstd) pairs and, with several tiles, N * G * tiles
-(count, mean, M2) partials; ``workspace_size`` says how much, nothing needs
-initializing. ``run`` returns CO_CANNOT_IMPLEMENT for C % groups != 0, a
-C / groups not a multiple of ``vec``, more than 1024 vector columns in one group,
+The workspace (three launches only) holds N * G (mean, rstd) and, with several
+tiles, N * G * tiles (count, mean, M2); ``workspace_size`` says how much, nothing
+needs initializing. ``run`` returns CO_CANNOT_IMPLEMENT for C % groups != 0, a
+C / groups not a multiple of ``vec``, more than 512 vector columns in one group,
 a misaligned or missing pointer; CO_WORKSPACE_TOO_SMALL for a short workspace.
 
 Why not CUTLASS's tools/util/include/cutlass/util/device_groupnorm.h (NHWC too;
@@ -59,10 +61,16 @@ _COMMON = """\
 #define CO_NHWC_GROUP_NORM_COMMON_
 namespace co_nhwc_group_norm {
 
-constexpr int kThreads = 512;         // threads per block aimed at
+constexpr int kThreads = 512;         // threads per block at most
 constexpr int kMaxColumns = 512;      // vector columns of one block at most (blockDim.x)
-constexpr int kCachedElements = 32;   // elements per thread held in registers (stats)
+constexpr int kCachedElements = 32;   // elements per thread held in registers (stats, fused)
 constexpr int kApplyUnroll = 4;       // vectors in flight per thread (apply)
+constexpr int kRowBytes = 64;         // contiguous bytes per pixel a fused block should read
+
+// vectors of one column a thread holds in registers
+__host__ __device__ constexpr int cached_vectors(int vec) {
+  return kCachedElements / vec < 16 ? kCachedElements / vec : 16;
+}
 
 // The launch shape of one call; the same on the host and in the kernels.
 struct Plan {
@@ -75,6 +83,7 @@ struct Plan {
   int64_t tiles;        // pixel tiles per (n, chunk)
   int64_t tile_pixels;
   int bx, by;           // block: bx = gpb * vpg columns, by pixel lanes
+  int fused;            // one launch: a block holds its whole (n, chunk) in registers
 };
 
 // (count, mean, sum of squared deviations) of a set of values
@@ -97,15 +106,17 @@ __device__ __forceinline__ float2 finish(const Moments& m, float eps) {
 }
 
 // Workspace: N * G float2 (mean, rstd), then N * G * tiles * 3 floats of partials
-// when tiles > 1.
+// when tiles > 1; none for a fused launch.
 inline int64_t stats_bytes(int64_t n, const Plan& p) { return n * p.groups * int64_t(sizeof(float2)); }
 
 inline int64_t workspace_bytes(int64_t n, const Plan& p) {
+  if (p.fused) return 0;
   return stats_bytes(n, p) + (p.tiles > 1 ? n * p.groups * p.tiles * 3 * int64_t(sizeof(float)) : 0);
 }
 
-// Fills p; false when the kernel cannot run the problem.
-inline bool make_plan(const CoGroupNormArgs& a, int vec, Plan& p) {
+// Fills p for elements of esize bytes read vec at a time; false when the kernels
+// cannot run the problem.
+inline bool make_plan(const CoGroupNormArgs& a, int vec, int esize, Plan& p) {
   if (a.n < 1 || a.h < 1 || a.w < 1 || a.c < 1 || a.groups < 1 || a.c % a.groups != 0) return false;
   const int64_t cpg = a.c / a.groups;
   if (cpg % vec != 0 || cpg / vec > kMaxColumns) return false;
@@ -113,11 +124,34 @@ inline bool make_plan(const CoGroupNormArgs& a, int vec, Plan& p) {
   p.nvc = a.c / vec;
   p.vpg = cpg / vec;
   p.groups = a.groups;
-  // the most groups per block with at most kThreads columns (one group when wider)
+  if (a.n * a.groups > int64_t(INT32_MAX) / 32) return false;
+
+  // One launch when a block can hold a whole (n, chunk) in registers: the chunk
+  // of the fewest groups giving kRowBytes per pixel, or the most that fit.
+  const int64_t lanes = (p.hw + cached_vectors(vec) - 1) / cached_vectors(vec);
+  int64_t fit = 0;
+  for (int64_t d = 1; d <= a.groups && d * p.vpg * lanes <= kThreads; ++d) {
+    if (a.groups % d != 0) continue;
+    fit = d;
+    if (d * p.vpg * vec * esize >= kRowBytes) break;
+  }
+  if (fit > 0) {
+    p.fused = 1;
+    p.gpb = fit;
+    p.chunks = a.groups / fit;
+    p.bx = int(fit * p.vpg);
+    p.by = int(kThreads / p.bx < p.hw ? kThreads / p.bx : p.hw);   // >= lanes
+    p.tiles = 1;
+    p.tile_pixels = p.hw;
+    return a.n * p.chunks <= int64_t(INT32_MAX);
+  }
+
+  // Three launches: the most groups per block with at most kThreads columns
+  p.fused = 0;
   p.gpb = 1;
-  const int64_t fit = kThreads / p.vpg;
-  for (int64_t d = a.groups < fit ? a.groups : fit; d > 1; --d) {
-    if (a.groups % d == 0 && d * p.vpg <= kThreads) { p.gpb = d; break; }
+  const int64_t most_groups = kThreads / p.vpg;
+  for (int64_t d = a.groups < most_groups ? a.groups : most_groups; d > 1; --d) {
+    if (a.groups % d == 0) { p.gpb = d; break; }
   }
   p.chunks = a.groups / p.gpb;
   p.bx = int(p.gpb * p.vpg);
@@ -135,7 +169,7 @@ inline bool make_plan(const CoGroupNormArgs& a, int vec, Plan& p) {
   tiles = tiles < 1 ? 1 : (tiles > most ? most : tiles);
   p.tile_pixels = (p.hw + tiles - 1) / tiles;
   p.tiles = (p.hw + p.tile_pixels - 1) / p.tile_pixels;
-  return a.n * p.chunks * p.tiles <= int64_t(INT32_MAX) && a.n * p.groups <= int64_t(INT32_MAX) / 32;
+  return a.n * p.chunks * p.tiles <= int64_t(INT32_MAX);
 }
 
 template <typename T, int kVec>
@@ -154,7 +188,94 @@ struct Io {
     static_cast<cutlass::Array<T, kVec>&>(v) = cvt(f);
     return v;
   }
+
+  // exact two-pass moments of the first `valid` of the held vectors
+  template <int kR>
+  static __device__ __forceinline__ Moments moments(const Vec (&v)[kR], int valid) {
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < kR; ++k) {
+      if (k < valid) {
+        const Frag f = widen(v[k]);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) s += f[j];
+      }
+    }
+    const float cnt = float(valid * kVec);
+    const float mean = valid > 0 ? s / cnt : 0.f;
+    float q = 0.f;
+#pragma unroll
+    for (int k = 0; k < kR; ++k) {
+      if (k < valid) {
+        const Frag f = widen(v[k]);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float d = f[j] - mean;
+          q += d * d;
+        }
+      }
+    }
+    return {cnt, mean, q};
+  }
 };
+
+// y = (x - mean) * (rstd * w) + b [then silu], for the vector column `col`
+template <typename T, int kVec, bool kWeight, bool kBias, bool kSilu>
+struct Normalize {
+  using IO = Io<T, kVec>;
+  using Vec = typename IO::Vec;
+  using Frag = typename IO::Frag;
+  float mean;
+  Frag scale, shift;
+
+  __device__ __forceinline__ Normalize(const T* weight, const T* bias, int64_t col, float2 st) : mean(st.x) {
+    Frag fw, fb;
+    if (kWeight) fw = IO::widen(reinterpret_cast<const Vec*>(weight)[col]);
+    if (kBias) fb = IO::widen(reinterpret_cast<const Vec*>(bias)[col]);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      scale[j] = kWeight ? st.y * fw[j] : st.y;
+      shift[j] = kBias ? fb[j] : 0.f;
+    }
+  }
+
+  __device__ __forceinline__ Vec operator()(const Vec& v) const {
+    const Frag f = IO::widen(v);
+    Frag o;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      float r = (f[j] - mean) * scale[j] + shift[j];
+      if (kSilu) r = r / (1.f + __expf(-r));
+      o[j] = r;
+    }
+    return IO::narrow(o);
+  }
+};
+
+// Merges the moments of the block's threads group by group: slot j = ty * vpg +
+// (tx % vpg) of group tx / vpg, a shared-memory tree over the blockDim.y * vpg
+// slots of each group. Every thread calls it; afterwards the thread with j == 0
+// (true returned) holds its group's moments in acc.
+__device__ __forceinline__ bool group_reduce(Moments& acc, Moments* smem, int vpg) {
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int tid = ty * blockDim.x + tx;
+  const int local = tx / vpg;
+  const int j = ty * vpg + tx % vpg;
+  const int size = blockDim.y * vpg;
+  smem[tid] = acc;
+  int stride = 1;
+  while (stride < size) stride <<= 1;
+  for (stride >>= 1; stride > 0; stride >>= 1) {
+    __syncthreads();
+    if (j < stride && j + stride < size) {
+      const int k = j + stride;
+      smem[tid] = merge(smem[tid], smem[(k / vpg) * blockDim.x + local * vpg + k % vpg]);
+    }
+  }
+  __syncthreads();
+  acc = smem[tid];
+  return j == 0;
+}
 
 // blockIdx.x -> (n, chunk, tile)
 __device__ __forceinline__ void block_coords(const Plan& p, int64_t& n, int64_t& chunk, int64_t& tile) {
@@ -164,14 +285,55 @@ __device__ __forceinline__ void block_coords(const Plan& p, int64_t& n, int64_t&
   n = b / (p.tiles * p.chunks);
 }
 
+// One launch: the block's (n, chunk) slice held in registers, statistics, normalize.
+template <typename T, int kVec, bool kWeight, bool kBias, bool kSilu>
+__global__ void __launch_bounds__(512)
+group_norm_fused(const T* __restrict__ input, const T* __restrict__ weight, const T* __restrict__ bias,
+                 T* __restrict__ output, const Plan p, float eps) {
+  using IO = Io<T, kVec>;
+  using Vec = typename IO::Vec;
+  constexpr int kR = cached_vectors(kVec);
+  __shared__ Moments smem[kMaxColumns];
+  __shared__ float2 group_stats[kMaxColumns];
+
+  int64_t n, chunk, tile;
+  block_coords(p, n, chunk, tile);
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int by = blockDim.y;
+  const int64_t col = chunk * p.bx + tx;
+  const int64_t offset = n * p.hw * p.nvc + col;
+  const int64_t step = int64_t(by) * p.nvc;
+  const int64_t left = ty < p.hw ? (p.hw - ty + by - 1) / by : 0;
+  const int valid = left < kR ? int(left) : kR;
+
+  Vec v[kR];
+  const Vec* src = reinterpret_cast<const Vec*>(input) + offset + int64_t(ty) * p.nvc;
+#pragma unroll
+  for (int k = 0; k < kR; ++k, src += step) {
+    if (k < valid) v[k] = *src;
+  }
+  Moments acc = IO::template moments<kR>(v, valid);
+  const int vpg = int(p.vpg);
+  if (group_reduce(acc, smem, vpg)) group_stats[tx / vpg] = finish(acc, eps);
+  __syncthreads();
+
+  const Normalize<T, kVec, kWeight, kBias, kSilu> norm(weight, bias, col, group_stats[tx / vpg]);
+  Vec* dst = reinterpret_cast<Vec*>(output) + offset + int64_t(ty) * p.nvc;
+#pragma unroll
+  for (int k = 0; k < kR; ++k, dst += step) {
+    if (k < valid) *dst = norm(v[k]);
+  }
+}
+
+// Three launches, 1: the (count, mean, M2) of each group over one pixel tile (or,
+// with a single tile, its (mean, rstd)).
 template <typename T, int kVec>
 __global__ void __launch_bounds__(512, 2)
 group_norm_stats(const T* __restrict__ input, float* __restrict__ partials,
                  float2* __restrict__ stats, const Plan p, float eps) {
   using IO = Io<T, kVec>;
   using Vec = typename IO::Vec;
-  using Frag = typename IO::Frag;
-  constexpr int kR = kCachedElements / kVec < 16 ? kCachedElements / kVec : 16;  // vectors held
+  constexpr int kR = cached_vectors(kVec);
   __shared__ Moments smem[kMaxColumns];
 
   int64_t n, chunk, tile;
@@ -195,66 +357,26 @@ group_norm_stats(const T* __restrict__ input, float* __restrict__ partials,
     for (int k = 0; k < kR; ++k, src += step) {
       if (k < valid) v[k] = *src;
     }
-    float s = 0.f;
-#pragma unroll
-    for (int k = 0; k < kR; ++k) {
-      if (k < valid) {
-        const Frag f = IO::widen(v[k]);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) s += f[j];
-      }
-    }
-    const float cnt = float(valid * kVec);
-    const float mean = s / cnt;
-    float q = 0.f;
-#pragma unroll
-    for (int k = 0; k < kR; ++k) {
-      if (k < valid) {
-        const Frag f = IO::widen(v[k]);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float d = f[j] - mean;
-          q += d * d;
-        }
-      }
-    }
-    acc = merge(acc, Moments{cnt, mean, q});
+    acc = merge(acc, IO::template moments<kR>(v, valid));
   }
 
-  // merge the block's threads group by group: slot j = ty * vpg + (tx % vpg) of
-  // group tx / vpg, a tree over the by * vpg slots of each group
   const int vpg = int(p.vpg);
-  const int tid = ty * blockDim.x + tx;
-  const int local = tx / vpg;
-  const int j = ty * vpg + tx % vpg;
-  const int size = by * vpg;
-  smem[tid] = acc;
-  int stride = 1;
-  while (stride < size) stride <<= 1;
-  for (stride >>= 1; stride > 0; stride >>= 1) {
-    __syncthreads();
-    if (j < stride && j + stride < size) {
-      const int k = j + stride;
-      smem[tid] = merge(smem[tid], smem[(k / vpg) * blockDim.x + local * vpg + k % vpg]);
-    }
-  }
-  __syncthreads();
-  if (j == 0) {
-    const Moments m = smem[tid];
-    const int64_t g = n * p.groups + chunk * p.gpb + local;
+  if (group_reduce(acc, smem, vpg)) {
+    const int64_t g = n * p.groups + chunk * p.gpb + tx / vpg;
     if (p.tiles == 1) {
-      stats[g] = finish(m, eps);
+      stats[g] = finish(acc, eps);
     } else {
       float* out = partials + (g * p.tiles + tile) * 3;
-      out[0] = m.n;
-      out[1] = m.mean;
-      out[2] = m.m2;
+      out[0] = acc.n;
+      out[1] = acc.mean;
+      out[2] = acc.m2;
     }
   }
 }
 
-// one warp per (n, group): merge its tiles' partials into (mean, rstd). A template
-// (kBlock threads per block) so that two objects of one library defining it link once.
+// Three launches, 2 (with several tiles): one warp per (n, group) merges its tiles'
+// partials into (mean, rstd). A template (kBlock threads per block) so that two
+// objects of one library defining it link once.
 template <int kBlock>
 __global__ void __launch_bounds__(kBlock)
 group_norm_finalize(const float* __restrict__ partials, float2* __restrict__ stats,
@@ -274,28 +396,18 @@ group_norm_finalize(const float* __restrict__ partials, float2* __restrict__ sta
   if (lane == 0) stats[g] = finish(m, eps);
 }
 
+// Three launches, 3: normalize, same blocks and tiles as the statistics.
 template <typename T, int kVec, bool kWeight, bool kBias, bool kSilu>
 __global__ void __launch_bounds__(512, 2)
 group_norm_apply(const T* __restrict__ input, const T* __restrict__ weight, const T* __restrict__ bias,
                  T* __restrict__ output, const float2* __restrict__ stats, const Plan p) {
-  using IO = Io<T, kVec>;
-  using Vec = typename IO::Vec;
-  using Frag = typename IO::Frag;
+  using Vec = typename Io<T, kVec>::Vec;
 
   int64_t n, chunk, tile;
   block_coords(p, n, chunk, tile);
   const int by = blockDim.y;
   const int64_t col = chunk * p.bx + threadIdx.x;
-  const float2 st = stats[n * p.groups + col / p.vpg];  // (mean, rstd) of this column's group
-  Frag scale, shift;
-  Frag fw, fb;
-  if (kWeight) fw = IO::widen(reinterpret_cast<const Vec*>(weight)[col]);
-  if (kBias) fb = IO::widen(reinterpret_cast<const Vec*>(bias)[col]);
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    scale[j] = kWeight ? st.y * fw[j] : st.y;
-    shift[j] = kBias ? fb[j] : 0.f;
-  }
+  const Normalize<T, kVec, kWeight, kBias, kSilu> norm(weight, bias, col, stats[n * p.groups + col / p.vpg]);
   const int64_t offset = n * p.hw * p.nvc + col;
   const Vec* x = reinterpret_cast<const Vec*>(input) + offset;
   Vec* y = reinterpret_cast<Vec*>(output) + offset;
@@ -314,17 +426,7 @@ group_norm_apply(const T* __restrict__ input, const T* __restrict__ weight, cons
     }
 #pragma unroll
     for (int k = 0; k < kApplyUnroll; ++k) {
-      if (k < valid) {
-        const Frag f = IO::widen(v[k]);
-        Frag o;
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          float r = (f[j] - st.x) * scale[j] + shift[j];
-          if (kSilu) r = r / (1.f + __expf(-r));
-          o[j] = r;
-        }
-        y[first + k * step] = IO::narrow(o);
-      }
+      if (k < valid) y[first + k * step] = norm(v[k]);
     }
   }
 }
@@ -333,38 +435,42 @@ template <typename T, int kVec, bool kWeight, bool kBias, bool kSilu>
 int run(const CoGroupNormArgs& a, cudaStream_t stream) {
   if (a.n == 0) return CO_OK;  // empty output: nothing to launch
   Plan p;
-  if (!make_plan(a, kVec, p)) return CO_CANNOT_IMPLEMENT;
+  if (!make_plan(a, kVec, int(sizeof(T)), p)) return CO_CANNOT_IMPLEMENT;
   const uintptr_t align = uintptr_t(kVec * sizeof(T));
   auto aligned = [align](const void* q) { return reinterpret_cast<uintptr_t>(q) % align == 0; };
   if (a.input == nullptr || a.output == nullptr || !aligned(a.input) || !aligned(a.output))
     return CO_CANNOT_IMPLEMENT;
   if (kWeight && (a.weight == nullptr || !aligned(a.weight))) return CO_CANNOT_IMPLEMENT;
   if (kBias && (a.bias == nullptr || !aligned(a.bias))) return CO_CANNOT_IMPLEMENT;
-  if (a.workspace == nullptr || reinterpret_cast<uintptr_t>(a.workspace) % 16 != 0 ||
-      a.workspace_bytes < workspace_bytes(a.n, p))
-    return CO_WORKSPACE_TOO_SMALL;
-  float2* stats = static_cast<float2*>(a.workspace);
-  float* partials = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + stats_bytes(a.n, p));
-  const dim3 grid(unsigned(a.n * p.chunks * p.tiles)), block(unsigned(p.bx), unsigned(p.by));
   const T* x = static_cast<const T*>(a.input);
-  group_norm_stats<T, kVec><<<grid, block, 0, stream>>>(x, partials, stats, p, a.eps);
-  if (p.tiles > 1) {
-    const int64_t count = a.n * p.groups;
-    const int64_t blocks = (count * 32 + 255) / 256;
-    group_norm_finalize<256><<<dim3(unsigned(blocks)), dim3(256), 0, stream>>>(
-        partials, stats, count, p.tiles, a.eps);
+  const T* w = static_cast<const T*>(a.weight);
+  const T* b = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.output);
+  const dim3 grid(unsigned(a.n * p.chunks * p.tiles)), block(unsigned(p.bx), unsigned(p.by));
+  if (p.fused) {
+    group_norm_fused<T, kVec, kWeight, kBias, kSilu><<<grid, block, 0, stream>>>(x, w, b, y, p, a.eps);
+  } else {
+    if (a.workspace == nullptr || reinterpret_cast<uintptr_t>(a.workspace) % 16 != 0 ||
+        a.workspace_bytes < workspace_bytes(a.n, p))
+      return CO_WORKSPACE_TOO_SMALL;
+    float2* stats = static_cast<float2*>(a.workspace);
+    float* partials = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + stats_bytes(a.n, p));
+    group_norm_stats<T, kVec><<<grid, block, 0, stream>>>(x, partials, stats, p, a.eps);
+    if (p.tiles > 1) {
+      const int64_t count = a.n * p.groups;
+      group_norm_finalize<256><<<dim3(unsigned((count * 32 + 255) / 256)), dim3(256), 0, stream>>>(
+          partials, stats, count, p.tiles, a.eps);
+    }
+    group_norm_apply<T, kVec, kWeight, kBias, kSilu><<<grid, block, 0, stream>>>(x, w, b, y, stats, p);
   }
-  group_norm_apply<T, kVec, kWeight, kBias, kSilu><<<grid, block, 0, stream>>>(
-      x, static_cast<const T*>(a.weight), static_cast<const T*>(a.bias), static_cast<T*>(a.output),
-      stats, p);
   if (cudaGetLastError() != cudaSuccess) return CO_LAUNCH_FAILED;
   return CO_OK;
 }
 
-template <int kVec>
+template <typename T, int kVec>
 int64_t workspace_size(const CoGroupNormArgs& a) {
   Plan p;
-  if (a.n < 1 || !make_plan(a, kVec, p)) return 0;
+  if (a.n < 1 || !make_plan(a, kVec, int(sizeof(T)), p)) return 0;
   return workspace_bytes(a.n, p);
 }
 
@@ -376,7 +482,7 @@ _KERNEL = """\
 namespace ${name} {
 
 int64_t workspace_size(const CoGroupNormArgs& args) {
-  return co_nhwc_group_norm::workspace_size<${vec}>(args);
+  return co_nhwc_group_norm::workspace_size<${element}, ${vec}>(args);
 }
 
 int run(const CoGroupNormArgs& args, cudaStream_t stream) {
