@@ -271,3 +271,11 @@ def test_toolchain_compiles_with_the_attention_include_paths():
     assert examples not in sig and "idirafter" not in sig and at.compat_dir() not in sig
     assert toolchain.flags_signature(toolchain.compile_command("nvcc", "sm80", "u.cu", "u.o",
                                                                cutlass=False)) == sig
+
+
+def test_shard_planner_prices_attention_kernels_apart():
+    from cutlass_offload.build import shards
+    plain, biased = at.choose(problem(64)), at.choose(problem(64, bias="add"))
+    assert shards.estimate([plain]) == 12.0 + 6.0
+    assert shards.estimate([plain, biased]) == 12.0 + 12.0      # no cheap bias variant
+    assert shards.plan_shards([plain, biased, at.choose(problem(256))], 2)

@@ -19,6 +19,10 @@ Costs, in seconds (relative weights for balancing, not predictions):
   kernels), ~350 MB peak: a fixed part below a 2.x TU's, kernels nearly free: 4 / 0.3 / 0.3.
 * nhwc_group_norm (emit/group_norm.py): the same headers; on 2 cores one kernel 8.5 s
   (sm_80; 9.3 s sm_90a), eight kernels 10.9 s, ~350 MB peak: 4 / 0.3 / 0.3 as well.
+* attention (emit/attention.py; family cutlass2x_sm80, priced by kind): on 2 cores
+  (sm_80, nvcc 13.0, another job on the machine) one kernel 14.8-19.8 s, two kernels
+  17.7-22.5 s (21.0 s for the same tile with and without bias: no cheap epilogue
+  variant), ~0.6 GB peak: 12 / 6 / 6.
 """
 from __future__ import annotations
 
@@ -28,9 +32,17 @@ from ..config import knobs
 from .toolchain import available_memory
 
 COST = {"cutlass3x_sm90": (43.0, 9.0, 3.0), "cutlass2x_sm80": (10.0, 2.0, 0.8),  # fixed, mainloop, epilogue
-        "rowwise_norm": (4.0, 0.3, 0.3), "nhwc_group_norm": (4.0, 0.3, 0.3)}
+        "rowwise_norm": (4.0, 0.3, 0.3), "nhwc_group_norm": (4.0, 0.3, 0.3),
+        "attention": (12.0, 6.0, 6.0)}
 PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30,  # bytes per nvcc (design.md)
-               "rowwise_norm": 0.5 * 2**30, "nhwc_group_norm": 0.5 * 2**30}
+               "rowwise_norm": 0.5 * 2**30, "nhwc_group_norm": 0.5 * 2**30,
+               "attention": 0.6 * 2**30}
+
+
+def _priced(kernel) -> str:
+    """The COST / PEAK_MEMORY row of a kernel: its family, or its kind for attention
+    kernels (of family cutlass2x_sm80, priced apart)."""
+    return "attention" if kernel.kind == "attention" else kernel.config.family
 
 
 def mainloop(kernel) -> tuple:
@@ -45,10 +57,10 @@ def estimate(kernels) -> float:
     """Predicted relative cost of one translation unit holding ``kernels``."""
     if not kernels:
         return 0.0
-    fixed = max(COST[k.config.family][0] for k in kernels)
+    fixed = max(COST[_priced(k)][0] for k in kernels)
     seen, total = set(), fixed
     for k in kernels:
-        _, new, extra = COST[k.config.family]
+        _, new, extra = COST[_priced(k)]
         key = mainloop(k)
         total += extra if key in seen else new
         seen.add(key)
@@ -63,7 +75,7 @@ def job_slots(kernels=()) -> int:
     if knobs().jobs:
         return knobs().jobs
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    per_job = max((PEAK_MEMORY[k.config.family] for k in kernels), default=PEAK_MEMORY["cutlass2x_sm80"])
+    per_job = max((PEAK_MEMORY[_priced(k)] for k in kernels), default=PEAK_MEMORY["cutlass2x_sm80"])
     mem = available_memory()
     by_memory = max(1, int(mem // per_job)) if mem else cores
     return max(1, min(cores, by_memory))
