@@ -58,7 +58,7 @@ import torch.fx as fx
 
 from ..errors import UnsupportedRegion
 from ..ir import AttentionProblem, AttentionRegion
-from .graph_utils import DTYPE_NAMES, aten, hint_int, same_dim, static_int, val
+from .graph_utils import DTYPE_NAMES, aten, hint_int, same_dim, same_shape, static_int, val
 
 _ASSERT = getattr(aten, "_assert_tensor_metadata", None)
 _ASSERT = _ASSERT.default if _ASSERT is not None else None
@@ -593,7 +593,7 @@ def _absorb_output(out: fx.Node, rank: int):
         if len(users) != 1:
             break
         u = users[0]
-        if _call(u, *_SAME_SHAPE_VIEWS) and tuple(val(u).shape) == tuple(val(x).shape):
+        if _call(u, *_SAME_SHAPE_VIEWS) and same_shape(val(u).shape, val(x).shape):
             extra.append(u)
             x = u
             continue
