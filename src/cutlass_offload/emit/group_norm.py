@@ -7,7 +7,7 @@ silu(y) = y / (1 + exp(-y)); rstd = rsqrt(var + eps), biased variance (PyTorch).
 A thread block is ``bx`` vector columns (``vec`` elements, at most 16 bytes,
 ``cutlass::AlignedArray``) covering whole groups of a channel chunk, by ``by``
 pixel lanes (at most 512 threads). A thread owns one column, hence one group, and
-keeps up to 32 / vec (at most 16) vectors of it in registers; it takes their exact
+keeps up to 64 bytes (at most 16 vectors) of it in registers; it takes their exact
 two-pass (mean, centred sum of squares) and folds it into its running (count,
 mean, M2) with Chan et al.'s pairwise update; the threads of each group then
 merge in a shared-memory tree. No E[x^2] - E[x]^2 cancellation anywhere: sound for
@@ -15,7 +15,7 @@ SD's 4096 * 40 elements per group and for tiny groups. Two launch plans, picked
 per call (``make_plan``), no allocation, no host sync:
 
 * fused, one launch, when a block can hold a whole (n, channel chunk) in
-  registers (up to 16K elements: SD's 8x8 and 16x16 norms, 320 channels at
+  registers (up to 16K 16-bit elements: SD's 8x8 and 16x16 norms, 320 channels at
   32x32): one block per (n, chunk), the fewest groups per chunk giving >= 64
   contiguous bytes per pixel; statistics, then normalize from registers.
 * three launches otherwise: (1) stats over (n, chunk, pixel tile) blocks, about
@@ -63,13 +63,13 @@ namespace co_nhwc_group_norm {
 
 constexpr int kThreads = 512;         // threads per block at most
 constexpr int kMaxColumns = 512;      // vector columns of one block at most (blockDim.x)
-constexpr int kCachedElements = 32;   // elements per thread held in registers (stats, fused)
+constexpr int kCachedBytes = 64;      // bytes per thread held in registers (stats, fused)
 constexpr int kApplyUnroll = 4;       // vectors in flight per thread (apply)
 constexpr int kRowBytes = 64;         // contiguous bytes per pixel a fused block should read
 
-// vectors of one column a thread holds in registers
-__host__ __device__ constexpr int cached_vectors(int vec) {
-  return kCachedElements / vec < 16 ? kCachedElements / vec : 16;
+// vectors of one column a thread holds in registers (32 16-bit or 16 fp32 elements)
+__host__ __device__ constexpr int cached_vectors(int vec, int esize) {
+  return kCachedBytes / (vec * esize) < 16 ? kCachedBytes / (vec * esize) : 16;
 }
 
 // The launch shape of one call; the same on the host and in the kernels.
@@ -128,7 +128,8 @@ inline bool make_plan(const CoGroupNormArgs& a, int vec, int esize, Plan& p) {
 
   // One launch when a block can hold a whole (n, chunk) in registers: the chunk
   // of the fewest groups giving kRowBytes per pixel, or the most that fit.
-  const int64_t lanes = (p.hw + cached_vectors(vec) - 1) / cached_vectors(vec);
+  const int64_t held = cached_vectors(vec, esize);
+  const int64_t lanes = (p.hw + held - 1) / held;
   int64_t fit = 0;
   for (int64_t d = 1; d <= a.groups && d * p.vpg * lanes <= kThreads; ++d) {
     if (a.groups % d != 0) continue;
@@ -292,7 +293,7 @@ group_norm_fused(const T* __restrict__ input, const T* __restrict__ weight, cons
                  T* __restrict__ output, const Plan p, float eps) {
   using IO = Io<T, kVec>;
   using Vec = typename IO::Vec;
-  constexpr int kR = cached_vectors(kVec);
+  constexpr int kR = cached_vectors(kVec, int(sizeof(T)));
   __shared__ Moments smem[kMaxColumns];
   __shared__ float2 group_stats[kMaxColumns];
 
@@ -333,7 +334,7 @@ group_norm_stats(const T* __restrict__ input, float* __restrict__ partials,
                  float2* __restrict__ stats, const Plan p, float eps) {
   using IO = Io<T, kVec>;
   using Vec = typename IO::Vec;
-  constexpr int kR = cached_vectors(kVec);
+  constexpr int kR = cached_vectors(kVec, int(sizeof(T)));
   __shared__ Moments smem[kMaxColumns];
 
   int64_t n, chunk, tile;
