@@ -17,8 +17,8 @@ Costs, in seconds (relative weights for balancing, not predictions):
 * rowwise_norm (emit/norm.py): on 2 cores a one-kernel TU takes 9-13 s, almost all of
   it parsing cutlass/numeric_types.h (9.5 s for the headers alone, 9.1 s for seven
   kernels), ~350 MB peak: a fixed part below a 2.x TU's, kernels nearly free: 4 / 0.3 / 0.3.
-* nhwc_group_norm (emit/group_norm.py): the same headers; on 2 cores one kernel 8.5 s
-  (sm_80; 9.3 s sm_90a), eight kernels 10.9 s, ~350 MB peak: 4 / 0.3 / 0.3 as well.
+* nhwc_group_norm (emit/group_norm.py): the same headers; on 2 cores one kernel 10.1 s
+  (sm_90a), sd-unet's six 12.7 s, ~350 MB peak: 4 / 0.3 / 0.3 as well.
 * attention (emit/attention.py; family cutlass2x_sm80, priced by kind): on 2 cores
   (sm_80, nvcc 13.0, another job on the machine) one kernel 14.8-19.8 s, two kernels
   17.7-22.5 s (21.0 s for the same tile with and without bias: no cheap epilogue
