@@ -103,7 +103,7 @@ def _masked_reference(q, k, v, m):
 
 def test_cuda_graph_and_misaligned_fallback():
     """A boolean mask (0/-inf bias padded for the kernel, rows without a key zeroed)
-    replays in a CUDA graph; a misaligned q runs PyTorch and still matches."""
+    replays in a CUDA graph; a misaligned q is copied to aligned storage and matches."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, s, 64, device="cuda", dtype=torch.float16) for s in (24, 20, 20))
     m = torch.rand(2, 1, 1, 20, device="cuda") > 0.3
@@ -127,8 +127,14 @@ def test_cuda_graph_and_misaligned_fallback():
     qm = flat[1:].view_as(q)                      # 2-byte offset: not 16-byte aligned
     qm.copy_(q)
     with torch.no_grad():
+        copies = mod.copies
+        compiled(q, k, v, m)
+        per_call = mod.copies - copies            # the boolean mask's bias, every call
+        copies = mod.copies
         out = compiled(qm, k, v, m)
-    assert mod.fallback_calls == 1
+    # the misaligned q is copied and the kernel runs: PyTorch 2.11's own SDPA is wrong
+    # on this call (relative error 1.06 on an H200), so falling back would be too
+    assert mod.fallback_calls == 0 and mod.copies == copies + per_call + 1
     assert rel_err(out, _masked_reference(q, k, v, m)) <= TOL[torch.float16]
 
 

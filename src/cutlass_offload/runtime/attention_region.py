@@ -172,6 +172,19 @@ class AttentionRegionModule(RegionModule):
             k, copies = k.contiguous(), copies + 1
         if v.stride(-1) != 1:
             v, copies = v.contiguous(), copies + 1
+        # A pointer or stride the kernel's accesses do not divide: copy that operand
+        # (fresh storage is aligned) rather than fall back. PyTorch 2.11's own SDPA
+        # returns wrong values for a misaligned fp16 query with a boolean mask
+        # (relative error 1.06 measured on an H200, while its math backend agrees
+        # with float64), so the fallback would not be a safe answer here.
+        acc_bytes = self.kernel.access * self._esize
+        fixed = []
+        for t in (q, k, v):
+            if t.data_ptr() % acc_bytes or any(t.stride(i) % self.kernel.access
+                                                for i in range(3) if t.shape[i] > 1):
+                t, copies = t.clone(memory_format=torch.contiguous_format), copies + 1
+            fixed.append(t)
+        q, k, v = fixed
         if r.negate:                          # the kernel takes scale > 0: -scale on -q or -k
             if q.numel() <= k.numel():
                 q = torch.neg(q)
