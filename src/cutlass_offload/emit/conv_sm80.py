@@ -91,13 +91,10 @@ from __future__ import annotations
 from string import Template
 
 from ..ir import CONV_ITERATORS, ConvKernel, KernelConfig, KernelSource
-
-FAMILY = "cutlass2x_sm80"
-
-_ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32": "float"}
-_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
-_INSTRUCTION = {"f16": (16, 8, 16), "bf16": (16, 8, 16), "f32": (16, 8, 8)}
-_ALIGNMENTS = {"f16": (1, 2, 4, 8), "bf16": (1, 2, 4, 8), "f32": (1, 2, 4)}
+from .epilogue_sm80 import (BYTES, EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FAMILY,
+                            INCLUDE_PLAIN_EPILOGUE, INCLUDE_RESIDUAL_EPILOGUE, INCLUDES_COMMON,
+                            KERNEL, check_alignments, check_smem, check_warp_tiling, cp_async_ok,
+                            epilogue_values, known_configs, semantics, shape_values)
 
 _ITERATOR = {
     "optimized": "kOptimized",
@@ -112,35 +109,13 @@ _STRIDE_SUPPORT = {"strided": "kStrided", "unity": "kUnity"}
 # channels iterators pack several filter positions into one tile instead.
 _FEW_CHANNELS_BELOW = 16
 
-_THREAD = "cutlass::epilogue::thread::"
-_ACTIVATION = {
-    "identity": _THREAD + "Identity",
-    "relu": _THREAD + "ReLu",
-    "gelu_erf": _THREAD + "GELU",
-    "gelu_tanh": _THREAD + "GELU_taylor",
-    "silu": _THREAD + "SiLu",
-    "sigmoid": _THREAD + "Sigmoid",
-}
-_HEAVY = ("gelu_erf", "gelu_tanh", "silu", "sigmoid")
-_BINARY = {"add": "cutlass::plus", "mul": "cutlass::multiplies"}
-_POST = {"identity": _THREAD + "Identity", "relu": _THREAD + "ReLu"}
-
-# Largest opt-in dynamic shared memory per block on sm_80 (A100); H100 allows more.
-_SMEM_LIMIT = 163 * 1024
-
-_INCLUDES_COMMON = (
-    "cutlass/cutlass.h",
-    "cutlass/numeric_types.h",
-    "cutlass/functional.h",
-    "cutlass/epilogue/thread/activation.h",
-)
-_INCLUDES_PLAIN = _INCLUDES_COMMON + (
-    "cutlass/epilogue/thread/linear_combination_generic.h",
+_INCLUDES_PLAIN = INCLUDES_COMMON + (
+    INCLUDE_PLAIN_EPILOGUE,
     "cutlass/conv/kernel/default_conv2d_fprop.h",
     "cutlass/conv/device/implicit_gemm_convolution.h",
 )
-_INCLUDES_RESIDUAL = _INCLUDES_COMMON + (
-    "cutlass/epilogue/thread/linear_combination_residual_block.h",
+_INCLUDES_RESIDUAL = INCLUDES_COMMON + (
+    INCLUDE_RESIDUAL_EPILOGUE,
     "cutlass/conv/kernel/default_conv2d_fprop_with_broadcast.h",
     "cutlass/conv/device/implicit_gemm_convolution.h",
 )
@@ -191,13 +166,7 @@ static cutlass::TensorRef<Element, Layout> ref(const void* p, Layout layout) {
 """
 
 # Variant 1: no residual. D = act(alpha * acc + bias); bias read as C with zero strides.
-_PLAIN = """\
-// D = ${semantics}
-using EpilogueOp = cutlass::epilogue::thread::LinearCombinationGeneric<
-    ${activation}, ElementOutput, kAlignC, ElementAccumulator, ElementCompute,
-    cutlass::epilogue::thread::ScaleType::${scale_type},
-    cutlass::FloatRoundStyle::round_to_nearest, ${is_heavy}>;
-
+_PLAIN = EPILOGUE_PLAIN + """
 using Kernel = typename cutlass::conv::kernel::DefaultConv2dFprop<
     ElementA, Layout, ElementB, Layout, ElementOutput, Layout, ElementAccumulator,
     cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
@@ -219,12 +188,7 @@ static typename Conv::Arguments make_arguments(const CoConvArgs& args) {
 """
 
 # Variant 2: residual. D = post(binary(act(alpha * acc + vector), beta * C)).
-_RESIDUAL = """\
-// D = ${semantics}
-using EpilogueOp = cutlass::epilogue::thread::LinearCombinationResidualBlock<
-    ElementOutput, ElementAccumulator, ElementCompute, ElementOutput, kAlignC,
-    ${activation}, ${binary_op}, ${post_op}>;
-
+_RESIDUAL = EPILOGUE_RESIDUAL + """
 using FusedKernel = typename cutlass::conv::kernel::DefaultConv2dFpropWithBroadcast<
     ElementA, Layout, ElementB, Layout, ElementOutput, Layout, ElementAccumulator,
     cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
@@ -330,35 +294,9 @@ _CHECK_RESIDUAL = """\
   if (a.residual == nullptr || !aligned(a.residual, kAlignC)) return false;
 """
 
-_KERNEL = """\
-// ${name}
-namespace ${name} {
-
-${types}
-${operation}
-${launcher}
-}  // namespace ${name}
-"""
-
-
 # ---------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------
-
-def _check_alignments(dtype: str, **aligns) -> None:
-    if dtype not in _ELEMENT:
-        raise ValueError(f"unsupported dtype {dtype!r}")
-    allowed = _ALIGNMENTS[dtype]
-    for what, a in aligns.items():
-        if a not in allowed:
-            raise ValueError(f"{what}={a} is not legal for {dtype}: allowed {allowed} "
-                             f"(at most 16 bytes per access)")
-
-
-def _cp_async_ok(dtype: str, align_a: int, align_b: int) -> bool:
-    """cp.async copies 4, 8 or 16 bytes: the multistage mainloop needs that much."""
-    return min(align_a, align_b) * _BYTES[dtype] >= 4
-
 
 def _check_stages(kernel: ConvKernel) -> None:
     stages = kernel.config.stages
@@ -368,7 +306,7 @@ def _check_stages(kernel: ConvKernel) -> None:
                              "is used; see gemm_sm80)")
     elif stages < 2:
         raise ValueError(f"stages must be >= 2, got {stages}")
-    elif not _cp_async_ok(kernel.dtype, kernel.align_a, kernel.align_b) and stages != 2:
+    elif not cp_async_ok(kernel.dtype, kernel.align_a, kernel.align_b) and stages != 2:
         raise ValueError(
             f"{kernel.dtype} with align_a={kernel.align_a}, align_b={kernel.align_b} needs "
             f"stages=2 (ImplicitGemmPipelined): cp.async copies only 4, 8 or 16 bytes, "
@@ -388,27 +326,11 @@ def _check_iterator(kernel: ConvKernel) -> None:
 
 def _check_tiles(kernel: ConvKernel) -> None:
     cfg = kernel.config
-    dtype = kernel.dtype
-    if tuple(cfg.instruction) != _INSTRUCTION[dtype]:
-        raise ValueError(f"{dtype} needs instruction shape {_INSTRUCTION[dtype]}, "
-                         f"got {tuple(cfg.instruction)}")
-    tm, tn, tk = cfg.tile
-    wm, wn, wk = cfg.warp
-    im, in_, ik = cfg.instruction
-    if tm % wm or tn % wn or wk != tk:
-        raise ValueError(f"warp {cfg.warp} must tile the threadblock {cfg.tile} in M and N "
-                         f"and have the same K")
-    if wm % im or wn % in_ or wk % ik:
-        raise ValueError(f"warp {cfg.warp} must be a multiple of instruction {cfg.instruction}")
-    warps = (tm // wm) * (tn // wn)
-    if warps not in (1, 2, 4, 8):
-        raise ValueError(f"{warps} warps per threadblock; use 1, 2, 4 or 8")
+    check_warp_tiling(cfg, kernel.dtype)
+    tk = cfg.tile[2]
     if tk % kernel.align_a or tk % kernel.align_b:
         raise ValueError(f"tile K {tk} must be a multiple of the operand alignments")
-    smem = cfg.stages * (tm + tn) * tk * _BYTES[dtype]
-    if smem > _SMEM_LIMIT:
-        raise ValueError(f"mainloop needs {smem} bytes of shared memory, more than the "
-                         f"{_SMEM_LIMIT} bytes an sm_80 block may use")
+    check_smem(cfg, kernel.dtype)
 
 
 def check(kernel: ConvKernel) -> None:
@@ -425,8 +347,8 @@ def check(kernel: ConvKernel) -> None:
                          f"got family {kernel.config.family!r}")
     if kernel.accumulate != "f32":
         raise ValueError(f"only f32 accumulation is supported, got {kernel.accumulate!r}")
-    _check_alignments(kernel.dtype, align_a=kernel.align_a, align_b=kernel.align_b,
-                      align_c=kernel.align_c)
+    check_alignments(kernel.dtype, align_a=kernel.align_a, align_b=kernel.align_b,
+                     align_c=kernel.align_c)
     _check_stages(kernel)
     _check_iterator(kernel)
     _check_tiles(kernel)
@@ -436,19 +358,6 @@ def check(kernel: ConvKernel) -> None:
 # Substitution values and emission
 # ---------------------------------------------------------------------------
 
-def _semantics(kernel: ConvKernel) -> str:
-    ep = kernel.epilogue
-    x = "conv(x, w) + bias" if ep.bias else "conv(x, w)"
-    if ep.activation != "identity":
-        x = f"{ep.activation}({x})"
-    if ep.residual != "none":
-        src = "residual[k]" if ep.residual_broadcast else "residual"
-        x = f"{x} {'+' if ep.residual == 'add' else '*'} {src}"
-    if ep.post_activation != "identity":
-        x = f"{ep.post_activation}({x})"
-    return x
-
-
 def values(kernel: ConvKernel) -> dict:
     """Return the substitution dict for the templates of ``kernel``.
 
@@ -456,33 +365,18 @@ def values(kernel: ConvKernel) -> dict:
     ValueError (from ``check``) if the kernel is not a legal instantiation.
     """
     check(kernel)
-    cfg = kernel.config
     ep = kernel.epilogue
     residual = ep.residual != "none"
     operand_checks = (_CHECK_BIAS if ep.bias else "") + (_CHECK_RESIDUAL if residual else "")
+    source = "residual[k]" if ep.residual_broadcast else "residual"
     return {
         "name": kernel.name,
-        "semantics": _semantics(kernel),
-        "element": _ELEMENT[kernel.dtype],
-        "tile_m": cfg.tile[0], "tile_n": cfg.tile[1], "tile_k": cfg.tile[2],
-        "warp_m": cfg.warp[0], "warp_n": cfg.warp[1], "warp_k": cfg.warp[2],
-        "inst_m": cfg.instruction[0], "inst_n": cfg.instruction[1],
-        "inst_k": cfg.instruction[2],
-        "stages": cfg.stages,
-        "align_a": kernel.align_a, "align_b": kernel.align_b, "align_c": kernel.align_c,
+        "semantics": semantics(ep, "conv(x, w)", source),
+        **shape_values(kernel),
         "iterator": _ITERATOR[kernel.iterator],
         "stride_support": _STRIDE_SUPPORT[kernel.stride_support],
         "unit_stride_only": "true" if kernel.stride_support == "unity" else "false",
-        "activation": _ACTIVATION[ep.activation],
-        "is_heavy": "true" if ep.activation in _HEAVY else "false",
-        # Plain variant: bias broadcast through C with zero strides, or no source.
-        "scale_type": "NoBetaScaling" if ep.bias else "OnlyAlphaScaling",
-        "beta": 1 if ep.bias else 0,
-        "source_ptr": "args.bias" if ep.bias else "nullptr",
-        # Residual variant.
-        "binary_op": _BINARY.get(ep.residual, ""),
-        "post_op": _POST[ep.post_activation],
-        "vector_ptr": "const_cast<void*>(args.bias)" if ep.bias else "nullptr",
+        **epilogue_values(ep),
         "residual_layout": ("broadcast_layout()" if ep.residual_broadcast
                             else "Layout::packed(ps.output_extent())"),
         "operand_checks": operand_checks,
@@ -498,7 +392,7 @@ def emit(kernel: ConvKernel) -> KernelSource:
     """
     v = values(kernel)
     residual = kernel.epilogue.residual != "none"
-    code = Template(_KERNEL).substitute(
+    code = Template(KERNEL).substitute(
         v,
         types=Template(_TYPES).substitute(v),
         operation=Template(_RESIDUAL if residual else _PLAIN).substitute(v),
@@ -512,11 +406,6 @@ def emit(kernel: ConvKernel) -> KernelSource:
 # Known-good configurations and iterator choice
 # ---------------------------------------------------------------------------
 
-def _cfg(tile, warp, stages, instruction) -> KernelConfig:
-    return KernelConfig(family=FAMILY, tile=tile, warp=warp, stages=stages,
-                        instruction=instruction)
-
-
 def legal_configs(dtype: str, align_a: int, align_b: int, align_c: int,
                   iterator: str = "optimized") -> list[KernelConfig]:
     """Return up to 4 configs, largest tile first, legal for this dtype/alignment.
@@ -529,27 +418,8 @@ def legal_configs(dtype: str, align_a: int, align_b: int, align_c: int,
     """
     if iterator not in _ITERATOR:
         raise ValueError(f"iterator must be one of {CONV_ITERATORS}, got {iterator!r}")
-    _check_alignments(dtype, align_a=align_a, align_b=align_b, align_c=align_c)
-    inst = _INSTRUCTION[dtype]
-    if dtype == "f32":
-        return [
-            _cfg((128, 128, 32), (64, 64, 32), 3, inst),
-            _cfg((128, 64, 32), (64, 32, 32), 3, inst),
-            _cfg((64, 64, 32), (32, 32, 32), 4, inst),
-        ]
-    if not _cp_async_ok(dtype, align_a, align_b):
-        return [
-            _cfg((128, 128, 32), (64, 64, 32), 2, inst),
-            _cfg((128, 64, 32), (64, 32, 32), 2, inst),
-            _cfg((64, 128, 32), (32, 64, 32), 2, inst),
-            _cfg((64, 64, 32), (32, 32, 32), 2, inst),
-        ]
-    return [
-        _cfg((128, 256, 32), (64, 64, 32), 3, inst),
-        _cfg((128, 128, 32), (64, 64, 32), 4, inst),
-        _cfg((128, 64, 32), (64, 32, 32), 4, inst),
-        _cfg((64, 64, 32), (32, 32, 32), 5, inst),
-    ]
+    check_alignments(dtype, align_a=align_a, align_b=align_b, align_c=align_c)
+    return known_configs(dtype, align_a, align_b)
 
 
 def choose_iterator(dtype: str, c: int, align_a: int) -> str:
@@ -565,9 +435,9 @@ def choose_iterator(dtype: str, c: int, align_a: int) -> str:
     derives both from C, so they are equal. Raises ValueError for an unknown
     dtype, an illegal alignment or a C the alignment does not divide.
     """
-    _check_alignments(dtype, align_a=align_a)
+    check_alignments(dtype, align_a=align_a)
     if c < 1 or c % align_a:
         raise ValueError(f"align_a={align_a} must divide C={c}")
     if c < _FEW_CHANNELS_BELOW:
         return "fixed_channels" if c == align_a else "few_channels"
-    return "optimized" if align_a * _BYTES[dtype] >= 4 else "analytic"
+    return "optimized" if align_a * BYTES[dtype] >= 4 else "analytic"

@@ -39,43 +39,19 @@ from __future__ import annotations
 from string import Template
 
 from ..ir import GemmKernel, KernelConfig, KernelSource
+from .epilogue_sm80 import (EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FAMILY, INCLUDE_PLAIN_EPILOGUE,
+                            INCLUDE_RESIDUAL_EPILOGUE, INCLUDES_COMMON, KERNEL, check_alignments,
+                            check_smem, check_warp_tiling, cp_async_ok, epilogue_values,
+                            known_configs, semantics, shape_values)
 
-FAMILY = "cutlass2x_sm80"
-
-_ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32": "float"}
-_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
-_INSTRUCTION = {"f16": (16, 8, 16), "bf16": (16, 8, 16), "f32": (16, 8, 8)}
-_ALIGNMENTS = {"f16": (1, 2, 4, 8), "bf16": (1, 2, 4, 8), "f32": (1, 2, 4)}
-
-_THREAD = "cutlass::epilogue::thread::"
-_ACTIVATION = {
-    "identity": _THREAD + "Identity",
-    "relu": _THREAD + "ReLu",
-    "gelu_erf": _THREAD + "GELU",
-    "gelu_tanh": _THREAD + "GELU_taylor",
-    "silu": _THREAD + "SiLu",
-    "sigmoid": _THREAD + "Sigmoid",
-}
-_HEAVY = ("gelu_erf", "gelu_tanh", "silu", "sigmoid")
-_BINARY = {"add": "cutlass::plus", "mul": "cutlass::multiplies"}
-_POST = {"identity": _THREAD + "Identity", "relu": _THREAD + "ReLu"}
 _LAYOUT_B = {"col": "cutlass::layout::ColumnMajor", "row": "cutlass::layout::RowMajor"}
 
-# Largest opt-in dynamic shared memory per block on sm_80 (A100); H100 allows more.
-_SMEM_LIMIT = 163 * 1024
-
-_INCLUDES_COMMON = (
-    "cutlass/cutlass.h",
-    "cutlass/numeric_types.h",
-    "cutlass/functional.h",
-    "cutlass/epilogue/thread/activation.h",
-)
-_INCLUDES_PLAIN = _INCLUDES_COMMON + (
-    "cutlass/epilogue/thread/linear_combination_generic.h",
+_INCLUDES_PLAIN = INCLUDES_COMMON + (
+    INCLUDE_PLAIN_EPILOGUE,
     "cutlass/gemm/device/gemm_universal.h",
 )
-_INCLUDES_RESIDUAL = _INCLUDES_COMMON + (
-    "cutlass/epilogue/thread/linear_combination_residual_block.h",
+_INCLUDES_RESIDUAL = INCLUDES_COMMON + (
+    INCLUDE_RESIDUAL_EPILOGUE,
     "cutlass/gemm/device/gemm_universal_with_broadcast.h",
 )
 
@@ -112,13 +88,7 @@ static cutlass::gemm::GemmCoord extent(const CoGemmArgs& args) {
 """
 
 # Variant 1: no residual. D = act(alpha * acc + bias_row); bias read as C with ldc = 0.
-_PLAIN = """\
-// D = ${semantics}
-using EpilogueOp = cutlass::epilogue::thread::LinearCombinationGeneric<
-    ${activation}, ElementOutput, kAlignC, ElementAccumulator, ElementCompute,
-    cutlass::epilogue::thread::ScaleType::${scale_type},
-    cutlass::FloatRoundStyle::round_to_nearest, ${is_heavy}>;
-
+_PLAIN = EPILOGUE_PLAIN + """
 using Gemm = cutlass::gemm::device::GemmUniversal<
     ElementA, LayoutA, ElementB, LayoutB, ElementOutput, LayoutC, ElementAccumulator,
     cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
@@ -136,12 +106,7 @@ static typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
 """
 
 # Variant 2: residual. D = post(binary(act(alpha * acc + vector), beta * C)).
-_RESIDUAL = """\
-// D = ${semantics}
-using EpilogueOp = cutlass::epilogue::thread::LinearCombinationResidualBlock<
-    ElementOutput, ElementAccumulator, ElementCompute, ElementOutput, kAlignC,
-    ${activation}, ${binary_op}, ${post_op}>;
-
+_RESIDUAL = EPILOGUE_RESIDUAL + """
 using Gemm = cutlass::gemm::device::GemmUniversalWithBroadcast<
     ElementA, LayoutA, ElementB, LayoutB, ElementOutput, LayoutC, ElementAccumulator,
     cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
@@ -212,17 +177,6 @@ _CHECK_RESIDUAL = """\
   if (!aligned(args.c, args.ldc, args.batch_stride_c, kAlignC, e)) return false;
 """
 
-_KERNEL = """\
-// ${name}
-namespace ${name} {
-
-${types}
-${operation}
-${launcher}
-}  // namespace ${name}
-"""
-
-
 # ---------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------
@@ -244,15 +198,8 @@ def check(kernel: GemmKernel) -> None:
     if kernel.accumulate != "f32":
         raise ValueError(f"only f32 accumulation is supported, got {kernel.accumulate!r}")
     dtype = kernel.dtype
-    if dtype not in _ELEMENT:
-        raise ValueError(f"unsupported dtype {dtype!r}")
-    allowed = _ALIGNMENTS[dtype]
-    for what, a in (("align_a", kernel.align_a), ("align_b", kernel.align_b),
-                    ("align_c", kernel.align_c)):
-        if a not in allowed:
-            raise ValueError(f"{what}={a} is not legal for {dtype}: allowed {allowed} "
-                             f"(at most 16 bytes per access)")
-    min_ab = min(kernel.align_a, kernel.align_b)
+    check_alignments(dtype, align_a=kernel.align_a, align_b=kernel.align_b,
+                     align_c=kernel.align_c)
     if dtype == "f32":
         if cfg.stages < 3:
             raise ValueError("TF32 kernels need stages >= 3: the 2-stage float mainloop "
@@ -260,46 +207,18 @@ def check(kernel: GemmKernel) -> None:
     else:
         if cfg.stages < 2:
             raise ValueError(f"stages must be >= 2, got {cfg.stages}")
-        if min_ab * _BYTES[dtype] < 4 and cfg.stages != 2:
+        if not cp_async_ok(dtype, kernel.align_a, kernel.align_b) and cfg.stages != 2:
             raise ValueError(
                 f"{dtype} with align_a={kernel.align_a}, align_b={kernel.align_b} needs "
                 f"stages=2 (MmaPipelined): cp.async copies only 4, 8 or 16 bytes, "
                 f"got stages={cfg.stages}")
-    if tuple(cfg.instruction) != _INSTRUCTION[dtype]:
-        raise ValueError(f"{dtype} needs instruction shape {_INSTRUCTION[dtype]}, "
-                         f"got {tuple(cfg.instruction)}")
-    tm, tn, tk = cfg.tile
-    wm, wn, wk = cfg.warp
-    im, in_, ik = cfg.instruction
-    if tm % wm or tn % wn or wk != tk:
-        raise ValueError(f"warp {cfg.warp} must tile the threadblock {cfg.tile} in M and N "
-                         f"and have the same K")
-    if wm % im or wn % in_ or wk % ik:
-        raise ValueError(f"warp {cfg.warp} must be a multiple of instruction {cfg.instruction}")
-    warps = (tm // wm) * (tn // wn)
-    if warps not in (1, 2, 4, 8):
-        raise ValueError(f"{warps} warps per threadblock; use 1, 2, 4 or 8")
-    smem = cfg.stages * (tm + tn) * tk * _BYTES[dtype]
-    if smem > _SMEM_LIMIT:
-        raise ValueError(f"mainloop needs {smem} bytes of shared memory, more than the "
-                         f"{_SMEM_LIMIT} bytes an sm_80 block may use")
+    check_warp_tiling(cfg, dtype)
+    check_smem(cfg, dtype)
 
 
 # ---------------------------------------------------------------------------
 # Substitution values and emission
 # ---------------------------------------------------------------------------
-
-def _semantics(kernel: GemmKernel) -> str:
-    ep = kernel.epilogue
-    x = "acc + bias" if ep.bias else "acc"
-    if ep.activation != "identity":
-        x = f"{ep.activation}({x})"
-    if ep.residual != "none":
-        x = f"{x} {'+' if ep.residual == 'add' else '*'} C"
-    if ep.post_activation != "identity":
-        x = f"{ep.post_activation}({x})"
-    return x
-
 
 def values(kernel: GemmKernel) -> dict:
     """Return the substitution dict for the templates of ``kernel``.
@@ -308,31 +227,15 @@ def values(kernel: GemmKernel) -> dict:
     ValueError (from ``check``) if the kernel is not a legal instantiation.
     """
     check(kernel)
-    cfg = kernel.config
     ep = kernel.epilogue
     residual = ep.residual != "none"
     operand_checks = (_CHECK_BIAS if ep.bias else "") + (_CHECK_RESIDUAL if residual else "")
     return {
         "name": kernel.name,
-        "semantics": _semantics(kernel),
-        "element": _ELEMENT[kernel.dtype],
+        "semantics": semantics(ep, "acc", "C"),
         "layout_b": _LAYOUT_B[kernel.layout_b],
-        "tile_m": cfg.tile[0], "tile_n": cfg.tile[1], "tile_k": cfg.tile[2],
-        "warp_m": cfg.warp[0], "warp_n": cfg.warp[1], "warp_k": cfg.warp[2],
-        "inst_m": cfg.instruction[0], "inst_n": cfg.instruction[1],
-        "inst_k": cfg.instruction[2],
-        "stages": cfg.stages,
-        "align_a": kernel.align_a, "align_b": kernel.align_b, "align_c": kernel.align_c,
-        "activation": _ACTIVATION[ep.activation],
-        "is_heavy": "true" if ep.activation in _HEAVY else "false",
-        # Plain variant: bias row broadcast through C, or no source at all.
-        "scale_type": "NoBetaScaling" if ep.bias else "OnlyAlphaScaling",
-        "beta": 1 if ep.bias else 0,
-        "source_ptr": "args.bias" if ep.bias else "nullptr",
-        # Residual variant.
-        "binary_op": _BINARY.get(ep.residual, ""),
-        "post_op": _POST[ep.post_activation],
-        "vector_ptr": "const_cast<void*>(args.bias)" if ep.bias else "nullptr",
+        **shape_values(kernel),
+        **epilogue_values(ep),
         "operand_checks": operand_checks,
     }
 
@@ -350,7 +253,7 @@ def emit(kernel: GemmKernel) -> KernelSource:
     v = values(kernel)
     residual = kernel.epilogue.residual != "none"
     operation = Template(_RESIDUAL if residual else _PLAIN).substitute(v)
-    code = Template(_KERNEL).substitute(
+    code = Template(KERNEL).substitute(
         v,
         types=Template(_TYPES).substitute(v),
         operation=operation,
@@ -364,40 +267,10 @@ def emit(kernel: GemmKernel) -> KernelSource:
 # Known-good configurations
 # ---------------------------------------------------------------------------
 
-def _cfg(tile, warp, stages, instruction) -> KernelConfig:
-    return KernelConfig(family=FAMILY, tile=tile, warp=warp, stages=stages,
-                        instruction=instruction)
-
-
 def legal_configs(dtype: str, align_a: int, align_b: int, align_c: int) -> list[KernelConfig]:
     """Return up to 4 configs, largest tile first, that compile for this dtype/alignment.
 
     Raises ValueError if the dtype or an alignment is not supported at all.
     """
-    if dtype not in _ELEMENT:
-        raise ValueError(f"unsupported dtype {dtype!r}")
-    allowed = _ALIGNMENTS[dtype]
-    for what, a in (("align_a", align_a), ("align_b", align_b), ("align_c", align_c)):
-        if a not in allowed:
-            raise ValueError(f"{what}={a} is not legal for {dtype}: allowed {allowed}")
-    inst = _INSTRUCTION[dtype]
-    if dtype == "f32":
-        return [
-            _cfg((128, 128, 32), (64, 64, 32), 3, inst),
-            _cfg((128, 64, 32), (64, 32, 32), 3, inst),
-            _cfg((64, 64, 32), (32, 32, 32), 4, inst),
-        ]
-    if min(align_a, align_b) * _BYTES[dtype] < 4:
-        # Sub-4-byte operand accesses: register-staged 2-stage mainloop only.
-        return [
-            _cfg((128, 128, 32), (64, 64, 32), 2, inst),
-            _cfg((128, 64, 32), (64, 32, 32), 2, inst),
-            _cfg((64, 128, 32), (32, 64, 32), 2, inst),
-            _cfg((64, 64, 32), (32, 32, 32), 2, inst),
-        ]
-    return [
-        _cfg((128, 256, 32), (64, 64, 32), 3, inst),
-        _cfg((128, 128, 32), (64, 64, 32), 4, inst),
-        _cfg((128, 64, 32), (64, 32, 32), 4, inst),
-        _cfg((64, 64, 32), (32, 32, 32), 5, inst),
-    ]
+    check_alignments(dtype, "", align_a=align_a, align_b=align_b, align_c=align_c)
+    return known_configs(dtype, align_a, align_b)

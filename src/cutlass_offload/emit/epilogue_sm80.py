@@ -1,0 +1,214 @@
+"""What the CUTLASS 2.x (``cutlass2x_sm80``) GEMM and conv emitters share.
+
+gemm_sm80.py and conv_sm80.py instantiate the same mainloop building blocks and
+the same two epilogues, D = post(residual_op(activation(acc + bias), C)):
+
+* no residual: ``LinearCombinationGeneric``, ``act(alpha * acc + C)`` with the
+  bias broadcast through the source C (ScaleType::NoBetaScaling), or no source
+  at all without a bias (ScaleType::OnlyAlphaScaling);
+* residual: ``LinearCombinationResidualBlock``,
+  ``post(binary(act(alpha * acc + vector), beta * C))`` with the bias as the
+  broadcast vector (a null vector pointer loads zeros).
+
+This module holds the element/functor tables, the epilogue type text and its
+substitution values, the dtype/alignment/tile/shared-memory checks and the
+known-good configurations; each emitter keeps its own operation, launcher and
+the checks specific to it. See the emitters' docstrings for the rules.
+"""
+from __future__ import annotations
+
+from ..ir import GemmEpilogue, KernelConfig
+
+FAMILY = "cutlass2x_sm80"
+
+ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32": "float"}
+BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+INSTRUCTION = {"f16": (16, 8, 16), "bf16": (16, 8, 16), "f32": (16, 8, 8)}
+ALIGNMENTS = {"f16": (1, 2, 4, 8), "bf16": (1, 2, 4, 8), "f32": (1, 2, 4)}
+
+THREAD = "cutlass::epilogue::thread::"
+ACTIVATION = {
+    "identity": THREAD + "Identity",
+    "relu": THREAD + "ReLu",
+    "gelu_erf": THREAD + "GELU",
+    "gelu_tanh": THREAD + "GELU_taylor",
+    "silu": THREAD + "SiLu",
+    "sigmoid": THREAD + "Sigmoid",
+}
+HEAVY = ("gelu_erf", "gelu_tanh", "silu", "sigmoid")
+BINARY = {"add": "cutlass::plus", "mul": "cutlass::multiplies"}
+POST = {"identity": THREAD + "Identity", "relu": THREAD + "ReLu"}
+
+# Largest opt-in dynamic shared memory per block on sm_80 (A100); H100 allows more.
+SMEM_LIMIT = 163 * 1024
+
+INCLUDES_COMMON = (
+    "cutlass/cutlass.h",
+    "cutlass/numeric_types.h",
+    "cutlass/functional.h",
+    "cutlass/epilogue/thread/activation.h",
+)
+INCLUDE_PLAIN_EPILOGUE = "cutlass/epilogue/thread/linear_combination_generic.h"
+INCLUDE_RESIDUAL_EPILOGUE = "cutlass/epilogue/thread/linear_combination_residual_block.h"
+
+# ---------------------------------------------------------------------------
+# C++ templates (string.Template, substituted strictly)
+# ---------------------------------------------------------------------------
+
+# The EpilogueOp of the plain variant: D = act(alpha * acc + C), C = the broadcast bias.
+EPILOGUE_PLAIN = """\
+// D = ${semantics}
+using EpilogueOp = cutlass::epilogue::thread::LinearCombinationGeneric<
+    ${activation}, ElementOutput, kAlignC, ElementAccumulator, ElementCompute,
+    cutlass::epilogue::thread::ScaleType::${scale_type},
+    cutlass::FloatRoundStyle::round_to_nearest, ${is_heavy}>;
+"""
+
+# The EpilogueOp of the residual variant: D = post(binary(act(alpha * acc + vector), beta * C)).
+EPILOGUE_RESIDUAL = """\
+// D = ${semantics}
+using EpilogueOp = cutlass::epilogue::thread::LinearCombinationResidualBlock<
+    ElementOutput, ElementAccumulator, ElementCompute, ElementOutput, kAlignC,
+    ${activation}, ${binary_op}, ${post_op}>;
+"""
+
+# The whole kernel: types, operation (epilogue + device op + arguments), launcher.
+KERNEL = """\
+// ${name}
+namespace ${name} {
+
+${types}
+${operation}
+${launcher}
+}  // namespace ${name}
+"""
+
+
+# ---------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------
+
+def check_alignments(dtype: str, why: str = " (at most 16 bytes per access)", **aligns) -> None:
+    """Raise ValueError for an unknown dtype or an alignment (elements) it does not allow."""
+    if dtype not in ELEMENT:
+        raise ValueError(f"unsupported dtype {dtype!r}")
+    allowed = ALIGNMENTS[dtype]
+    for what, a in aligns.items():
+        if a not in allowed:
+            raise ValueError(f"{what}={a} is not legal for {dtype}: allowed {allowed}{why}")
+
+
+def cp_async_ok(dtype: str, align_a: int, align_b: int) -> bool:
+    """cp.async copies 4, 8 or 16 bytes: the multistage mainloop needs that much."""
+    return min(align_a, align_b) * BYTES[dtype] >= 4
+
+
+def check_warp_tiling(cfg: KernelConfig, dtype: str) -> None:
+    """Instruction shape for the dtype, warp tiling of the threadblock, warp count."""
+    if tuple(cfg.instruction) != INSTRUCTION[dtype]:
+        raise ValueError(f"{dtype} needs instruction shape {INSTRUCTION[dtype]}, "
+                         f"got {tuple(cfg.instruction)}")
+    tm, tn, tk = cfg.tile
+    wm, wn, wk = cfg.warp
+    im, in_, ik = cfg.instruction
+    if tm % wm or tn % wn or wk != tk:
+        raise ValueError(f"warp {cfg.warp} must tile the threadblock {cfg.tile} in M and N "
+                         f"and have the same K")
+    if wm % im or wn % in_ or wk % ik:
+        raise ValueError(f"warp {cfg.warp} must be a multiple of instruction {cfg.instruction}")
+    warps = (tm // wm) * (tn // wn)
+    if warps not in (1, 2, 4, 8):
+        raise ValueError(f"{warps} warps per threadblock; use 1, 2, 4 or 8")
+
+
+def check_smem(cfg: KernelConfig, dtype: str) -> None:
+    """The mainloop's shared memory must fit in what an sm_80 block may use."""
+    tm, tn, tk = cfg.tile
+    smem = cfg.stages * (tm + tn) * tk * BYTES[dtype]
+    if smem > SMEM_LIMIT:
+        raise ValueError(f"mainloop needs {smem} bytes of shared memory, more than the "
+                         f"{SMEM_LIMIT} bytes an sm_80 block may use")
+
+
+# ---------------------------------------------------------------------------
+# Substitution values
+# ---------------------------------------------------------------------------
+
+def semantics(ep: GemmEpilogue, acc: str, source: str) -> str:
+    """The epilogue as a formula, for the ``// D = ...`` comment; ``acc`` is the
+    accumulator's name, ``source`` the residual's."""
+    x = f"{acc} + bias" if ep.bias else acc
+    if ep.activation != "identity":
+        x = f"{ep.activation}({x})"
+    if ep.residual != "none":
+        x = f"{x} {'+' if ep.residual == 'add' else '*'} {source}"
+    if ep.post_activation != "identity":
+        x = f"{ep.post_activation}({x})"
+    return x
+
+
+def shape_values(kernel) -> dict:
+    """Element, tile / warp / instruction shapes, stages and alignments of ``kernel``."""
+    cfg = kernel.config
+    return {
+        "element": ELEMENT[kernel.dtype],
+        "tile_m": cfg.tile[0], "tile_n": cfg.tile[1], "tile_k": cfg.tile[2],
+        "warp_m": cfg.warp[0], "warp_n": cfg.warp[1], "warp_k": cfg.warp[2],
+        "inst_m": cfg.instruction[0], "inst_n": cfg.instruction[1],
+        "inst_k": cfg.instruction[2],
+        "stages": cfg.stages,
+        "align_a": kernel.align_a, "align_b": kernel.align_b, "align_c": kernel.align_c,
+    }
+
+
+def epilogue_values(ep: GemmEpilogue) -> dict:
+    """Values of EPILOGUE_PLAIN / EPILOGUE_RESIDUAL and of the arguments built with them."""
+    return {
+        "activation": ACTIVATION[ep.activation],
+        "is_heavy": "true" if ep.activation in HEAVY else "false",
+        # Plain variant: bias broadcast through C, or no source at all.
+        "scale_type": "NoBetaScaling" if ep.bias else "OnlyAlphaScaling",
+        "beta": 1 if ep.bias else 0,
+        "source_ptr": "args.bias" if ep.bias else "nullptr",
+        # Residual variant.
+        "binary_op": BINARY.get(ep.residual, ""),
+        "post_op": POST[ep.post_activation],
+        "vector_ptr": "const_cast<void*>(args.bias)" if ep.bias else "nullptr",
+    }
+
+
+# ---------------------------------------------------------------------------
+# Known-good configurations
+# ---------------------------------------------------------------------------
+
+def config(tile, warp, stages, instruction) -> KernelConfig:
+    return KernelConfig(family=FAMILY, tile=tile, warp=warp, stages=stages,
+                        instruction=instruction)
+
+
+def known_configs(dtype: str, align_a: int, align_b: int) -> list[KernelConfig]:
+    """Up to 4 configs, largest tile first, for a checked dtype and operand alignment.
+
+    Sub-4-byte operand accesses (16-bit types with align 1) get 2-stage
+    (register-staged) configs only; TF32 gets stages >= 3 only.
+    """
+    inst = INSTRUCTION[dtype]
+    if dtype == "f32":
+        return [
+            config((128, 128, 32), (64, 64, 32), 3, inst),
+            config((128, 64, 32), (64, 32, 32), 3, inst),
+            config((64, 64, 32), (32, 32, 32), 4, inst),
+        ]
+    if not cp_async_ok(dtype, align_a, align_b):
+        return [
+            config((128, 128, 32), (64, 64, 32), 2, inst),
+            config((128, 64, 32), (64, 32, 32), 2, inst),
+            config((64, 128, 32), (32, 64, 32), 2, inst),
+            config((64, 64, 32), (32, 32, 32), 2, inst),
+        ]
+    return [
+        config((128, 256, 32), (64, 64, 32), 3, inst),
+        config((128, 128, 32), (64, 64, 32), 4, inst),
+        config((128, 64, 32), (64, 32, 32), 4, inst),
+        config((64, 64, 32), (32, 32, 32), 5, inst),
+    ]
