@@ -67,7 +67,7 @@ from __future__ import annotations
 import string
 
 from ..ir import ConvKernel, ConvProblem, GemmEpilogue, KernelConfig, KernelSource
-from .gemm_sm90 import _ACTIVATION, _ELEMENT, _NS, _RESIDUAL, _compute, _Node
+from .evt_sm90 import ELEMENT, evt, is_plain, row_broadcast, semantics, src_fetch
 
 FAMILY = "cutlass3x_sm90"
 
@@ -292,56 +292,9 @@ int run(const CoConvArgs& args, cudaStream_t stream) {
 """)
 
 
-def _row_broadcast(pointer: str) -> _Node:
-    """A per-output-channel (K,) vector: constant along M = (q, p, n), see the docstring."""
-    return _Node(
-        f"{_NS}Sm90RowBroadcast<0, TileShape, ElementBias, ElementCompute, "
-        "cute::Stride<cute::_0, cute::_1, cute::_0>>",
-        f"{{static_cast<ElementBias const*>({pointer}), ElementBias(0), {{}}}}")
-
-
-def _evt(ep: GemmEpilogue) -> _Node:
-    """The epilogue tree for a non-plain epilogue; the root outputs ElementD."""
-    # Each stage is (functor, extra children) applied on top of the tree so far.
-    stages = []
-    if ep.bias:
-        stages.append(("cutlass::plus", (_row_broadcast("args.bias"),)))
-    if _ACTIVATION[ep.activation]:
-        stages.append((_ACTIVATION[ep.activation], ()))
-    if ep.residual != "none":
-        source = (_row_broadcast("args.residual") if ep.residual_broadcast
-                  else _Node(f"{_NS}Sm90SrcFetch<ElementC>", "{}"))
-        stages.append((_RESIDUAL[ep.residual], (source,)))
-    if _ACTIVATION[ep.post_activation]:
-        stages.append((_ACTIVATION[ep.post_activation], ()))
-    node = _Node(f"{_NS}Sm90AccFetch", "{}")
-    for i, (fn, extra) in enumerate(stages):
-        out = "ElementD" if i == len(stages) - 1 else "ElementCompute"
-        node = _compute(fn, out, node, *extra)
-    return node
-
-
-def _is_plain(ep: GemmEpilogue) -> bool:
-    return not ep.bias and ep.activation == "identity" and ep.residual == "none"
-
-
 def _reads_source(ep: GemmEpilogue) -> bool:
     """True when the full NPQK residual is the epilogue's C operand."""
     return ep.residual != "none" and not ep.residual_broadcast
-
-
-def _semantics(ep: GemmEpilogue) -> str:
-    x = "conv(x, filter)" + (" + bias[k]" if ep.bias else "")
-    if ep.activation != "identity":
-        x = f"{ep.activation}({x})"
-    res = "residual[k]" if ep.residual_broadcast else "residual"
-    if ep.residual == "add":
-        x = f"{x} + {res}"
-    elif ep.residual == "mul":
-        x = f"({x}) * {res}"
-    if ep.post_activation != "identity":
-        x = f"{ep.post_activation}({x})"
-    return x
 
 
 def _upper_pad(out: int, size: int, filt: int, lower: int, stride: int, dil: int) -> int:
@@ -407,7 +360,7 @@ def validate(kernel: ConvKernel) -> None:
         raise ValueError(f"{FAMILY} conv supports f16 and bf16, got {kernel.dtype!r}")
     if kernel.accumulate != "f32":
         raise ValueError(f"only f32 accumulation is supported, got {kernel.accumulate!r}")
-    need = 128 // _ELEMENT[kernel.dtype][1]
+    need = 128 // ELEMENT[kernel.dtype][1]
     for what, a in (("align_a", kernel.align_a), ("align_b", kernel.align_b),
                     ("align_c", kernel.align_c)):
         if a != need:
@@ -447,15 +400,16 @@ def values(kernel: ConvKernel) -> dict:
     validate(kernel)
     cfg = kernel.config
     ep = kernel.epilogue
-    element = _ELEMENT[kernel.dtype][0]
+    element = ELEMENT[kernel.dtype][0]
 
-    if _is_plain(ep):
+    if is_plain(ep):
         fusion_type = ("  cutlass::epilogue::fusion::LinearCombination<"
                        "ElementD, ElementCompute, ElementC, ElementCompute, RoundStyle>")
         fusion_args = ("  arguments.epilogue.thread.alpha = ElementCompute(1);\n"
                        "  arguments.epilogue.thread.beta = ElementCompute(0);")
     else:
-        tree = _evt(ep)
+        # A (K,) residual is one value per output channel, like the bias.
+        tree = evt(ep, row_broadcast("args.residual") if ep.residual_broadcast else src_fetch())
         fusion_type = tree.render_type(1)
         fusion_args = ("  // EVT arguments: each node is {child args..., op args}\n"
                        "  arguments.epilogue.thread =\n" + tree.render_args(2) + ";")
@@ -475,7 +429,8 @@ def values(kernel: ConvKernel) -> dict:
 
     return {
         "name": kernel.name,
-        "semantics": _semantics(ep),
+        "semantics": semantics(ep, "conv(x, filter)", "bias[k]",
+                               "residual[k]" if ep.residual_broadcast else "residual"),
         "epilogue_tag": ep.tag,
         "element": element,
         "element_c": element if _reads_source(ep) else "void",

@@ -20,28 +20,10 @@ from __future__ import annotations
 
 import string
 
-from ..ir import GemmEpilogue, GemmKernel, KernelSource
+from ..ir import GemmKernel, KernelSource
+from .evt_sm90 import ELEMENT, evt, is_plain, semantics
 
 FAMILY = "cutlass3x_sm90"
-
-# dtype -> (C++ element type, bits)
-_ELEMENT = {
-    "f16": ("cutlass::half_t", 16),
-    "bf16": ("cutlass::bfloat16_t", 16),
-    "f32": ("float", 32),  # TF32 tensor-core math on fp32 storage
-}
-
-# ir activation -> CUTLASS elementwise functor template (None: no node)
-_ACTIVATION = {
-    "identity": None,
-    "relu": "cutlass::epilogue::thread::ReLu",
-    "gelu_erf": "cutlass::epilogue::thread::GELU",
-    "gelu_tanh": "cutlass::epilogue::thread::GELU_taylor",
-    "silu": "cutlass::epilogue::thread::SiLu",
-    "sigmoid": "cutlass::epilogue::thread::Sigmoid",
-}
-
-_RESIDUAL = {"add": "cutlass::plus", "mul": "cutlass::multiplies"}
 
 _KERNEL_SCHEDULES = (
     "KernelTmaWarpSpecializedCooperative",
@@ -215,76 +197,6 @@ int run(const CoGemmArgs& args, cudaStream_t stream) {
 }  // namespace ${name}
 """)
 
-_NS = "cutlass::epilogue::fusion::"
-
-
-class _Node:
-    """One EVT node: its C++ type and the C++ initializer of its Arguments."""
-
-    def __init__(self, type_: str, args: str, children: tuple = ()):
-        self.type = type_
-        self.args = args
-        self.children = children
-
-    def render_type(self, indent: int) -> str:
-        pad = "  " * indent
-        if not self.children:
-            return pad + self.type
-        inner = ",\n".join(c.render_type(indent + 1) for c in self.children)
-        return f"{pad}{_NS}Sm90EVT<{self.type},\n{inner}>"
-
-    def render_args(self, indent: int) -> str:
-        pad = "  " * indent
-        if not self.children:
-            return pad + self.args
-        inner = ",\n".join(c.render_args(indent + 1) for c in self.children)
-        return f"{pad}{{  // {self.type.split('<')[1].split(',')[0]}\n{inner},\n{pad}  {self.args}}}"
-
-
-def _compute(fn: str, out: str, *children: _Node) -> _Node:
-    return _Node(f"{_NS}Sm90Compute<{fn}, {out}, ElementCompute, RoundStyle>", "{}", children)
-
-
-def _evt(ep: GemmEpilogue) -> _Node:
-    """The epilogue tree for a non-plain epilogue; the root outputs ElementD."""
-    # Each stage is (functor, extra children) applied on top of the tree so far.
-    stages = []
-    if ep.bias:
-        bias = _Node(
-            f"{_NS}Sm90RowBroadcast<0, TileShape, ElementBias, ElementCompute, "
-            "cute::Stride<cute::_0, cute::_1, cute::_0>>",
-            "{static_cast<ElementBias const*>(args.bias), ElementBias(0), {}}")
-        stages.append(("cutlass::plus", (bias,)))
-    if _ACTIVATION[ep.activation]:
-        stages.append((_ACTIVATION[ep.activation], ()))
-    if ep.residual != "none":
-        stages.append((_RESIDUAL[ep.residual], (_Node(f"{_NS}Sm90SrcFetch<ElementC>", "{}"),)))
-    if _ACTIVATION[ep.post_activation]:
-        stages.append((_ACTIVATION[ep.post_activation], ()))
-    node = _Node(f"{_NS}Sm90AccFetch", "{}")
-    for i, (fn, extra) in enumerate(stages):
-        out = "ElementD" if i == len(stages) - 1 else "ElementCompute"
-        node = _compute(fn, out, node, *extra)
-    return node
-
-
-def _is_plain(ep: GemmEpilogue) -> bool:
-    return not ep.bias and ep.activation == "identity" and ep.residual == "none"
-
-
-def _semantics(ep: GemmEpilogue) -> str:
-    x = "acc + bias" if ep.bias else "acc"
-    if ep.activation != "identity":
-        x = f"{ep.activation}({x})"
-    if ep.residual == "add":
-        x = f"{x} + C"
-    elif ep.residual == "mul":
-        x = f"({x}) * C"
-    if ep.post_activation != "identity":
-        x = f"{ep.post_activation}({x})"
-    return x
-
-
 def validate(kernel: GemmKernel) -> None:
     """Check that ``kernel`` is a buildable cutlass3x_sm90 kernel.
 
@@ -306,7 +218,7 @@ def validate(kernel: GemmKernel) -> None:
         raise NotImplementedError(
             "TF32 on sm90 wgmma needs K-major operands; B with layout 'row' (N contiguous) "
             "is not supported, use layout_b='col' or a 16-bit dtype")
-    bits = _ELEMENT[kernel.dtype][1]
+    bits = ELEMENT[kernel.dtype][1]
     need = 128 // bits
     for what, a in (("align_a", kernel.align_a), ("align_b", kernel.align_b),
                     ("align_c", kernel.align_c)):
@@ -345,7 +257,7 @@ def values(kernel: GemmKernel) -> dict:
     validate(kernel)
     cfg = kernel.config
     ep = kernel.epilogue
-    element = _ELEMENT[kernel.dtype][0]
+    element = ELEMENT[kernel.dtype][0]
     residual = ep.residual != "none"
 
     if kernel.layout_b == "col":  # stored (N, K), K contiguous
@@ -359,13 +271,13 @@ def values(kernel: GemmKernel) -> dict:
         stride_b_value = "cute::make_stride(cute::_1{}, int64_t(args.ldb), int64_t(args.batch_stride_b))"
         layout_b_doc = "(K, N, L), N contiguous"
 
-    if _is_plain(ep):
+    if is_plain(ep):
         fusion_type = ("  cutlass::epilogue::fusion::LinearCombination<"
                        "ElementD, ElementCompute, ElementC, ElementCompute, RoundStyle>")
         fusion_args = ("  arguments.epilogue.thread.alpha = ElementCompute(1);\n"
                        "  arguments.epilogue.thread.beta = ElementCompute(0);")
     else:
-        tree = _evt(ep)
+        tree = evt(ep)
         fusion_type = tree.render_type(1)
         fusion_args = ("  // EVT arguments: each node is {child args..., op args}\n"
                        "  arguments.epilogue.thread =\n" + tree.render_args(2) + ";")
@@ -378,7 +290,7 @@ def values(kernel: GemmKernel) -> dict:
 
     return {
         "name": kernel.name,
-        "semantics": _semantics(ep),
+        "semantics": semantics(ep, "acc", "bias", "C"),
         "epilogue_tag": ep.tag,
         "element_ab": element,
         "element_c": element if residual else "void",

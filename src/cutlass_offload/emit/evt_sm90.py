@@ -1,0 +1,115 @@
+"""The CUTLASS 3.x sm90 epilogue visitor tree (EVT) both gemm_sm90.py and
+conv_sm90.py build for D = post(residual_op(activation(acc + bias), C)).
+
+A non-plain epilogue is a chain of ``Sm90Compute`` nodes on top of
+``Sm90AccFetch``: ``+ bias`` (a per-output-column ``Sm90RowBroadcast``), the
+activation, the residual op with its source, the post activation; every node
+computes in fp32 and the root outputs ElementD. A plain epilogue (no bias, no
+activation, no residual) has no tree: the emitters use ``LinearCombination``.
+"""
+from __future__ import annotations
+
+from ..ir import GemmEpilogue
+
+# dtype -> (C++ element type, bits)
+ELEMENT = {
+    "f16": ("cutlass::half_t", 16),
+    "bf16": ("cutlass::bfloat16_t", 16),
+    "f32": ("float", 32),  # TF32 tensor-core math on fp32 storage
+}
+
+# ir activation -> CUTLASS elementwise functor template (None: no node)
+ACTIVATION = {
+    "identity": None,
+    "relu": "cutlass::epilogue::thread::ReLu",
+    "gelu_erf": "cutlass::epilogue::thread::GELU",
+    "gelu_tanh": "cutlass::epilogue::thread::GELU_taylor",
+    "silu": "cutlass::epilogue::thread::SiLu",
+    "sigmoid": "cutlass::epilogue::thread::Sigmoid",
+}
+
+RESIDUAL = {"add": "cutlass::plus", "mul": "cutlass::multiplies"}
+
+NS = "cutlass::epilogue::fusion::"
+
+
+class Node:
+    """One EVT node: its C++ type and the C++ initializer of its Arguments."""
+
+    def __init__(self, type_: str, args: str, children: tuple = ()):
+        self.type = type_
+        self.args = args
+        self.children = children
+
+    def render_type(self, indent: int) -> str:
+        pad = "  " * indent
+        if not self.children:
+            return pad + self.type
+        inner = ",\n".join(c.render_type(indent + 1) for c in self.children)
+        return f"{pad}{NS}Sm90EVT<{self.type},\n{inner}>"
+
+    def render_args(self, indent: int) -> str:
+        pad = "  " * indent
+        if not self.children:
+            return pad + self.args
+        inner = ",\n".join(c.render_args(indent + 1) for c in self.children)
+        return f"{pad}{{  // {self.type.split('<')[1].split(',')[0]}\n{inner},\n{pad}  {self.args}}}"
+
+
+def compute(fn: str, out: str, *children: Node) -> Node:
+    return Node(f"{NS}Sm90Compute<{fn}, {out}, ElementCompute, RoundStyle>", "{}", children)
+
+
+def row_broadcast(pointer: str) -> Node:
+    """A vector with one value per output column (N, resp. output channel K),
+    constant along M and L."""
+    return Node(
+        f"{NS}Sm90RowBroadcast<0, TileShape, ElementBias, ElementCompute, "
+        "cute::Stride<cute::_0, cute::_1, cute::_0>>",
+        f"{{static_cast<ElementBias const*>({pointer}), ElementBias(0), {{}}}}")
+
+
+def src_fetch() -> Node:
+    """The epilogue's source operand C."""
+    return Node(f"{NS}Sm90SrcFetch<ElementC>", "{}")
+
+
+def evt(ep: GemmEpilogue, residual_source: Node | None = None) -> Node:
+    """The epilogue tree for a non-plain epilogue; the root outputs ElementD.
+
+    ``residual_source`` is the residual's node (default: the source C)."""
+    # Each stage is (functor, extra children) applied on top of the tree so far.
+    stages = []
+    if ep.bias:
+        stages.append(("cutlass::plus", (row_broadcast("args.bias"),)))
+    if ACTIVATION[ep.activation]:
+        stages.append((ACTIVATION[ep.activation], ()))
+    if ep.residual != "none":
+        source = residual_source if residual_source is not None else src_fetch()
+        stages.append((RESIDUAL[ep.residual], (source,)))
+    if ACTIVATION[ep.post_activation]:
+        stages.append((ACTIVATION[ep.post_activation], ()))
+    node = Node(f"{NS}Sm90AccFetch", "{}")
+    for i, (fn, extra) in enumerate(stages):
+        out = "ElementD" if i == len(stages) - 1 else "ElementCompute"
+        node = compute(fn, out, node, *extra)
+    return node
+
+
+def is_plain(ep: GemmEpilogue) -> bool:
+    """No bias, activation or residual: LinearCombination with beta 0, no EVT."""
+    return not ep.bias and ep.activation == "identity" and ep.residual == "none"
+
+
+def semantics(ep: GemmEpilogue, acc: str, bias: str, source: str) -> str:
+    """The epilogue as a formula, for the ``// D = ...`` comment."""
+    x = f"{acc} + {bias}" if ep.bias else acc
+    if ep.activation != "identity":
+        x = f"{ep.activation}({x})"
+    if ep.residual == "add":
+        x = f"{x} + {source}"
+    elif ep.residual == "mul":
+        x = f"({x}) * {source}"
+    if ep.post_activation != "identity":
+        x = f"{ep.post_activation}({x})"
+    return x
