@@ -14,7 +14,8 @@ import torch
 import torch.fx as fx
 
 from ..errors import UnsupportedRegion
-from .graph_utils import DTYPE_NAMES, aten, hint_int, reachable, same_dim, same_shape, static_int, val
+from .graph_utils import (DTYPE_NAMES, aten, hint_int, reachable, same_dim, same_shape, static_int,
+                          tensor_dtype, val)
 
 
 @dataclass
@@ -51,17 +52,8 @@ class EpilogueState:
 
 # ---------------------------------------------------------------- operand readers
 
-def _dtype(node, what) -> str:
-    v = val(node)
-    if not isinstance(v, torch.Tensor):
-        raise UnsupportedRegion(f"{what} is not a tensor")
-    if v.dtype not in DTYPE_NAMES:
-        raise UnsupportedRegion(f"{what} has unsupported dtype {v.dtype}")
-    return DTYPE_NAMES[v.dtype]
-
-
 def _common_dtype(a, b, options) -> str:
-    da, db = _dtype(a, "A"), _dtype(b, "B")
+    da, db = tensor_dtype(a, "A"), tensor_dtype(b, "B")
     if da != db:
         raise UnsupportedRegion(f"mixed input dtypes {da} x {db}")
     if da == "f32" and not options.allow_tf32:
@@ -102,7 +94,7 @@ def linear_operands(node, options) -> Operands:
     _check_a_row_major(x)
     _b_layout_ok(w)
     if bias is not None:
-        if _dtype(bias, "bias") != dtype or val(bias).dim() != 1:
+        if tensor_dtype(bias, "bias") != dtype or val(bias).dim() != 1:
             raise UnsupportedRegion("linear bias must be a 1-D vector of the input dtype")
     return Operands("linear", x, w, True, tuple(xv.shape[:-1]), n, k, dtype, bias=bias)
 
@@ -159,7 +151,7 @@ def addmm_operands(node, options) -> Operands:
         raise UnsupportedRegion("addmm with alpha/beta != 1")
     ops = _batched("addmm", a, b, options)
     iv = val(inp)
-    if _dtype(inp, "addmm input") != ops.dtype:
+    if tensor_dtype(inp, "addmm input") != ops.dtype:
         raise UnsupportedRegion("addmm input dtype differs")
     out_shape = val(node).shape
     if iv.dim() >= 1 and same_dim(iv.shape[-1], ops.n) and all(static_int(d) == 1 for d in iv.shape[:-1]):

@@ -10,11 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
 import torch.fx as fx
 
 from ..errors import UnsupportedRegion
-from .graph_utils import DTYPE_NAMES, aten, hint_int, static_int, val
+from .graph_utils import aten, hint_int, static_int, tensor_dtype, val
 
 
 @dataclass
@@ -45,15 +44,6 @@ def _pair(v, what) -> tuple:
     if len(v) != 2 or not all(isinstance(i, int) for i in v):
         raise UnsupportedRegion(f"{what} {v} is not two static ints")
     return tuple(v)
-
-
-def _dtype(node, what) -> str:
-    v = val(node)
-    if not isinstance(v, torch.Tensor):
-        raise UnsupportedRegion(f"{what} is not a tensor")
-    if v.dtype not in DTYPE_NAMES:
-        raise UnsupportedRegion(f"{what} has unsupported dtype {v.dtype}")
-    return DTYPE_NAMES[v.dtype]
 
 
 def _same_padding(r, s, dilation) -> tuple:
@@ -96,8 +86,8 @@ def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, group
         raise UnsupportedRegion("transposed convolution (dgrad-like) stays in PyTorch")
     if groups != 1:
         raise UnsupportedRegion(f"grouped convolution (groups={groups}) stays in PyTorch")
-    dtype = _dtype(x, "input")
-    if _dtype(w, "weight") != dtype:
+    dtype = tensor_dtype(x, "input")
+    if tensor_dtype(w, "weight") != dtype:
         raise UnsupportedRegion("input and weight dtypes differ")
     if dtype == "f32" and not options.allow_tf32:
         raise UnsupportedRegion("fp32 conv: TF32 not allowed (pass allow_tf32=True / --tf32)")
@@ -132,7 +122,7 @@ def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, group
         c, h, wd = (static_int(d) for d in val(x_in).shape[1:])
     if bias is not None:
         bv = val(bias)
-        if _dtype(bias, "bias") != dtype or bv.dim() != 1 or static_int(bv.shape[0]) != k:
+        if tensor_dtype(bias, "bias") != dtype or bv.dim() != 1 or static_int(bv.shape[0]) != k:
             raise UnsupportedRegion("conv bias must be a (K,) vector of the input dtype")
     return ConvOperands(form, x_in, w, k, c, h, wd, r, s, dtype, val(x_in).shape[0], pad, stride,
                         dilation, bias=bias, pad_node=pad_node)

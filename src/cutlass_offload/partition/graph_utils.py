@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from ..errors import UnsupportedRegion
+
 aten = torch.ops.aten
 
 DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -14,6 +16,17 @@ def val(node):
     if isinstance(node, fx.Node):
         return node.meta.get("val")
     return node
+
+
+def tensor_dtype(node, what) -> str:
+    """The dtype name ("f16", "bf16", "f32") of a tensor-valued node; ``what``
+    names it in the UnsupportedRegion raised otherwise."""
+    v = val(node)
+    if not isinstance(v, torch.Tensor):
+        raise UnsupportedRegion(f"{what} is not a tensor")
+    if v.dtype not in DTYPE_NAMES:
+        raise UnsupportedRegion(f"{what} has unsupported dtype {v.dtype}")
+    return DTYPE_NAMES[v.dtype]
 
 
 def is_tensor_node(node) -> bool:

@@ -20,8 +20,8 @@ import torch.fx as fx
 
 from ..errors import UnsupportedRegion
 from ..ir import GroupNormProblem, GroupNormRegion
-from .graph_utils import aten, hint_int, max_alignment, static_int, val
-from .norm import _arg, _dtype, _eps, _vector
+from .graph_utils import aten, hint_int, max_alignment, static_int, tensor_dtype, val
+from .norm import _arg, _eps, _vector
 
 MAX_VECTOR_COLUMNS = 512     # vectors across one group that one thread block holds (emit/group_norm.py)
 
@@ -47,7 +47,7 @@ class GroupNormOperands:
 def group_norm_operands(node, options) -> GroupNormOperands:
     """aten.group_norm.default(input, num_groups, weight, bias, eps, cudnn_enabled)."""
     x = node.args[0]
-    dtype = _dtype(x, "input")
+    dtype = tensor_dtype(x, "input")
     xv = val(x)
     if xv.dim() != 4:
         raise UnsupportedRegion(f"group_norm on a {xv.dim()}-D input: only 4-D (N, C, H, W) "

@@ -40,7 +40,7 @@ import torch.fx as fx
 
 from ..errors import UnsupportedRegion
 from ..ir import NormProblem, NormRegion
-from .graph_utils import DTYPE_NAMES, aten, hint_int, max_alignment, static_int, val
+from .graph_utils import DTYPE_NAMES, aten, hint_int, max_alignment, static_int, tensor_dtype, val
 
 _ASSERT = getattr(aten, "_assert_tensor_metadata", None)
 _ASSERT = _ASSERT.default if _ASSERT is not None else None
@@ -70,15 +70,6 @@ def _arg(node, index, name):
         if a.name == name:
             return a.default_value if a.has_default_value() else None
     return None
-
-
-def _dtype(node, what) -> str:
-    v = val(node)
-    if not isinstance(v, torch.Tensor):
-        raise UnsupportedRegion(f"{what} is not a tensor")
-    if v.dtype not in DTYPE_NAMES:
-        raise UnsupportedRegion(f"{what} has unsupported dtype {v.dtype}")
-    return DTYPE_NAMES[v.dtype]
 
 
 def _cols(x) -> int:
@@ -128,7 +119,7 @@ def _last_axis_only(shape, what, cols):
 def layer_norm_operands(node, options) -> NormOperands:
     """aten.layer_norm.default(input, normalized_shape, weight, bias, eps, cudnn_enable)."""
     x = node.args[0]
-    dtype = _dtype(x, "input")
+    dtype = tensor_dtype(x, "input")
     cols = _cols(x)
     _last_axis_only(_arg(node, 1, "normalized_shape"), "layer_norm", cols)
     weight = _vector(_arg(node, 2, "weight"), "weight", dtype, cols)
@@ -155,7 +146,7 @@ def native_layer_norm_operands(node, options) -> NormOperands:
 def rms_norm_operands(node, options) -> NormOperands:
     """aten.rms_norm.default(input, normalized_shape, weight, eps)."""
     x = node.args[0]
-    dtype = _dtype(x, "input")
+    dtype = tensor_dtype(x, "input")
     cols = _cols(x)
     _last_axis_only(_arg(node, 1, "normalized_shape"), "rms_norm", cols)
     weight = _vector(_arg(node, 2, "weight"), "weight", dtype, cols)
@@ -271,7 +262,7 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
     x = cast[0] if cast is not None else xf
     if not isinstance(x, fx.Node):
         raise UnsupportedRegion(f"{what}: the input is not a tensor node")
-    dtype = _dtype(x, "input")
+    dtype = tensor_dtype(x, "input")
     cols = _cols(x)
     if _cols(xf) != cols or val(xf).shape != val(x).shape:
         raise UnsupportedRegion(f"{what}: the cast changes the shape")
