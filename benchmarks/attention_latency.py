@@ -25,12 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))              # _timing
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cutlass_offload import build as build_stage                      # noqa: E402
@@ -42,41 +42,7 @@ from cutlass_offload.partition import partition                       # noqa: E4
 from cutlass_offload.runtime.attention_region import AttentionRegionModule  # noqa: E402
 from cutlass_offload.runtime.compiled_model import offload            # noqa: E402
 from cutlass_offload.select import select                             # noqa: E402
-
-GRAPH_CALLS = 20
-
-
-def median_ms(fn) -> float:
-    try:
-        from triton.testing import do_bench
-        return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
-    except ImportError:
-        pass
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(200):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
-def graph_ms(fn) -> float:
-    """Device time of one call: GRAPH_CALLS calls in one CUDA graph, replayed."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(GRAPH_CALLS):
-            fn()
-    return median_ms(g.replay) / GRAPH_CALLS
+from _timing import graph_ms, median_ms     # noqa: E402
 
 
 def _backends():

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -33,12 +32,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))              # _timing
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import cutlass_offload as co     # noqa: E402
 from cutlass_offload.ir import GroupNormRegion     # noqa: E402
+from _timing import graph_ms, median_ms     # noqa: E402
 
-GRAPH_CALLS = 20
 CL = torch.channels_last
 
 # (C, H, W, eps, silu, occurrences in one SD 1.5 UNet forward), from partitioning
@@ -72,39 +72,6 @@ class Suite(nn.Module):
 
     def forward(self, *xs):
         return tuple(m(x) for m, x in zip(self.blocks, xs))
-
-
-def median_ms(fn) -> float:
-    try:
-        from triton.testing import do_bench
-        return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
-    except ImportError:
-        pass
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(200):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
-def graph_ms(fn) -> float:
-    """Device time of one call: GRAPH_CALLS calls in one CUDA graph, replayed."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(GRAPH_CALLS):
-            fn()
-    return median_ms(g.replay) / GRAPH_CALLS
 
 
 def main():
