@@ -298,6 +298,7 @@ _CHECK_RESIDUAL = """\
 # Validation
 # ---------------------------------------------------------------------------
 
+
 def _check_stages(kernel: ConvKernel) -> None:
     stages = kernel.config.stages
     if kernel.dtype == "f32":

@@ -181,6 +181,7 @@ _CHECK_RESIDUAL = """\
 # Validation
 # ---------------------------------------------------------------------------
 
+
 def check(kernel: GemmKernel) -> None:
     """Raise ValueError unless ``kernel`` is a legal cutlass2x_sm80 instantiation.
 

@@ -197,6 +197,7 @@ int run(const CoGemmArgs& args, cudaStream_t stream) {
 }  // namespace ${name}
 """)
 
+
 def validate(kernel: GemmKernel) -> None:
     """Check that ``kernel`` is a buildable cutlass3x_sm90 kernel.
 
