@@ -4,12 +4,14 @@
 # Usage (on a machine with an H100/H200 and nvcc): bash benchmarks/gpu_e2e.sh [models...]
 set -u
 OUT=${OUT:-$PWD/gpu_e2e_out}; mkdir -p "$OUT"
-models=${*:-bert-base gpt2}
+models=${*:-bert-base gpt2 resnet50 sd-unet}
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}   # e.g. PYTHON=.venv/bin/python after the README install
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee "$OUT/gpu.txt"
-for m in $models; do   # compiles run on the CPU, beside the GPU tests
-  ($PY -m cutlass_offload.cli compile "$m" --out "/tmp/co_$m" --arch sm_90a > "$OUT/$m.log" 2>&1) &
+for m in $models; do   # compiles run on the CPU, beside the GPU tests; several builds
+  # at once each take a share of the cores (each CUTLASS nvcc needs several GiB)
+  (CUTLASS_OFFLOAD_JOBS=${CUTLASS_OFFLOAD_JOBS:-6} \
+   $PY -m cutlass_offload.cli compile "$m" --out "/tmp/co_$m" --arch sm_90a > "$OUT/$m.log" 2>&1) &
 done
 $PY -m pytest -q -rs tests/gpu tests/build 2>&1 | tee "$OUT/pytest.log"
 wait
