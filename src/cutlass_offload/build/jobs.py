@@ -48,13 +48,23 @@ def run_job(job: Job) -> JobResult:
         proc.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
         text = log.read() if job.log_path else ""
-    if proc.returncode < 0 or proc.returncode == 137:
+    killed = was_killed(proc.returncode, text)
+    if killed:
         # SIGKILL is what the kernel's OOM killer sends: say so instead of a bare status
         text += (f"\n[cutlass_offload] {job.cmd[0]} was killed (status {proc.returncode}); "
-                 "out of memory? Lower the parallel jobs with CUTLASS_OFFLOAD_JOBS.\n")
+                 "interrupted, or out of memory? Lower the parallel jobs with "
+                 "CUTLASS_OFFLOAD_JOBS.\n")
     return JobResult(job.name, proc.returncode == 0, time.perf_counter() - t0,
-                     usage.ru_maxrss * 1024, text, job.kernels, killed=proc.returncode < 0
-                     or proc.returncode == 137)
+                     usage.ru_maxrss * 1024, text, job.kernels, killed=killed)
+
+
+def was_killed(returncode: int, log: str) -> bool:
+    """True when the compiler died by a signal (Ctrl-C, timeout, OOM killer): a
+    transient failure, never cached. nvcc itself exits 2 when one of its tools
+    (cicc, cudafe++, ptxas) dies by a signal and logs "died due to signal"; a
+    shell-style wrapper exits 128 + signal."""
+    return (returncode < 0 or returncode in (130, 137, 143)
+            or (returncode != 0 and "died due to signal" in log))
 
 
 def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None) -> list:
