@@ -1,5 +1,5 @@
-"""cutlass_offload: offload PyTorch GEMM-family regions to CUTLASS kernels built into
-one shared library. Importing the package has no side effects.
+"""cutlass_offload: offload PyTorch GEMM, conv2d, attention and norm regions to CUTLASS
+kernels built into one shared library. Importing the package has no side effects.
 
     compiled = cutlass_offload.compile(model, (x,), arch="sm_90a")
     y = compiled(x)

@@ -42,7 +42,8 @@ def resolve_arch(arch: str | None) -> str:
                              "or sm_80 (Ampere)")
         return ARCH_ALIASES[arch]
     if not torch.cuda.is_available():
-        raise DeviceError("no GPU visible to pick the target from: pass arch='sm_90a' or 'sm_80'")
+        raise DeviceError("no GPU visible to pick the target from: pass --arch sm_90a or sm_80 "
+                          "(arch='sm_90a' from Python)")
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) == (9, 0):
         return "sm90a"
@@ -67,7 +68,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
             out_dir: str | os.PathLike | None = None, strict: bool = False,
             num_sms: int | None = None, build_strategy: str = "sharded",
             verify: bool = False) -> CompiledModel:
-    """Offload ``model``'s GEMM-family regions to CUTLASS kernels in one shared library.
+    """Offload ``model``'s GEMM, conv2d, attention and norm regions to CUTLASS kernels
+    in one shared library.
 
     example_inputs: a tuple of tensors as the model takes them (any device).
     arch: "sm_90a" or "sm_80"; None = from the visible GPU.
@@ -80,7 +82,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     Returns a CompiledModel; its regions run on a GPU of ``arch``.
     Raises DeviceError, ToolchainError, CompileError (nvcc failed: names the
     regions and kernels, keeps the source), CutlassOffloadError when ``strict`` and
-    a GEMM-family op falls back.
+    an offloadable op falls back.
     """
     options = CompileOptions(arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict,
                              num_sms=num_sms, build_strategy=build_strategy)
@@ -133,7 +135,7 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
 
 def _check_strict(options, plan):
     if options.strict and plan.fallbacks:
-        raise CutlassOffloadError("strict mode: GEMM-family ops left in PyTorch:\n" + "\n".join(
+        raise CutlassOffloadError("strict mode: ops left in PyTorch:\n" + "\n".join(
             f"  {f.node} ({f.op}): {f.reason}" for f in plan.fallbacks))
 
 

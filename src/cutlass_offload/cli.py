@@ -1,4 +1,5 @@
-"""cutlass-offload: compile a model's GEMMs into one CUTLASS library, run it, manage the cache."""
+"""cutlass-offload: compile a model's GEMMs, convs, attention and norms into one CUTLASS
+library, run it, manage the cache."""
 from __future__ import annotations
 
 import argparse
@@ -136,7 +137,7 @@ def _cmd_cache(a) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="cutlass-offload", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile", help="offload a model's GEMMs and build the library (no GPU needed)")
+    c = sub.add_parser("compile", help="offload a model's GEMMs, convs, attention and norms and build the library (no GPU needed)")
     c.add_argument("model", help="bert-base, gpt2, sd-unet, resnet50, mlp, or package.module:factory")
     c.add_argument("--out", required=True, help="output folder")
     c.add_argument("--arch", default=None, help="sm_90a or sm_80 (default: the visible GPU)")
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
     c.add_argument("--batch", type=int, default=None, help="default: 8 (sd-unet: 2)")
     c.add_argument("--seq", type=int, default=None, help="default: 128 (sd-unet: 77 text tokens; resnet50: 224 pixels)")
     c.add_argument("--dynamic-batch", action="store_true", help="export with a dynamic batch dim")
-    c.add_argument("--tf32", action="store_true", help="allow fp32 GEMMs to run as TF32")
+    c.add_argument("--tf32", action="store_true", help="allow fp32 GEMMs and convs to run as TF32")
     c.add_argument("--strict", action="store_true", help="error instead of falling back")
     c.add_argument("--build", default="sharded", choices=["sharded", "single", "per-region"],
                    help="build strategy (default: sharded)")

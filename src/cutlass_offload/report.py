@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import re
 from dataclasses import asdict, dataclass, field
 
 from .ir import AttentionProblem, ConvProblem, GroupNormProblem, NormProblem, Plan
@@ -29,6 +30,17 @@ def _shape(problem) -> dict:
                          "s": p.s, "pad": list(p.pad), "stride": list(p.stride),
                          "dilation": list(p.dilation)}}
     return {"n": problem.n, "k": problem.k, "m_hint": problem.m_hint}
+
+
+def _note_kind(note: str) -> str:
+    """A region note without its node names, so equal notes count together."""
+    m = re.match(r"epilogue stops at \S+: used (\d+) times", note)
+    if m:
+        return f"epilogue ends at an output used {m.group(1)} times (kept in the region)"
+    m = re.match(r"\S+ not fused: (.*)", note)
+    if m:
+        return f"next op not fused into the epilogue (stays in PyTorch): {m.group(1)}"
+    return note.split(": ", 1)[-1].strip()
 
 
 @dataclass
@@ -60,7 +72,7 @@ class Report:
 
     def format(self) -> str:
         out = [f"target {self.arch}: {len(self.regions)} regions offloaded, "
-               f"{len(self.fallbacks)} GEMM/conv/norm ops left in PyTorch, "
+               f"{len(self.fallbacks)} offloadable ops left in PyTorch, "
                f"{len(self.kernels)} distinct kernels"]
         by_form = collections.Counter(r["form"] + ":" + r["epilogue"] for r in self.regions)
         if by_form:
@@ -68,12 +80,13 @@ class Report:
                        ", ".join(f"{k} x{v}" for k, v in sorted(by_form.items())))
         for f in self.fallbacks:
             out.append(f"  fallback {f['node']} ({f['op']}): {f['reason']}")
-        notes = collections.Counter(n.split(": ", 1)[-1].strip() for r in self.regions for n in r["notes"])
+        notes = collections.Counter(_note_kind(n) for r in self.regions for n in r["notes"])
         for note, count in notes.most_common():
-            out.append(f"  epilogue op left in PyTorch x{count}: {note}")
+            out.append(f"  x{count}: {note}")
         out.append("kernels:")
         for k in self.kernels:
-            out.append(f"  {k['name']}  ({len(k['regions'])} regions)")
+            n = len(k["regions"])
+            out.append(f"  {k['name']}  ({n} region{'s' if n != 1 else ''})")
         if self.phases:
             out.append("phases: " + ", ".join(f"{p} {s:.2f} s" for p, s in self.phases.items()))
         if self.build:
