@@ -189,3 +189,36 @@ def test_every_suite_case_is_one_region_and_maps_onto_its_kernel():
         assert args2.x == ys[0].data_ptr() and args2.y == out2.data_ptr() != args.y
         assert out2.shape == out.shape and out2.is_contiguous(memory_format=torch.channels_last)
     assert sum(m.layout_conversions for m in mods) == 0   # channels_last in, weights prepacked
+
+
+def test_contiguous_before_a_conv_is_dropped_so_nhwc_needs_no_copy():
+    """diffusers' Transformer2DModel: (B, HW, C) -> reshape/permute to NCHW view of NHWC
+    memory -> .contiguous() -> 1x1 proj_out conv. Without the contiguous the conv reads the
+    NHWC memory directly (no layout conversion), with the same values."""
+    class Proj(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Conv2d(16, 16, 1)
+
+        def forward(self, t, h):
+            b, c, hh, ww = h.shape
+            t = t.reshape(b, hh, ww, c).permute(0, 3, 1, 2).contiguous()
+            return self.proj(t) + h
+
+    m = Proj().half()
+    t, h = torch.randn(2, 64, 16, dtype=H), torch.randn(2, 16, 8, 8, dtype=H)
+    cap = capture(m, (t, h))
+    targets = [n.target for n in cap.graph_module.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.contiguous.default not in targets
+    plan = select(partition(cap.graph_module), "sm90a")
+    (region,) = plan.regions
+    assert region.problem.epilogue.residual == "add"
+    torch.testing.assert_close(cap.graph_module(t, h), m(t, h))
+    gm = offload(cap.graph_module, plan, library_path=None)
+    (mod,) = [x for x in gm.modules() if type(x).__name__ == "ConvRegionModule"]
+    xs = [None] * 4
+    xs[mod._ix] = t.reshape(2, 8, 8, 16).permute(0, 3, 1, 2)    # what the region now receives
+    xs[mod._iw] = m.proj.weight.detach().contiguous(memory_format=torch.channels_last)
+    xs[mod._ibias] = m.proj.bias.detach()
+    xs[mod._ic] = h.contiguous(memory_format=torch.channels_last)
+    assert mod._map(tuple(xs)) is not None and mod.layout_conversions == 0

@@ -30,6 +30,7 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     _drop_eval_dropout(gm.graph)
     _fold_batch_norm(gm)
     _drop_identity_scaling(gm.graph)
+    _drop_contiguous_before_conv(gm.graph)
     _fuse_tanh_gelu(gm.graph)
     while _sink_views(gm.graph):
         pass
@@ -121,6 +122,27 @@ def _fake_like(fake_ref, real):
         return None
     with mode:
         return torch.empty(real.shape, dtype=real.dtype, device=fake_ref.device)
+
+
+_CONVS = (aten.conv2d.default, aten.conv2d.padding, aten.convolution.default)
+
+
+def _drop_contiguous_before_conv(graph: fx.Graph):
+    """x.contiguous() read only as a conv's input -> x. Only the memory layout changes
+    (values are equal), and the conv reads any layout: diffusers' Transformer2DModel
+    ends in ``.permute(0, 3, 1, 2).contiguous()`` before proj_out, which turned an
+    NHWC tensor (what the conv kernel wants) into NCHW and back: 16 layout
+    conversions per SD UNet forward."""
+    for n in list(graph.nodes):
+        if n.op != "call_function" or n.target is not aten.contiguous.default:
+            continue
+        fmt = n.args[1] if len(n.args) > 1 else n.kwargs.get("memory_format", torch.contiguous_format)
+        users = list(n.users)
+        if (fmt == torch.contiguous_format and users
+                and all(u.op == "call_function" and u.target in _CONVS and u.args[0] is n
+                        and n not in u.args[1:] for u in users)):
+            n.replace_all_uses_with(n.args[0])
+            graph.erase_node(n)
 
 
 def _drop_identity_scaling(graph: fx.Graph):
