@@ -697,8 +697,17 @@ def replace(obj, **changes):
     return dataclasses.replace(obj, **changes)
 
 
+class _Region:
+    """What every region has: ``nodes`` (FX node names in graph order) whose last one
+    is the region's output."""
+
+    @property
+    def output(self) -> str:
+        return self.nodes[-1]
+
+
 @dataclass(frozen=True)
-class GemmRegion:
+class GemmRegion(_Region):
     """A GEMM-family subgraph to offload: anchor op + fused epilogue.
 
     nodes: FX node names, in graph order; the last one is the region's output.
@@ -724,13 +733,9 @@ class GemmRegion:
     def __post_init__(self):
         _check(self.batch_mode, ("fold", "batched", "a_broadcast"), "batch_mode")
 
-    @property
-    def output(self) -> str:
-        return self.nodes[-1]
-
 
 @dataclass(frozen=True)
-class ConvRegion:
+class ConvRegion(_Region):
     """A conv2d fprop subgraph to offload: the conv + its fused epilogue.
 
     nodes: FX node names in graph order (a leading zero ``constant_pad_nd`` folded
@@ -751,13 +756,9 @@ class ConvRegion:
     notes: tuple = ()
     form: str = "conv2d"
 
-    @property
-    def output(self) -> str:
-        return self.nodes[-1]
-
 
 @dataclass(frozen=True)
-class NormRegion:
+class NormRegion(_Region):
     """A layer_norm / rms_norm over the last axis to offload (no epilogue).
 
     nodes: FX node names in graph order, the last one the region's output (the
@@ -777,13 +778,9 @@ class NormRegion:
     bias: Optional[str] = None
     notes: tuple = ()
 
-    @property
-    def output(self) -> str:
-        return self.nodes[-1]
-
 
 @dataclass(frozen=True)
-class GroupNormRegion:
+class GroupNormRegion(_Region):
     """An ``aten.group_norm`` on a 4-D input to offload, with the ``aten.silu`` that
     is its only user when ``problem.silu``.
 
@@ -802,13 +799,9 @@ class GroupNormRegion:
     notes: tuple = ()
     form: str = "group_norm"
 
-    @property
-    def output(self) -> str:
-        return self.nodes[-1]
-
 
 @dataclass(frozen=True)
-class AttentionRegion:
+class AttentionRegion(_Region):
     """A fused multi-head attention subgraph to offload: ``aten.scaled_dot_product_attention``
     or the hand-written ``softmax(q @ k^T * scale [+ bias]) @ v`` (partition/attention.py).
 
@@ -867,10 +860,6 @@ class AttentionRegion:
             raise ValueError("bias and bias_kind go together")
         if (self.bias is not None) != (self.problem.bias == "add"):
             raise ValueError("a bias input needs a problem with bias='add', and back")
-
-    @property
-    def output(self) -> str:
-        return self.nodes[-1]
 
     @property
     def kernel_problem(self) -> AttentionProblem:

@@ -9,8 +9,6 @@ elementwise op, which keeps the format) needs no conversion.
 """
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from ..ir import ConvKernel, ConvRegion
@@ -47,41 +45,17 @@ class ConvRegionModule(RegionModule):
         self._chw = (p.c, p.h, p.w)
         self._kcrs = (p.k, p.c, p.r, p.s)
         self.layout_conversions = 0      # operands copied to NHWC, over all calls
-        slots = (self._ix, self._iw, self._ibias, self._ic)
-        self._used = tuple(i for i in slots if i is not None)
-        self._direct = {}                # signature -> (CoConvArgs with sizes, NHWC out shape)
+        self._operands = tuple((i, f) for i, f in ((self._ix, "x"), (self._iw, "filter"),
+                                                   (self._ibias, "bias"), (self._ic, "residual"))
+                               if i is not None)
 
     def _ws_key(self, args) -> tuple:
         return (args.n,)
 
-    def _map(self, xs):
-        """(NCHW view of the NHWC output, CoConvArgs, temporaries) or None (fall back).
+    def _out_shape(self, out, args) -> tuple:
+        return (args.n, args.p, args.q, args.k)          # NHWC
 
-        Calls repeat shapes and strides: once a signature has mapped with every
-        operand read in place (no layout conversion), its sizes are kept and later
-        calls only set and check the pointers (about a third of the host time).
-        """
-        sig = tuple((xs[i].shape, xs[i].stride(), xs[i].dtype, xs[i].device) for i in self._used)
-        hit = self._direct.get(sig)
-        if hit is not None:
-            return self._map_direct(xs, hit)
-        before = self.layout_conversions
-        mapped = self._map_general(xs)
-        if (mapped is not None and self.layout_conversions == before and len(self._direct) < 64
-                and self._in_place(xs, mapped[1])):
-            args = CoConvArgs()
-            ctypes.pointer(args)[0] = mapped[1]
-            self._direct[sig] = (args, (args.n, args.p, args.q, args.k))
-        return mapped
-
-    def _in_place(self, xs, args) -> bool:
-        """True when the kernel reads every operand where it is (nothing was copied)."""
-        pairs = ((self._ix, args.x), (self._iw, args.filter), (self._ibias, args.bias),
-                 (self._ic, args.residual))
-        return all(xs[i].data_ptr() == ptr for i, ptr in pairs if i is not None)
-
-    def _map_direct(self, xs, hit):
-        args, shape = hit
+    def _map_direct(self, xs, args, shape):
         kern = self.kernel
         x = xs[self._ix]
         args.x, args.filter = x.data_ptr(), xs[self._iw].data_ptr()

@@ -1,7 +1,6 @@
 """The module that replaces one GEMM region in the graph and calls the library."""
 from __future__ import annotations
 
-import ctypes
 import math
 
 import torch
@@ -9,12 +8,6 @@ import torch
 from ..ir import GemmKernel, GemmRegion
 from .library import CoGemmArgs
 from .region import VERIFY_TOLERANCE, RegionModule  # noqa: F401  (re-exported)
-
-
-def _copy_args(args: CoGemmArgs) -> CoGemmArgs:
-    out = CoGemmArgs()
-    ctypes.pointer(out)[0] = args
-    return out
 
 
 def _strip(dims) -> tuple:
@@ -39,11 +32,9 @@ class GemmRegionModule(RegionModule):
         p = region.problem
         self._n, self._k = p.n, p.k
         self._align = (kernel.align_a, kernel.align_b, kernel.align_c)
-        # inputs that the kernel reads, and their slot among (a, b, bias, c)
-        slots = [(0, self._ia), (1, self._ib), (2, self._ibias), (3, self._ic)]
-        self._role_slots = tuple(j for j, i in slots if i is not None)
-        self._roles = tuple(i for _, i in slots if i is not None)
-        self._direct = {}            # signature -> (CoGemmArgs with sizes/strides, out shape)
+        self._operands = tuple((i, f) for i, f in ((self._ia, "a"), (self._ib, "b"),
+                                                   (self._ibias, "bias"), (self._ic, "c"))
+                               if i is not None)
 
     def _ws_key(self, args) -> tuple:
         return (args.m, args.n, args.k, args.l)
@@ -58,37 +49,10 @@ class GemmRegionModule(RegionModule):
         """The kernel's dtype, on the same device as A (else PyTorch runs the call)."""
         return t.dtype == self._dtype and a.dtype == self._dtype and t.device == a.device
 
-    def _map(self, xs):
-        """(out, CoGemmArgs, temporaries) for this call, or None when the call does not
-        fit the kernel (dtype, device, shape, alignment): the caller falls back.
+    def _out_shape(self, out, args) -> tuple:
+        return tuple(out.shape)
 
-        Calls repeat the same shapes and strides: once a signature has mapped without
-        copying any input, its sizes and strides are kept (in their own CoGemmArgs)
-        and later calls only set and check the pointers.
-        """
-        sig = self._signature(xs)
-        args = self._direct.get(sig)
-        if args is not None:
-            return self._map_direct(xs, args)
-        mapped = self._map_general(xs)
-        if mapped is not None and len(self._direct) < 64 and self._is_direct(xs, mapped[1]):
-            self._direct[sig] = _copy_args(mapped[1]), tuple(mapped[0].shape)
-        return mapped
-
-    def _signature(self, xs) -> tuple:
-        sig = []
-        for i in self._roles:
-            t = xs[i]
-            sig.append((t.shape, t.stride(), t.dtype, t.device))
-        return tuple(sig)
-
-    def _is_direct(self, xs, args) -> bool:
-        """True when the kernel reads the inputs themselves (no copy was needed)."""
-        ptrs = (args.a, args.b, args.bias, args.c)
-        return all(xs[i].data_ptr() == ptrs[j] for j, i in zip(self._role_slots, self._roles))
-
-    def _map_direct(self, xs, cached):
-        template, out_shape = cached
+    def _map_direct(self, xs, template, out_shape):
         e = self._esize
         al_a, al_b, al_c = self._align
         a, b = xs[self._ia], xs[self._ib]

@@ -15,10 +15,10 @@ import torch
 from ..ir import GroupNormKernel, GroupNormRegion
 from .conv_region import nhwc
 from .library import CoGroupNormArgs
-from .region import RegionModule
+from .norm_region import AffineNormModule
 
 
-class GroupNormRegionModule(RegionModule):
+class GroupNormRegionModule(AffineNormModule):
     """A group_norm region: ``roles`` maps "x", "weight", "bias" to input positions.
 
     A call runs PyTorch instead (``_map`` returns None) when the input is not a
@@ -35,21 +35,12 @@ class GroupNormRegionModule(RegionModule):
         self.primary = self._ix
         p = region.problem
         self._chw = (p.c, p.h, p.w)
+        self._features = p.c
         self._groups, self._eps = p.groups, p.eps
         self.layout_conversions = 0      # inputs copied to NHWC, over all calls
 
     def _ws_key(self, args) -> tuple:
         return (args.n,)
-
-    def _vector(self, xs, i, x):
-        """The (C,) parameter at input i, contiguous, or None when it does not fit."""
-        t = xs[i]
-        if t.dtype != self._dtype or t.device != x.device or t.numel() != self._chw[0]:
-            return None
-        t = t.reshape(-1)
-        if not t.is_contiguous():
-            t = t.contiguous()
-        return t if self._aligned(t.data_ptr(), self.kernel.vec) else None
 
     def _map(self, xs):
         x = xs[self._ix]
@@ -62,19 +53,8 @@ class GroupNormRegionModule(RegionModule):
         xn, converted = nhwc(x)
         keep = [xn]
         args = CoGroupNormArgs()
-        args.weight = args.bias = None
-        if self._iw is not None:
-            wt = self._vector(xs, self._iw, x)
-            if wt is None:
-                return None
-            args.weight = wt.data_ptr()
-            keep.append(wt)
-        if self._ib is not None:
-            b = self._vector(xs, self._ib, x)
-            if b is None:
-                return None
-            args.bias = b.data_ptr()
-            keep.append(b)
+        if not self._map_affine(xs, x, args, keep):
+            return None
         out = torch.empty((n, h, w, c), dtype=self._dtype, device=x.device)
         args.input, args.output = xn.data_ptr(), out.data_ptr()
         vec = self.kernel.vec

@@ -13,7 +13,34 @@ from .library import CoNormArgs
 from .region import RegionModule
 
 
-class NormRegionModule(RegionModule):
+class AffineNormModule(RegionModule):
+    """A norm region with optional per-feature weight and bias (``_iw`` / ``_ib``
+    input positions; ``_features`` elements each)."""
+
+    _features = 0
+
+    def _map_affine(self, xs, x, args, keep) -> bool:
+        """Point ``args.weight`` / ``args.bias`` at the parameters (contiguous, aligned
+        to the kernel's vector, of x's dtype and device; copied if not contiguous);
+        False when one does not fit."""
+        args.weight = args.bias = None
+        for i, field in ((self._iw, "weight"), (self._ib, "bias")):
+            if i is None:
+                continue
+            t = xs[i]
+            if t.dtype != self._dtype or t.device != x.device or t.numel() != self._features:
+                return False
+            t = t.reshape(-1)
+            if not t.is_contiguous():
+                t = t.contiguous()
+            if not self._aligned(t.data_ptr(), self.kernel.vec):
+                return False
+            setattr(args, field, t.data_ptr())
+            keep.append(t)
+        return True
+
+
+class NormRegionModule(AffineNormModule):
     """A norm region: ``roles`` maps "x", "weight", "bias" to input positions.
 
     A call runs PyTorch instead (``_map`` returns None) when the input is not of
@@ -27,22 +54,12 @@ class NormRegionModule(RegionModule):
         self._ix = roles["x"]
         self._iw, self._ib = roles.get("weight"), roles.get("bias")
         self.primary = self._ix
-        self._cols = region.problem.cols
+        self._cols = self._features = region.problem.cols
         self._eps = region.problem.eps
         self.copies = 0          # non-contiguous inputs made contiguous, over all calls
 
     def _ws_key(self, args) -> tuple:
         return (args.rows, args.cols)
-
-    def _vector(self, xs, i, x):
-        """The (cols,) parameter at input i, contiguous, or None when it does not fit."""
-        t = xs[i]
-        if t.dtype != self._dtype or t.device != x.device or t.numel() != self._cols:
-            return None
-        t = t.reshape(-1)
-        if not t.is_contiguous():
-            t = t.contiguous()
-        return t if self._aligned(t.data_ptr(), self.kernel.vec) else None
 
     def _map(self, xs):
         x = xs[self._ix]
@@ -56,19 +73,8 @@ class NormRegionModule(RegionModule):
             x = x.contiguous()
         keep = [x]
         args = CoNormArgs()
-        args.weight = args.bias = None
-        if self._iw is not None:
-            w = self._vector(xs, self._iw, x)
-            if w is None:
-                return None
-            args.weight = w.data_ptr()
-            keep.append(w)
-        if self._ib is not None:
-            b = self._vector(xs, self._ib, x)
-            if b is None:
-                return None
-            args.bias = b.data_ptr()
-            keep.append(b)
+        if not self._map_affine(xs, x, args, keep):
+            return None
         out = torch.empty(x.shape, dtype=self._dtype, device=x.device)
         args.input, args.output = x.data_ptr(), out.data_ptr()
         if not (self._aligned(args.input, self.kernel.vec) and self._aligned(args.output, self.kernel.vec)):

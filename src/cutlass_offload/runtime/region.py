@@ -50,6 +50,7 @@ class RegionModule(torch.nn.Module):
         self.calls = 0
         self.verify = False          # compare the first kernel call with the fallback
         self.disabled = None         # reason, once verification failed: PyTorch from then on
+        self._direct = {}            # call signature -> (args with sizes, output shape)
         self._esize = ESIZE[kernel.dtype]
         self._dtype = TORCH_DTYPE[kernel.dtype]
 
@@ -61,9 +62,32 @@ class RegionModule(torch.nn.Module):
         check_device(self.kernel.arch, device)
         self._fn, self._ws_fn = lib.launcher(f"co_{self.region.name}", ARGS_TYPES[self.kernel.args_type])
 
-    # subclasses: (out, args, temporaries) or None; the workspace key of args
+    # -- mapping a call onto the C ABI ----------------------------------------------
+    # Subclasses set ``_operands`` ((input position, pointer field of the args), ...)
+    # and implement ``_map_general(xs)`` -> (out, args, temporaries) or None,
+    # ``_map_direct(xs, args, out_shape)`` (set and check the pointers only) and
+    # ``_out_shape(out, args)``; or override ``_map`` altogether.
+    _operands = ()
+
     def _map(self, xs):
-        raise NotImplementedError
+        """(out, args, temporaries) for this call, or None when it does not fit the
+        kernel (dtype, device, shape, alignment): the caller falls back.
+
+        Calls repeat the same shapes and strides: once a signature has mapped with
+        every operand read in place (nothing copied), its args are kept and later
+        calls only set and check the pointers.
+        """
+        sig = tuple((xs[i].shape, xs[i].stride(), xs[i].dtype, xs[i].device) for i, _ in self._operands)
+        hit = self._direct.get(sig)
+        if hit is not None:
+            return self._map_direct(xs, *hit)
+        mapped = self._map_general(xs)
+        if (mapped is not None and len(self._direct) < 64
+                and all(xs[i].data_ptr() == getattr(mapped[1], f) for i, f in self._operands)):
+            args = type(mapped[1])()
+            ctypes.pointer(args)[0] = mapped[1]
+            self._direct[sig] = (args, self._out_shape(mapped[0], args))
+        return mapped
 
     def _ws_key(self, args) -> tuple:
         raise NotImplementedError
