@@ -4,7 +4,9 @@ from __future__ import annotations
 from ..config import CompileOptions
 from ..ir import (AttentionRegion, ConvRegion, Fallback, GemmKernel, GemmProblem, GroupNormRegion,
                   NormRegion, PartitionResult, Plan)
+from ..emit import attention            # the sm80 kernel, for sm_80 and sm_90a
 from . import sm80, sm90
+from .conv import choose_conv_kernel
 from .group_norm import choose_group_norm_kernel
 from .norm import choose_norm_kernel
 
@@ -38,10 +40,8 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
             elif isinstance(r, GroupNormRegion):
                 k = choose_group_norm_kernel(r.problem, arch)
             elif isinstance(r, AttentionRegion):
-                from ..emit import attention            # the sm80 kernel, for sm_80 and sm_90a
                 k = attention.choose(r.kernel_problem, arch)
             elif isinstance(r, ConvRegion):
-                from .conv import choose_conv_kernel   # imports the conv emitters
                 k = choose_conv_kernel(r.problem, arch, options.num_sms or DEFAULT_NUM_SMS[arch])
             else:
                 k = choose_kernel(r.problem, arch, options.num_sms)
