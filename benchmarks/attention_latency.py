@@ -6,7 +6,10 @@ attention regions are offloaded (one library: just the attention kernels, so the
 build is quick). One forward pass records every region's inputs; regions with the
 same kernel and input shapes are timed once (``count`` says how many there are):
 
-* cutlass_offload: the region module (its mapping, ctypes launch and kernel);
+* cutlass_offload: the region module (its mapping, ctypes launch and kernel): on
+  sm_90a the Hopper kernel (emit/attention_sm90.py) where it takes the region;
+* cutlass_sm80: on sm_90a, for those regions, the same region on the sm80 kernel
+  (examples/41, compiled for sm_90a in a second library): the Hopper kernel's gain;
 * pytorch: the region's own PyTorch subgraph (for an SDPA region: the
   ``aten.scaled_dot_product_attention`` call PyTorch dispatches itself);
 * pytorch_<backend>: the same under torch.nn.attention.sdpa_kernel(<backend>)
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -36,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from cutlass_offload import build as build_stage                      # noqa: E402
 from cutlass_offload.api import resolve_arch                          # noqa: E402
 from cutlass_offload.capture import capture                           # noqa: E402
+from cutlass_offload.emit import attention                            # noqa: E402
 from cutlass_offload.ir import AttentionRegion, PartitionResult       # noqa: E402
 from cutlass_offload.models import load_model                         # noqa: E402
 from cutlass_offload.partition import partition                       # noqa: E402
@@ -55,12 +60,18 @@ def _backends():
     return [(n, sdpa_kernel, getattr(SDPBackend, b)) for n, b in names.items() if hasattr(SDPBackend, b)]
 
 
-def attention_only(model, inputs, arch):
-    """(graph module with only its attention regions offloaded, plan, build seconds)."""
+def attention_only(model, inputs, arch, sm80_only=False):
+    """(graph module with only its attention regions offloaded, plan, build seconds);
+    ``sm80_only``: every region on the sm80 kernel, even where sm_90a has the Hopper one."""
     cap = capture(model, inputs)
     part = partition(cap.graph_module)
     part = PartitionResult(tuple(r for r in part.regions if isinstance(r, AttentionRegion)), ())
     plan = select(part, arch)
+    if sm80_only:
+        kernels = tuple(k if k.config.family == "cutlass2x_sm80"
+                        else replace(attention.choose(r.kernel_problem, "sm80"), arch=k.arch)
+                        for r, k in zip(plan.regions, plan.kernels))
+        plan = replace(plan, kernels=kernels)
     if not plan.regions:
         return cap.graph_module, plan, 0.0
     res = build_stage.build(plan)
@@ -89,6 +100,11 @@ def bench_model(name, a, arch, rows):
     mods = [m for m in gm.modules() if isinstance(m, AttentionRegionModule)]
     print(f"{name}: {len(mods)} attention regions, {len(plan.distinct_kernels)} kernels, "
           f"build {build_s:.1f} s")
+    sm80 = {}                     # region name -> the same region on the sm80 kernel
+    if any(k.config.family != "cutlass2x_sm80" for k in plan.kernels):
+        gm80, _plan80, build80_s = attention_only(model, inputs, arch, sm80_only=True)
+        sm80 = {m.region.name: m for m in gm80.modules() if isinstance(m, AttentionRegionModule)}
+        print(f"{name}: sm80 kernels for comparison, build {build80_s:.1f} s")
     seen = {}
     hooks = [m.register_forward_pre_hook(lambda m, xs: seen.setdefault(m, xs) and None) for m in mods]
     with torch.no_grad():
@@ -107,8 +123,11 @@ def bench_model(name, a, arch, rows):
             ours_out, ref_out = m(*xs), m.fallback(*xs)
             err = float((ours_out.double() - ref_out.double()).norm()
                         / ref_out.double().norm().clamp_min(1e-30))
-            impls = [("cutlass_offload", lambda m=m, xs=xs: m(*xs)),
-                     ("pytorch", lambda m=m, xs=xs: m.fallback(*xs))]
+            impls = [("cutlass_offload", lambda m=m, xs=xs: m(*xs))]
+            m80 = sm80.get(m.region.name) if m.kernel.config.family != "cutlass2x_sm80" else None
+            if m80 is not None:
+                impls.append(("cutlass_sm80", lambda m80=m80, xs=xs: m80(*xs)))
+            impls.append(("pytorch", lambda m=m, xs=xs: m.fallback(*xs)))
             if m.region.form == "sdpa":
                 for bname, ctx, backend in _backends():
                     def fn(m=m, xs=xs, ctx=ctx, backend=backend):
@@ -129,10 +148,12 @@ def bench_model(name, a, arch, rows):
                 eager, graph = median_ms(fn), graph_ms(fn)
                 rows.append({"model": name, "region": m.region.name, "count": len(members),
                              "form": m.region.form, "causal": p.causal, "bias": m.region.bias_kind,
-                             **shape, "kernel": m.kernel.name if impl == "cutlass_offload" else "",
+                             **shape, "kernel": {"cutlass_offload": m.kernel.name,
+                                                 "cutlass_sm80": m80.kernel.name if m80 else ""}.get(impl, ""),
                              "impl": impl, "eager_us": eager * 1e3, "graph_us": graph * 1e3,
                              "graph_tflops": f / (graph * 1e-3) / 1e12, "rel_err_vs_pytorch": err})
         assert m.fallback_calls == calls_before, f"{m.region.name}: a call fell back to PyTorch"
+        assert m80 is None or m80.fallback_calls == 0, f"{m.region.name}: the sm80 run fell back"
 
 
 def main():
@@ -160,7 +181,8 @@ def main():
     for r in rows:
         shape = ",".join(str(r[k]) for k in ("batch", "heads", "seq_q", "seq_kv", "head_dim", "head_dim_v"))
         mask = r["causal"] if r["bias"] == "none" else f"{r['causal']}+{r['bias']}"
-        print(f"{r['model']:<10} {r['count']:>3} {shape:<24} {mask:<10} {r['impl']:<20} "
+        impl = r["impl"] + ("[sm90]" if r["kernel"].startswith("cutlass3x_sm90") else "")
+        print(f"{r['model']:<10} {r['count']:>3} {shape:<24} {mask:<10} {impl:<20} "
               f"{r['eager_us']:>9.1f} {r['graph_us']:>9.2f} {r['graph_tflops']:>8.1f} "
               f"{r['rel_err_vs_pytorch']:>8.1e}")
     path = out_dir / "attention_latency.json"

@@ -260,6 +260,14 @@ def emulate(mod, args, keep, out):
         return False
     if a.causal == 2 and sq > skv:
         return False
+    if k.config.family == "cutlass3x_sm90":
+        # emit/attention_sm90.py's run: one head dim up to the tile, seq_q % 8, no
+        # bias, the compiled mask (CausalFusion is top-left and sees no key past seq_kv)
+        if e != ev or e > k.head_tile or sq % 8 or a.bias:
+            return False
+        if (a.causal != 0) != k.causal or (a.causal == 1 and sq > skv) or (
+                a.causal == 2 and sq != skv):
+            return False
     for p, strides in ((a.q, (a.q_stride_batch, a.q_stride_seq, a.q_stride_head)),
                        (a.k, (a.k_stride_batch, a.k_stride_seq, a.k_stride_head)),
                        (a.v, (a.v_stride_batch, a.v_stride_seq, a.v_stride_head))):

@@ -679,6 +679,55 @@ class AttentionKernel:
 
 
 @dataclass(frozen=True)
+class AttentionKernelSm90:
+    """One Hopper fused multi-head attention forward instantiation (CUTLASS
+    examples/88_hopper_fmha: TMA loads and stores, warp-specialized cooperative
+    schedule, one producer and two consumer warpgroups; emit/attention_sm90.py).
+
+    config: KernelConfig(family "cutlass3x_sm90", tile = (BlockQ, BlockKV,
+      BlockHead): 128 queries per CTA (64 per consumer warpgroup) x keys per
+      mainloop step x the head dim the tile holds (head dims below it are zero-filled
+      by TMA and clipped by the TMA store), stages = K/V pipeline depth (kStagesKV,
+      5 by default), kernel_schedule "KernelTmaWarpSpecializedCooperative").
+    causal: the fusion is a template parameter: True = CausalFusion (top-left),
+      False = ResidualFusion (no mask; keys past seq_kv in the last tile masked).
+    Q/K/V/O are read and written 16 bytes at a time (TMA): head dim, pointers
+    and strides multiples of 8 elements. The workspace holds the per-row
+    log-sum-exp the kernel always writes (fp32, batch x heads x seq_q).
+    """
+
+    arch: str
+    dtype: str
+    config: KernelConfig
+    causal: bool = False
+
+    kind = "attention"
+    args_type = "CoAttentionArgs"
+    layout_a = layout_b = "bmhk"
+    aligned = True
+    supports_bias = False
+    needs_workspace = True          # the log-sum-exp rows
+    access = 8                      # elements per 16-byte TMA access (f16 / bf16)
+    align_a = align_b = align_c = 8
+
+    def __post_init__(self):
+        _check(self.arch, ("sm90a",), "arch")
+        _check(self.dtype, ("f16", "bf16"), "dtype")
+        if self.config.family != "cutlass3x_sm90":
+            raise ValueError(f"Hopper attention kernels are cutlass3x_sm90, got {self.config.family!r}")
+
+    @property
+    def head_tile(self) -> int:
+        return self.config.tile[2]
+
+    @property
+    def name(self) -> str:
+        q, k, d = self.config.tile
+        return (f"cutlass3x_sm90_fmha_fwd_{self.dtype}_{q}x{k}x{d}_s{self.config.stages}_coop"
+                + ("_causal" if self.causal else ""))
+
+
+@dataclass(frozen=True)
 class KernelSource:
     """C++ for one kernel: its includes (collected once per TU) and its code.
 

@@ -98,9 +98,10 @@ def cutlass_version() -> str:
     parts = [re.search(rf"#define CUTLASS_{p} (\d+)", text) for p in ("MAJOR", "MINOR", "PATCH")]
     ver = ".".join(m.group(1) for m in parts if m)
     h = hashlib.sha256()
-    # the headers, and the examples folder the attention kernel is included from
+    # the headers, and the examples folders the attention kernels are included from
     for inc in (cutlass_root() / "include",
-                cutlass_root() / "examples" / "41_fused_multi_head_attention"):
+                cutlass_root() / "examples" / "41_fused_multi_head_attention",
+                cutlass_root() / "examples" / "88_hopper_fmha"):
         for p in sorted(inc.rglob("*.h*")):
             st = p.stat()
             h.update(f"{p.relative_to(inc)}:{st.st_size}".encode())

@@ -24,7 +24,8 @@ _EMITTERS = {("gemm", "cutlass2x_sm80"): "gemm_sm80", ("gemm", "cutlass3x_sm90")
              ("conv2d_fprop", "cutlass3x_sm90"): "conv_sm90",
              ("layer_norm", "rowwise_norm"): "norm", ("rms_norm", "rowwise_norm"): "norm",
              ("group_norm", "nhwc_group_norm"): "group_norm",
-             ("attention", "cutlass2x_sm80"): "attention"}   # sm80 kernel for sm_80 and sm_90a
+             ("attention", "cutlass2x_sm80"): "attention",   # sm80 kernel for sm_80 and sm_90a
+             ("attention", "cutlass3x_sm90"): "attention_sm90"}
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,11 @@
 The kernel is ``AttentionKernel`` of the nvidia-cutlass wheel's
 ``examples/41_fused_multi_head_attention/kernel_forward.h`` (the xFormers /
 PyTorch "mem-efficient" SDPA kernel, CUTLASS 2.x warp-level MMA, ArchTag Sm80:
-it runs on sm_80 and later and is compiled for sm_80 and sm_90a alike). It is
+it runs on sm_80 and later and is compiled for sm_80 and sm_90a alike). On
+sm_90a, ``choose`` takes the Hopper kernel of emit/attention_sm90.py (examples/88,
+TMA warp-specialized) for the problems it supports (f16 / bf16, no bias, one head
+dim that is a multiple of 8 up to 256, static seq_q % 8 == 0, no mask or top-left
+causal) and this kernel for the rest. It is
 included from the wheel, never copied: ``extra_include_dirs()`` gives the
 folders the compile command needs.
 
@@ -108,6 +112,7 @@ from typing import Optional
 from ..ir import (ATTENTION_ALIGNED_ACCESS, ATTENTION_BIASES, ATTENTION_DTYPES, ATTENTION_LAYOUTS,
                   ATTENTION_UNALIGNED_ACCESS, BIAS_BROADCAST_DIMS, CAUSAL, CAUSAL_CODE,  # noqa: F401
                   AttentionKernel, AttentionProblem, KernelConfig, KernelSource)
+from . import attention_sm90
 
 FAMILY = "cutlass2x_sm80"
 ARCHS = ("sm80", "sm90a")
@@ -269,15 +274,19 @@ def supports(problem: AttentionProblem, arch: str = "sm80") -> bool:
     return refusal(problem, arch) is None
 
 
-def choose(problem: AttentionProblem, arch: str = "sm80") -> AttentionKernel:
-    """The AttentionKernel for ``problem`` (PyTorch's sm80 dispatch order: the first
-    of 64x64 k64, 64x128 k128, 32x128 k65536 whose kMaxK covers both head dims),
-    aligned when the head dims and ``problem.align`` allow 16-byte accesses (f32:
-    always), not aligned (4 elements) otherwise. Raises ValueError with the reason
-    when no kernel can run it (see ``refusal``)."""
+def choose(problem: AttentionProblem, arch: str = "sm80"):
+    """The kernel for ``problem`` on ``arch``: on sm90a the Hopper kernel
+    (``attention_sm90.choose``, an AttentionKernelSm90) when it supports the problem;
+    otherwise the AttentionKernel (PyTorch's sm80 dispatch order: the first of 64x64
+    k64, 64x128 k128, 32x128 k65536 whose kMaxK covers both head dims), aligned when
+    the head dims and ``problem.align`` allow 16-byte accesses (f32: always), not
+    aligned (4 elements) otherwise. Raises ValueError with the reason when no kernel
+    can run it (see ``refusal``)."""
     reason = refusal(problem, arch)
     if reason:
         raise ValueError(reason)
+    if arch == "sm90a" and attention_sm90.supports(problem, arch):
+        return attention_sm90.choose(problem, arch)
     tile = _tile_for(max(problem.head_dim, problem.head_dim_v))
     wide = _ALIGNED_ACCESS[problem.dtype]
     aligned = (problem.dtype == "f32" or
@@ -287,10 +296,12 @@ def choose(problem: AttentionProblem, arch: str = "sm80") -> AttentionKernel:
                            aligned=aligned, supports_bias=problem.bias != "none")
 
 
-def workspace_bytes(kernel: AttentionKernel, batch: int, heads: int, seq_q: int,
-                    head_dim_v: int) -> int:
+def workspace_bytes(kernel, batch: int, heads: int, seq_q: int, head_dim_v: int) -> int:
     """What the emitted ``workspace_size`` returns for a supported call (0 for "rf"
-    kernels and f32): the fp32 output accumulator, packed BMHK."""
+    kernels and f32): the fp32 output accumulator, packed BMHK; for a Hopper kernel
+    the fp32 log-sum-exp rows (``attention_sm90.workspace_bytes``)."""
+    if kernel.config.family == attention_sm90.FAMILY:
+        return attention_sm90.workspace_bytes(batch, heads, seq_q)
     return batch * seq_q * heads * head_dim_v * 4 if kernel.needs_workspace else 0
 
 

@@ -1,0 +1,340 @@
+"""Emit CUTLASS's Hopper (sm_90a) fused multi-head attention forward kernel.
+
+The kernel is ``FmhaKernelTmaWarpSpecialized`` of the nvidia-cutlass wheel's
+``examples/88_hopper_fmha`` (built by ``kernel/fmha_kernel_builder.hpp``
+``FmhaBuilder<..., KernelTmaWarpSpecializedCooperative>``: TMA loads of Q, K, V,
+two consumer warpgroups of 64 queries each running QK^T and PV on wgmma with an
+online softmax in registers, a TMA store of O; the FlashAttention-3 design). It is
+included from the wheel, never copied (``extra_include_dirs()`` of
+emit/attention.py: the examples folder).
+
+What the example supports, read from its code (CUTLASS 4.2):
+
+* dtypes: f16 / bf16 (fp8 needs V transposed; not used), fp32 accumulation of both
+  GEMMs. f32 inputs stay on the sm80 kernel.
+* One head dim for Q, K and V: the problem shape is (B, H, Q, K, D)
+  (``fmha_kernel_tma_warpspecialized.hpp`` ProblemShape); head_dim != head_dim_v
+  stays on the sm80 kernel.
+* Head dims: ``can_implement`` (fmha_collective_tma_warpspecialized.hpp) needs D <=
+  the tile's head extent and D % 8 == 0 (16-byte TMA rows), and seq_q % 8 == 0.
+  A D below the tile's head extent is zero-filled by the TMA loads (the dot
+  products are unchanged) and clipped by the TMA store of O, so the UNet's head
+  dims 40 / 80 / 160 run on the 64 / 128 / 256 tiles with no copy (the comment in
+  ResidualFusion::before_softmax says the same). Tiles are the example's forward
+  instantiations: 128x64x32, 128x64x64, 128x128x128, 128x64x256 (BlockQ x BlockKV
+  x head), K/V pipeline depth 5 (the kStagesKV default).
+* Scale: ``to_underlying_arguments`` hard-codes 1/sqrt(D) into
+  ``Params::scale_softmax`` / ``scale_softmax_log2``; the softmax reads only those
+  two fields (fmha_collective_softmax.hpp: exp2(scale_log2 * s - scale_log2 *
+  max), LSE = max * scale + log(sum)), so ``run`` overwrites both with the
+  region's scale after building the Params. The row max is taken on the unscaled
+  logits, so only scale > 0 is right (a negative scale runs on -Q, as for the
+  sm80 kernel; ``AttentionRegion.negate``).
+* Masks: ``Fusion`` is a template parameter. ``DefaultFusion`` masks nothing, not
+  even the keys past seq_kv in the last K/V tile (TMA fills them with 0: logit 0,
+  a wrong softmax), so the unmasked kernel uses ``ResidualFusion`` (the last tile
+  masks keys >= seq_kv). ``CausalFusion`` masks key > query from the top left
+  and nothing else: right for seq_q <= seq_kv (no query sees a key past seq_kv);
+  bottom-right causal is the same mask only when seq_q == seq_kv. No additive
+  bias (those problems stay on the sm80 kernel).
+* Layout (strides): Q, K, V and O are (seq, head dim, (batch, head)) with
+  ``cute::tuple<int, _1, cute::tuple<int, int>>`` strides: any 32-bit sequence,
+  batch and head stride, head dim contiguous, so BSNH and BNSH both pass in place,
+  and O is written with its own strides. TMA needs the pointers 16-byte aligned
+  and every stride of an extent > 1 a multiple of 16 bytes (8 elements); cute
+  asserts that on the host, so ``run`` checks it first. A stride-0 mode (one K/V
+  head shared by every query head, a batch broadcast) is dropped from the TMA
+  descriptor (cute copy_traits_sm90_tma.hpp: "size-1 or stride-0, then don't
+  append"), which is what the example's README describes for MQA.
+* The epilogue always writes the per-row log-sum-exp (fp32, (B, H, Q) with
+  strides (H*Q, Q), unpredicated on the pointer): it goes to the region's
+  workspace (``workspace_size`` = batch * heads * seq_q * 4 bytes), reused across
+  calls (runtime/region.py), never a per-call cudaMalloc.
+* Launch: grid (ceil(seq_q / 128), batch, heads) (IndividualTileScheduler), 384
+  threads, ``Kernel::SharedStorageSize`` bytes of dynamic shared memory (raised
+  once per device).
+"""
+from __future__ import annotations
+
+import math
+from string import Template
+
+from ..ir import AttentionKernelSm90, AttentionProblem, KernelConfig, KernelSource
+
+FAMILY = "cutlass3x_sm90"
+ARCH = "sm90a"
+DTYPES = ("f16", "bf16")
+SCHEDULE = "KernelTmaWarpSpecializedCooperative"
+STAGES = 5                   # kStagesKV default (fmha_collective_tma_warpspecialized.hpp)
+ACCESS = 8                   # elements per 16-byte TMA row (f16 / bf16)
+# head tile -> (BlockQ, BlockKV, head tile): the example's forward kernels (88_hopper_fmha.cu
+# run_fwd_32 / 64 / 128 / 256, KernelCooperative)
+TILES = {32: (128, 64, 32), 64: (128, 64, 64), 128: (128, 128, 128), 256: (128, 64, 256)}
+MAX_HEAD_DIM = 256
+_GRID_MAX = 65535            # grid y = batch, z = heads
+_INT32_MAX = 2**31 - 1
+_ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
+
+INCLUDES = ("atomic", "cmath", "climits", "cutlass/device_kernel.h",
+            "88_hopper_fmha/collective/fmha_fusion.hpp",
+            "88_hopper_fmha/kernel/fmha_kernel_builder.hpp")
+
+
+def head_tile(head_dim: int) -> int:
+    """The smallest of the example's head tiles (32, 64, 128, 256) holding ``head_dim``.
+    Raises ValueError above 256."""
+    for d in sorted(TILES):
+        if head_dim <= d:
+            return d
+    raise ValueError(f"head dim {head_dim} exceeds the Hopper kernel's {MAX_HEAD_DIM}")
+
+
+def refusal(problem: AttentionProblem, arch: str = ARCH) -> str | None:
+    """Why the Hopper kernel cannot run ``problem`` (the region's kernel problem) on
+    ``arch``, or None if it can. Sizes the runtime must check again (strides,
+    alignment of each call's pointers) are checked by the emitted ``run``."""
+    p = problem
+    if arch != ARCH:
+        return f"the Hopper attention kernel targets {ARCH}, not {arch!r}"
+    if p.dtype not in DTYPES:
+        return f"dtype {p.dtype}: the Hopper attention kernel takes {DTYPES}"
+    if p.bias != "none":
+        return "an additive bias / boolean mask: the Hopper attention kernel has no bias"
+    if p.head_dim != p.head_dim_v:
+        return (f"head_dim {p.head_dim} != head_dim_v {p.head_dim_v}: the Hopper kernel "
+                f"has one head dim")
+    if p.head_dim > MAX_HEAD_DIM or p.head_dim % ACCESS:
+        return f"head dim {p.head_dim}: the Hopper kernel takes multiples of 8 up to {MAX_HEAD_DIM}"
+    if p.align < ACCESS:
+        return f"Q/K/V only {p.align}-element aligned: TMA needs 16-byte pointers and strides"
+    if not (math.isfinite(p.scale) and p.scale > 0):
+        return f"scale {p.scale!r}: the softmax takes its row max before scaling (needs scale > 0)"
+    if p.seq_q is None or p.seq_kv is None:
+        return "a dynamic sequence length: the Hopper kernel needs seq_q % 8 == 0 (checked statically)"
+    if p.seq_q % ACCESS:
+        return f"seq_q {p.seq_q} is not a multiple of 8 (the example's can_implement)"
+    if p.seq_kv < 1 or max(p.seq_q, p.seq_kv) > _INT32_MAX:
+        return f"seq_kv {p.seq_kv}: out of the kernel's range"
+    if p.causal == "top_left" and p.seq_q > p.seq_kv:
+        return (f"top-left causal with seq_q {p.seq_q} > seq_kv {p.seq_kv}: CausalFusion "
+                f"would let the last rows see keys past seq_kv")
+    if p.causal == "bottom_right" and p.seq_q != p.seq_kv:
+        return "bottom-right causal with seq_q != seq_kv: CausalFusion is top-left"
+    if p.heads > _GRID_MAX or (p.batch is not None and p.batch > _GRID_MAX):
+        return f"more than {_GRID_MAX} heads or batches (grid z / y)"
+    return None
+
+
+def supports(problem: AttentionProblem, arch: str = ARCH) -> bool:
+    """True if ``choose(problem, arch)`` returns a kernel."""
+    return refusal(problem, arch) is None
+
+
+def config_for(head_dim_tile: int) -> KernelConfig:
+    """The KernelConfig of the Hopper kernel whose head tile is ``head_dim_tile``."""
+    if head_dim_tile not in TILES:
+        raise ValueError(f"head tile must be one of {tuple(TILES)}, got {head_dim_tile}")
+    return KernelConfig(family=FAMILY, tile=TILES[head_dim_tile], stages=STAGES,
+                        kernel_schedule=SCHEDULE)
+
+
+def choose(problem: AttentionProblem, arch: str = ARCH) -> AttentionKernelSm90:
+    """The Hopper kernel for ``problem``: the smallest head tile holding its head dim,
+    the causal fusion for a causal mask. Raises ValueError with the reason when it
+    cannot run it (``refusal``)."""
+    reason = refusal(problem, arch)
+    if reason:
+        raise ValueError(reason)
+    return AttentionKernelSm90(arch=arch, dtype=problem.dtype,
+                               config=config_for(head_tile(problem.head_dim)),
+                               causal=problem.causal != "none")
+
+
+def workspace_bytes(batch: int, heads: int, seq_q: int) -> int:
+    """What the emitted ``workspace_size`` returns for a supported call: the fp32
+    log-sum-exp of every query row."""
+    return batch * heads * seq_q * 4
+
+
+def check(kernel: AttentionKernelSm90) -> None:
+    """Raise ValueError unless ``kernel`` is an instantiation this module emits
+    (TypeError if it is not an AttentionKernelSm90)."""
+    if not isinstance(kernel, AttentionKernelSm90):
+        raise TypeError(f"not a Hopper attention kernel: {kernel!r}")
+    if kernel.config != config_for(kernel.config.tile[2]) or kernel.config.tile not in TILES.values():
+        raise ValueError(f"Hopper attention configs are {sorted(TILES.values())} with "
+                         f"stages {STAGES} and {SCHEDULE}; got {kernel.config}")
+
+
+_KERNEL = """\
+// ${name}: fused multi-head attention forward, CUTLASS examples/88_hopper_fmha
+// ${semantics}
+namespace ${name} {
+
+using Element = ${element};
+using TileShape = cute::Shape<cute::_${block_q}, cute::_${block_kv}, cute::_${head}>;
+// (seq, head dim, (batch, head)): runtime 32-bit strides, head dim contiguous
+using StrideQKVO = cute::tuple<int, cute::_1, cute::tuple<int, int>>;
+using StrideLSE = cute::tuple<cute::_1, cute::tuple<int, int>>;
+using Kernel = typename cutlass::fmha::kernel::FmhaBuilder<
+    Element, float, float, TileShape, StrideQKVO, StrideQKVO, StrideQKVO,
+    cutlass::fmha::collective::${fusion}, cutlass::gemm::${schedule},
+    cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesKV, cute::Int<${stages}>>
+    >::Kernel;
+using ProblemShape = typename Kernel::ProblemShape;   // (B, H, Q, K, D)
+
+constexpr bool kCausal = ${causal};
+constexpr int64_t kHeadTile = ${head};
+constexpr int64_t kAlign = 16 / int64_t(sizeof(Element));   // TMA: 16-byte rows and strides
+constexpr int kSmemBytes = Kernel::SharedStorageSize;
+constexpr int64_t kInt32Max = INT32_MAX;
+constexpr int64_t kGridMax = 65535;
+constexpr int kMaxDevices = 64;
+
+static bool fits32(int64_t x) { return x >= 0 && x <= kInt32Max; }
+static bool ptr_aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % uintptr_t(bytes) == 0;
+}
+// A stride TMA accepts: non-negative, 32-bit, a multiple of 16 bytes when its extent > 1
+// (size-1 modes are dropped from the descriptor).
+static bool stride_ok(int64_t stride, int64_t extent) {
+  return fits32(stride) && (extent <= 1 || stride % kAlign == 0);
+}
+static bool operand_ok(const void* p, int64_t sb, int64_t ss, int64_t sh,
+                       const CoAttentionArgs& a, int64_t seq) {
+  return p != nullptr && ptr_aligned(p, 16) && stride_ok(sb, a.batch) && stride_ok(ss, seq) &&
+         stride_ok(sh, a.heads);
+}
+static bool empty(const CoAttentionArgs& a) {
+  return a.batch == 0 || a.heads == 0 || a.seq_q == 0;
+}
+static int64_t lse_bytes(const CoAttentionArgs& a) {
+  return a.batch * a.heads * a.seq_q * int64_t(sizeof(float));
+}
+
+// Every restriction of the example's kernel (see emit/attention_sm90.py) but the workspace.
+static bool supported(const CoAttentionArgs& a) {
+  if (a.batch < 0 || a.heads < 0 || a.seq_q < 0 || a.seq_kv < 1) return false;
+  if (a.batch > kGridMax || a.heads > kGridMax || !fits32(a.seq_q) || !fits32(a.seq_kv)) return false;
+  if (a.head_dim != a.head_dim_v || a.head_dim < 1 || a.head_dim > kHeadTile) return false;
+  if (a.head_dim % kAlign || a.seq_q % kAlign) return false;       // can_implement
+  if (!(a.scale > 0.0f) || !(a.scale < INFINITY)) return false;
+  if (a.bias != nullptr) return false;
+  if (kCausal) {
+    // CausalFusion is top-left and masks nothing past seq_kv
+    if (!((a.causal == 1 && a.seq_q <= a.seq_kv) || (a.causal == 2 && a.seq_q == a.seq_kv)))
+      return false;
+  } else if (a.causal != 0) {
+    return false;
+  }
+  if (!operand_ok(a.q, a.q_stride_batch, a.q_stride_seq, a.q_stride_head, a, a.seq_q)) return false;
+  if (!operand_ok(a.k, a.k_stride_batch, a.k_stride_seq, a.k_stride_head, a, a.seq_kv)) return false;
+  if (!operand_ok(a.v, a.v_stride_batch, a.v_stride_seq, a.v_stride_head, a, a.seq_kv)) return false;
+  if (!operand_ok(a.out, a.out_stride_batch, a.out_stride_seq, a.out_stride_head, a, a.seq_q))
+    return false;
+  // the log-sum-exp rows: (B, H, Q) with 32-bit strides and offsets
+  if (!fits32(a.batch * a.heads * a.seq_q)) return false;
+  return true;
+}
+
+static typename Kernel::Params make_params(const CoAttentionArgs& a) {
+  using cute::_1;
+  const ProblemShape problem{int(a.batch), int(a.heads), int(a.seq_q), int(a.seq_kv),
+                             int(a.head_dim)};
+  auto stride = [](int64_t seq, int64_t batch, int64_t head) {
+    return StrideQKVO{int(seq), _1{}, cute::make_tuple(int(batch), int(head))};
+  };
+  cutlass::KernelHardwareInfo hw_info;          // the individual tile scheduler needs no SM count
+  typename Kernel::Arguments args{
+      problem,
+      {static_cast<const Element*>(a.q), stride(a.q_stride_seq, a.q_stride_batch, a.q_stride_head),
+       static_cast<const Element*>(a.k), stride(a.k_stride_seq, a.k_stride_batch, a.k_stride_head),
+       static_cast<const Element*>(a.v), stride(a.v_stride_seq, a.v_stride_batch, a.v_stride_head)},
+      {static_cast<Element*>(a.out), stride(a.out_stride_seq, a.out_stride_batch, a.out_stride_head),
+       static_cast<float*>(a.workspace),
+       StrideLSE{_1{}, cute::make_tuple(int(a.heads * a.seq_q), int(a.seq_q))}},
+      hw_info};
+  typename Kernel::Params p = Kernel::to_underlying_arguments(args, nullptr);
+  // to_underlying_arguments hard-codes 1/sqrt(head_dim); the softmax reads only these two
+  p.mainloop.scale_softmax = a.scale;
+  p.mainloop.scale_softmax_log2 = float(double(a.scale) * 1.4426950408889634);  // log2(e)
+  return p;
+}
+
+// Raise the kernel's dynamic shared memory limit once per device.
+static int prepare_smem() {
+  static std::atomic<int> done[kMaxDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) { cudaGetLastError(); return CO_INIT_FAILED; }
+  if (device < kMaxDevices && done[device].load(std::memory_order_acquire)) return CO_OK;
+  int optin = 0, major = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return CO_INIT_FAILED;
+  }
+  if (major != 9 || optin < kSmemBytes) return CO_CANNOT_IMPLEMENT;   // sm_90a code
+  if (cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {
+    cudaGetLastError();
+    return CO_INIT_FAILED;
+  }
+  if (device < kMaxDevices) done[device].store(1, std::memory_order_release);
+  return CO_OK;
+}
+
+int64_t workspace_size(const CoAttentionArgs& args) {
+  if (empty(args) || !supported(args)) return 0;
+  return lse_bytes(args);
+}
+
+int run(const CoAttentionArgs& args, cudaStream_t stream) {
+  if (args.batch < 0 || args.heads < 0 || args.seq_q < 0) return CO_CANNOT_IMPLEMENT;
+  if (empty(args)) return CO_OK;  // empty output: nothing to launch
+  if (!supported(args)) return CO_CANNOT_IMPLEMENT;
+  if (args.workspace_bytes < lse_bytes(args)) return CO_WORKSPACE_TOO_SMALL;
+  if (args.workspace == nullptr || !ptr_aligned(args.workspace, 16)) return CO_CANNOT_IMPLEMENT;
+  const int status = prepare_smem();
+  if (status != CO_OK) return status;
+  typename Kernel::Params p = make_params(args);
+  cutlass::device_kernel<Kernel>
+      <<<Kernel::get_grid_shape(p), Kernel::get_block_shape(), kSmemBytes, stream>>>(p);
+  if (cudaGetLastError() != cudaSuccess) return CO_LAUNCH_FAILED;
+  return CO_OK;
+}
+
+}  // namespace ${name}
+"""
+
+
+def values(kernel: AttentionKernelSm90) -> dict:
+    """The substitution dict of ``kernel``'s C++ (raises ValueError via ``check``)."""
+    check(kernel)
+    q, kv, d = kernel.config.tile
+    mask = "top-left causal" if kernel.causal else "no mask"
+    return {
+        "name": kernel.name,
+        "semantics": (f"out = softmax(scale * q k^T, {mask}) v; {kernel.dtype}, head dims "
+                      f"multiples of 8 up to {d} (TMA zero-fills the rest), LSE in the workspace"),
+        "element": _ELEMENT[kernel.dtype],
+        "block_q": q, "block_kv": kv, "head": d,
+        "fusion": "CausalFusion" if kernel.causal else "ResidualFusion",
+        "schedule": kernel.config.kernel_schedule,
+        "stages": kernel.config.stages,
+        "causal": "true" if kernel.causal else "false",
+    }
+
+
+def emit(kernel: AttentionKernelSm90) -> KernelSource:
+    """Return the KernelSource of one Hopper attention kernel.
+
+    ``code`` defines ``namespace <kernel.name> { int64_t workspace_size(const
+    CoAttentionArgs&); int run(const CoAttentionArgs&, cudaStream_t); }`` over the
+    same C ABI as emit/attention.py; ``run`` checks every restriction (module
+    docstring) and returns a CoStatus: CO_CANNOT_IMPLEMENT for an unsupported call
+    (or a device that is not sm_90), CO_WORKSPACE_TOO_SMALL, or CO_INIT_FAILED /
+    CO_LAUNCH_FAILED from CUDA. Compiles for sm_90a only. Raises ValueError for
+    an illegal kernel (see ``check``)."""
+    code = Template(_KERNEL).substitute(values(kernel))
+    return KernelSource(name=kernel.name, includes=INCLUDES, code=code,
+                        args_type="CoAttentionArgs")

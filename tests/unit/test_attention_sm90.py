@@ -1,0 +1,165 @@
+"""emit/attention_sm90.py (no nvcc, no GPU): which attention problems the Hopper kernel
+takes on sm90a and which fall to the sm80 kernel, names, and the generated code."""
+import pytest
+
+from cutlass_offload.build import shards
+from cutlass_offload.emit import attention as at
+from cutlass_offload.emit import attention_sm90 as h
+from cutlass_offload.emit import emit_kernel, emit_unit
+from cutlass_offload.ir import AttentionKernelSm90, AttentionRegion, KernelConfig
+
+
+def problem(head_dim=64, seq_q=128, seq_kv=128, dtype="f16", **kw):
+    kw.setdefault("scale", head_dim ** -0.5)
+    return at.AttentionProblem(heads=kw.pop("heads", 8), seq_q=seq_q, seq_kv=seq_kv,
+                               head_dim=head_dim, head_dim_v=kw.pop("head_dim_v", head_dim),
+                               dtype=dtype, **kw)
+
+
+# --- which problems get the Hopper kernel ---------------------------------------
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("head_dim,tile", [
+    (8, (128, 64, 32)), (32, (128, 64, 32)), (40, (128, 64, 64)), (64, (128, 64, 64)),
+    (80, (128, 128, 128)), (128, (128, 128, 128)), (160, (128, 64, 256)), (256, (128, 64, 256))])
+def test_sm90a_takes_supported_problems_with_the_smallest_head_tile(dtype, head_dim, tile):
+    k = at.choose(problem(head_dim, dtype=dtype), "sm90a")
+    assert isinstance(k, AttentionKernelSm90)
+    assert k.config.family == "cutlass3x_sm90" and tuple(k.config.tile) == tile
+    assert k.config.stages == 5 and k.config.kernel_schedule == "KernelTmaWarpSpecializedCooperative"
+    assert k.arch == "sm90a" and k.dtype == dtype and not k.causal
+    assert k.kind == "attention" and k.args_type == "CoAttentionArgs" and k.access == 8
+    assert k.needs_workspace and not k.supports_bias
+
+
+@pytest.mark.parametrize("seq_q,seq_kv,heads,head_dim", [
+    (4096, 4096, 8, 40), (4096, 77, 8, 40), (1024, 1024, 8, 80), (1024, 77, 8, 80),
+    (256, 256, 8, 160), (256, 77, 8, 160), (64, 64, 8, 160), (64, 77, 8, 160)])
+def test_sd_unet_attentions_run_on_the_hopper_kernel(seq_q, seq_kv, heads, head_dim):
+    k = at.choose(problem(head_dim, seq_q, seq_kv, heads=heads, batch=2), "sm90a")
+    assert k.config.family == "cutlass3x_sm90" and k.head_tile == h.head_tile(head_dim)
+
+
+@pytest.mark.parametrize("causal,seq_q,seq_kv", [
+    ("top_left", 128, 128), ("top_left", 40, 72), ("bottom_right", 128, 128)])
+def test_causal_masks_that_match_the_top_left_fusion(causal, seq_q, seq_kv):
+    k = at.choose(problem(64, seq_q, seq_kv, causal=causal), "sm90a")
+    assert k.config.family == "cutlass3x_sm90" and k.causal and k.name.endswith("_causal")
+
+
+@pytest.mark.parametrize("kw,why", [
+    ({"bias": "add"}, "bias"),
+    ({"dtype": "f32"}, "dtype f32"),
+    ({"head_dim_v": 128}, "one head dim"),
+    ({"head_dim": 36, "scale": 0.1}, "multiples of 8"),
+    ({"head_dim": 264, "scale": 0.1}, "multiples of 8 up to 256"),
+    ({"align": 4}, "16-byte"),
+    ({"seq_q": None}, "dynamic"),
+    ({"seq_kv": None}, "dynamic"),
+    ({"seq_q": 20}, "not a multiple of 8"),
+    ({"causal": "top_left", "seq_q": 136, "seq_kv": 128}, "past seq_kv"),
+    ({"causal": "bottom_right", "seq_q": 64, "seq_kv": 128}, "top-left"),
+])
+def test_unsupported_problems_fall_to_the_sm80_kernel(kw, why):
+    p = problem(**kw)
+    assert why in h.refusal(p, "sm90a")
+    assert not h.supports(p) and at.supports(p, "sm90a")
+    k = at.choose(p, "sm90a")
+    assert k.config.family == "cutlass2x_sm80" and k.arch == "sm90a"
+
+
+def test_sm80_target_never_gets_the_hopper_kernel():
+    assert at.choose(problem(64), "sm80").config.family == "cutlass2x_sm80"
+    assert "targets sm90a" in h.refusal(problem(64), "sm80")
+    with pytest.raises(ValueError, match="targets"):
+        h.choose(problem(64), "sm80")
+
+
+def test_bottom_right_with_more_queries_runs_as_equal_lengths():
+    """The region runs bottom-right causal on the last seq_kv queries only
+    (AttentionRegion.kernel_problem): equal lengths, where CausalFusion matches."""
+    r = AttentionRegion(name="r", form="sdpa", nodes=("a",), q="q", k="k", v="v",
+                        problem=problem(64, 200, 128, causal="bottom_right"))
+    assert r.kernel_problem.seq_q == 128
+    assert at.choose(r.kernel_problem, "sm90a").causal
+
+
+def test_negative_and_zero_scales_are_refused():
+    # a negative scale reaches the kernel as -scale on -q (the region's ``negate``)
+    for s in (-0.1, 0.0, float("inf"), float("nan")):
+        assert "scale" in h.refusal(problem(scale=s), "sm90a")
+
+
+def test_names_distinct_and_checked():
+    ks = {at.choose(problem(d, dtype=dt, causal=c), "sm90a").name
+          for d in (32, 64, 128, 256) for dt in ("f16", "bf16") for c in ("none", "top_left")}
+    assert len(ks) == 16
+    assert at.choose(problem(40), "sm90a").name == "cutlass3x_sm90_fmha_fwd_f16_128x64x64_s5_coop"
+    bad = KernelConfig(family="cutlass3x_sm90", tile=(128, 128, 64), stages=5,
+                       kernel_schedule="KernelTmaWarpSpecializedCooperative")
+    with pytest.raises(ValueError, match="Hopper attention configs"):
+        h.check(AttentionKernelSm90(arch="sm90a", dtype="f16", config=bad))
+    with pytest.raises(ValueError, match="arch"):
+        AttentionKernelSm90(arch="sm80", dtype="f16", config=h.config_for(64))
+    with pytest.raises(ValueError, match="dtype"):
+        AttentionKernelSm90(arch="sm90a", dtype="f32", config=h.config_for(64))
+
+
+def test_workspace_is_the_log_sum_exp_rows():
+    k = at.choose(problem(40), "sm90a")
+    assert at.workspace_bytes(k, 2, 8, 4096, 40) == 2 * 8 * 4096 * 4
+
+
+# --- generated code ---------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,element", [("f16", "cutlass::half_t"), ("bf16", "cutlass::bfloat16_t")])
+@pytest.mark.parametrize("causal,fusion", [("none", "ResidualFusion"), ("top_left", "CausalFusion")])
+def test_emitted_template_arguments(dtype, element, causal, fusion):
+    k = at.choose(problem(80, dtype=dtype, causal=causal), "sm90a")
+    src = emit_kernel(k)
+    code = src.code
+    assert src.name == k.name and src.args_type == "CoAttentionArgs"
+    assert f"namespace {k.name} {{" in code
+    assert f"using Element = {element};" in code
+    assert "cute::Shape<cute::_128, cute::_128, cute::_128>" in code
+    assert f"cutlass::fmha::collective::{fusion}, cutlass::gemm::KernelTmaWarpSpecializedCooperative" in code
+    assert "Tag::kStagesKV, cute::Int<5>" in code
+    assert f"constexpr bool kCausal = {'true' if causal != 'none' else 'false'};" in code
+    assert "88_hopper_fmha/kernel/fmha_kernel_builder.hpp" in src.includes
+    assert "88_hopper_fmha/collective/fmha_fusion.hpp" in src.includes
+
+
+def test_scale_is_the_regions_not_the_hard_coded_one():
+    code = emit_kernel(at.choose(problem(40), "sm90a")).code
+    assert "p.mainloop.scale_softmax = a.scale;" in code
+    assert "p.mainloop.scale_softmax_log2 = float(double(a.scale) * 1.4426950408889634);" in code
+
+
+def test_run_checks_and_never_allocates():
+    code = emit_kernel(at.choose(problem(64, causal="top_left"), "sm90a")).code
+    for needle in ("CO_WORKSPACE_TOO_SMALL", "CO_CANNOT_IMPLEMENT", "CO_INIT_FAILED",
+                   "CO_LAUNCH_FAILED", "a.head_dim % kAlign || a.seq_q % kAlign",
+                   "a.head_dim != a.head_dim_v", "if (a.bias != nullptr) return false;",
+                   "(a.causal == 1 && a.seq_q <= a.seq_kv) || (a.causal == 2 && a.seq_q == a.seq_kv)",
+                   "static_cast<float*>(a.workspace)", "major != 9",
+                   "cutlass::device_kernel<Kernel>"):
+        assert needle in code, needle
+    assert "cudaMalloc" not in code and "new " not in code
+
+
+def test_unit_with_sm80_and_sm90_kernels():
+    kernels = {k.name: k for k in (
+        at.choose(problem(40), "sm90a"), at.choose(problem(64), "sm90a"),
+        at.choose(problem(160, causal="top_left", seq_q=64, seq_kv=64), "sm90a"),
+        at.choose(problem(64, bias="add"), "sm90a"))}
+    assert len(kernels) == 3              # head dims 40 and 64 share one Hopper kernel
+    tu = emit_unit([emit_kernel(k) for k in kernels.values()], "attention")
+    assert tu.kernels == tuple(kernels)
+    assert tu.text.count("#include <88_hopper_fmha/kernel/fmha_kernel_builder.hpp>") == 1
+    assert tu.text.count("#include <41_fused_multi_head_attention/kernel_forward.h>") == 1
+
+
+def test_shard_planner_prices_the_hopper_kernel_as_a_3x_kernel():
+    k = at.choose(problem(64), "sm90a")
+    assert shards.estimate([k]) == shards.COST["cutlass3x_sm90"][0] + shards.COST["cutlass3x_sm90"][1]
+    assert shards.estimate([at.choose(problem(64, bias="add"), "sm90a")]) == 12.0 + 6.0
