@@ -52,7 +52,9 @@ def _changed(plan):
     return replace(plan, regions=regions, kernels=kernels)
 
 
-def bench_model(name, arch, strategies, sample, workdir, parallel_sample=None) -> dict:
+def bench_model(name, arch, strategies, sample, workdir, parallel_sample=None, on_step=None) -> dict:
+    """One model's row; ``on_step(row)`` after each strategy (the JSON is written as
+    the run goes, so a run stopped at a time limit keeps what it measured)."""
     model, inputs = load_model(name, "fp16")
     t0 = time.perf_counter()
     plan = select(partition(capture(model, inputs).graph_module), arch)
@@ -75,7 +77,8 @@ def bench_model(name, arch, strategies, sample, workdir, parallel_sample=None) -
             "seconds": seconds * factor, "measured_s": seconds, "extrapolated": factor != 1.0,
             "units_compiled": len(res.compiled), "jobs": res.jobs,
             "critical_path_s": res.critical_path,
-            "peak_rss_mb": max((u.peak_rss_mb for u in res.units), default=0.0)}
+            "peak_rss_mb": max((u.peak_rss_mb for u in res.units), default=0.0),
+            "build": res.to_dict()}       # per-unit seconds: input of benchmarks/ray_scaling.py
         print(f"  {name} {strategy}: {seconds:.1f} s" + (f" x {factor:.1f} (sample)" if factor != 1 else ""),
               flush=True)
         if strategy == "sharded":
@@ -85,6 +88,8 @@ def bench_model(name, arch, strategies, sample, workdir, parallel_sample=None) -
             row["changed_layer_rebuild_s"] = changed_s
             row["changed_layer_kernel_units_compiled"] = sum(
                 1 for u in changed.compiled if u.kernels)
+        if on_step:
+            on_step(row)
     return row
 
 
@@ -121,12 +126,16 @@ def main():
     a = p.parse_args()
     arch = resolve_arch(a.arch)
     rows = []
+
+    def save(partial=None):
+        Path(a.json).write_text(json.dumps(rows + ([partial] if partial else []), indent=1))
+
     with tempfile.TemporaryDirectory(prefix="co-bench-") as work:
         for m in a.models:
             rows.append(bench_model(m, arch, a.strategies.split(","), a.sample, work,
-                                    a.parallel_sample))
+                                    a.parallel_sample, on_step=save))
+            save()
     print(table(rows))
-    Path(a.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
