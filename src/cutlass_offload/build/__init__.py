@@ -192,11 +192,24 @@ class _Builder:
                 units.append(report)
             else:
                 pending.append(job)
+        launchers = None
+        if strategy == "sharded" and pending:
+            # the launchers (no CUTLASS headers, seconds) compile beside the shards in a
+            # slot of their own instead of after them; only a failed kernel redoes them
+            launchers, job = self._object_job("launchers", "launchers", emit_launchers(self.plan),
+                                              cutlass=False)
+            if job is not None:
+                pending.append(job)
+                workers = (workers or self.jobs) + 1
         units += self._run(pending, "compiling shards", workers)
+        if launchers is None and pending and pending[-1].name == "launchers":
+            launchers = units.pop()
         failed = self._isolate([u for u in units if not u.ok])
         units = [u for u in units if u.ok] + failed["retried"]
         plan = self._pruned(failed["kernels"])
-        units.append(self._small_object("launchers", emit_launchers(plan)))
+        if launchers is None or not launchers.ok or failed["kernels"]:
+            launchers = self._small_object("launchers", emit_launchers(plan))
+        units.append(launchers)
         return self._finish(units, plan, failed["kernels"], strategy)
 
     def _isolate(self, bad_units) -> dict:
