@@ -125,12 +125,15 @@ def test_plain_epilogue_functors(act):
     assert f"namespace {src.name} {{" in code
     assert "int64_t workspace_size(const CoConvArgs& args)" in code
     assert "int run(const CoConvArgs& args, cudaStream_t stream)" in code
-    assert "LinearCombinationGeneric<\n    cutlass::epilogue::thread::" + FUNCTOR[act] + "," in code
+    assert "LinearCombinationGeneric<\n    RoundedActivation," in code
+    assert f"cutlass::epilogue::thread::{FUNCTOR[act]}<Fragment> act;" in code
     assert "ScaleType::NoBetaScaling" in code
     assert "ref<ElementOutput>(args.bias, broadcast_layout())" in code
     assert "DefaultConv2dFprop<" in code and "ImplicitGemmConvolution<Kernel>" in code
     assert "cutlass/conv/kernel/default_conv2d_fprop.h" in src.includes
-    assert ("true>;" in code) == (act in ("gelu_erf", "gelu_tanh", "silu", "sigmoid"))
+    heavy = act in ("gelu_erf", "gelu_tanh", "silu", "sigmoid")
+    assert ("true>;" in code) == heavy
+    assert f"kIsHeavy = {str(heavy).lower()};" in code
 
 
 def test_no_bias_reads_no_source():
@@ -151,8 +154,9 @@ def test_residual_epilogue(op, binary, broadcast):
     assert "DefaultConv2dFpropWithBroadcast<" in code
     assert "cutlass/conv/kernel/default_conv2d_fprop_with_broadcast.h" in src.includes
     assert (f"LinearCombinationResidualBlock<\n    ElementOutput, ElementAccumulator, "
-            f"ElementCompute, ElementOutput, kAlignC,\n    cutlass::epilogue::thread::SiLu, "
+            f"ElementCompute, ElementOutput, kAlignC,\n    RoundedActivation, "
             f"cutlass::{binary}, cutlass::epilogue::thread::ReLu>") in code
+    assert "cutlass::epilogue::thread::SiLu<Fragment> act;" in code
     assert "/*ptr_Vector=*/const_cast<void*>(args.bias)" in code
     layout = "broadcast_layout()" if broadcast else "Layout::packed(ps.output_extent())"
     assert f"ref<ElementOutput>(args.residual, {layout})" in code

@@ -145,8 +145,8 @@ def test_bias_only():
 def test_activation_functor(act, functor):
     c = code(ep=GemmEpilogue(bias=True, activation=act))
     assert f"Sm90Compute<cutlass::epilogue::thread::{functor}, ElementD," in c
-    # bias add feeds the activation in fp32
-    assert "Sm90Compute<cutlass::plus, ElementCompute," in c
+    # the bias add is rounded to ElementD before the activation, as PyTorch's linear output is
+    assert "Sm90Compute<cutlass::plus, ElementD," in c
 
 
 @pytest.mark.parametrize("op,functor", [("add", "cutlass::plus"), ("mul", "cutlass::multiplies")])
@@ -177,12 +177,14 @@ def test_evt_order_post_relu_on_top():
                              post_activation="relu"))
     order = [c.index(s) for s in (
         "Sm90Compute<cutlass::epilogue::thread::ReLu, ElementD,",      # root
-        "Sm90Compute<cutlass::plus, ElementCompute,",                  # + residual
-        "Sm90Compute<cutlass::epilogue::thread::GELU, ElementCompute,",
+        "Sm90Compute<cutlass::plus, ElementD,",                        # + residual
+        "Sm90Compute<cutlass::epilogue::thread::GELU, ElementD,",
         "Sm90AccFetch")]
-    assert order == sorted(order)
-    # exactly one node writes ElementD (the root)
-    assert c.count(", ElementD, ElementCompute, RoundStyle>") == 1
+    order.insert(3, c.rindex("Sm90Compute<cutlass::plus, ElementD,"))   # + bias, under GELU
+    assert order == sorted(order) and len(set(order)) == 5
+    # every node rounds its result to ElementD, as each PyTorch op does
+    assert c.count(", ElementD, ElementCompute, RoundStyle>") == 4
+    assert ", ElementCompute, ElementCompute, RoundStyle>" not in c
 
 
 def test_bias_and_broadcast_residual_are_two_row_broadcasts():

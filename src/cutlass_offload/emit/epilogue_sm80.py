@@ -10,6 +10,15 @@ the same two epilogues, D = post(residual_op(activation(acc + bias), C)):
   ``post(binary(act(alpha * acc + vector), beta * C))`` with the bias as the
   broadcast vector (a null vector pointer loads zeros).
 
+Both wrap the activation in ``RoundedActivation``: PyTorch runs the region's ops
+one at a time and rounds each result to the tensor dtype, so the epilogue rounds
+``acc + bias`` and the activation's output to ElementOutput as well. The fused
+result then has PyTorch's inf / NaN pattern under fp16 overflow (gelu(-inf) and
+silu(-inf) are NaN, inf - x stays inf, inf * 0 is NaN) instead of finite values
+computed from an fp32 intermediate that PyTorch never had. The conversions are
+CUTLASS's round-to-nearest ``NumericArrayConverter`` (no saturation: overflow
+gives inf, NaN stays NaN); for f32 they are the identity.
+
 This module holds the element/functor tables, the epilogue type text and its
 substitution values, the dtype/alignment/tile/shared-memory checks and the
 known-good configurations; each emitter keeps its own operation, launcher and
@@ -45,6 +54,7 @@ SMEM_LIMIT = 163 * 1024
 INCLUDES_COMMON = (
     "cutlass/cutlass.h",
     "cutlass/numeric_types.h",
+    "cutlass/numeric_conversion.h",
     "cutlass/functional.h",
     "cutlass/epilogue/thread/activation.h",
 )
@@ -55,21 +65,44 @@ INCLUDE_RESIDUAL_EPILOGUE = "cutlass/epilogue/thread/linear_combination_residual
 # C++ templates (string.Template, substituted strictly)
 # ---------------------------------------------------------------------------
 
+# The activation as both epilogues call it, on a fragment Array<ElementCompute, N>:
+# its input (alpha * acc + bias) and its output rounded to ElementOutput, where
+# PyTorch's separate ops round them (see the module docstring). The post
+# activation (relu) needs no rounding: relu commutes with round-to-nearest.
+ROUNDED_ACTIVATION = """\
+// PyTorch rounds each op's result to the tensor dtype (fp16: overflow -> inf);
+// round acc + bias and the activation's output the same way, so the fused
+// epilogue gives the same inf / NaN, not finite values PyTorch never computed.
+template <typename Fragment>
+struct RoundedActivation {
+  static bool const kIsHeavy = ${is_heavy};
+  CUTLASS_HOST_DEVICE
+  Fragment operator()(Fragment const& x) const {
+    using T = typename Fragment::Element;
+    static constexpr int N = int(Fragment::kElements);
+    cutlass::NumericArrayConverter<ElementOutput, T, N, cutlass::FloatRoundStyle::round_to_nearest> narrow;
+    cutlass::NumericArrayConverter<T, ElementOutput, N, cutlass::FloatRoundStyle::round_to_nearest> widen;
+    ${activation}<Fragment> act;
+    return widen(narrow(act(widen(narrow(x)))));
+  }
+};
+"""
+
 # The EpilogueOp of the plain variant: D = act(alpha * acc + C), C = the broadcast bias.
-EPILOGUE_PLAIN = """\
+EPILOGUE_PLAIN = ROUNDED_ACTIVATION + """\
 // D = ${semantics}
 using EpilogueOp = cutlass::epilogue::thread::LinearCombinationGeneric<
-    ${activation}, ElementOutput, kAlignC, ElementAccumulator, ElementCompute,
+    RoundedActivation, ElementOutput, kAlignC, ElementAccumulator, ElementCompute,
     cutlass::epilogue::thread::ScaleType::${scale_type},
     cutlass::FloatRoundStyle::round_to_nearest, ${is_heavy}>;
 """
 
 # The EpilogueOp of the residual variant: D = post(binary(act(alpha * acc + vector), beta * C)).
-EPILOGUE_RESIDUAL = """\
+EPILOGUE_RESIDUAL = ROUNDED_ACTIVATION + """\
 // D = ${semantics}
 using EpilogueOp = cutlass::epilogue::thread::LinearCombinationResidualBlock<
     ElementOutput, ElementAccumulator, ElementCompute, ElementOutput, kAlignC,
-    ${activation}, ${binary_op}, ${post_op}>;
+    RoundedActivation, ${binary_op}, ${post_op}>;
 """
 
 # The whole kernel: types, operation (epilogue + device op + arguments), launcher.

@@ -3,8 +3,13 @@ conv_sm90.py build for D = post(residual_op(activation(acc + bias), C)).
 
 A non-plain epilogue is a chain of ``Sm90Compute`` nodes on top of
 ``Sm90AccFetch``: ``+ bias`` (a per-output-column ``Sm90RowBroadcast``), the
-activation, the residual op with its source, the post activation; every node
-computes in fp32 and the root outputs ElementD. A plain epilogue (no bias, no
+activation, the residual op with its source, the post activation. Every node
+computes in fp32 and outputs ElementD: PyTorch runs these ops one at a time and
+rounds each result to the tensor dtype, so the tree rounds at the same points
+(round-to-nearest, no saturation). An fp16 overflow then gives PyTorch's inf /
+NaN pattern (gelu(-inf) and silu(-inf) are NaN, inf - x stays inf, inf * 0 is
+NaN) instead of finite values from an fp32 intermediate PyTorch never had; for
+f32 (TF32) the rounding is the identity. A plain epilogue (no bias, no
 activation, no residual) has no tree: the emitters use ``LinearCombination``.
 """
 from __future__ import annotations
@@ -90,9 +95,9 @@ def evt(ep: GemmEpilogue, residual_source: Node | None = None) -> Node:
     if ACTIVATION[ep.post_activation]:
         stages.append((ACTIVATION[ep.post_activation], ()))
     node = Node(f"{NS}Sm90AccFetch", "{}")
-    for i, (fn, extra) in enumerate(stages):
-        out = "ElementD" if i == len(stages) - 1 else "ElementCompute"
-        node = compute(fn, out, node, *extra)
+    for fn, extra in stages:
+        # ElementD between nodes too: each stage's result rounded as PyTorch's op rounds it
+        node = compute(fn, "ElementD", node, *extra)
     return node
 
 

@@ -1,8 +1,10 @@
 """Emit one NHWC group_norm kernel (``nhwc_group_norm`` family), optionally with a
 fused SiLU: x is (N, H*W, C) packed with the channel innermost (a channels_last
 PyTorch tensor), channels [g * C/G, (g + 1) * C/G) form group g. Everything is
-computed in fp32 and rounded once: y = (x - mean) * (rstd * w) + b, then
-silu(y) = y / (1 + exp(-y)); rstd = rsqrt(var + eps), biased variance (PyTorch).
+computed in fp32: y = (x - mean) * (rstd * w) + b, rounded to the dtype, then
+silu(y) = y / (1 + exp(-y)) rounded again (PyTorch's two ops round there too, so
+an fp16 overflow gives its inf / NaN); rstd = rsqrt(var + eps), biased variance
+(PyTorch). An inf or NaN input makes its whole group NaN, as in PyTorch.
 
 A thread block is ``bx`` vector columns (``vec`` elements, at most 16 bytes,
 ``cutlass::AlignedArray``) covering whole groups of a channel chunk, by ``by``
@@ -101,7 +103,9 @@ __device__ __forceinline__ Moments merge(const Moments& a, const Moments& b) {
 }
 
 __device__ __forceinline__ float2 finish(const Moments& m, float eps) {
-  const float var = m.n > 0.f ? fmaxf(m.m2, 0.f) / m.n : 0.f;
+  // not fmaxf: it would turn the NaN of an inf input (inf - inf) into 0 and give
+  // finite outputs; PyTorch gives the whole group NaN
+  const float var = m.n > 0.f ? (m.m2 < 0.f ? 0.f : m.m2) / m.n : 0.f;
   return make_float2(m.mean, rsqrtf(var + eps));
 }
 
@@ -245,9 +249,14 @@ struct Normalize {
     Frag o;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      float r = (f[j] - mean) * scale[j] + shift[j];
-      if (kSilu) r = r / (1.f + __expf(-r));
-      o[j] = r;
+      o[j] = (f[j] - mean) * scale[j] + shift[j];
+    }
+    if (kSilu) {
+      // PyTorch rounds group_norm's output to T before its SiLU: so do we, so that an
+      // fp16 overflow gives inf there and silu(-inf) = NaN, as in PyTorch
+      o = IO::widen(IO::narrow(o));
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) o[j] = o[j] / (1.f + __expf(-o[j]));
     }
     return IO::narrow(o);
   }

@@ -18,6 +18,30 @@ TORCH_DTYPE = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float3
 VERIFY_TOLERANCE = {"f16": 1e-2, "bf16": 3e-2, "f32": 1e-2}
 
 
+def disagreement(out: torch.Tensor, ref: torch.Tensor, tol: float) -> str | None:
+    """Why ``out`` disagrees with PyTorch's ``ref`` (same shape, any float dtype),
+    or None when it agrees.
+
+    Agreement: the same shape, NaN at the same elements, infinities at the same
+    elements with the same signs (an fp16 overflow must give PyTorch's inf / NaN,
+    not a finite value), and a float64 norm-wise relative error of the finite
+    elements of at most ``tol``.
+    """
+    if out.shape != ref.shape:
+        return f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    o, r = out.double(), ref.double()
+    if not torch.equal(o.isnan(), r.isnan()):
+        return "NaN at other elements"
+    if not torch.equal(o.isposinf(), r.isposinf()) or not torch.equal(o.isneginf(), r.isneginf()):
+        return "inf at other elements"
+    finite = r.isfinite()
+    o, r = o[finite], r[finite]
+    err = float((o - r).norm() / r.norm().clamp_min(1e-30))
+    if not err <= tol:
+        return f"relative error {err:.3e} > {tol:g}"
+    return None
+
+
 def current_stream(index):
     """cudaStream_t of the current stream: the raw getter Inductor uses when it
     exists (a few us cheaper per call), else the public API."""
@@ -136,18 +160,16 @@ class RegionModule(torch.nn.Module):
                                 f"{STATUS_NAMES.get(status, status)}")
 
     def _verified(self, out, xs):
-        """First call in verify mode: compare with the PyTorch subgraph (float64
-        norm-wise relative error, tolerance by dtype); on disagreement warn, keep
-        the PyTorch result and run PyTorch for this region from then on."""
+        """First call in verify mode: compare with the PyTorch subgraph (see
+        ``disagreement``); on disagreement warn, keep the PyTorch result and run
+        PyTorch for this region from then on."""
         self.verify = False
         ref = self.fallback(*xs)
-        o, r = out.double(), ref.double()
-        err = float((o - r).norm() / r.norm().clamp_min(1e-30))
-        tol = VERIFY_TOLERANCE[self.kernel.dtype]
-        if not err <= tol:          # NaN fails too
-            self.disabled = f"verification failed: relative error {err:.3e} > {tol:g}"
+        why = disagreement(out, ref, VERIFY_TOLERANCE[self.kernel.dtype])
+        if why is not None:
+            self.disabled = f"verification failed: {why}"
             warnings.warn(f"cutlass_offload: {self.region.name} ({self.kernel.name}) disagrees with "
-                          f"PyTorch (relative error {err:.3e}); it runs in PyTorch from now on",
+                          f"PyTorch ({why}); it runs in PyTorch from now on",
                           RuntimeWarning, stacklevel=3)
             return ref
         return out
