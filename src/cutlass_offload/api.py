@@ -67,13 +67,16 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
             allow_tf32: bool = False, dynamic_batch: bool = False, dynamic_shapes=None,
             out_dir: str | os.PathLike | None = None, strict: bool = False,
             num_sms: int | None = None, build_strategy: str = "sharded",
-            verify: bool = False) -> CompiledModel:
+            verify: bool = False, tune: bool = False) -> CompiledModel:
     """Offload ``model``'s GEMM, conv2d, attention and norm regions to CUTLASS kernels
     in one shared library.
 
     example_inputs: a tuple of tensors as the model takes them (any device).
     arch: "sm_90a" or "sm_80"; None = from the visible GPU.
     build_strategy: "sharded" (default), "single" or "per-region" (see build/).
+    tune: profile a few candidate kernels per distinct GEMM problem on the visible GPU
+      and keep the fastest (tune/; remembered in the tuning cache, so a second
+      compile profiles nothing); the report's ``tuning`` lists every candidate.
     verify: compare each region's first kernel call with PyTorch and fall back
       (with a warning naming the region) where they disagree; see CompiledModel.verify.
     out_dir: if given, the library, its source, the exported program, the example
@@ -85,7 +88,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     an offloadable op falls back.
     """
     options = CompileOptions(arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict,
-                             num_sms=num_sms, build_strategy=build_strategy)
+                             num_sms=num_sms, build_strategy=build_strategy, tune=tune)
     phases = _Phases()
     with phases("capture"):
         cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
@@ -110,11 +113,17 @@ def compile_captured(cap: Captured, options: CompileOptions, phases: _Phases | N
 
 
 def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=None,
-                   keep_regions=None) -> CompiledModel:
+                   keep_regions=None, tuned=None) -> CompiledModel:
     with phases("partition"):
         part = partition(gm, options)
     with phases("select"):
-        plan = select(part, options.arch, options)
+        plan = select(part, options.arch, options, tuned)
+    tuning = None
+    if options.tune and keep_regions is None and plan.regions:     # not on a reload
+        with phases("tune"):
+            tuning = _tune(plan, options)
+        with phases("select"):
+            plan = select(part, options.arch, options, tuning.winners)
     if keep_regions is not None:          # a reload: the regions that built last time
         plan = _restrict(plan, keep_regions)
     _check_strict(options, plan)
@@ -127,10 +136,17 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
         _check_strict(options, plan)
     report = Report.from_plan(plan)
     report.build = build_info
+    if tuning is not None:
+        report.tuning = tuning.to_dict()
     with phases("load"):
         gm = offload(gm, plan, lib)
     report.phases = dict(phases.seconds)
     return CompiledModel(gm, plan, report, lib)
+
+
+def _tune(plan: Plan, options: CompileOptions):
+    from . import tune as tune_stage
+    return tune_stage.tune(plan, options)
 
 
 def _check_strict(options, plan):
@@ -168,6 +184,7 @@ def save(compiled: CompiledModel, cap: Captured, example_inputs, options: Compil
                     shutil.copy2(unit["source"], tmp / "src" / f"{unit['name']}.{Path(unit['source']).parent.name.split('.')[-1]}.cu")
         (tmp / "report.json").write_text(json.dumps(compiled.report.to_dict(), indent=1))
         manifest = {"options": asdict(options), "fingerprint": _fingerprint(compiled.plan),
+                    "tuned": compiled.report.tuning.get("winners", {}),
                     "torch": torch.__version__}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if out.exists():
@@ -198,9 +215,12 @@ def load(out_dir, device=None) -> tuple:
         ep = move_to_device_pass(ep, device)
         inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
     lib = out / build_stage.LIB_NAME
+    from .tune.result import config_from_dict
+    tuned = {tid: config_from_dict(c) for tid, c in manifest.get("tuned", {}).items()}
     compiled = _compile_graph(from_exported(ep), options, _Phases(),
                               library_path=lib if lib.exists() else None,
-                              keep_regions=[name for name, _ in manifest["fingerprint"]])
+                              keep_regions=[name for name, _ in manifest["fingerprint"]],
+                              tuned=tuned)
     if _fingerprint(compiled.plan) != manifest["fingerprint"]:
         raise CutlassOffloadError(f"{out}: the saved model partitions differently now "
                                   "(package version changed?); compile it again")

@@ -24,7 +24,7 @@ def _cmd_compile(a) -> int:
     if a.jobs:
         os.environ["CUTLASS_OFFLOAD_JOBS"] = str(a.jobs)
     compiled = co_compile(model, inputs, arch=a.arch, allow_tf32=a.tf32, dynamic_batch=a.dynamic_batch,
-                          out_dir=a.out, strict=a.strict, build_strategy=a.build)
+                          out_dir=a.out, strict=a.strict, build_strategy=a.build, tune=a.tune)
     rep = compiled.report
     rep.phases = {"model": t_model, **rep.phases}
     print(rep.format())
@@ -150,6 +150,9 @@ def main(argv=None) -> int:
     c.add_argument("--build", default="sharded", choices=["sharded", "single", "per-region"],
                    help="build strategy (default: sharded)")
     c.add_argument("--jobs", type=int, default=0, help="parallel nvcc processes (default: by cores and memory)")
+    c.add_argument("--tune", action="store_true",
+                   help="profile a few candidate kernels per distinct GEMM problem on the visible GPU "
+                        "and keep the fastest (remembered in the tuning cache)")
     c.set_defaults(fn=_cmd_compile)
     r = sub.add_parser("run", help="run a compiled folder on the GPU against PyTorch")
     r.add_argument("dir")

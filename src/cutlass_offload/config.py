@@ -55,6 +55,9 @@ class CompileOptions:
     build_strategy: "sharded" (balanced parallel shards, cached per shard; the
       default), "single" (one translation unit, one nvcc) or "per-region" (one module
       per region compiled one after another: the old TVM way).
+    tune: profile up to 4 candidate kernels per distinct GEMM problem on the visible
+      GPU and keep the fastest (tune/; results kept in the tuning cache under
+      cache_dir/tuning, so a second compile profiles nothing).
     """
 
     arch: str | None = None
@@ -62,6 +65,7 @@ class CompileOptions:
     strict: bool = False
     num_sms: int | None = None
     build_strategy: str = "sharded"
+    tune: bool = False
 
     def __post_init__(self):
         if self.build_strategy not in ("sharded", "single", "per-region"):

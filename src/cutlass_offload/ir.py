@@ -27,6 +27,7 @@ POST_ACTIVATIONS = ("identity", "relu")
 LAYOUTS = ("row", "col")
 ARCHS = ("sm80", "sm90a")
 FAMILIES = ("cutlass2x_sm80", "cutlass3x_sm90", "rowwise_norm", "nhwc_group_norm")
+TILE_SCHEDULERS = ("persistent", "stream_k")
 
 _SHORT = {
     "identity": "id", "relu": "relu", "gelu_erf": "gelu", "gelu_tanh": "gelutanh",
@@ -131,6 +132,11 @@ class KernelConfig:
     cluster: thread block cluster shape (3.x only), (1, 1, 1) for 2.x.
     kernel_schedule / epilogue_schedule: 3.x schedule tags (C++ type names
     without namespace), e.g. "KernelTmaWarpSpecializedCooperative".
+    tile_scheduler: how output tiles map onto CTAs (3.x GEMMs only): "persistent"
+    (CUTLASS's default persistent data-parallel scheduler) or "stream_k"
+    (``cutlass::gemm::StreamKScheduler``, cooperative schedule only; its default
+    heuristic decomposition picks data-parallel, split-K or stream-K per problem
+    and needs a workspace).
     """
 
     family: str
@@ -141,11 +147,15 @@ class KernelConfig:
     cluster: tuple = (1, 1, 1)
     kernel_schedule: str = ""
     epilogue_schedule: str = ""
+    tile_scheduler: str = "persistent"
 
     def __post_init__(self):
         _check(self.family, FAMILIES, "family")
+        _check(self.tile_scheduler, TILE_SCHEDULERS, "tile_scheduler")
         if len(self.tile) != 3 or len(self.cluster) != 3:
             raise ValueError("tile and cluster are (M, N, K) triples")
+        if self.tile_scheduler != "persistent" and self.family != "cutlass3x_sm90":
+            raise ValueError(f"tile_scheduler {self.tile_scheduler!r} is for CUTLASS 3.x kernels only")
         if self.family == "cutlass2x_sm80" and (len(self.warp) != 3 or 0 in self.warp):
             raise ValueError("a CUTLASS 2.x config needs a warp shape")
 
@@ -158,7 +168,8 @@ class KernelConfig:
                      "KernelTmaWarpSpecializedPingpong": "pingpong",
                      "KernelTmaWarpSpecialized": "ws",
                      "KernelImplicitTmaWarpSpecializedSm90": "ws"}.get(self.kernel_schedule, "auto")
-            return f"{t}_c{c}_{sched}" + (f"_s{self.stages}" if self.stages else "")
+            return (f"{t}_c{c}_{sched}" + (f"_s{self.stages}" if self.stages else "")
+                    + ("_streamk" if self.tile_scheduler == "stream_k" else ""))
         w = "x".join(map(str, self.warp))
         return f"{t}_w{w}_s{self.stages}"
 

@@ -51,6 +51,7 @@ class Report:
     kernels: list = field(default_factory=list)      # dicts: name, family, regions
     phases: dict = field(default_factory=dict)       # phase -> seconds
     build: dict = field(default_factory=dict)
+    tuning: dict = field(default_factory=dict)       # tune.TuningReport.to_dict() of a --tune compile
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "Report":
@@ -101,4 +102,7 @@ class Report:
             for f in b.get("failures", []):
                 out.append(f"  kernel failed to compile: {f['kernel']} (log: {f['log']})")
             out.append(f"  library: {b['library']}")
+        if self.tuning:
+            from .tune.result import format_tuning
+            out.append(format_tuning(self.tuning))
         return "\n".join(out)

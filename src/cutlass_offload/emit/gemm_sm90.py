@@ -8,7 +8,11 @@
 
 The kernel is built with the CUTLASS collective builders (mainloop and epilogue),
 ``GemmUniversal<Shape<int,int,int,int>, ...>`` (problem (M, N, K, L)) and
-``GemmUniversalAdapter``. The epilogue
+``GemmUniversalAdapter``; the tile scheduler is CUTLASS's default persistent one
+or, for ``config.tile_scheduler == "stream_k"``, ``cutlass::gemm::StreamKScheduler``
+(default arguments: its heuristic picks data-parallel, split-K or stream-K per
+problem; partial tiles are reduced through the workspace, which ``initialize``
+zeroes on the stream, so it stays graph-capturable). The epilogue
 ``D = post(residual_op(activation(acc + bias), C))`` is an epilogue visitor tree
 (EVT) computed in fp32; a plain epilogue uses ``LinearCombination`` with beta 0
 and no source load (ElementC = void).
@@ -107,7 +111,7 @@ using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     cute::Shape<int, int, int, int>,  // (M, N, K, L)
     CollectiveMainloop,
-    CollectiveEpilogue>;
+    CollectiveEpilogue${tile_scheduler}>;
 
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
@@ -246,6 +250,9 @@ def validate(kernel: GemmKernel) -> None:
     if epi != _EPILOGUE_FOR[cfg.kernel_schedule]:
         raise ValueError(f"epilogue_schedule {epi!r} does not match kernel_schedule "
                          f"{cfg.kernel_schedule!r} (expected {_EPILOGUE_FOR[cfg.kernel_schedule]!r})")
+    if cfg.tile_scheduler == "stream_k" and cfg.kernel_schedule != "KernelTmaWarpSpecializedCooperative":
+        # sm90_gemm_tma_warpspecialized_pingpong.hpp static_asserts against stream-K
+        raise ValueError("the stream-K tile scheduler needs the cooperative kernel schedule")
     if cfg.stages < 0 or cfg.stages == 1:
         raise ValueError(f"stages must be 0 (auto) or >= 2, got {cfg.stages}")
 
@@ -312,6 +319,9 @@ def values(kernel: GemmKernel) -> dict:
         "epilogue_schedule": cfg.epilogue_schedule or _EPILOGUE_FOR[cfg.kernel_schedule],
         "kernel_schedule": cfg.kernel_schedule,
         "stage_count": stage_count,
+        # persistent: no argument, so those kernels' source (and cache key) is unchanged
+        "tile_scheduler": (",\n    cutlass::gemm::StreamKScheduler"
+                           if cfg.tile_scheduler == "stream_k" else ""),
         "stride_b_type": stride_b_type,
         "stride_b_value": stride_b_value,
         "ptr_c": "static_cast<ElementC const*>(args.c)" if residual else "nullptr",

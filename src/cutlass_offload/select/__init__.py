@@ -1,6 +1,9 @@
 """Select: regions -> kernel instantiations (a pure function of problem and target)."""
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 from ..config import CompileOptions
 from ..ir import (AttentionRegion, ConvRegion, Fallback, GemmKernel, GemmProblem, GroupNormRegion,
                   NormRegion, PartitionResult, Plan)
@@ -13,25 +16,63 @@ from .norm import choose_norm_kernel
 DEFAULT_NUM_SMS = {"sm90a": 132, "sm80": 108}  # H100/H200 SXM, A100 (vendor datasheets)
 
 
-def choose_kernel(problem: GemmProblem, arch: str, num_sms: int | None = None) -> GemmKernel:
-    """The kernel for one problem on ``arch`` ("sm90a" or "sm80").
+def _kernel(problem: GemmProblem, arch: str, config) -> GemmKernel:
+    return GemmKernel(arch=arch, dtype=problem.dtype, layout_b=problem.layout_b,
+                      align_a=problem.align_a, align_b=problem.align_b, align_c=problem.align_c,
+                      epilogue=problem.epilogue, config=config, layout_a=problem.layout_a)
+
+
+def choose_kernel(problem: GemmProblem, arch: str, num_sms: int | None = None,
+                  tuned: dict | None = None) -> GemmKernel:
+    """The kernel for one problem on ``arch`` ("sm90a" or "sm80"): the profiled
+    winner when ``tuned`` ({tuning_id(problem): KernelConfig}, from tune/) has
+    one, else the shape heuristic's.
 
     Raises ValueError when no kernel family can run the problem class.
     """
     num_sms = num_sms or DEFAULT_NUM_SMS[arch]
     if problem.epilogue.residual_broadcast:
         raise ValueError("GEMM kernels take a full-shape residual only")
-    if arch == "sm90a" and sm90.supports(problem):
-        config = sm90.choose(problem, num_sms)
+    config = (tuned or {}).get(tuning_id(problem))
+    if config is None:
+        if arch == "sm90a" and sm90.supports(problem):
+            config = sm90.choose(problem, num_sms)
+        else:
+            config = sm80.choose(problem, num_sms)
+    return _kernel(problem, arch, config)
+
+
+def candidate_kernels(problem: GemmProblem, arch: str, num_sms: int | None = None) -> tuple:
+    """The kernels worth profiling for ``problem`` (at most 4, the heuristic's
+    first; see select/sm90.py and select/sm80.py). ValueError as choose_kernel."""
+    first = choose_kernel(problem, arch, num_sms)
+    num_sms = num_sms or DEFAULT_NUM_SMS[arch]
+    if first.config.family == "cutlass3x_sm90":
+        configs = sm90.candidates(problem, num_sms)
     else:
-        config = sm80.choose(problem, num_sms)
-    return GemmKernel(arch=arch, dtype=problem.dtype, layout_b=problem.layout_b,
-                      align_a=problem.align_a, align_b=problem.align_b, align_c=problem.align_c,
-                      epilogue=problem.epilogue, config=config, layout_a=problem.layout_a)
+        configs = sm80.candidates(problem, num_sms)
+    return tuple(_kernel(problem, arch, c) for c in configs)
 
 
-def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOptions()) -> Plan:
-    """Choose a kernel per region; regions with no legal kernel become fallbacks."""
+def tuning_id(problem: GemmProblem) -> str:
+    """What a tuning result is about: the GEMM's sizes at the example (hint) size,
+    dtypes, layouts, alignments and epilogue, as canonical JSON. Equal for regions
+    that would run the same kernel on the same problem."""
+    m = problem.m if problem.m is not None else problem.m_hint
+    batch = problem.batch if problem.batch is not None else problem.batch_hint
+    return json.dumps({"op": "gemm", "m": m, "n": problem.n, "k": problem.k, "batch": batch,
+                       "dtype": problem.dtype, "tf32": problem.tf32, "layout_a": problem.layout_a,
+                       "layout_b": problem.layout_b, "a_batch_broadcast": problem.a_batch_broadcast,
+                       "align": [problem.align_a, problem.align_b, problem.align_c],
+                       "epilogue": asdict(problem.epilogue)}, sort_keys=True)
+
+
+def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOptions(),
+           tuned: dict | None = None) -> Plan:
+    """Choose a kernel per region; regions with no legal kernel become fallbacks.
+
+    tuned: {tuning_id(problem): KernelConfig} of profiled GEMM winners (tune/);
+    other GEMM problems get the heuristic's choice."""
     regions, kernels, fallbacks = [], [], list(part.fallbacks)
     for r in part.regions:
         try:
@@ -44,7 +85,7 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
             elif isinstance(r, ConvRegion):
                 k = choose_conv_kernel(r.problem, arch, options.num_sms or DEFAULT_NUM_SMS[arch])
             else:
-                k = choose_kernel(r.problem, arch, options.num_sms)
+                k = choose_kernel(r.problem, arch, options.num_sms, tuned)
         except ValueError as e:
             fallbacks.append(Fallback(r.nodes[0], r.form, f"no kernel: {e}"))
             continue

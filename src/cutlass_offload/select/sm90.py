@@ -2,9 +2,29 @@
 
 3.x kernels need 16-byte aligned operands (TMA), so they serve f16/bf16 problems
 with alignment 8 everywhere; the rest go to the 2.x kernels (select/sm80.py).
-Tile choice: the largest tile that still gives about a wave of CTAs on the
-device (num_sms), so small M never gets a 128x256 tile (design.md: a fixed
-128x256 tile ran 77x1280x768 at 17.5 us against PyTorch's 10.6 us).
+
+Six configs (each distinct config x epilogue is one ~7 s compile on the 16-core
+host, so a model should meet only a few of them):
+
+========  ==============  =======  ===========  ============================================
+name      tile (M, N, K)  cluster  schedule     for
+========  ==============  =======  ===========  ============================================
+big       128x256x64      2x1      cooperative  a full wave of CTAs or more (4096^3: 638 TFLOP/s)
+mid       128x128x64      1x1      cooperative  half a wave of 128x128 tiles
+small     64x128x64       1x1      ping-pong    small M (<= 128) and few tiles
+wide      64x256x64       1x1      ping-pong    small M with a wide N (a wave of 64x256 tiles)
+narrow    128x64x64       1x1      cooperative  N <= 64 (a 128-wide tile would be half empty)
+stream_k  128x128x64      1x1      cooperative  far fewer tiles than SMs and a long K:
+                                   + stream-K   K is split across CTAs (CUTLASS's heuristic
+                                                decomposition: data-parallel, split-K or
+                                                stream-K per problem)
+========  ==============  =======  ===========  ============================================
+
+``choose`` is a pure function of the problem and the SM count; the thresholds
+follow the CTA-count argument (design.md: a fixed 128x256 tile ran 77x1280x768 at
+17.5 us against PyTorch's 10.6 us, i.e. a tile must not leave most SMs idle).
+``candidates`` lists at most four configs for on-GPU profiling (``--tune``),
+the heuristic's choice first.
 """
 from __future__ import annotations
 
@@ -15,12 +35,23 @@ from ..ir import GemmProblem, KernelConfig
 COOP = "KernelTmaWarpSpecializedCooperative"
 PINGPONG = "KernelTmaWarpSpecializedPingpong"
 
-# Largest first: (tile, cluster, kernel schedule)
-CANDIDATES = (
-    ((128, 256, 64), (2, 1, 1), COOP),
-    ((128, 128, 64), (1, 1, 1), COOP),
-    ((64, 128, 64), (1, 1, 1), PINGPONG),
-)
+
+def _config(tile, cluster, sched, scheduler="persistent") -> KernelConfig:
+    return KernelConfig("cutlass3x_sm90", tile, stages=0, cluster=cluster, kernel_schedule=sched,
+                        tile_scheduler=scheduler)
+
+
+CONFIGS = {
+    "big": _config((128, 256, 64), (2, 1, 1), COOP),
+    "mid": _config((128, 128, 64), (1, 1, 1), COOP),
+    "small": _config((64, 128, 64), (1, 1, 1), PINGPONG),
+    "wide": _config((64, 256, 64), (1, 1, 1), PINGPONG),
+    "narrow": _config((128, 64, 64), (1, 1, 1), COOP),
+    "stream_k": _config((128, 128, 64), (1, 1, 1), COOP, "stream_k"),
+}
+SMALL_M = 128            # rows: up to here a 64-row ping-pong tile wastes least
+STREAM_K_MIN_K = 2048    # K: 32 k-blocks of 64, enough to split across CTAs
+MAX_CANDIDATES = 4
 
 
 def supports(problem: GemmProblem) -> bool:
@@ -30,14 +61,58 @@ def supports(problem: GemmProblem) -> bool:
             and not problem.a_batch_broadcast)
 
 
+def gemm_mnk(problem: GemmProblem) -> tuple:
+    """(M, N, K) the tiles cover: the example's rows, times the batch for a batched
+    GEMM (every batch entry is tiled on its own)."""
+    m = problem.m if problem.m is not None else problem.m_hint
+    batch = problem.batch if problem.batch is not None else problem.batch_hint
+    return m * max(1, batch), problem.n, problem.k
+
+
+def _ctas(problem: GemmProblem, name: str) -> int:
+    m, n, _ = gemm_mnk(problem)
+    tm, tn, _ = CONFIGS[name].tile
+    return math.ceil(m / tm) * math.ceil(n / tn)
+
+
+def choose_name(problem: GemmProblem, num_sms: int) -> str:
+    """The heuristic's config name (a key of ``CONFIGS``); see the module docstring."""
+    m, n, k = gemm_mnk(problem)
+    few_tiles = _ctas(problem, "small") * 4 <= num_sms     # at most a quarter of the SMs busy
+    if few_tiles and k >= STREAM_K_MIN_K:
+        return "stream_k"
+    if m <= SMALL_M:
+        return "wide" if n >= 256 and _ctas(problem, "wide") >= num_sms else "small"
+    if _ctas(problem, "big") >= num_sms:
+        return "big"
+    if n <= 64:
+        return "narrow"
+    if _ctas(problem, "mid") >= num_sms // 2:
+        return "mid"
+    return "small"
+
+
 def choose(problem: GemmProblem, num_sms: int) -> KernelConfig:
-    """Pick a tile by CTA count; see the module docstring."""
-    m = problem.m_hint * max(1, problem.batch_hint if problem.batch != 1 else 1)
-    for i, (tile, cluster, sched) in enumerate(CANDIDATES):
-        ctas = math.ceil(m / tile[0]) * math.ceil(problem.n / tile[1])
-        # the biggest tile needs a full wave; the middle one half a wave
-        need = num_sms if i == 0 else num_sms // 2
-        if ctas >= need or i == len(CANDIDATES) - 1:
-            return KernelConfig("cutlass3x_sm90", tile, stages=0, cluster=cluster,
-                                kernel_schedule=sched)
-    raise AssertionError("unreachable")
+    """The heuristic's config for ``problem`` on a device with ``num_sms`` SMs."""
+    return CONFIGS[choose_name(problem, num_sms)]
+
+
+def _plausible(problem: GemmProblem, name: str, num_sms: int) -> bool:
+    """Whether profiling ``name`` on this problem could pay off (cheap filters only)."""
+    m, n, k = gemm_mnk(problem)
+    return {
+        "big": m > 64 and _ctas(problem, "big") * 4 >= num_sms,
+        "mid": m > 64,
+        "small": True,
+        "stream_k": k >= 512 and _ctas(problem, "mid") < 2 * num_sms,
+        "wide": m <= 2 * SMALL_M and n >= 256,
+        "narrow": n <= 128 and m > 64,
+    }[name]
+
+
+def candidates(problem: GemmProblem, num_sms: int) -> tuple:
+    """At most ``MAX_CANDIDATES`` configs to profile: the heuristic's first, then the
+    plausible others in ``CONFIGS`` order."""
+    first = choose_name(problem, num_sms)
+    names = [first] + [n for n in CONFIGS if n != first and _plausible(problem, n, num_sms)]
+    return tuple(CONFIGS[n] for n in names[:MAX_CANDIDATES])

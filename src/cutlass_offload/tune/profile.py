@@ -1,0 +1,283 @@
+"""The profiling process: ``python -m cutlass_offload.tune.profile REQUEST RESULTS``.
+
+Runs in its own process (tune/runner.py starts it) so that a candidate kernel
+that faults cannot poison the CUDA context of the compile or of the other
+candidates. REQUEST is JSON::
+
+    {"library": "/path/libcutlass_offload.so", "device": 0,
+     "problems": {"0": {"m", "n", "k", "batch", "dtype", "layout_b",
+                        "a_batch_broadcast", "epilogue": {GemmEpilogue fields}}},
+     "jobs": [{"id": "tune0_1", "problem": "0", "symbol": "co_tune0_1"}]}
+
+Each job is one candidate kernel behind the library's ordinary region launcher
+(``extern "C" int co_<region>(const CoGemmArgs*, cudaStream_t)``, the runtime's
+own ABI). Per problem the process makes random operands on the GPU (fresh,
+seeded), computes a float32 reference, times the PyTorch ops the region replaces,
+then for each job: runs it once into a NaN-poisoned output, checks it against the
+reference (runtime/region.py VERIFY_TOLERANCE), and times it. RESULTS gets one
+JSON line per event, flushed and fsync'ed before the next step, so the parent
+can tell which job was running when the process died:
+
+    {"event": "setup", "problem": "0"}
+    {"event": "torch", "problem": "0", "us": 12.3}
+    {"event": "start", "job": "tune0_1"}
+    {"event": "done", "job": "tune0_1", "status": "ok", "us": 9.8, "rel_err": 2e-4}
+
+Timing: ``LAUNCHES`` back-to-back launches (cycling over up to ``MAX_COPIES``
+operand copies, so small problems are not all served from L2) captured in one
+CUDA graph (host launch overhead removed, as in a graph-captured model), replayed
+``REPLAYS`` times after a warm-up; the median replay time / LAUNCHES, in us.
+Without graph capture (it failed), the same launches timed eagerly.
+Exit status: 0 done, 3 a candidate left a CUDA error (the context is unusable:
+the parent starts a fresh process for the rest), 2 bad request.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from ..runtime.library import (
+    CO_CANNOT_IMPLEMENT,
+    CO_OK,
+    STATUS_NAMES,
+    CoGemmArgs,
+    Library,
+)
+from ..runtime.region import ESIZE, TORCH_DTYPE, VERIFY_TOLERANCE
+
+LAUNCHES = 20
+REPLAYS = 15
+WARMUP = 3
+MAX_COPIES = 4
+COPY_BYTES = 64 << 20     # aim: the copies together exceed the H200's 50 MB L2 (vendor datasheet)
+EXIT_CUDA_ERROR = 3
+
+ACTIVATIONS = {
+    "identity": lambda x: x, "relu": torch.relu, "gelu_erf": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "sigmoid": torch.sigmoid,
+}
+
+
+class Operands:
+    """One copy of a problem's tensors on the GPU and the CoGemmArgs reading them.
+
+    a (La, M, K) row-major, La = 1 when A is broadcast over the batch or L = 1;
+    b stored (L, N, K) for layout_b "col" (a Linear weight), (L, K, N) for "row";
+    bias (N,), c (L, M, N) when the epilogue reads them; d (L, M, N) the output.
+    """
+
+    def __init__(self, spec: dict, seed: int, device):
+        m, n, k, batch = spec["m"], spec["n"], spec["k"], spec["batch"]
+        ep, dt = spec["epilogue"], TORCH_DTYPE[spec["dtype"]]
+        g = torch.Generator(device=device).manual_seed(seed)
+
+        def rand(*shape, scale=1.0):
+            return (torch.randn(*shape, generator=g, device=device) * scale).to(dt)
+
+        la = 1 if spec.get("a_batch_broadcast") or batch == 1 else batch
+        self.spec = spec
+        self.a = rand(la, m, k)
+        # B scaled so that the accumulator is about unit size whatever K is
+        self.b = rand(batch, *((n, k) if spec["layout_b"] == "col" else (k, n)), scale=k ** -0.5)
+        self.bias = rand(n, scale=0.5) if ep["bias"] else None
+        self.c = rand(batch, m, n) if ep["residual"] != "none" else None
+        self.d = torch.empty(batch, m, n, dtype=dt, device=device)
+        self.args = args = CoGemmArgs()
+        args.a, args.b, args.d = self.a.data_ptr(), self.b.data_ptr(), self.d.data_ptr()
+        args.bias = self.bias.data_ptr() if self.bias is not None else None
+        args.c = self.c.data_ptr() if self.c is not None else None
+        args.m, args.n, args.k, args.l = m, n, k, batch
+        args.lda, args.ldb = k, (k if spec["layout_b"] == "col" else n)
+        args.ldc = args.ldd = n
+        args.batch_stride_a = m * k if la > 1 else 0
+        args.batch_stride_b = n * k if batch > 1 else 0
+        args.batch_stride_c = args.batch_stride_d = m * n if batch > 1 else 0
+
+    @property
+    def b_logical(self):
+        """B as (L, K, N)."""
+        return self.b.transpose(-1, -2) if self.spec["layout_b"] == "col" else self.b
+
+    def epilogue(self, acc, add_bias=True):
+        """post(residual(act(acc + bias), C)) in acc's dtype (emit/evt_sm90.semantics)."""
+        ep = self.spec["epilogue"]
+        x = acc + self.bias.to(acc.dtype) if self.bias is not None and add_bias else acc
+        x = ACTIVATIONS[ep["activation"]](x)
+        if ep["residual"] == "add":
+            x = x + self.c.to(acc.dtype)
+        elif ep["residual"] == "mul":
+            x = x * self.c.to(acc.dtype)
+        return torch.relu(x) if ep["post_activation"] == "relu" else x
+
+    def reference(self):
+        """float32 result, shape (L, M, N)."""
+        return self.epilogue(torch.matmul(self.a.float(), self.b_logical.float()))
+
+    def torch_ops(self):
+        """The PyTorch ops the region replaces, in the problem's dtype."""
+        a, b = self.a, self.b_logical
+        if self.bias is not None and a.shape[0] == 1 and b.shape[0] == 1:
+            return self.epilogue(torch.addmm(self.bias, a[0], b[0]).unsqueeze(0), add_bias=False)
+        return self.epilogue(torch.matmul(a, b))
+
+
+def _copies(spec: dict) -> int:
+    m, n, k, batch = spec["m"], spec["n"], spec["k"], spec["batch"]
+    nbytes = ESIZE[spec["dtype"]] * batch * (m * k + n * k + 2 * m * n)
+    return max(1, min(MAX_COPIES, math.ceil(COPY_BYTES / max(1, nbytes))))
+
+
+def _rel_err(out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def time_us(launch_all) -> tuple:
+    """(us per launch, how) for ``launch_all(stream_handle)``, which issues LAUNCHES
+    launches on the given stream; how is "graph" or "eager" (capture failed)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP):
+            launch_all(side.cuda_stream)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    how = "graph"
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            launch_all(torch.cuda.current_stream().cuda_stream)
+        run = graph.replay
+        run()
+    except RuntimeError:
+        torch.cuda.synchronize()
+        how = "eager"
+
+        def run():
+            launch_all(torch.cuda.current_stream().cuda_stream)
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / LAUNCHES)
+    return statistics.median(times), how
+
+
+def _sync_error():
+    """The CUDA error a synchronize reports, or None."""
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        return str(e).strip().splitlines()[0]
+    return None
+
+
+def profile_job(lib: Library, job: dict, copies: list, ref) -> dict:
+    """One candidate: {"status", "us", "rel_err", "detail", "fatal"} (see tune/result.py)."""
+    run, ws = lib.launcher(job["symbol"], CoGemmArgs)
+    args = [c.args for c in copies]
+    need = int(ws(ctypes.byref(args[0])))
+    workspace = torch.empty(max(need, 1), dtype=torch.uint8, device=copies[0].d.device)
+    for a in args:
+        a.workspace, a.workspace_bytes = (workspace.data_ptr(), workspace.numel()) if need > 0 else (None, 0)
+    first = copies[0]
+    first.d.fill_(float("nan"))                  # an output the kernel never writes shows as NaN
+    status = run(ctypes.byref(args[0]), torch.cuda.current_stream().cuda_stream)
+    if status != CO_OK:
+        err = _sync_error()
+        kind = "cannot implement" if status == CO_CANNOT_IMPLEMENT else "error"
+        return {"status": kind, "detail": err or STATUS_NAMES.get(status, str(status)),
+                "fatal": err is not None}
+    err = _sync_error()
+    if err:
+        return {"status": "error", "detail": err, "fatal": True}
+    rel = _rel_err(first.d, ref)
+    tol = VERIFY_TOLERANCE[first.spec["dtype"]]
+    if not rel <= tol:                           # NaN fails too
+        return {"status": "wrong result", "rel_err": rel if math.isfinite(rel) else None,
+                "detail": f"relative error {rel:.3e} > {tol:g} against the float32 reference"}
+
+    def launch_all(stream):
+        for i in range(LAUNCHES):
+            s = run(ctypes.byref(args[i % len(args)]), stream)
+            if s != CO_OK:
+                raise RuntimeError(f"launcher status {STATUS_NAMES.get(s, s)}")
+
+    try:
+        us, how = time_us(launch_all)
+    except RuntimeError as e:
+        err = _sync_error()
+        return {"status": "error", "detail": err or str(e), "fatal": err is not None}
+    return {"status": "ok", "us": us, "rel_err": rel, "detail": "" if how == "graph" else "timed eagerly"}
+
+
+class _Log:
+    """The RESULTS file: one JSON object per line, on disk before the next step."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __call__(self, **record):
+        self.f.write(json.dumps(record) + "\n")
+        self.f.flush()
+        os.fsync(self.f.fileno())
+
+
+def _torch_launches(copies):
+    def launch_all(stream):
+        for i in range(LAUNCHES):
+            copies[i % len(copies)].torch_ops()
+    return launch_all
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cutlass_offload.tune.profile", description=__doc__)
+    p.add_argument("request")
+    p.add_argument("results")
+    a = p.parse_args(argv)
+    try:
+        with open(a.request) as f:
+            req = json.load(f)
+        problems, jobs = req["problems"], req["jobs"]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"bad request {a.request}: {e}", file=sys.stderr)
+        return 2
+    with open(a.results, "a") as f:
+        return _run(req, problems, jobs, _Log(f))
+
+
+def _run(req, problems, jobs, log) -> int:
+    device = torch.device("cuda", int(req.get("device", 0)))
+    torch.cuda.set_device(device)
+    lib = Library(req["library"])
+    order = list(dict.fromkeys(j["problem"] for j in jobs))
+    for pid in order:
+        spec = problems[pid]
+        log(event="setup", problem=pid)
+        copies = [Operands(spec, seed=1000 * i + 17, device=device) for i in range(_copies(spec))]
+        ref = copies[0].reference()
+        torch_us, _ = time_us(_torch_launches(copies))
+        log(event="torch", problem=pid, us=torch_us)
+        for job in (j for j in jobs if j["problem"] == pid):
+            log(event="start", job=job["id"])
+            rec = profile_job(lib, job, copies, ref)
+            fatal = rec.pop("fatal", False)
+            log(event="done", job=job["id"], **rec)
+            if fatal:
+                return EXIT_CUDA_ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Build tier: the sm90a config kinds the heuristic and --tune added (stream-K tile
+scheduler, 64x256 ping-pong, 128x64 cooperative) compile, in ONE translation unit
+(one 3.x nvcc, 2-4 minutes on 2 cores), the way --tune builds its candidates; a
+final plan that uses one of them reuses that object and compiles only launchers."""
+import ctypes
+import json
+from pathlib import Path
+
+import pytest
+
+from cutlass_offload import build, emit
+from cutlass_offload.ir import GemmEpilogue, GemmKernel, GemmProblem, GemmRegion, Plan
+from cutlass_offload.select import sm90
+
+pytestmark = pytest.mark.build
+
+NEW_KINDS = ("stream_k", "wide", "narrow")
+EPILOGUE = GemmEpilogue(bias=True, activation="gelu_erf")
+
+
+def _plan(names):
+    problem = GemmProblem(n=256, k=256, dtype="f16", layout_b="col", align_a=8, align_b=8,
+                          align_c=8, epilogue=EPILOGUE, m=256, m_hint=256)
+    kernels = tuple(GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8,
+                               align_c=8, epilogue=EPILOGUE, config=sm90.CONFIGS[n]) for n in names)
+    regions = tuple(GemmRegion(name=f"tune0_{i}", form="linear", nodes=(f"tune0_{i}",), a="a", b="b",
+                               problem=problem) for i in range(len(names)))
+    return Plan("sm90a", regions, kernels, ())
+
+
+@pytest.fixture(scope="module")
+def candidates_built(cache_dir):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(cache_dir))
+    mp.setenv("CUTLASS_OFFLOAD_JOBS", "1")          # one shard: one 3.x compile
+    try:
+        plan = _plan(NEW_KINDS)
+        yield plan, build.build(plan, "sharded")
+    finally:
+        mp.undo()
+
+
+def test_new_config_kinds_compile_in_one_unit(candidates_built):
+    plan, res = candidates_built
+    assert not res.failures, res.format()
+    kernel_units = [u for u in res.units if u.name != "launchers"]
+    assert len(kernel_units) == 1 and sorted(kernel_units[0].kernels) == sorted(k.name for k in plan.kernels)
+    source = Path(kernel_units[0].source).read_text()
+    assert source.count("cutlass::gemm::StreamKScheduler>") == 1
+    lib = ctypes.CDLL(str(res.library))
+    lib.co_library_info.restype = ctypes.c_char_p
+    info = json.loads(lib.co_library_info().decode())
+    assert sorted(info["kernels"]) == sorted(k.name for k in plan.kernels)
+    for r in plan.regions:
+        getattr(lib, emit.region_symbol(r.name))
+
+
+def test_a_final_plan_reuses_the_candidate_object(candidates_built, monkeypatch):
+    monkeypatch.setenv("CUTLASS_OFFLOAD_JOBS", "1")
+    winner = _plan(["stream_k"])
+    res = build.build(winner, "sharded")
+    compiled = [u for u in res.units if not u.cache_hit]
+    assert [u.name for u in compiled] == ["launchers"], res.format()

@@ -1,0 +1,383 @@
+"""--tune without a GPU: the tuning cache (keys, invalidation, atomic writes), the
+orchestration with a fake build and profiler (a cache hit profiles nothing, a
+failing candidate is skipped and recorded) and the crash handling of the
+profiling subprocess (a fake process writing the result events)."""
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import cutlass_offload as co
+from cutlass_offload.config import CompileOptions
+from cutlass_offload.ir import GemmEpilogue, GemmProblem, GemmRegion, Plan
+from cutlass_offload.select import candidate_kernels, choose_kernel, select, tuning_id
+from cutlass_offload.tune import cache as tune_cache
+from cutlass_offload.tune import tune
+from cutlass_offload.tune.cache import TuningCache, tuning_key
+from cutlass_offload.tune.result import (
+    CandidateResult,
+    config_from_dict,
+    config_to_dict,
+)
+from cutlass_offload.tune.runner import profile_candidates
+
+GPU = ("NVIDIA H200", 132, 0)
+OPTIONS = CompileOptions(arch="sm90a", tune=True)
+
+
+def _problem(m, n, k, epilogue=None):
+    return GemmProblem(n=n, k=k, dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                       epilogue=epilogue or GemmEpilogue(bias=True), m=m, m_hint=m)
+
+
+def _plan(*problems):
+    regions = tuple(GemmRegion(name=f"r{i}", form="linear", nodes=(f"r{i}",), a="a", b="b", problem=p)
+                    for i, p in enumerate(problems))
+    return Plan("sm90a", regions, tuple(choose_kernel(p, "sm90a") for p in problems), ())
+
+
+# -- keys -----------------------------------------------------------------------------
+
+def test_key_is_stable_and_changes_with_every_input():
+    tid = tuning_id(_problem(1024, 768, 768))
+    base = tuning_key(tid, "sm90a", "4.2.0+abc", "NVIDIA H200", 132)
+    assert base == tuning_key(tuning_id(_problem(1024, 768, 768)), "sm90a", "4.2.0+abc", "NVIDIA H200", 132)
+    assert len(base) == 64
+    other_epilogue = tuning_id(_problem(1024, 768, 768, GemmEpilogue(bias=True, activation="gelu_erf")))
+    for changed in (tuning_key(other_epilogue, "sm90a", "4.2.0+abc", "NVIDIA H200", 132),
+                    tuning_key(tid, "sm90a", "4.3.0+abc", "NVIDIA H200", 132),      # CUTLASS version
+                    tuning_key(tid, "sm90a", "4.2.0+abd", "NVIDIA H200", 132),      # headers changed
+                    tuning_key(tid, "sm90a", "4.2.0+abc", "NVIDIA H100 80GB HBM3", 132),
+                    tuning_key(tid, "sm90a", "4.2.0+abc", "NVIDIA H200", 114),
+                    tuning_key(tid, "sm80", "4.2.0+abc", "NVIDIA H200", 132),
+                    tuning_key(tuning_id(_problem(512, 768, 768)), "sm90a", "4.2.0+abc", "NVIDIA H200", 132)):
+        assert changed != base
+
+
+def test_config_round_trips_through_json():
+    for k in candidate_kernels(_problem(77, 1280, 768), "sm90a"):
+        d = json.loads(json.dumps(config_to_dict(k.config)))
+        assert config_from_dict(d) == k.config
+
+
+# -- the cache file -------------------------------------------------------------------
+
+def test_store_merges_and_lookup_reads(tmp_path):
+    cache = TuningCache(tmp_path)
+    assert cache.lookup("sm90a", "NVIDIA H200", "k1") is None
+    cache.store("sm90a", "NVIDIA H200", {"k1": {"winner": "a"}})
+    cache.store("sm90a", "NVIDIA H200", {"k2": {"winner": "b"}})
+    assert cache.lookup("sm90a", "NVIDIA H200", "k1") == {"winner": "a"}
+    assert cache.lookup("sm90a", "NVIDIA H200", "k2") == {"winner": "b"}
+    assert cache.lookup("sm90a", "NVIDIA H100", "k1") is None         # another GPU, another file
+    assert cache.path("sm90a", "NVIDIA H200").name == "sm90a_nvidia_h200.json"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no temp file left
+
+
+def test_concurrent_stores_lose_nothing(tmp_path):
+    cache = TuningCache(tmp_path)
+
+    def writer(i):
+        for j in range(10):
+            TuningCache(tmp_path).store("sm90a", "gpu", {f"k{i}_{j}": {"i": i, "j": j}})
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(4):
+        for j in range(10):
+            assert cache.lookup("sm90a", "gpu", f"k{i}_{j}") == {"i": i, "j": j}
+
+
+def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
+    cache = TuningCache(tmp_path)
+    cache.store("sm90a", "gpu", {"k1": {"winner": "a"}})
+    before = cache.path("sm90a", "gpu").read_text()
+
+    def broken_dump(obj, f, **kw):
+        f.write('{"version": 1, "entries": {"k1": ')          # then the disk fills up
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tune_cache.json, "dump", broken_dump)
+    with pytest.raises(OSError):
+        cache.store("sm90a", "gpu", {"k2": {"winner": "b"}})
+    assert cache.path("sm90a", "gpu").read_text() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_corrupt_file_reads_as_empty_and_is_rewritten(tmp_path):
+    cache = TuningCache(tmp_path)
+    path = cache.path("sm90a", "gpu")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"version": 1, "entr')
+    assert cache.lookup("sm90a", "gpu", "k1") is None
+    cache.store("sm90a", "gpu", {"k1": {"winner": "a"}})
+    assert cache.lookup("sm90a", "gpu", "k1") == {"winner": "a"}
+
+
+# -- orchestration with a fake build and profiler ----------------------------------------
+
+class FakeBuild:
+    """Stands in for build.build: records the plan; kernels in ``fail`` do not compile."""
+
+    def __init__(self, fail=()):
+        self.plans, self.fail = [], set(fail)
+
+    def __call__(self, plan, strategy):
+        self.plans.append(plan)
+        assert strategy == "sharded"
+        keep = [(r, k) for r, k in zip(plan.regions, plan.kernels) if k.name not in self.fail]
+        pruned = Plan(plan.arch, tuple(r for r, _ in keep), tuple(k for _, k in keep), ())
+
+        failures = [(k, "/logs/nvcc.log") for k in sorted(self.fail)]
+
+        class Result:
+            library = Path("/nonexistent/libcutlass_offload.so")
+
+            def __init__(self):
+                self.plan, self.failures = pruned, failures
+
+            def to_dict(self):
+                return {"units": []}
+        return Result()
+
+
+class FakeProfiler:
+    """Stands in for runner.profile_candidates: a time per candidate tag, or a status."""
+
+    def __init__(self, outcome):
+        self.outcome, self.calls = outcome, []
+
+    def __call__(self, library, specs, jobs, tags, device=0):
+        self.calls.append(jobs)
+        res = {}
+        for j in jobs:
+            o = self.outcome(tags[j["id"]], specs[j["problem"]])
+            if isinstance(o, str):
+                res[j["id"]] = CandidateResult(j["kernel"], tags[j["id"]], o, detail="from the fake")
+            else:
+                res[j["id"]] = CandidateResult(j["kernel"], tags[j["id"]], "ok", us=o, rel_err=1e-4)
+        return res, {p: 10.0 for p in specs}
+
+
+def _by_tile(tag, spec):
+    # pretend 128x128 cooperative (persistent) is the fastest everywhere
+    return 5.0 if tag == "128x128x64_c1x1x1_coop" else 8.0
+
+
+def test_tune_profiles_each_distinct_problem_once_and_select_uses_the_winner(tmp_path):
+    p1, p2 = _problem(1024, 768, 768), _problem(77, 1280, 768)
+    plan = _plan(p1, p1, p2)                  # two regions share p1
+    fb, fp = FakeBuild(), FakeProfiler(_by_tile)
+    rep = tune(plan, OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=fb, profiler=fp)
+    assert len(fb.plans) == 1 and len(fp.calls) == 1          # one build, one profiling batch
+    n_cands = len(candidate_kernels(p1, "sm90a")) + len(candidate_kernels(p2, "sm90a"))
+    assert len(fb.plans[0].regions) == n_cands == len(fp.calls[0])
+    assert [p.regions for p in rep.problems] == [2, 1] and rep.profiled == 2
+    assert all(p.winner == "128x128x64_c1x1x1_coop" for p in rep.problems)
+    assert rep.problems[0].heuristic == choose_kernel(p1, "sm90a").config.tag
+    tuned = select(_partition_of(plan), "sm90a", OPTIONS, rep.winners)
+    assert {k.config.tag for k in tuned.kernels} == {"128x128x64_c1x1x1_coop"}
+    assert "128x128x64_c1x1x1_coop" in rep.format() and "profiled" in rep.format()
+
+
+def _partition_of(plan):
+    from cutlass_offload.ir import PartitionResult
+    return PartitionResult(plan.regions, ())
+
+
+def test_a_cache_hit_profiles_nothing(tmp_path):
+    plan = _plan(_problem(1024, 768, 768), _problem(1024, 3072, 768, GemmEpilogue(True, "gelu_erf")))
+    first = tune(plan, OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=FakeBuild(),
+                 profiler=FakeProfiler(_by_tile))
+
+    def refuse(*a, **k):
+        raise AssertionError("a cached problem was built or profiled again")
+
+    again = tune(plan, OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=refuse, profiler=refuse)
+    assert again.profiled == 0 and all(p.cached for p in again.problems)
+    assert again.winners == first.winners and len(again.winners) == 2
+    # another GPU is a miss: profiled again
+    fp = FakeProfiler(_by_tile)
+    other = tune(plan, OPTIONS, cache=TuningCache(tmp_path), gpu=("NVIDIA H100", 132, 0),
+                 builder=FakeBuild(), profiler=fp)
+    assert other.profiled == 2 and len(fp.calls) == 1
+
+
+def test_failing_candidates_are_skipped_and_recorded(tmp_path):
+    p = _problem(1024, 3072, 768)
+    cands = candidate_kernels(p, "sm90a")
+    assert len(cands) == 4
+    broken = cands[1].name                                   # does not compile
+
+    def outcome(tag, spec):
+        return {cands[0].config.tag: "crashed", cands[2].config.tag: "cannot implement"}.get(tag, 7.0)
+
+    rep = tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU,
+               builder=FakeBuild(fail=[broken]), profiler=FakeProfiler(outcome))
+    (tp,) = rep.problems
+    status = {c.tag: c.status for c in tp.candidates}
+    assert status == {cands[0].config.tag: "crashed", cands[1].config.tag: "compile failed",
+                      cands[2].config.tag: "cannot implement", cands[3].config.tag: "ok"}
+    assert tp.winner == cands[3].config.tag
+    assert "compile failed" in rep.format() and "crashed" in rep.format()
+    # recorded in the cache with the failures, so the next compile needs no GPU time
+    again = tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=None, profiler=None)
+    assert again.problems[0].cached and again.problems[0].winner == tp.winner
+
+
+def test_no_result_is_cached_when_the_profiler_could_not_run(tmp_path):
+    p = _problem(1024, 768, 768)
+    rep = tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=FakeBuild(),
+               profiler=FakeProfiler(lambda tag, spec: "not profiled"))
+    assert rep.problems[0].winner is None and rep.winners == {}
+    fp = FakeProfiler(_by_tile)
+    tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=FakeBuild(), profiler=fp)
+    assert len(fp.calls) == 1                                # tried again
+
+
+# -- the profiling subprocess's crash handling -----------------------------------------------
+
+def _jobs(n, problem="0"):
+    jobs = [{"id": f"tune0_{j}", "problem": problem, "symbol": f"co_tune0_{j}", "kernel": f"k{j}"}
+            for j in range(n)]
+    return jobs, {j["id"]: f"tag{i}" for i, j in enumerate(jobs)}
+
+
+class FakeProcess:
+    """Stands in for runner.launch_subprocess: plays a script per job id ("ok",
+    "cannot implement", "segfault" = the process dies while running it, "cuda error"
+    = it records an error and exits 3, "hang" = killed at the timeout)."""
+
+    def __init__(self, script):
+        self.script, self.requests = script, []
+
+    def __call__(self, request, results, timeout_s):
+        req = json.loads(Path(request).read_text())
+        self.requests.append([j["id"] for j in req["jobs"]])
+        with open(results, "a") as f:
+            def log(**e):
+                f.write(json.dumps(e) + "\n")
+            for pid in req["problems"]:
+                log(event="setup", problem=pid)
+                log(event="torch", problem=pid, us=12.0)
+            for j in req["jobs"]:
+                log(event="start", job=j["id"])
+                what = self.script[j["id"]]
+                if what == "segfault":
+                    f.write('{"event": "do')             # a line cut by the crash
+                    return -11, "Segmentation fault"
+                if what == "hang":
+                    return "timeout", ""
+                if what == "cuda error":
+                    log(event="done", job=j["id"], status="error", detail="CUDA error: illegal address")
+                    return 3, ""
+                if what == "ok":
+                    log(event="done", job=j["id"], status="ok", us=5.0, rel_err=1e-4)
+                else:
+                    log(event="done", job=j["id"], status=what, detail="")
+        return 0, ""
+
+
+def test_a_crashing_candidate_is_recorded_and_the_rest_rerun_without_it():
+    jobs, tags = _jobs(5)
+    proc = FakeProcess({"tune0_0": "ok", "tune0_1": "segfault", "tune0_2": "cuda error",
+                        "tune0_3": "cannot implement", "tune0_4": "hang"})
+    res, torch_us = profile_candidates("/lib.so", {"0": {}}, jobs, tags, launch=proc)
+    assert proc.requests == [["tune0_0", "tune0_1", "tune0_2", "tune0_3", "tune0_4"],
+                             ["tune0_2", "tune0_3", "tune0_4"], ["tune0_3", "tune0_4"]]
+    assert {j: r.status for j, r in res.items()} == {
+        "tune0_0": "ok", "tune0_1": "crashed", "tune0_2": "error", "tune0_3": "cannot implement",
+        "tune0_4": "crashed"}
+    assert "signal 11" in res["tune0_1"].detail and "hung" in res["tune0_4"].detail
+    assert res["tune0_0"].us == 5.0 and res["tune0_0"].tag == "tag0" and torch_us == {"0": 12.0}
+
+
+def test_a_profiler_that_cannot_start_marks_everything_not_profiled():
+    jobs, tags = _jobs(3)
+    calls = []
+
+    def dead(request, results, timeout_s):
+        calls.append(1)
+        return 1, "RuntimeError: No CUDA GPUs are available"
+
+    res, _ = profile_candidates("/lib.so", {"0": {}}, jobs, tags, launch=dead)
+    assert len(calls) == 1
+    assert {r.status for r in res.values()} == {"not profiled"}
+    assert "No CUDA GPUs" in res["tune0_0"].detail
+
+
+# -- the public entry point ------------------------------------------------------------------
+
+# -- the profiler's operands (its CUDA parts run in tests/gpu/test_tune.py) -------------------
+
+@pytest.mark.parametrize("layout_b, batch, broadcast", [("col", 1, False), ("row", 3, False),
+                                                        ("col", 2, True)])
+def test_profiler_operands_describe_their_tensors(layout_b, batch, broadcast):
+    from cutlass_offload.tune.profile import Operands
+    spec = {"m": 24, "n": 16, "k": 40, "batch": batch, "dtype": "f32", "layout_b": layout_b,
+            "a_batch_broadcast": broadcast,
+            "epilogue": {"bias": True, "activation": "gelu_erf", "residual": "add", "post_activation": "relu"}}
+    ops = Operands(spec, seed=1, device="cpu")
+    a = ops.args
+    assert (a.m, a.n, a.k, a.l) == (24, 16, 40, batch)
+    assert (a.a, a.b, a.c, a.d, a.bias) == tuple(t.data_ptr() for t in (ops.a, ops.b, ops.c, ops.d, ops.bias))
+    assert a.lda == ops.a.stride(1) and a.ldd == ops.d.stride(1) == a.ldc
+    assert a.ldb == (ops.b.stride(1))
+    assert a.batch_stride_a == (0 if broadcast or batch == 1 else ops.a.stride(0))
+    assert a.batch_stride_b == (ops.b.stride(0) if batch > 1 else 0)
+    # element (l, m, n) of the epilogue's formula, by hand
+    bl = ops.b_logical
+    l, m, n = batch - 1, 5, 7
+    acc = sum(float(ops.a[0 if broadcast else l, m, i]) * float(bl[l, i, n]) for i in range(40))
+    x = torch.nn.functional.gelu(torch.tensor(acc + float(ops.bias[n]))) + ops.c[l, m, n]
+    ref = ops.reference()
+    assert ref.shape == (batch, 24, 16)
+    assert abs(float(ref[l, m, n]) - max(float(x), 0.0)) < 1e-4
+    assert torch.allclose(ops.torch_ops(), ref, atol=1e-4)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_tune_needs_a_gpu(tmp_path):
+    with pytest.raises(co.DeviceError, match="--tune"):
+        tune(_plan(_problem(1024, 768, 768)), OPTIONS, cache=TuningCache(tmp_path))
+
+
+def test_compile_with_tune_uses_and_saves_the_winners(tmp_path, monkeypatch):
+    """compile(tune=True) selects the profiled winners, reports them, and a saved
+    folder reloads with them (tune and the final build faked: no GPU, no nvcc)."""
+    from cutlass_offload import api
+    from cutlass_offload.build.result import BuildResult
+    from cutlass_offload.select import sm90
+    from cutlass_offload.tune.result import TunedProblem, TuningReport
+
+    lib = tmp_path / "libfake.so"
+    lib.write_bytes(b"not a library")
+    seen = {}
+
+    def fake_tune(plan, options):
+        seen["heuristic"] = [k.config.tag for k in plan.kernels]
+        problems = [TunedProblem("key", tuning_id(r.problem), 1, False, k.config.tag,
+                                 sm90.CONFIGS["stream_k"].tag, config_to_dict(sm90.CONFIGS["stream_k"]))
+                    for r, k in zip(plan.regions, plan.kernels)]
+        return TuningReport("fake GPU", problems)
+
+    def fake_build(plan, strategy="sharded", **kw):
+        seen["built"] = [k.config.tag for k in plan.kernels]
+        return BuildResult(lib, plan, strategy, 0.0, 1)
+
+    monkeypatch.setattr(api, "_tune", fake_tune)
+    monkeypatch.setattr(api.build_stage, "build", fake_build)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU()).half()
+    out = tmp_path / "out"
+    compiled = co.compile(model, (torch.randn(64, 256, dtype=torch.float16),), arch="sm_90a",
+                          tune=True, out_dir=out)
+    streamk = sm90.CONFIGS["stream_k"].tag
+    assert seen["heuristic"] != [streamk] and seen["built"] == [streamk]
+    assert compiled.report.tuning["winners"] and "fake GPU" in compiled.report.format()
+    loaded, _, _ = co.load(out)                  # no tuning on reload: the manifest's winners
+    assert [k.config.tag for k in loaded.plan.kernels] == [streamk]
