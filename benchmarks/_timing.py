@@ -1,7 +1,9 @@
 """Timing helpers shared by the latency benchmarks (needs a CUDA GPU).
 
-Medians from triton.testing.do_bench when triton is installed, else CUDA events;
-``graph_ms`` times GRAPH_CALLS calls captured in one CUDA graph and replayed.
+Medians from triton.testing.do_bench when triton is installed (its 200 ms budget),
+else, or when a fixed number of repetitions is asked for, from CUDA events around
+each call; ``graph_ms`` times ``calls`` calls captured in one CUDA graph and
+replayed (device time: no host launch cost).
 """
 from __future__ import annotations
 
@@ -12,16 +14,13 @@ import torch
 GRAPH_CALLS = 20
 
 
-def median_ms(fn) -> float:
-    try:
-        from triton.testing import do_bench
-        return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
-    except ImportError:
-        pass
-    for _ in range(20):
+def events_ms(fn, reps: int, warmup: int = 3) -> float:
+    """Median ms of ``reps`` calls, each between two CUDA events and synchronized
+    (so a host-bound call shows its host time), after ``warmup`` calls."""
+    for _ in range(warmup):
         fn()
     times = []
-    for _ in range(200):
+    for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -31,8 +30,21 @@ def median_ms(fn) -> float:
     return statistics.median(times)
 
 
-def graph_ms(fn) -> float:
-    """Device time of one call: GRAPH_CALLS calls in one CUDA graph, replayed."""
+def median_ms(fn, reps: int | None = None) -> float:
+    """Median ms of one call of ``fn``: do_bench (200 ms of calls) when triton is
+    installed and ``reps`` is None, else ``events_ms`` with ``reps`` (default 200)."""
+    if reps is None:
+        try:
+            from triton.testing import do_bench
+            return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+        except ImportError:
+            reps = 200
+    return events_ms(fn, reps, warmup=max(3, reps // 10))
+
+
+def graph_ms(fn, calls: int = GRAPH_CALLS, reps: int | None = None) -> float:
+    """Device time in ms of one call: ``calls`` calls in one CUDA graph, replayed
+    (``median_ms(replay, reps)`` / calls). Raises what capture raises."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -40,6 +52,6 @@ def graph_ms(fn) -> float:
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(GRAPH_CALLS):
+        for _ in range(calls):
             fn()
-    return median_ms(g.replay) / GRAPH_CALLS
+    return median_ms(g.replay, reps) / calls

@@ -19,10 +19,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cutlass_offload.capture import capture                     # noqa: E402
-from cutlass_offload.partition import partition                 # noqa: E402
-from cutlass_offload.runtime.compiled_model import offload      # noqa: E402
-from cutlass_offload.select import select                       # noqa: E402
+from cutlass_offload.capture import capture
+from cutlass_offload.partition import partition
+from cutlass_offload.runtime.compiled_model import offload
+from cutlass_offload.select import select
 
 
 class Block(torch.nn.Module):
@@ -35,12 +35,31 @@ class Block(torch.nn.Module):
 
 
 def per_call_us(fn, n=20000) -> float:
+    """Wall-clock microseconds per call of ``fn`` over ``n`` calls (after n / 10
+    warm-up calls), without synchronizing: the host-side cost of a call as long as
+    the GPU keeps up with the launches."""
     for _ in range(n // 10):
         fn()
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
     return (time.perf_counter() - t0) / n * 1e6
+
+
+def region_call_costs(mod, xs, n=2000) -> dict:
+    """Host microseconds per call of one offloaded region module on its CUDA inputs
+    ``xs`` (a tuple, as its forward takes them): ``map_us`` (mapping the call onto
+    the kernel's arguments, no launch), ``call_us`` (the whole region call: mapping,
+    workspace, ctypes launch) and ``pytorch_call_us`` (its PyTorch subgraph, the ops
+    it replaces). Synchronizes once at the end. A kernel slower than the host path
+    makes ``call_us`` the kernel time instead: compare with the region's device time.
+    """
+    with torch.no_grad():
+        result = {"map_us": per_call_us(lambda: mod._map(xs), n),
+                  "call_us": per_call_us(lambda: mod(*xs), n),
+                  "pytorch_call_us": per_call_us(lambda: mod.fallback(*xs), n)}
+    torch.cuda.synchronize()
+    return result
 
 
 def main():
@@ -65,6 +84,12 @@ def main():
         xs = torch.randn(8, 64, dtype=torch.float16, device="cuda")
         with torch.no_grad():
             result["region_call_us"] = per_call_us(lambda: compiled(xs), 5000)
+            (mod,) = compiled.region_modules()
+            seen = []
+            hook = mod.register_forward_pre_hook(lambda m, args: seen.append(args))
+            compiled(xs)
+            hook.remove()
+            result.update({f"region_{k}": v for k, v in region_call_costs(mod, seen[0], 5000).items()})
             small = small.cuda()
             result["torch_linear_call_us"] = per_call_us(lambda: small(xs), 5000)
         torch.cuda.synchronize()

@@ -1,0 +1,217 @@
+"""benchmarks/runtime.py without a GPU: FLOPs per region kind from the problem
+objects, grouping of identical region calls, the issue-6 target flags, the
+markdown report, and the no-GPU exit."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cutlass_offload.ir import (
+    AttentionProblem,
+    AttentionRegion,
+    ConvProblem,
+    ConvRegion,
+    GemmProblem,
+    GemmRegion,
+    GroupNormProblem,
+    GroupNormRegion,
+    NormProblem,
+    NormRegion,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import _region_stats as rs
+import _runtime_report as report
+import runtime
+
+
+def gemm(n=3072, k=768, batch_mode="fold", **kw):
+    p = GemmProblem(n=n, k=k, dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8, **kw)
+    return GemmRegion("r0", "linear", ("linear",), "x", "w", p, batch_mode=batch_mode)
+
+
+def conv(c=64, k=256, hw=56, rs_=1, stride=1, pad=0):
+    p = ConvProblem(c=c, k=k, h=hw, w=hw, r=rs_, s=rs_, dtype="f16", align_a=8, align_b=8, align_c=8,
+                    pad=(pad,) * 4, stride=(stride, stride))
+    return ConvRegion("r1", ("conv2d",), "x", "w", p)
+
+
+def attention(causal="none", seq_q=128, seq_kv=128, d=64, dv=64, out_layout="bmhk"):
+    p = AttentionProblem(heads=12, seq_q=seq_q, seq_kv=seq_kv, head_dim=d, head_dim_v=dv,
+                         dtype="f16", scale=d ** -0.5, causal=causal)
+    return AttentionRegion("r2", "sdpa", ("sdpa",), "q", "k", "v", p, out_layout=out_layout)
+
+
+# ------------------------------------------------------------------------- FLOPs
+
+def test_gemm_flops_are_2mnk_with_batch():
+    assert rs.region_flops(gemm(), (8, 128, 3072)) == 2 * 8 * 128 * 3072 * 768
+    batched = gemm(n=128, k=64, batch_mode="batched", batch=None)
+    assert rs.region_flops(batched, (96, 128, 128)) == 2 * 96 * 128 * 128 * 64
+    assert rs.gemm_rows(batched, (96, 128, 128)) == (96, 128)
+    assert rs.gemm_rows(gemm(), (8, 128, 3072)) == (1, 1024)
+
+
+def test_conv_flops_are_2npqkcrs():
+    c = conv(c=64, k=64, hw=56, rs_=3, stride=2, pad=1)
+    assert (c.problem.p, c.problem.q) == (28, 28)
+    assert rs.region_flops(c, (8, 64, 28, 28)) == 2 * 8 * 28 * 28 * 64 * 64 * 3 * 3
+    assert rs.gemm_m(c, (8, 64, 28, 28)) == 8 * 28 * 28
+
+
+def test_attention_flops_match_4bhsqskvd_without_a_mask():
+    r = attention()
+    assert rs.region_flops(r, (8, 128, 12, 64)) == 4 * 8 * 12 * 128 * 128 * 64
+    strided = attention(seq_q=64, seq_kv=77, d=40, dv=40, out_layout="strided")   # (B, H, L, Ev)
+    assert rs.region_flops(strided, (2, 12, 64, 40)) == 4 * 2 * 12 * 64 * 77 * 40
+    assert rs.region_flops(attention(d=64, dv=32), (1, 128, 12, 32)) == 2 * 12 * 128 * 128 * (64 + 32)
+
+
+def test_causal_attention_counts_visible_pairs_only():
+    assert rs.visible_pairs(4, 4, "top_left") == 1 + 2 + 3 + 4
+    assert rs.visible_pairs(2, 5, "bottom_right") == 4 + 5             # last queries see more keys
+    assert rs.visible_pairs(5, 2, "bottom_right") == 0 + 0 + 0 + 1 + 2  # first rows see no key
+    assert rs.visible_pairs(3, 7, "none") == 21
+    r = attention(causal="top_left")
+    assert rs.region_flops(r, (8, 128, 12, 64)) == 2 * 8 * 12 * (128 * 129 // 2) * 128
+
+
+def test_dynamic_attention_needs_the_calls_seq_kv():
+    r = attention(seq_q=None, seq_kv=None)
+    with pytest.raises(ValueError, match="seq_kv"):
+        rs.region_flops(r, (8, 128, 12, 64))
+    assert rs.region_flops(r, (8, 128, 12, 64), seq_kv=32) == 4 * 8 * 12 * 128 * 32 * 64
+
+
+def test_norms_have_no_flops_and_no_gemm_m():
+    ln = NormRegion("r3", "layer_norm", ("ln",), "x",
+                    NormProblem("layer_norm", "f16", cols=768, eps=1e-12, align=8))
+    gn = GroupNormRegion("r4", ("gn",), "x", GroupNormProblem("f16", c=320, h=64, w=64, groups=32,
+                                                             eps=1e-5, align=2, silu=True))
+    for r, shape in ((ln, (8, 128, 768)), (gn, (2, 320, 64, 64))):
+        assert rs.region_flops(r, shape) is None and rs.gemm_m(r, shape) is None
+    assert rs.describe(ln, (8, 128, 768)) == "layer_norm 1024x768"
+    assert rs.describe(gn, (2, 320, 64, 64)) == "N2 C320 64x64 G32+silu"
+    with pytest.raises(TypeError):
+        rs.region_kind(ln.problem)
+
+
+# ----------------------------------------------------------------------- grouping
+
+def test_identical_calls_group_and_count():
+    x = torch.empty(8, 128, 768, dtype=torch.float16)
+    w = torch.empty(3072, 768, dtype=torch.float16)
+    same = rs.region_signature(gemm(), (x, w), "k1")
+    assert same == rs.region_signature(gemm(), (x.clone(), w.clone()), "k1")
+    other_stride = rs.region_signature(gemm(), (x.transpose(0, 1).contiguous().transpose(0, 1), w), "k1")
+    other_kernel = rs.region_signature(gemm(), (x, w), "k2")
+    other_problem = rs.region_signature(gemm(n=768, k=768), (x, w[:768]), "k1")
+    groups = rs.group_by_signature([(same, "a"), (other_stride, "b"), (same, "c"), (other_kernel, "d"),
+                                    (other_problem, "e"), (same, "f")])
+    assert [members for _, members in groups] == [["a", "c", "f"], ["b"], ["d"], ["e"]]
+    # the PyTorch side (no kernel) is one group for every kernel choice
+    assert rs.region_signature(gemm(), (x, w), None) == rs.region_signature(gemm(), (x, w), None)
+
+
+class _Chain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+        self.head = torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.head(self.b(self.a(x)))
+
+
+def test_record_region_calls_groups_a_models_identical_regions(monkeypatch):
+    """One forward (regions emulated by their PyTorch subgraphs: no GPU) groups the
+    two identical 64 -> 64 linears and keeps the 64 -> 32 head apart."""
+    from cutlass_offload.capture import capture
+    from cutlass_offload.partition import partition
+    from cutlass_offload.runtime.compiled_model import CompiledModel, offload
+    from cutlass_offload.runtime.region import RegionModule
+    from cutlass_offload.select import select
+    model = _Chain().half()
+    x = torch.randn(4, 16, 64, dtype=torch.float16)
+    cap = capture(model, (x,))
+    plan = select(partition(cap.graph_module), "sm90a")
+    compiled = CompiledModel(offload(cap.graph_module, plan, None), plan, None, None)
+    monkeypatch.setattr(RegionModule, "forward", lambda self, *xs: self.fallback(*xs))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    groups = runtime.record_region_calls(compiled, (x,))
+    assert sorted((g["count"], g["out_shape"]) for g in groups) == [(1, (4, 16, 32)), (2, (4, 16, 64))]
+    g = next(g for g in groups if g["count"] == 2)
+    assert rs.describe(g["module"].region, g["out_shape"]) == "M64 N64 K64"
+    assert rs.region_flops(g["module"].region, g["out_shape"]) == 2 * 64 * 64 * 64
+
+
+# -------------------------------------------------------------------- target flags
+
+def test_gemm_target_flags():
+    assert rs.target_flag("gemm", 256, 10.1, 10.0) == "MISS"       # M >= 256: not slower at all
+    assert rs.target_flag("gemm", 4096, 10.0, 10.0) == "ok"
+    assert rs.target_flag("gemm", 255, 11.9, 10.0) == "ok"         # small M: within 1.2x
+    assert rs.target_flag("gemm", 77, 12.1, 10.0) == "MISS"
+    assert rs.target_flag("conv2d", 10 ** 6, 12.0, 10.0) == "slower"   # no target stated
+    assert rs.target_flag("attention", None, 9.0, 10.0) == ""
+    with pytest.raises(ValueError):
+        rs.target_flag("gemm", None, 1.0, 1.0)
+    with pytest.raises(ValueError):
+        rs.target_flag("gemm", 512, 0.0, 1.0)
+
+
+# ------------------------------------------------------------------------- report
+
+def _row(kind, shape, count, ours, theirs, flag):
+    return {"kind": kind, "shape": shape, "count": count, "kernel": "k", "ours_us": ours,
+            "pytorch_us": theirs, "ratio": ours / theirs, "lost_us_per_forward": count * (ours - theirs),
+            "flag": flag, "tflops": 500.0, "pct_peak": 70.0}
+
+
+def _variant(label):
+    rows = [_row("gemm", "M1024 N768 K3072", 12, 30.0, 28.0, "MISS"),
+            _row("gemm", "M77 N1280 K768", 4, 11.0, 10.0, "ok"),
+            _row("attention", "BH96 Sq128 Skv128 D64", 12, 9.0, 12.0, "")]
+    return {"variant": label, "source": "/tmp/co_bert-base", "regions": 109, "kernels": 5,
+            "rel_err_vs_eager": 1.4e-3, "layout_conversions_per_forward": 0, "ours_ms": 10.4,
+            "ours_graph_ms": 0.883, "ours_graph_error": None, "region_calls_fell_back": 0,
+            "region_groups": rows, "region_device_us": {"ours": 500.0, "pytorch": 480.0},
+            "gemm_target_misses": {"groups": 1, "regions": 12, "of_groups": 2, "of_regions": 16},
+            "host_overhead": [{"kind": "gemm", "call_us": 14.0, "map_us": 6.0, "pytorch_call_us": 9.0,
+                               "kernel_device_us": 3.0, "gpu_bound": False, "meets_target": False}],
+            "ours_vs_eager": 0.74, "ours_vs_torch_compile": 1.9, "graph_ours_vs_pytorch": 0.47,
+            "e2e_target": "MISS"}
+
+
+def test_report_tables_from_a_result():
+    result = {"gpu": "NVIDIA H200", "torch": "2.11", "dtype": "fp16", "reps": 20,
+              "peaks": {"tflops": 700.0, "gbps": 4000.0},
+              "models": [{"model": "bert-base", "eager_ms": 14.0, "eager_graph_ms": 1.877,
+                          "torch_compile_ms": 5.48, "torch_compile_s": 19.9,
+                          "heuristic": _variant("heuristic"), "tuned": runtime.NO_TUNE}]}
+    text = report.format_report(result, top=2, target_us=runtime.OVERHEAD_TARGET_US)
+    assert "| bert-base | heuristic | 109 (5) | 14.00 | 5.48 (20 s) | 10.40 |" in text
+    assert "| bert-base | tuned | n/a (no --tune in this build) |" in text
+    worst = [r["shape"] for r in report.worst_offenders(result["models"][0]["heuristic"]["region_groups"], 2)]
+    assert worst == ["M1024 N768 K3072", "M77 N1280 K768"]                  # 24 us, then 4 us lost
+    assert "| gemm | M1024 N768 K3072 | 12 | k | 30.0 | 28.0 | 1.07 | 500.0 TFLOP/s (70%) | 24.0 | MISS |" in text
+    assert "| 14.0 | 6.0 | 9.0 | 3.0 | no |" in text
+    assert "host dispatch 9.52 ms of 10.40 ms" in text and "GEMM target missed by 1/2 shapes" in text
+
+
+# ------------------------------------------------------------------------ the CLI
+
+def test_templates_must_name_the_model():
+    with pytest.raises(SystemExit):
+        runtime.parse_args(["bert-base", "gpt2", "--from", "/tmp/co"])
+    a = runtime.parse_args(["bert-base", "--from", "/tmp/co", "--no-regions", "--reps", "5"])
+    assert (a.from_tpl, a.regions, a.reps, a.tuned_tpl) == ("/tmp/co", False, 5, None)
+    assert runtime.parse_args([]).models == list(runtime.DEFAULT_MODELS)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
+def test_without_a_gpu_it_says_so_and_exits_2(capsys):
+    assert runtime.main(["bert-base"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
