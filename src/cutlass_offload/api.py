@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
 import tempfile
 import time
+import uuid
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -186,13 +188,42 @@ def save(compiled: CompiledModel, cap: Captured, example_inputs, options: Compil
         manifest = {"options": asdict(options), "fingerprint": _fingerprint(compiled.plan),
                     "tuned": compiled.report.tuning.get("winners", {}),
                     "torch": torch.__version__}
+        manifest["save_id"] = uuid.uuid4().hex     # tells a loader that the folder changed
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        _swap_into_place(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _swap_into_place(new: Path, out: Path) -> None:
+    """Make ``new`` the folder ``out``; afterwards ``new`` holds the old one, if any.
+
+    Linux: one renameat2(RENAME_EXCHANGE), so ``out`` is never missing for a process
+    loading it (man 2 rename). Elsewhere: the old folder is renamed aside first (a
+    short window where ``out`` is absent; ``load`` retries).
+    """
+    if out.exists() and _rename_exchange(new, out):
+        return
+    if out.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, aside / "old")
+        os.replace(new, out)
+        os.replace(aside / "old", new)
+        aside.rmdir()
+    else:
+        os.replace(new, out)
+
+
+def _rename_exchange(a: Path, b: Path) -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2           # <fcntl.h>, <linux/fs.h>
+    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
 
 
 def load(out_dir, device=None) -> tuple:
@@ -204,9 +235,22 @@ def load(out_dir, device=None) -> tuple:
     regions and kernels as when the library was built (else CutlassOffloadError).
     """
     out = Path(out_dir)
-    if not (out / MANIFEST).is_file():
-        raise CutlassOffloadError(f"{out} is not a complete cutlass-offload output folder")
-    manifest = json.loads((out / MANIFEST).read_text())
+    for attempt in range(5):
+        # a compile may replace the folder meanwhile (save swaps it atomically): take
+        # a snapshot whose manifest is the same before and after, library opened
+        try:
+            before = (out / MANIFEST).read_text()
+            loaded = _load_once(out, json.loads(before), device)
+            if (out / MANIFEST).read_text() == before:
+                return loaded
+        except (FileNotFoundError, NotADirectoryError):
+            if attempt == 4 or not out.is_dir():
+                raise CutlassOffloadError(f"{out} is not a complete cutlass-offload output folder")
+        time.sleep(0.05 * (attempt + 1))
+    raise CutlassOffloadError(f"{out} kept changing while it was loaded (a compile writing it?)")
+
+
+def _load_once(out: Path, manifest: dict, device) -> tuple:
     options = CompileOptions(**manifest["options"])
     ep = torch.export.load(str(out / "model.pt2"))
     inputs = torch.load(out / "inputs.pt")
@@ -225,4 +269,5 @@ def load(out_dir, device=None) -> tuple:
         raise CutlassOffloadError(f"{out}: the saved model partitions differently now "
                                   "(package version changed?); compile it again")
     compiled.report = Report(**json.loads((out / "report.json").read_text()))
+    compiled.open_library()
     return compiled, ep.module(), inputs

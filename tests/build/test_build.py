@@ -234,3 +234,35 @@ def test_one_process_compiles_while_another_loads(sm80_model, tmp_path):
         loading = pool.apply_async(_load_in_subprocess, (str(out),))
         assert loading.get(timeout=600) == [r.name for r in compiled.plan.regions]
         assert building.get(timeout=600)[0].endswith("libcutlass_offload.so")
+
+
+def _save_again(out, times):
+    for _ in range(times):
+        co.compile(Block().half(), _inputs(), arch="sm_80", out_dir=out)   # cached kernels
+    return times
+
+
+def _load_while(out, stop):
+    import os
+    regions, loads = set(), 0
+    while loads == 0 or not os.path.exists(stop):
+        loaded, _, _ = co.load(out)
+        regions.add(tuple(r.name for r in loaded.plan.regions))
+        loads += 1
+    return loads, regions
+
+
+def test_loading_a_folder_while_it_is_saved_again(sm80_model, tmp_path):
+    """One process writes the same output folder again and again (save swaps it in
+    atomically) while another loads it in a loop: every load gets a complete,
+    consistent folder."""
+    import multiprocessing as mp
+    compiled, out = sm80_model
+    stop = tmp_path / "stop"
+    with mp.get_context("spawn").Pool(2) as pool:
+        loading = pool.apply_async(_load_while, (str(out), str(stop)))
+        assert pool.apply_async(_save_again, (str(out), 3)).get(timeout=600) == 3
+        stop.touch()
+        loads, regions = loading.get(timeout=600)
+    assert loads >= 1 and regions == {tuple(r.name for r in compiled.plan.regions)}
+    assert not list(out.parent.glob(f".{out.name}.*"))        # no temporary folder left behind

@@ -160,6 +160,14 @@ class CompiledModel(torch.nn.Module):
     def region_modules(self):
         return [m for m in self.graph_module.modules() if isinstance(m, RegionModule)]
 
+    def open_library(self) -> None:
+        """Open the shared library now rather than at the first region call (no GPU
+        needed): the model then keeps the library it was loaded with even if its
+        file is replaced later (``load`` does this)."""
+        modules = self.region_modules()
+        if modules and self.library_path:
+            modules[0]._library_getter()
+
     def layout_conversions(self) -> int:
         """Operands copied to NHWC by conv and group_norm regions so far (all calls):
         the layout conversions left in the model (0 when every input of theirs is
