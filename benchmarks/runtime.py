@@ -24,9 +24,9 @@ Per model (one after another; GPU memory freed in between):
   region_call_costs) for the region of each kind with the shortest kernel, against
   the 5 us target.
 
-The tuned variant: folders from ``--tuned-from``; else, where
-``cutlass_offload.compile`` accepts ``tune`` and no ``--from`` was given, compiled
-here with tune=True; else reported as "n/a (no --tune in this build)".
+The tuned variant: folders from ``--tuned-from`` (a model without one is reported
+as n/a); else, where ``cutlass_offload.compile`` accepts ``tune`` and no ``--from``
+was given, compiled here with tune=True; else "n/a (no --tune in this build)".
 Prints markdown tables; writes everything as JSON (``--json``, default
 $OUT/runtime.json, else ./runtime.json). Needs a CUDA GPU (exits 2 without one).
 
@@ -300,6 +300,10 @@ def bench_variant(label, compiled, inputs, ref, a, peaks, pytorch_cache, source)
     return res
 
 
+def _is_folder(tpl, name) -> bool:
+    return (Path(tpl.format(model=name)) / "manifest.json").is_file()
+
+
 def _folder(tpl, name):
     d = Path(tpl.format(model=name))
     if not (d / "manifest.json").is_file():
@@ -351,7 +355,9 @@ def bench_model(name, a, peaks) -> dict:
     res["eager_graph_of"] = "the nn.Module" if res["eager_graph_ms"] else None
     res["heuristic"] = _ours(name, a.from_tpl, model, inputs, False, ref, a, peaks, cache, "heuristic",
                              ref_graph=res)
-    if a.tuned_tpl:
+    if a.tuned_tpl and not _is_folder(a.tuned_tpl, name):
+        res["tuned"] = f"n/a (no compiled folder {a.tuned_tpl.format(model=name)})"
+    elif a.tuned_tpl:
         res["tuned"] = _ours(name, a.tuned_tpl, model, inputs, True, ref, a, peaks, cache, "tuned")
     elif not tune_supported():
         res["tuned"] = NO_TUNE
@@ -400,10 +406,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("runtime: needs a CUDA GPU (this machine has none); see --help", file=sys.stderr)
         return 2
-    for tpl in (a.from_tpl, a.tuned_tpl):     # fail before any timing, not after an hour
-        if tpl:
-            for name in a.models:
-                _folder(tpl, name)
+    if a.from_tpl:            # fail before any timing; a missing tuned folder is reported per model
+        for name in a.models:
+            _folder(a.from_tpl, name)
     from _runtime_report import format_report
     torch.manual_seed(0)
     peaks = measure_peaks(a.reps)
