@@ -69,13 +69,18 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
             allow_tf32: bool = False, dynamic_batch: bool = False, dynamic_shapes=None,
             out_dir: str | os.PathLike | None = None, strict: bool = False,
             num_sms: int | None = None, build_strategy: str = "sharded",
-            verify: bool = False, tune: bool = False) -> CompiledModel:
+            verify: bool = False, executor: str = "local",
+            ray_address: str | None = None, tune: bool = False) -> CompiledModel:
     """Offload ``model``'s GEMM, conv2d, attention and norm regions to CUTLASS kernels
     in one shared library.
 
     example_inputs: a tuple of tensors as the model takes them (any device).
     arch: "sm_90a" or "sm_80"; None = from the visible GPU.
     build_strategy: "sharded" (default), "single" or "per-region" (see build/).
+    executor: "local" (default) or "ray": each object compiled as a Ray task on the
+      cluster at ``ray_address`` (None = RAY_ADDRESS / a local one; needs
+      ``pip install 'cutlass_offload[ray]'``), published into the local cache and
+      linked here.
     tune: profile a few candidate kernels per distinct GEMM problem on the visible GPU
       and keep the fastest (tune/; remembered in the tuning cache, so a second
       compile profiles nothing); the report's ``tuning`` lists every candidate.
@@ -90,7 +95,9 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     an offloadable op falls back.
     """
     options = CompileOptions(arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict,
-                             num_sms=num_sms, build_strategy=build_strategy, tune=tune)
+                             num_sms=num_sms, build_strategy=build_strategy, executor=executor,
+                             ray_address=ray_address, tune=tune)
+    _executor(options)      # a missing Ray extra fails now, not after the capture
     phases = _Phases()
     with phases("capture"):
         cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
@@ -133,7 +140,7 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
     lib = library_path
     if plan.regions and lib is None:
         with phases("build"):
-            res = build_stage.build(plan, options.build_strategy)
+            res = build_stage.build(plan, options.build_strategy, executor=_executor(options))
         lib, plan, build_info = res.library, res.plan, res.to_dict()
         _check_strict(options, plan)
     report = Report.from_plan(plan)
@@ -148,7 +155,13 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
 
 def _tune(plan: Plan, options: CompileOptions):
     from . import tune as tune_stage
-    return tune_stage.tune(plan, options)
+    return tune_stage.tune(plan, options, builder=lambda p, strategy: build_stage.build(
+        p, strategy, executor=_executor(options)))
+
+
+def _executor(options: CompileOptions):
+    from .build.executor import make_executor
+    return make_executor(options.executor, options.ray_address)
 
 
 def _check_strict(options, plan):

@@ -24,7 +24,8 @@ def _cmd_compile(a) -> int:
     if a.jobs:
         os.environ["CUTLASS_OFFLOAD_JOBS"] = str(a.jobs)
     compiled = co_compile(model, inputs, arch=a.arch, allow_tf32=a.tf32, dynamic_batch=a.dynamic_batch,
-                          out_dir=a.out, strict=a.strict, build_strategy=a.build, tune=a.tune)
+                          out_dir=a.out, strict=a.strict, build_strategy=a.build,
+                          executor=a.executor, ray_address=a.ray_address, tune=a.tune)
     rep = compiled.report
     rep.phases = {"model": t_model, **rep.phases}
     print(rep.format())
@@ -150,6 +151,12 @@ def main(argv=None) -> int:
     c.add_argument("--build", default="sharded", choices=["sharded", "single", "per-region"],
                    help="build strategy (default: sharded)")
     c.add_argument("--jobs", type=int, default=0, help="parallel nvcc processes (default: by cores and memory)")
+    c.add_argument("--executor", default="local", choices=["local", "ray"],
+                   help="who compiles the shards: this machine (default) or a Ray cluster "
+                        "(pip install 'cutlass_offload[ray]')")
+    c.add_argument("--ray-address", default=None,
+                   help="Ray cluster for --executor ray, as ray.init takes it (default: RAY_ADDRESS "
+                        "or a local cluster)")
     c.add_argument("--tune", action="store_true",
                    help="profile a few candidate kernels per distinct GEMM problem on the visible GPU "
                         "and keep the fastest (remembered in the tuning cache)")

@@ -55,6 +55,10 @@ class CompileOptions:
     build_strategy: "sharded" (balanced parallel shards, cached per shard; the
       default), "single" (one translation unit, one nvcc) or "per-region" (one module
       per region compiled one after another: the old TVM way).
+    executor: who compiles the objects (build/executor.py): "local" (this machine,
+      the default) or "ray" (each shard a Ray task; needs the ``ray`` extra).
+    ray_address: the Ray cluster for executor "ray", as ``ray.init`` takes it
+      ("HOST:PORT", "auto", "ray://HOST:10001"); None = RAY_ADDRESS or a local one.
     tune: profile up to 4 candidate kernels per distinct GEMM problem on the visible
       GPU and keep the fastest (tune/; results kept in the tuning cache under
       cache_dir/tuning, so a second compile profiles nothing).
@@ -65,9 +69,15 @@ class CompileOptions:
     strict: bool = False
     num_sms: int | None = None
     build_strategy: str = "sharded"
+    executor: str = "local"
+    ray_address: str | None = None
     tune: bool = False
 
     def __post_init__(self):
         if self.build_strategy not in ("sharded", "single", "per-region"):
             raise ValueError(f"build_strategy must be sharded, single or per-region, "
                              f"got {self.build_strategy!r}")
+        if self.executor not in ("local", "ray"):
+            raise ValueError(f"executor must be local or ray, got {self.executor!r}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ValueError("ray_address is only used with executor='ray'")

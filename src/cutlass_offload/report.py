@@ -98,7 +98,8 @@ class Report:
                        f"{b['critical_path_seconds']:.1f} s, link {b['link_seconds']:.1f} s")
             for u in sorted(compiled, key=lambda u: -u["seconds"]):
                 out.append(f"  {u['name']:<32} {len(u['kernels']):>3} kernels {u['seconds']:>7.1f} s "
-                           f"{u['peak_rss_mb']:>7.0f} MB peak  {'ok' if u['ok'] else 'FAILED'}")
+                           f"{u['peak_rss_mb']:>7.0f} MB peak  {'ok' if u['ok'] else 'FAILED'}"
+                           + (f"  [{u['executor']}]" if u.get("executor", "local") != "local" else ""))
             for f in b.get("failures", []):
                 out.append(f"  kernel failed to compile: {f['kernel']} (log: {f['log']})")
             out.append(f"  library: {b['library']}")

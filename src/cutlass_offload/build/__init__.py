@@ -31,9 +31,10 @@ from ..errors import CompileError
 from ..ir import Fallback, Plan
 from . import toolchain
 from .cache import BuildCache, cache_key
+from .executor import CompileTask, LocalExecutor, ToolchainId, make_executor
 from .jobs import Job, JobResult, run_job, run_jobs
 from .result import BuildResult, UnitReport
-from .shards import estimate, job_slots, plan_shards
+from .shards import estimate, peak_memory, plan_shards
 
 LIB_NAME = "libcutlass_offload.so"
 SOURCE_NAME = "kernels.cu"
@@ -42,15 +43,22 @@ UNIT_NAME = "unit.cu"
 
 
 def build(plan: Plan, strategy: str = "sharded", cache: BuildCache | None = None,
-          jobs: int | None = None) -> BuildResult:
+          jobs: int | None = None, executor=None) -> BuildResult:
     """Build ``plan``'s kernels and launchers into one shared library (cached).
+
+    executor: who compiles each object (build/executor.py): None or "local" = this
+    machine, "ray" = a Ray cluster (RAY_ADDRESS / a local one), or an executor
+    object (e.g. ``RayExecutor(address)``). The library is always linked here, and
+    the "single" strategy (one nvcc to a library) always compiles here.
 
     Raises ToolchainError without nvcc/CUTLASS; CompileError when nvcc fails on
     the whole library (single strategy), on the launchers or at link time, with the
     command, the log and the kept source. In the other strategies a failing kernel
     only removes its regions from the returned plan.
     """
-    b = _Builder(plan, cache or BuildCache(), jobs)
+    if executor is None or isinstance(executor, str):
+        executor = make_executor(executor or "local")
+    b = _Builder(plan, cache or BuildCache(), jobs, executor)
     t0 = time.perf_counter()
     if strategy == "single":
         result = b.single()
@@ -67,11 +75,13 @@ def build(plan: Plan, strategy: str = "sharded", cache: BuildCache | None = None
 
 
 class _Builder:
-    def __init__(self, plan: Plan, cache: BuildCache, jobs):
+    def __init__(self, plan: Plan, cache: BuildCache, jobs, executor=None):
         self.plan, self.cache = plan, cache
         self.nvcc = toolchain.find_nvcc()
-        self.versions = (toolchain.nvcc_version(self.nvcc), toolchain.cutlass_version(), plan.arch)
-        self.jobs = jobs or job_slots(plan.kernels)
+        self.identity = ToolchainId.here(self.nvcc, plan.arch)
+        self.versions = (self.identity.nvcc_version, self.identity.cutlass_version, plan.arch)
+        self.executor = executor or LocalExecutor(self.nvcc)
+        self.jobs = jobs or self.executor.slots(plan.kernels)
         self.sources = emit_kernels(plan)
         self.kernels = {k.name: k for k in plan.kernels}
 
@@ -117,10 +127,12 @@ class _Builder:
             staging = self.cache.staging("obj")
             try:
                 _write(staging / UNIT_NAME, tu.text)
-                job.cmd = toolchain.compile_command(self.nvcc, self.plan.arch, str(staging / UNIT_NAME),
-                                                    str(staging / OBJ_NAME), cutlass)
+                kernels = [self._kernel(k) for k in tu.kernels]
+                task = CompileTask.make(job.name, tu.text, self.plan.arch, cutlass, self.identity,
+                                        peak_memory(kernels), tu.kernels, job.estimate)
                 job.log_path = staging / "nvcc.log"
-                res = run_job(job)
+                # only "run nvcc on this source" is pluggable: lock, lookup and publish stay here
+                res, job.cmd = self.executor.compile(task, staging)
                 if res.killed:             # transient: report, but never cache as a failure
                     keep = self.cache.root / "failed" / f"{prefix}.{key[:16]}"
                     shutil.rmtree(keep, ignore_errors=True)
@@ -130,7 +142,8 @@ class _Builder:
                     (keep / "nvcc.log").write_text(res.log)
                     return res
                 meta = {"ok": res.ok, "kernels": list(tu.kernels), "seconds": res.seconds,
-                        "peak_rss_mb": res.peak_rss / 2**20, "command": job.cmd}
+                        "peak_rss_mb": res.peak_rss / 2**20, "command": job.cmd,
+                        "executor": res.executor}
                 job.entry = self.cache.publish("obj", prefix, key, staging,
                                                OBJ_NAME if res.ok else None, meta)
                 if res.ok and not tu.symbols:     # kernel-only objects are reusable
@@ -162,7 +175,8 @@ class _Builder:
         """Compile pending jobs; UnitReports in order."""
         results = run_jobs(pending, workers or self.jobs, desc, runner=self._compile_object)
         return [UnitReport(j.name, j.unit[2].kernels, r.seconds, r.seconds == 0.0, r.ok,
-                           r.peak_rss / 2**20, str(j.entry / UNIT_NAME), str(j.entry / "nvcc.log"))
+                           r.peak_rss / 2**20, str(j.entry / UNIT_NAME), str(j.entry / "nvcc.log"),
+                           "" if r.seconds == 0.0 else r.executor)
                 for j, r in zip(pending, results)]
 
     # -- strategies --------------------------------------------------------------

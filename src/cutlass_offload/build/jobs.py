@@ -33,6 +33,7 @@ class JobResult:
     log: str
     kernels: tuple = field(default_factory=tuple)
     killed: bool = False     # by a signal: transient (not cached as a failure)
+    executor: str = "local"  # where it ran: "local", "ray (host)", "local (ray: why not)"
 
 
 def run_job(job: Job) -> JobResult:

@@ -19,6 +19,7 @@ class UnitReport:
     peak_rss_mb: float = 0.0
     source: str = ""
     log: str = ""
+    executor: str = ""       # who compiled it: "local", "ray (host)", "local (ray: why)"; "" if cached
 
 
 @dataclass
@@ -63,11 +64,11 @@ class BuildResult:
     def format(self) -> str:
         rows = [f"build ({self.strategy}, {self.jobs} jobs): {self.seconds:.1f} s wall, "
                 f"critical path {self.critical_path:.1f} s, link {self.link_seconds:.1f} s"]
-        rows.append(f"  {'unit':<40} {'kernels':>7} {'seconds':>8} {'peak MB':>8}  status")
+        rows.append(f"  {'unit':<40} {'kernels':>7} {'seconds':>8} {'peak MB':>8}  status  executor")
         for u in sorted(self.units, key=lambda u: -u.seconds):
             status = "cached" if u.cache_hit else ("ok" if u.ok else "FAILED")
             rows.append(f"  {u.name[:40]:<40} {len(u.kernels):>7} {u.seconds:>8.1f} "
-                        f"{u.peak_rss_mb:>8.0f}  {status}")
+                        f"{u.peak_rss_mb:>8.0f}  {status:<6}  {u.executor or '-'}")
         for k, log in self.failures:
             rows.append(f"  kernel failed: {k} (log: {log})")
         return "\n".join(rows)

@@ -70,6 +70,13 @@ def estimate(kernels) -> float:
     return total
 
 
+def peak_memory(kernels=()) -> float:
+    """Bytes one nvcc of a unit holding ``kernels`` needs (the largest PEAK_MEMORY of
+    their families); a unit without CUTLASS kernels (launchers, library info) took
+    334 MB on 2 cores, hence 0.5 GiB. The Ray executor asks for this much per task."""
+    return max((PEAK_MEMORY[_priced(k)] for k in kernels), default=0.5 * 2**30)
+
+
 def job_slots(kernels=()) -> int:
     """Parallel nvcc processes: cores, capped by available memory / peak per job.
 
