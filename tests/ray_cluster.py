@@ -41,7 +41,8 @@ class LoopbackCluster:
 
     def _start(self, args, env_extra=None, log="node"):
         env = dict(os.environ, **LOOPBACK_ENV, **(env_extra or {}))
-        out = open(os.path.join(self.temp, f"{log}.out"), "w")
+        # the node writes to it until stop(): no context manager here
+        out = open(os.path.join(self.temp, f"{log}.out"), "w")  # noqa: SIM115
         p = subprocess.Popen([sys.executable, LAUNCHER, "start", "--block", "--node-ip-address=127.0.0.1",
                               f"--object-store-memory={OBJECT_STORE}", "--disable-usage-stats", *args],
                              env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
