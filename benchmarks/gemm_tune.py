@@ -89,7 +89,8 @@ def main() -> int:
 
         def fmt(x):
             return f"{x:10.2f}" if x is not None else f"{'-':>10}"
-        print(f"{d['m']}x{d['n']}x{d['k']:<10} {rows[-1]['epilogue']:<14} {fmt(h)} {fmt(w)} {fmt(t)} "
+        shape = f"{d['m']}x{d['n']}x{d['k']}"
+        print(f"{shape:<20} {rows[-1]['epilogue']:<14} {fmt(h)} {fmt(w)} {fmt(t)} "
               f"{(f'{speedup:7.2f}x' if speedup else '      -')}  {'met' if met else 'MISSED'} "
               f"(>= {need:.2f}x)")
     out = Path(os.environ.get("OUT", "out"))

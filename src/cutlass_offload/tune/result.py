@@ -145,9 +145,11 @@ def format_tuning(d: dict) -> str:
             why = f"  {detail.splitlines()[0][:80]}" if c["status"] != "ok" and detail else ""
             rows.append(f"   {mark} {c['tag']:<36} {t}  {c['status']}{h}{why}")
         h_us, w_us = times.get(p["heuristic"]), times.get(p["winner"])
-        if p["winner"] is None:
+        if p["winner"] is None or not w_us:
             rows.append("    no candidate ran correctly: the heuristic's kernel is kept")
-        elif h_us and w_us:
-            vs = f", {p['torch_us'] / w_us:.2f}x PyTorch's" if p.get("torch_us") else ""
-            rows.append(f"    winner {p['winner']}: {h_us / w_us:.2f}x the heuristic's speed{vs}")
+            continue
+        parts = [f"{h_us / w_us:.2f}x the heuristic's speed" if h_us else "the heuristic's kernel did not run"]
+        if p.get("torch_us"):
+            parts.append(f"{p['torch_us'] / w_us:.2f}x PyTorch's speed")
+        rows.append(f"    winner {p['winner']}: " + ", ".join(parts))
     return "\n".join(rows)
