@@ -237,8 +237,6 @@ def _rename_exchange(a: Path, b: Path) -> bool:
     return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
-
-
 def load(out_dir, device=None) -> tuple:
     """(CompiledModel, reference GraphModule, example inputs) from a compile's out_dir.
 
@@ -258,7 +256,8 @@ def load(out_dir, device=None) -> tuple:
                 return loaded
         except (FileNotFoundError, NotADirectoryError):
             if attempt == 4 or not out.is_dir():
-                raise CutlassOffloadError(f"{out} is not a complete cutlass-offload output folder")
+                raise CutlassOffloadError(
+                    f"{out} is not a complete cutlass-offload output folder") from None
         time.sleep(0.05 * (attempt + 1))
     raise CutlassOffloadError(f"{out} kept changing while it was loaded (a compile writing it?)")
 
