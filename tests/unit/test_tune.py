@@ -372,6 +372,7 @@ def test_compile_with_tune_uses_and_saves_the_winners(tmp_path, monkeypatch):
 
     monkeypatch.setattr(api, "_tune", fake_tune)
     monkeypatch.setattr(api.build_stage, "build", fake_build)
+    monkeypatch.setattr(api.CompiledModel, "open_library", lambda self: None)   # not a real .so
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU()).half()
     out = tmp_path / "out"
     compiled = co.compile(model, (torch.randn(64, 256, dtype=torch.float16),), arch="sm_90a",
