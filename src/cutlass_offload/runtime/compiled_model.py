@@ -12,6 +12,7 @@ from ..ir import AttentionRegion, ConvRegion, GroupNormRegion, NormRegion, Plan
 from .attention_region import AttentionRegionModule
 from .conv_region import ConvRegionModule
 from .gemm_region import GemmRegionModule
+from .graphed import GraphedModel
 from .group_norm_region import GroupNormRegionModule
 from .library import Library
 from .norm_region import NormRegionModule
@@ -167,6 +168,12 @@ class CompiledModel(torch.nn.Module):
         modules = self.region_modules()
         if modules and self.library_path:
             modules[0]._library_getter()
+
+    def cuda_graphed(self, max_graphs: int = 8) -> GraphedModel:
+        """This model called through whole-model CUDA graphs (runtime/graphed.py):
+        one capture per input signature, then input copy + replay + output clone,
+        so the regions' host path is paid once per signature, not per call."""
+        return GraphedModel(self, max_graphs=max_graphs)
 
     def layout_conversions(self) -> int:
         """Operands copied to NHWC by conv and group_norm regions so far (all calls):
