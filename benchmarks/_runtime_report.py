@@ -21,7 +21,8 @@ def _table(header, rows) -> str:
 def model_table(result) -> str:
     """One row per (model, variant): latencies in ms, ratios, relative error, e2e target."""
     header = ["model", "variant", "regions (kernels)", "eager ms", "torch.compile ms (compile s)",
-              "ours ms", "PyTorch graph ms", "ours graph ms", "ours/eager", "ours/compile",
+              "ours ms", "PyTorch graph ms", "ours graph ms", "ours cuda_graphed() call ms",
+              "ours/eager", "ours/compile", "cuda_graphed/eager", "cuda_graphed/compile",
               "graph ours/PyTorch", "rel. err", "e2e target"]
     rows = []
     for m in result["models"]:
@@ -37,8 +38,10 @@ def model_table(result) -> str:
                 continue
             rows.append([m["model"], name, f"{v['regions']} ({v['kernels']})", _f(m["eager_ms"]),
                          tc_cell, _f(v["ours_ms"]), pt_graph,
-                         _f(v.get("ours_graph_ms"), ".3f"), _f(v.get("ours_vs_eager")),
-                         _f(v.get("ours_vs_torch_compile")), _f(v.get("graph_ours_vs_pytorch")),
+                         _f(v.get("ours_graph_ms"), ".3f"), _f(v.get("ours_graphed_call_ms"), ".3f"),
+                         _f(v.get("ours_vs_eager")), _f(v.get("ours_vs_torch_compile")),
+                         _f(v.get("graphed_vs_eager")), _f(v.get("graphed_vs_torch_compile")),
+                         _f(v.get("graph_ours_vs_pytorch")),
                          _f(v["rel_err_vs_eager"], ".1e"), v.get("e2e_target", "")])
     return _table(header, rows)
 

@@ -283,6 +283,15 @@ def bench_variant(label, compiled, inputs, ref, a, peaks, pytorch_cache, source)
         res["ours_ms"] = events_ms(lambda: compiled(*inputs), a.reps)
         res["ours_graph_ms"], res["ours_graph_error"] = _graph_or_reason(
             lambda: compiled(*inputs), 1, a.reps)
+        # the user-facing form of the same: CompiledModel.cuda_graphed(), timed per call
+        # with its input copy, replay and output clone (captured on the first call)
+        try:
+            graphed = compiled.cuda_graphed(max_graphs=1)
+            graphed(*inputs)
+            res["ours_graphed_call_ms"] = events_ms(lambda: graphed(*inputs), a.reps)
+            del graphed
+        except RuntimeError as e:
+            res["ours_graphed_call_ms"], res["ours_graphed_error"] = None, str(e).splitlines()[0]
     res["region_calls_fell_back"] = sum(m.fallback_calls for m in regions) - fb0
     res["disabled_regions"] = {m.region.name: m.disabled for m in regions if m.disabled}
     groups = record_region_calls(compiled, inputs)
@@ -391,9 +400,17 @@ def _ratios(name, res, v):
     v["ours_vs_torch_compile"] = v["ours_ms"] / tc if tc else None
     if v["ours_graph_ms"] and res["eager_graph_ms"]:
         v["graph_ours_vs_pytorch"] = v["ours_graph_ms"] / res["eager_graph_ms"]
+    gc = v.get("ours_graphed_call_ms")
+    if gc:
+        v["graphed_vs_eager"] = gc / res["eager_ms"]
+        v["graphed_vs_torch_compile"] = gc / tc if tc else None
     if name in E2E_TARGET_MODELS:
-        ok = v["ours_vs_eager"] <= E2E_EAGER_RATIO and (tc is None or v["ours_ms"] <= tc)
-        v["e2e_target"] = ("met" if ok else "MISS") + ("" if tc else " (no torch.compile run)")
+        def verdict(ms):
+            ok = ms / res["eager_ms"] <= E2E_EAGER_RATIO and (tc is None or ms <= tc)
+            return "met" if ok else "MISS"
+        v["e2e_target"] = (f"plain {verdict(v['ours_ms'])}"
+                           + (f", cuda_graphed {verdict(gc)}" if gc else "")
+                           + ("" if tc else " (no torch.compile run)"))
 
 
 def _json_ready(x):
