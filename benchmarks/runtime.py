@@ -289,7 +289,7 @@ def bench_variant(label, compiled, inputs, ref, a, peaks, pytorch_cache, source)
             graphed = compiled.cuda_graphed(max_graphs=1)
             graphed(*inputs)
             res["ours_graphed_call_ms"] = events_ms(lambda: graphed(*inputs), a.reps)
-            del graphed
+            graphed = None          # frees the graph and its memory pool
         except RuntimeError as e:
             res["ours_graphed_call_ms"], res["ours_graphed_error"] = None, str(e).splitlines()[0]
     res["region_calls_fell_back"] = sum(m.fallback_calls for m in regions) - fb0
