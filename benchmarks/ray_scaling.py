@@ -88,17 +88,26 @@ def main(argv=None) -> int:
     p.add_argument("--node-memory-gb", type=float, default=128.0, help="memory per node (default 128)")
     p.add_argument("--bandwidth", type=float, default=1000.0, help="client link, MB/s (default 1000: 10 GbE)")
     p.add_argument("--task-overhead", type=float, default=0.05, help="Ray scheduling per task, s")
+    p.add_argument("--models", type=int, default=1,
+                   help="predict N builds of this size at once (a model zoo): one model's build is "
+                        "bounded by its longest unit on one node already; many are not")
+    p.add_argument("--object-mb", type=float, default=2.0,
+                   help="object size assumed where the report's object is gone (MB)")
     p.add_argument("--json", default="ray_scaling.json")
     a = p.parse_args(argv)
     units, link_s, measured = read_units(json.loads(Path(a.report).read_text()))
     if not units:
         raise SystemExit(f"{a.report}: no compiled unit with a recorded time (compile it cold)")
+    for u in units:
+        u["object_bytes"] = u["object_bytes"] or int(a.object_mb * 1e6)
+    units = [dict(u, name=f"{u['name']}#{i}") for i in range(a.models) for u in units]
     rows = [predict(units, link_s, n, a.cores, a.node_memory_gb, a.bandwidth, a.task_overhead) for n in NODES]
     longest = max(units, key=lambda u: u["seconds"])
     bound = longest["seconds"] + longest["object_bytes"] / (a.bandwidth * 1e6) + link_s
     assumptions = {
         "cores_per_node": a.cores, "node_memory_gb": a.node_memory_gb, "bandwidth_mb_s": a.bandwidth,
-        "task_overhead_s": a.task_overhead,
+        "task_overhead_s": a.task_overhead, "models_built_at_once": a.models,
+        "object_mb_where_unknown": a.object_mb,
         "model": "LPT list schedule of the measured unit times (+ transfer + overhead) on nodes x "
                  "slots, slots per node = min(cores, node memory / largest unit peak); client link "
                  "bounds all transfers; then the measured link step; shards as measured",
