@@ -222,8 +222,15 @@ class ConvProblem:
     kernel takes the top/left padding and P, Q; reads past the bottom/right edge
     are masked to zero).
     n: batch, ``None`` when dynamic (n_hint = the example's batch, for tile choice).
-    align_a / align_b: elements, the largest of 8/4/2/1 dividing C (16-bit types);
-    align_c: the same for K. groups: always 1 (grouped convs stay in PyTorch).
+    align_a / align_b: elements, the largest of 8/4/2/1 dividing the kernel's C
+    (``c_kernel``; 16-bit types); align_c: the same for K. groups: always 1
+    (grouped convs stay in PyTorch).
+    pad_c: zero input channels appended for the kernel (0 = none). The kernel runs
+    C' = c + pad_c channels: the region module zero-pads the filter (once per
+    constant weight) and copies each call's input into an NHWC buffer with C'
+    channels; zero channels add nothing, so the result is the C-channel conv's.
+    Set by select (select/conv.py ``pad_channels``) where it lets an sm90a TMA
+    kernel run a conv whose C is not a multiple of 8 (a network's RGB stem).
     """
 
     c: int
@@ -243,11 +250,14 @@ class ConvProblem:
     n: Optional[int] = None
     n_hint: int = 1
     tf32: bool = False
+    pad_c: int = 0
 
     def __post_init__(self):
         _check(self.dtype, DTYPES, "dtype")
         for a in (self.align_a, self.align_b, self.align_c):
             _check(a, (1, 2, 4, 8), "alignment")
+        if self.pad_c < 0:
+            raise ValueError(f"pad_c must be >= 0, got {self.pad_c}")
         if min(self.c, self.k, self.h, self.w, self.r, self.s) < 1:
             raise ValueError(f"conv extents must be positive: {self}")
         if len(self.pad) != 4 or min(self.pad) < 0:
@@ -273,6 +283,11 @@ class ConvProblem:
     @property
     def unit_stride(self) -> bool:
         return tuple(self.stride) == (1, 1)
+
+    @property
+    def c_kernel(self) -> int:
+        """Input channels the kernel runs: C plus the zero channels of ``pad_c``."""
+        return self.c + self.pad_c
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def _shape(problem) -> dict:
         p = problem
         return {"conv": {"n_hint": p.n_hint, "c": p.c, "h": p.h, "w": p.w, "k": p.k, "r": p.r,
                          "s": p.s, "pad": list(p.pad), "stride": list(p.stride),
-                         "dilation": list(p.dilation)}}
+                         "dilation": list(p.dilation), **({"pad_c": p.pad_c} if p.pad_c else {})}}
     return {"n": problem.n, "k": problem.k, "m_hint": problem.m_hint}
 
 

@@ -133,3 +133,49 @@ def test_misaligned_input_falls_back_correctly():
     assert rel_err(out, ref) <= TOLERANCE[torch.float16]
     (mod,) = compiled.region_modules()
     assert mod.fallback_calls == 1
+
+
+class _PaddedChannels(nn.Module):
+    """ResNet-50's stem (C=3, 7x7 stride 2, bias + relu; f16) and the SD UNet's
+    conv_in (C=4, 3x3, bias; bf16): C not a multiple of 8."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 64, 7, stride=2, padding=3).half()
+        self.conv_in = nn.Conv2d(4, 320, 3, padding=1).to(torch.bfloat16)
+
+    def forward(self, x, z):
+        return torch.relu(self.stem(x)), self.conv_in(z)
+
+
+def _padded_inputs(seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 3, 64, 64, generator=gen).half()
+    z = torch.randn(2, 4, 32, 32, generator=gen).to(torch.bfloat16)
+    return tuple(t.cuda().contiguous(memory_format=torch.channels_last) for t in (x, z))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm_90 GPU (zero-padded channels feed the sm90a TMA conv)")
+def test_small_c_convs_run_the_tma_kernel_on_zero_padded_channels():
+    """C = 3 and C = 4 are padded to 8 channels (ConvProblem.pad_c) and run the
+    CUTLASS 3.x kernel; the result is the unpadded conv's (float32 reference)."""
+    torch.manual_seed(0)
+    m = _PaddedChannels().cuda().to(memory_format=torch.channels_last)
+    compiled = co.compile(m, _padded_inputs(0))
+    assert [r.problem.pad_c for r in compiled.plan.regions] == [5, 4], compiled.report.format()
+    assert {k.config.family for k in compiled.plan.kernels} == {"cutlass3x_sm90"}
+    ref_model = copy.deepcopy(m).float()
+    for trial in (1, 2):
+        x, z = _padded_inputs(trial)
+        poison_allocator()
+        with torch.no_grad():
+            y_stem, y_in = compiled(x, z)
+            r_stem, r_in = ref_model(x.float(), z.float())
+        torch.cuda.synchronize()
+        assert rel_err(y_stem, r_stem) <= TOLERANCE[torch.float16]
+        assert rel_err(y_in, r_in) <= TOLERANCE[torch.bfloat16]
+        assert y_stem.is_contiguous(memory_format=torch.channels_last)
+    assert sum(mod.fallback_calls for mod in compiled.region_modules()) == 0
+    assert compiled.layout_conversions() == 0
+    assert compiled.channel_pad_copies() == 2 * 2 + 2    # the inputs every call, each filter once

@@ -314,14 +314,15 @@ def _im2col_ok(size: int, filt: int, lower: int, out: int, stride: int, dil: int
 
 def supports(problem: ConvProblem) -> bool:
     """True when a cutlass3x_sm90 conv kernel can run this problem class at all:
-    f16/bf16, C and K multiples of 8 (TMA 16-byte strides), and padding, stride
-    and dilation within the TMA im2col limits. Sizes checked only at run time:
+    f16/bf16, the kernel's C (``c_kernel``: C plus any zero-padded channels) and
+    K multiples of 8 (TMA 16-byte strides), and padding, stride and dilation
+    within the TMA im2col limits. Sizes checked only at run time:
     N*P*Q <= INT32_MAX."""
     if problem.dtype not in ("f16", "bf16") or problem.tf32:
         return False
     if (problem.align_a, problem.align_b, problem.align_c) != (8, 8, 8):
         return False
-    if problem.c % 8 or problem.k % 8:
+    if problem.c_kernel % 8 or problem.k % 8:
         return False
     top, _, left, _ = problem.pad
     return (_im2col_ok(problem.h, problem.r, top, problem.p, problem.stride[0], problem.dilation[0])

@@ -73,6 +73,9 @@ def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
             cls = GemmRegionModule
         roles = {role: inputs.index(by_name[name]) for role, name in named if name}
         module = cls(region, kernel, sub, roles, lib)
+        if isinstance(region, ConvRegion):
+            # a constant weight's zero-padded copy (problem.pad_c) is made once, not per call
+            module.filter_constant = by_name[region.w].op == "get_attr"
         target = f"region_{i}"
         gm.add_submodule(target, module)
         out = nodes[-1]
@@ -181,3 +184,11 @@ class CompiledModel(torch.nn.Module):
         channels_last)."""
         return sum(m.layout_conversions for m in self.region_modules()
                    if isinstance(m, (ConvRegionModule, GroupNormRegionModule)))
+
+    def channel_pad_copies(self) -> int:
+        """Operands copied into zero-padded C'-channel buffers by conv regions whose
+        kernel runs more input channels than the model (ConvProblem.pad_c) so far
+        (all calls): one per call for the input; the filter once per constant
+        weight (per call for a weight that is a graph input)."""
+        return sum(m.channel_pad_copies for m in self.region_modules()
+                   if isinstance(m, ConvRegionModule))

@@ -6,6 +6,16 @@ contiguous), so it is passed as is; anything else is converted for the call and
 counted in ``layout_conversions``. The output is allocated NHWC and returned as
 an NCHW view in channels_last memory format, so a following conv (or an
 elementwise op, which keeps the format) needs no conversion.
+
+Channel padding (``problem.pad_c``, set by select on sm90a for C not a multiple
+of 8): the kernel runs C' = C + pad_c channels. Each call copies the input into
+a fresh NHWC buffer with zeros in the extra channels, counted in
+``channel_pad_copies`` (not in ``layout_conversions``: a channels_last model
+cannot avoid it; CompiledModel.channel_pad_copies() sums them). The filter is
+padded to KRSC with C' channels once and kept while the weight tensor is the same
+one, unmodified (its data pointer and version counter): a graph constant
+(``filter_constant``, set by offload) is padded on its first call on a device; a
+weight that is a graph input is padded on every call, counted like the input.
 """
 from __future__ import annotations
 
@@ -22,6 +32,23 @@ def nhwc(t: torch.Tensor):
     if v.is_contiguous():
         return v, False
     return v.contiguous(), True
+
+
+def padded_nhwc(t: torch.Tensor, channels: int) -> torch.Tensor:
+    """A fresh contiguous (N, H, W, channels) copy of the 4-D NCHW tensor ``t``
+    (any memory format; ``channels`` >= its C), zeros in channels C and up. Also
+    pads a (K, C, R, S) filter to KRSC."""
+    n, c, h, w = t.shape
+    out = t.new_empty((n, h, w, channels))
+    out.narrow(3, c, channels - c).zero_()      # only the pad channels: the copy fills the rest
+    out.narrow(3, 0, c).copy_(t.permute(0, 2, 3, 1))
+    return out
+
+
+def _version(t: torch.Tensor):
+    # inference tensors keep no version counter; they cannot be written outside
+    # inference mode, and a weight is not written inside it
+    return None if t.is_inference() else t._version
 
 
 class ConvRegionModule(RegionModule):
@@ -45,6 +72,10 @@ class ConvRegionModule(RegionModule):
         self._chw = (p.c, p.h, p.w)
         self._kcrs = (p.k, p.c, p.r, p.s)
         self.layout_conversions = 0      # operands copied to NHWC, over all calls
+        self._c_kernel = p.c_kernel      # C' (> C when the kernel runs zero-padded channels)
+        self.channel_pad_copies = 0      # operands copied into C'-channel buffers, over all calls
+        self.filter_constant = False     # offload: the weight is a graph constant (get_attr)
+        self._filter_cache = None        # (weight seen, its version, padded KRSC filter)
         self._operands = tuple((i, f) for i, f in ((self._ix, "x"), (self._iw, "filter"),
                                                    (self._ibias, "bias"), (self._ic, "residual"))
                                if i is not None)
@@ -85,10 +116,14 @@ class ConvRegionModule(RegionModule):
         n = x.shape[0]
         if n == 0:
             return None
-        xn, cx = nhwc(x)
-        wn, cw = nhwc(w)
+        if self._c_kernel != p.c:
+            xn, wn = padded_nhwc(x, self._c_kernel), self._padded_filter(w)
+            conversions = 0
+        else:
+            xn, cx = nhwc(x)
+            wn, cw = nhwc(w)
+            conversions = cx + cw
         keep = [xn, wn]
-        conversions = cx + cw
         out_nhwc = torch.empty((n, p.p, p.q, p.k), dtype=self._dtype, device=x.device)
         args = CoConvArgs()
         args.x, args.filter, args.y = xn.data_ptr(), wn.data_ptr(), out_nhwc.data_ptr()
@@ -123,10 +158,28 @@ class ConvRegionModule(RegionModule):
                 return None
             args.residual = cn.data_ptr()
             keep.append(cn)
-        args.n, args.h, args.w, args.c = n, p.h, p.w, p.c
+        args.n, args.h, args.w, args.c = n, p.h, p.w, self._c_kernel
         args.k, args.r, args.s, args.p, args.q = p.k, p.r, p.s, p.p, p.q
         args.pad_h, args.pad_w = p.pad[0], p.pad[2]
         args.stride_h, args.stride_w = p.stride
         args.dilation_h, args.dilation_w = p.dilation
         self.layout_conversions += conversions
+        if self._c_kernel != p.c:
+            self.channel_pad_copies += 1                  # the input
         return out_nhwc.permute(0, 3, 1, 2), args, keep
+
+    def _padded_filter(self, w: torch.Tensor) -> torch.Tensor:
+        """The (K, R, S, C') zero-padded KRSC copy of the (K, C, R, S) weight ``w``:
+        cached for a constant weight while it is the same memory, unmodified (the
+        cache holds ``w``, so no other tensor can take its address); made per
+        call, and counted, otherwise. Never cached while a CUDA graph is being
+        captured: the copy would run only at replay."""
+        hit = self._filter_cache
+        if (hit is not None and hit[0].data_ptr() == w.data_ptr() and hit[0].device == w.device
+                and hit[0].stride() == w.stride() and hit[1] == _version(w)):
+            return hit[2]
+        wp = padded_nhwc(w, self._c_kernel)
+        self.channel_pad_copies += 1
+        if self.filter_constant and not (w.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self._filter_cache = (w, _version(w), wp)
+        return wp

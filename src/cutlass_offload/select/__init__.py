@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from ..config import CompileOptions
 from ..ir import (AttentionRegion, ConvRegion, Fallback, GemmKernel, GemmProblem, GroupNormRegion,
                   NormRegion, PartitionResult, Plan)
 from ..emit import attention            # the sm80 kernel, for sm_80 and sm_90a
 from . import sm80, sm90
-from .conv import choose_conv_kernel
+from .conv import choose_conv_kernel, pad_channels
 from .group_norm import choose_group_norm_kernel
 from .norm import choose_norm_kernel
 
@@ -83,6 +83,8 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
             elif isinstance(r, AttentionRegion):
                 k = attention.choose(r.kernel_problem, arch)
             elif isinstance(r, ConvRegion):
+                # C not a multiple of 8: zero-padded channels let a TMA kernel run it
+                r = replace(r, problem=pad_channels(r.problem, arch))
                 k = choose_conv_kernel(r.problem, arch, options.num_sms or DEFAULT_NUM_SMS[arch])
             else:
                 k = choose_kernel(r.problem, arch, options.num_sms, tuned)

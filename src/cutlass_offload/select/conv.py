@@ -3,15 +3,31 @@
 The implicit GEMM is M = N * P * Q, N = K, K = R * S * C (ir.ConvProblem). Tile
 choice is by CTA count, as for GEMMs (select/sm90.py): the largest tile that
 still fills about a wave of the device's SMs.
+
+A conv whose C is not a multiple of 8 (an RGB stem, C = 3; the SD UNet's
+conv_in, C = 4) cannot use TMA (16-byte channel strides); on sm90a
+``pad_channels`` gives it C' = roundup(C, 8) zero-padded channels so that it
+runs the TMA kernel instead of a 2.x alignment-1/2/4 kernel (the ResNet-50 stem:
+965 us in the 2.x analytic kernel vs 45 us in cuDNN on an H200,
+benchmarks/runtime.py).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..emit import conv_sm80, conv_sm90
 from ..ir import ConvKernel, ConvProblem, KernelConfig
 
 _BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+
+# Pad C to a multiple of 8 only below this many channels. There the per-call
+# input copy (N*H*W*(C + C') elements moved) is small next to the conv, and the
+# 2.x kernels a small C gets are the slow ones (alignment 1: the register-staged
+# analytic mainloop; a 32/64-deep K tile mostly empty anyway). A wide odd-C layer
+# (C = 100: 2.x alignment 4 with cp.async) keeps its kernel rather than pay a copy
+# of a large activation each call. Not measured at the boundary; a rule of thumb.
+PAD_C_BELOW = 64
 
 
 def _gemm_m(problem: ConvProblem) -> int:
@@ -42,13 +58,27 @@ def _sm80_config(problem: ConvProblem, num_sms: int, iterator: str) -> KernelCon
     return configs[-1]
 
 
+def pad_channels(problem: ConvProblem, arch: str) -> ConvProblem:
+    """``problem`` with C zero-padded to a multiple of 8 (``pad_c``, alignments 8)
+    where that lets the sm90a TMA kernel run it: arch sm90a, f16/bf16, K % 8 == 0,
+    C % 8 != 0 and C < PAD_C_BELOW, padding/stride/dilation within the TMA im2col
+    limits (conv_sm90.supports). Otherwise ``problem`` unchanged (sm80 keeps the
+    2.x kernels at C's own alignment)."""
+    if arch != "sm90a" or problem.pad_c or problem.c % 8 == 0 or problem.c >= PAD_C_BELOW:
+        return problem
+    padded = replace(problem, pad_c=-problem.c % 8, align_a=8, align_b=8)
+    return padded if conv_sm90.supports(padded) else problem
+
+
 def choose_conv_kernel(problem: ConvProblem, arch: str, num_sms: int) -> ConvKernel:
-    """The kernel for one conv problem on ``arch``; ValueError when none fits."""
+    """The kernel for one conv problem on ``arch`` (for its ``c_kernel`` channels:
+    pass ``pad_channels(problem, arch)`` to allow channel padding); ValueError when
+    none fits."""
     common = dict(arch=arch, dtype=problem.dtype, align_a=problem.align_a, align_b=problem.align_b,
                   align_c=problem.align_c, epilogue=problem.epilogue)
     if arch == "sm90a" and conv_sm90.supports(problem):
         return ConvKernel(config=_sm90_config(problem, num_sms), iterator="", **common)
-    iterator = conv_sm80.choose_iterator(problem.dtype, problem.c, problem.align_a)
+    iterator = conv_sm80.choose_iterator(problem.dtype, problem.c_kernel, problem.align_a)
     if iterator in ("few_channels", "fixed_channels"):
         # Those iterators leave filter positions r >= R unmasked on the activation
         # side of the last K tile (zeros only on the filter side), so an inf/NaN
