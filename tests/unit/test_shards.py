@@ -61,7 +61,7 @@ def test_kernels_sharing_a_mainloop_stay_together():
 
 def test_single_strategy_keeps_3x_convs_apart_from_gemm_headers():
     """CUTLASS 3.x conv kernels and GEMM headers cannot share a translation unit."""
-    from cutlass_offload.build import _header_compatible_groups
+    from cutlass_offload.build.shards import header_compatible_groups as _header_compatible_groups
     from cutlass_offload.ir import ConvKernel, GemmEpilogue, GemmKernel, KernelConfig
     ep = GemmEpilogue(bias=True)
     conv3 = ConvKernel("sm90a", "f16", 8, 8, 8, ep, KernelConfig("cutlass3x_sm90", (128, 128, 64), 0,
@@ -72,3 +72,18 @@ def test_single_strategy_keeps_3x_convs_apart_from_gemm_headers():
     assert _header_compatible_groups([conv3, gemm, conv2]) == [[conv3], [gemm, conv2]]
     assert _header_compatible_groups([conv2, gemm]) == [[conv2, gemm]]
     assert _header_compatible_groups([conv3]) == [[conv3]]
+
+
+def test_few_cores_merge_into_single_strategy_units():
+    """On 2 job slots concurrent nvcc gains less than a repeated fixed cost: a few
+    3.x kernels of two groups share one unit (as in ``single``); on 16 slots they are
+    spread, one kernel per shard; many kernels still split on 2 slots."""
+    from cutlass_offload.build.shards import choose_shards, predicted_wall
+    few = kernels(3) + kernels(2, dtype="bf16")
+    assert [len(s) for s in choose_shards(few, slots=2)] == [5]
+    assert sorted(len(s) for s in choose_shards(few, slots=16)) == [1] * 5
+    from dataclasses import replace
+    many = [replace(k, config=replace(SM90, tile=(128, 16 * (i + 1), 64)))   # 12 mainloops
+            for i, k in enumerate(kernels(12))]
+    two = choose_shards(many, slots=2)
+    assert len(two) == 2 and predicted_wall(two, 2) < predicted_wall([many], 2)

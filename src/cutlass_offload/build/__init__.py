@@ -34,7 +34,7 @@ from .cache import BuildCache, cache_key
 from .executor import CompileTask, LocalExecutor, ToolchainId, make_executor
 from .jobs import Job, JobResult, run_job, run_jobs
 from .result import BuildResult, UnitReport
-from .shards import estimate, peak_memory, plan_shards
+from .shards import choose_shards, estimate, header_compatible_groups, peak_memory
 
 LIB_NAME = "libcutlass_offload.so"
 SOURCE_NAME = "kernels.cu"
@@ -194,7 +194,7 @@ class _Builder:
                 units.append(UnitReport(d.name, tuple(meta.get("kernels", ())), 0.0, True, True,
                                         meta.get("peak_rss_mb", 0.0), str(d / UNIT_NAME)))
         todo = [k for k in {k.name: k for k in self.plan.kernels}.values() if k.name not in reused]
-        for i, shard in enumerate(shards if shards is not None else plan_shards(todo, self.jobs)):
+        for i, shard in enumerate(shards if shards is not None else choose_shards(todo, self.jobs)):
             tu = emit_unit([self.sources[k.name] for k in shard],
                            f"shard {i}: {len(shard)} kernels for {self.plan.arch}")
             fam = {"cutlass3x_sm90": "sm90", "rowwise_norm": "rowwise",
@@ -265,7 +265,7 @@ class _Builder:
         return self._finish(units, plan, failures, "per-region")
 
     def single(self) -> BuildResult:
-        groups = _header_compatible_groups(self.plan.distinct_kernels)
+        groups = header_compatible_groups(self.plan.distinct_kernels)
         if len(groups) > 1:
             # CUTLASS cannot hold both in one TU: one unit per group, one after another
             return self.sharded(shards=groups, workers=1, strategy="single")
@@ -356,22 +356,6 @@ class _Builder:
                     hit = self.cache.lookup("lib", prefix, key, LIB_NAME)
         d, _ = hit
         return BuildResult(d / LIB_NAME, plan, strategy, 0.0, self.jobs, units, link_seconds, failures)
-
-
-def _header_compatible_groups(kernels) -> list:
-    """The kernels split into groups that may share one translation unit.
-
-    CUTLASS 3.x conv kernels cannot sit in a TU that also includes
-    cutlass/gemm/kernel/gemm_universal.h (every GEMM emitter's headers pull it
-    in): ConvUniversal derives from 3.x GemmUniversal with a non-tuple problem
-    shape, which the 2.x GemmUniversal partial specialization also matches
-    (nvcc: "more than one partial specialization matches"; moving the include
-    after the conv's instantiation makes g++ reject it instead). CUTLASS's own
-    generator never mixes them either. Everything else shares one group.
-    """
-    conv3x = [k for k in kernels if k.kind == "conv2d_fprop" and k.config.family == "cutlass3x_sm90"]
-    rest = [k for k in kernels if k not in conv3x]
-    return [g for g in (conv3x, rest) if g] if conv3x and rest else [list(kernels)]
 
 
 def _write(path: Path, text: str):

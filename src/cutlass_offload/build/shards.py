@@ -141,6 +141,54 @@ def _pack(kernels: list, parts: int) -> list:
     return packed(cuts)
 
 
+# Throughput of concurrent nvcc processes relative to one after another, by job slots.
+# On the 2-vCPU machines (developers, CI) two CUTLASS 3.x compiles side by side
+# (mlp at sm_90a: a 2-kernel and a 1-kernel unit) did 190 s of one-at-a-time work in
+# 141 s, 1.35x instead of 2x: 0.675. On the 16-core H200 host one-kernel shards
+# took 42-57 s beside 12 others against ~42-50 s alone: about 1.
+def concurrency_efficiency(slots: int) -> float:
+    return 0.675 if slots <= 2 else 1.0
+
+
+def predicted_wall(shards: list, slots: int) -> float:
+    """Predicted wall time (relative units, as ``estimate``) of compiling ``shards``
+    on ``slots`` parallel jobs: longest-first list schedule, slowed by
+    ``concurrency_efficiency`` when more than one shard runs at once."""
+    loads = [0.0] * max(1, min(slots, len(shards)))
+    for e in sorted((estimate(s) for s in shards), reverse=True):
+        loads[loads.index(min(loads))] += e
+    return max(loads) / (concurrency_efficiency(slots) if len(loads) > 1 else 1.0)
+
+
+def choose_shards(kernels: list, slots: int) -> list:
+    """The sharded build's units: ``plan_shards``, unless putting every kernel into
+    as few translation units as CUTLASS's headers allow (``header_compatible_groups``:
+    the single strategy's units) is predicted to be at least as fast, which happens
+    on few cores, where concurrent nvcc processes gain less than the fixed cost
+    each extra unit repeats. Shards of one unit each are never slower than
+    ``single`` by this model."""
+    planned = plan_shards(kernels, slots)
+    merged = sorted(header_compatible_groups(sorted(kernels, key=lambda k: k.name)),
+                    key=estimate, reverse=True)
+    return merged if predicted_wall(merged, slots) <= predicted_wall(planned, slots) else planned
+
+
+def header_compatible_groups(kernels) -> list:
+    """The kernels split into groups that may share one translation unit.
+
+    CUTLASS 3.x conv kernels cannot sit in a TU that also includes
+    cutlass/gemm/kernel/gemm_universal.h (every GEMM emitter's headers pull it
+    in): ConvUniversal derives from 3.x GemmUniversal with a non-tuple problem
+    shape, which the 2.x GemmUniversal partial specialization also matches
+    (nvcc: "more than one partial specialization matches"; moving the include
+    after the conv's instantiation makes g++ reject it instead). CUTLASS's own
+    generator never mixes them either. Everything else shares one group.
+    """
+    conv3x = [k for k in kernels if k.kind == "conv2d_fprop" and k.config.family == "cutlass3x_sm90"]
+    rest = [k for k in kernels if k not in conv3x]
+    return [g for g in (conv3x, rest) if g] if conv3x and rest else [list(kernels)]
+
+
 def plan_shards(kernels: list, slots: int) -> list:
     """Lists of kernels, one per shard, longest predicted first.
 

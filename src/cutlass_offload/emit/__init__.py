@@ -132,7 +132,7 @@ def emit_library(plan: Plan) -> TranslationUnit:
     """The single translation unit holding every kernel of ``plan`` and its launchers.
 
     Not for plans mixing CUTLASS 3.x convs with GEMMs (their headers clash; see
-    build._header_compatible_groups): the build splits those first."""
+    build.shards.header_compatible_groups): the build splits those first."""
     sources = list(emit_kernels(plan).values())
     launch, symbols = _launchers(plan)
     return emit_unit(sources, f"target {plan.arch}; {len(sources)} distinct kernels; "
