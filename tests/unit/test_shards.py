@@ -81,6 +81,7 @@ def test_few_cores_merge_into_single_strategy_units():
     from cutlass_offload.build.shards import choose_shards, predicted_wall
     few = kernels(3) + kernels(2, dtype="bf16")
     assert [len(s) for s in choose_shards(few, slots=2)] == [5]
+    assert choose_shards([], slots=2) == []              # everything reused from the cache
     assert sorted(len(s) for s in choose_shards(few, slots=16)) == [1] * 5
     from dataclasses import replace
     many = [replace(k, config=replace(SM90, tile=(128, 16 * (i + 1), 64)))   # 12 mainloops

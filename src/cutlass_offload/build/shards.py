@@ -167,6 +167,8 @@ def choose_shards(kernels: list, slots: int) -> list:
     on few cores, where concurrent nvcc processes gain less than the fixed cost
     each extra unit repeats. Shards of one unit each are never slower than
     ``single`` by this model."""
+    if not kernels:
+        return []
     planned = plan_shards(kernels, slots)
     merged = sorted(header_compatible_groups(sorted(kernels, key=lambda k: k.name)),
                     key=estimate, reverse=True)
