@@ -5,7 +5,9 @@ Environment variables:
                              or ~/.cache/cutlass_offload)
   CUTLASS_OFFLOAD_NVCC       explicit path to nvcc
   CUDA_HOME / CUDA_PATH      CUDA toolkit root (nvcc looked up in its bin/)
-  CUTLASS_OFFLOAD_NVCC_THREADS  value of nvcc's -t (default 0 = one per core)
+  CUTLASS_OFFLOAD_NVCC_THREADS  nvcc's -t for every compile (default: -t0, one per core,
+                             for the single strategy's one nvcc; for shards, the cores
+                             divided by the CUTLASS units compiling at once)
   CUTLASS_OFFLOAD_VERBOSE    1 prints each compile command
   CUTLASS_OFFLOAD_JOBS       parallel nvcc processes (default: cores, capped by memory)
 """

@@ -67,3 +67,12 @@ def test_info_and_clear(tmp_path):
     assert info["entries"] == 2 and info["bytes"] > 0
     cache.clear()
     assert cache.info()["entries"] == 0
+
+
+def test_nvcc_thread_count_is_not_part_of_the_key_but_flags_are():
+    from cutlass_offload.build import toolchain
+    one = toolchain.compile_command("nvcc", "sm90a", "a.cu", "a.o", cutlass=False)
+    four = toolchain.compile_command("nvcc", "sm90a", "b.cu", "b.o", cutlass=False, threads=4)
+    assert "-t4" in four and not any(a.startswith("-t") for a in one)
+    assert toolchain.flags_signature(one) == toolchain.flags_signature(four)
+    assert toolchain.flags_signature(one + ["-O2"]) != toolchain.flags_signature(one)

@@ -25,8 +25,16 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..emit import (TranslationUnit, emit_info_unit, emit_kernels, emit_launchers, emit_library,
-                    emit_region_unit, emit_unit)
+from ..config import knobs
+from ..emit import (
+    TranslationUnit,
+    emit_info_unit,
+    emit_kernels,
+    emit_launchers,
+    emit_library,
+    emit_region_unit,
+    emit_unit,
+)
 from ..errors import CompileError
 from ..ir import Fallback, Plan
 from . import toolchain
@@ -82,6 +90,7 @@ class _Builder:
         self.versions = (self.identity.nvcc_version, self.identity.cutlass_version, plan.arch)
         self.executor = executor or LocalExecutor(self.nvcc)
         self.jobs = jobs or self.executor.slots(plan.kernels)
+        self._threads = 1              # nvcc -t of the CUTLASS units of the current _run
         self.sources = emit_kernels(plan)
         self.kernels = {k.name: k for k in plan.kernels}
 
@@ -129,7 +138,8 @@ class _Builder:
                 _write(staging / UNIT_NAME, tu.text)
                 kernels = [self._kernel(k) for k in tu.kernels]
                 task = CompileTask.make(job.name, tu.text, self.plan.arch, cutlass, self.identity,
-                                        peak_memory(kernels), tu.kernels, job.estimate)
+                                        peak_memory(kernels), tu.kernels, job.estimate,
+                                        self._threads if cutlass else 1)
                 job.log_path = staging / "nvcc.log"
                 # only "run nvcc on this source" is pluggable: lock, lookup and publish stay here
                 res, job.cmd = self.executor.compile(task, staging)
@@ -173,7 +183,15 @@ class _Builder:
 
     def _run(self, pending: list, desc: str, workers=None) -> list:
         """Compile pending jobs; UnitReports in order."""
-        results = run_jobs(pending, workers or self.jobs, desc, runner=self._compile_object)
+        workers = workers or self.jobs
+        self._threads = 1
+        if isinstance(self.executor, LocalExecutor):
+            # cores no job uses go to nvcc's -t: with fewer CUTLASS units than cores
+            # (few kernels, or few cores: choose_shards) each runs its host and
+            # device passes side by side, as the single strategy's -t0 does
+            heavy = sum(1 for j in pending if j.unit[3])
+            self._threads = knobs().nvcc_threads or max(1, _cores() // max(1, min(heavy, workers)))
+        results = run_jobs(pending, workers, desc, runner=self._compile_object)
         return [UnitReport(j.name, j.unit[2].kernels, r.seconds, r.seconds == 0.0, r.ok,
                            r.peak_rss / 2**20, str(j.entry / UNIT_NAME), str(j.entry / "nvcc.log"),
                            "" if r.seconds == 0.0 else r.executor)
@@ -288,7 +306,8 @@ class _Builder:
             try:
                 _write(staging / SOURCE_NAME, src.text)
                 job = Job("single", toolchain.nvcc_command(
-                    self.nvcc, self.plan.arch, str(staging / SOURCE_NAME), str(staging / LIB_NAME), 0),
+                    self.nvcc, self.plan.arch, str(staging / SOURCE_NAME), str(staging / LIB_NAME),
+                    knobs().nvcc_threads),
                     src.kernels, log_path=staging / "nvcc.log")
                 res = run_jobs([job], 1, "compiling one unit")[0]
                 if res.killed:
@@ -356,6 +375,10 @@ class _Builder:
                     hit = self.cache.lookup("lib", prefix, key, LIB_NAME)
         d, _ = hit
         return BuildResult(d / LIB_NAME, plan, strategy, 0.0, self.jobs, units, link_seconds, failures)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _write(path: Path, text: str):

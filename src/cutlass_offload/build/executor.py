@@ -77,8 +77,9 @@ class CompileTask:
     estimate: float = 1.0
 
     @classmethod
-    def make(cls, name, source, arch, cutlass, identity, peak_memory, kernels=(), estimate=1.0):
-        cmd = toolchain.compile_command(NVCC, arch, SOURCE, OBJECT, cutlass)
+    def make(cls, name, source, arch, cutlass, identity, peak_memory, kernels=(), estimate=1.0,
+             threads=1):
+        cmd = toolchain.compile_command(NVCC, arch, SOURCE, OBJECT, cutlass, threads)
         root = str(toolchain.cutlass_root()) if cutlass else None
         return cls(name, source, tuple(portable(cmd, root)), identity, peak_memory, tuple(kernels),
                    estimate)

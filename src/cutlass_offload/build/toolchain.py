@@ -126,9 +126,13 @@ def nvcc_command(nvcc: str, arch: str, source: str, output: str, threads: int = 
     return _base(nvcc, arch) + ["-shared", f"-t{threads}"] + _includes() + [source, "-o", output]
 
 
-def compile_command(nvcc: str, arch: str, source: str, output: str, cutlass: bool = True) -> list:
-    """nvcc -c: one translation unit to a relocatable object (position independent)."""
-    return _base(nvcc, arch) + ["-c"] + (_includes() if cutlass else []) + [source, "-o", output]
+def compile_command(nvcc: str, arch: str, source: str, output: str, cutlass: bool = True,
+                    threads: int = 1) -> list:
+    """nvcc -c: one translation unit to a relocatable object (position independent).
+    threads > 1: nvcc's -t, running its independent steps (host and device passes)
+    side by side on cores no other job uses."""
+    t = [f"-t{threads}"] if threads > 1 else []
+    return _base(nvcc, arch) + ["-c"] + t + (_includes() if cutlass else []) + [source, "-o", output]
 
 
 def link_command(nvcc: str, arch: str, objects: list, output: str) -> list:
@@ -137,12 +141,13 @@ def link_command(nvcc: str, arch: str, objects: list, output: str) -> list:
 
 
 def flags_signature(cmd: list) -> str:
-    """The command without file paths: what of it must enter a cache key."""
+    """The command without file paths and nvcc's thread count (-tN: how many steps
+    run at once, not what they produce): what of it must enter a cache key."""
     skip = set()
     for i, a in enumerate(cmd):
         if a in ("-I", "-o"):
             skip.update((i, i + 1))
-        elif a.startswith(_IDIRAFTER):      # a folder of the package, like the -I ones
+        elif a.startswith(_IDIRAFTER) or re.fullmatch(r"-t\d+", a):
             skip.add(i)
     return " ".join(a for i, a in enumerate(cmd[1:], 1)
                     if i not in skip and not a.endswith((".cu", ".o", ".so")))
