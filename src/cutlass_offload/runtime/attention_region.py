@@ -34,10 +34,11 @@ def _round_up(x: int, m: int) -> int:
 
 
 class _Finish:
-    """What to do with the kernel's BMHK output once it is launched (kept in ``keep``)."""
+    """What to do with the kernel's BMHK output once it is launched (kept in ``keep``);
+    ``dead`` and ``skip`` as passed to ``AttentionRegionModule._finish``."""
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, dead=None, skip=0):
+        self.fn, self.dead, self.skip = fn, dead, skip
 
 
 class AttentionRegionModule(RegionModule):
@@ -64,6 +65,11 @@ class AttentionRegionModule(RegionModule):
         self._fill = 0.0 if region.form == "sdpa" else float("nan")
         self._mask_ok = {}        # (mask shape, seq_q, seq_kv) -> the folded mask fits
         self.copies = 0           # operands copied (head dim not contiguous, -q, padded bias)
+        # The cached path (RegionModule._map) serves q, k, v read in place with no bias
+        # tensor: a bias is copied or padded per call, or read for dead rows (values).
+        # Calls with -q / -k or bottom-right skipped rows move a pointer, so they
+        # never match their operands and always map in full.
+        self._operands = ((self._iq, "q"), (self._ik, "k"), (self._iv, "v"))
 
     def _ws_key(self, args) -> tuple:
         if not self.kernel.needs_workspace:
@@ -141,7 +147,36 @@ class AttentionRegionModule(RegionModule):
         return tuple(0 if b.shape[i] == 1 else b.stride(i) for i in range(3))
 
     # -- a call --------------------------------------------------------------------
-    def _map(self, xs):
+    def _direct_entry(self, mapped):
+        """(BMHK output shape, finish after the launch?) for a call with no bias tensor
+        and no skipped rows; None (map in full every call) otherwise."""
+        _, args, keep = mapped
+        if self._ib is not None:
+            return None
+        finish = bool(keep) and isinstance(keep[-1], _Finish)
+        if finish and (keep[-1].dead is not None or keep[-1].skip):
+            return None
+        return (args.batch, args.seq_q, args.heads, args.head_dim_v), finish
+
+    def _map_direct(self, xs, args, entry):
+        shape, finish = entry
+        q, k, v = xs[self._iq], xs[self._ik], xs[self._iv]
+        # no skipped rows: args.seq_q is the call's seq_q
+        if self._im is not None and self.region.mask_check and not self._mask_fits(
+                xs[self._im], args.seq_q, args.seq_kv):
+            return None
+        pq, pk, pv = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        acc_bytes = self.kernel.access * self._esize
+        if pq % acc_bytes or pk % acc_bytes or pv % acc_bytes:
+            return self._map_general(xs)      # the general path copies a misaligned operand
+        args.q, args.k, args.v = pq, pk, pv
+        out = torch.empty(shape, dtype=self._dtype, device=q.device)
+        args.out = out.data_ptr()
+        if finish:
+            return out, args, [q, k, v, _Finish(lambda o: self._finish(o, None, 0))]
+        return self._layout(out), args, [q, k, v]
+
+    def _map_general(self, xs):
         r, p, dt = self.region, self._p, self._dtype
         q, k, v = xs[self._iq], xs[self._ik], xs[self._iv]
         dev = q.device
@@ -226,7 +261,7 @@ class AttentionRegionModule(RegionModule):
         self.copies += copies
         if not skip and dead is None and r.out_layout != "contiguous":
             return self._layout(out), args, keep
-        keep.append(_Finish(lambda o: self._finish(o, dead, skip)))
+        keep.append(_Finish(lambda o: self._finish(o, dead, skip), dead, skip))
         return out, args, keep
 
     def _finish(self, out, dead, skip):

@@ -38,11 +38,27 @@ class GroupNormRegionModule(AffineNormModule):
         self._features = p.c
         self._groups, self._eps = p.groups, p.eps
         self.layout_conversions = 0      # inputs copied to NHWC, over all calls
+        self._operands = self._affine_operands("input")
 
     def _ws_key(self, args) -> tuple:
         return (args.n,)
 
-    def _map(self, xs):
+    def _out_shape(self, out, args) -> tuple:
+        return (args.n, args.h, args.w, args.c)          # NHWC
+
+    def _map_direct(self, xs, args, shape):
+        x = xs[self._ix]
+        vec = self.kernel.vec
+        args.input = x.data_ptr()
+        if not (self._aligned(args.input, vec) and self._affine_direct(xs, args)):
+            return None
+        out = torch.empty(shape, dtype=self._dtype, device=x.device)
+        args.output = out.data_ptr()
+        if not self._aligned(args.output, vec):
+            return None
+        return out.permute(0, 3, 1, 2), args, []
+
+    def _map_general(self, xs):
         x = xs[self._ix]
         if x.dtype != self._dtype or x.dim() != 4 or tuple(x.shape[1:]) != self._chw:
             return None

@@ -39,6 +39,25 @@ class AffineNormModule(RegionModule):
             keep.append(t)
         return True
 
+    def _affine_operands(self, x_field: str) -> tuple:
+        """``_operands`` of a norm region: x, then the affine vectors it has."""
+        return tuple((i, f) for i, f in ((self._ix, x_field), (self._iw, "weight"), (self._ib, "bias"))
+                     if i is not None)
+
+    def _affine_direct(self, xs, args) -> bool:
+        """Cached path: point ``args.weight`` / ``args.bias`` at this call's vectors
+        (read in place when the signature was cached); False when one is not aligned."""
+        vec = self.kernel.vec
+        if self._iw is not None:
+            args.weight = xs[self._iw].data_ptr()
+            if not self._aligned(args.weight, vec):
+                return False
+        if self._ib is not None:
+            args.bias = xs[self._ib].data_ptr()
+            if not self._aligned(args.bias, vec):
+                return False
+        return True
+
 
 class NormRegionModule(AffineNormModule):
     """A norm region: ``roles`` maps "x", "weight", "bias" to input positions.
@@ -57,11 +76,27 @@ class NormRegionModule(AffineNormModule):
         self._cols = self._features = region.problem.cols
         self._eps = region.problem.eps
         self.copies = 0          # non-contiguous inputs made contiguous, over all calls
+        self._operands = self._affine_operands("input")
 
     def _ws_key(self, args) -> tuple:
         return (args.rows, args.cols)
 
-    def _map(self, xs):
+    def _out_shape(self, out, args) -> tuple:
+        return tuple(out.shape)
+
+    def _map_direct(self, xs, args, shape):
+        x = xs[self._ix]
+        vec = self.kernel.vec
+        args.input = x.data_ptr()
+        if not (self._aligned(args.input, vec) and self._affine_direct(xs, args)):
+            return None
+        out = torch.empty(shape, dtype=self._dtype, device=x.device)
+        args.output = out.data_ptr()
+        if not self._aligned(args.output, vec):
+            return None
+        return out, args, []
+
+    def _map_general(self, xs):
         x = xs[self._ix]
         if x.dtype != self._dtype or x.dim() < 1 or x.shape[-1] != self._cols:
             return None

@@ -90,7 +90,8 @@ class RegionModule(torch.nn.Module):
     # Subclasses set ``_operands`` ((input position, pointer field of the args), ...)
     # and implement ``_map_general(xs)`` -> (out, args, temporaries) or None,
     # ``_map_direct(xs, args, out_shape)`` (set and check the pointers only) and
-    # ``_out_shape(out, args)``; or override ``_map`` altogether.
+    # ``_out_shape(out, args)``; or override ``_map`` altogether. A region whose
+    # cached path needs more than the output shape overrides ``_direct_entry``.
     _operands = ()
 
     def _map(self, xs):
@@ -108,10 +109,17 @@ class RegionModule(torch.nn.Module):
         mapped = self._map_general(xs)
         if (mapped is not None and len(self._direct) < 64
                 and all(xs[i].data_ptr() == getattr(mapped[1], f) for i, f in self._operands)):
-            args = type(mapped[1])()
-            ctypes.pointer(args)[0] = mapped[1]
-            self._direct[sig] = (args, self._out_shape(mapped[0], args))
+            entry = self._direct_entry(mapped)
+            if entry is not None:
+                args = type(mapped[1])()
+                ctypes.pointer(args)[0] = mapped[1]
+                self._direct[sig] = (args, entry)
         return mapped
+
+    def _direct_entry(self, mapped):
+        """What ``_map_direct`` needs besides the args for this signature (by default
+        the output shape), or None when the signature must map in full every call."""
+        return self._out_shape(mapped[0], mapped[1])
 
     def _ws_key(self, args) -> tuple:
         raise NotImplementedError
