@@ -19,3 +19,6 @@ for m in $models; do   # one at a time, so latencies are not disturbed
   $PY -m cutlass_offload.cli run "/tmp/co_$m" --json "$OUT/$m.json" >> "$OUT/$m.log" 2>&1
   echo "== $m"; cat "$OUT/$m.log"
 done
+# eager / torch.compile / ours (plain, CUDA graph, cuda_graphed()) and the per-region table
+$PY benchmarks/runtime.py $models --from '/tmp/co_{model}' --json "$OUT/runtime.json" > "$OUT/runtime.log" 2>&1
+tail -n 60 "$OUT/runtime.log"
