@@ -88,6 +88,9 @@ class _FakeRay:
                 super().__init__("task failed")
                 self.cause = cause
 
+        class GetTimeoutError(RayError, TimeoutError):
+            pass
+
     def __init__(self, outcome, memory=64 * 2**30):
         self.outcome, self.memory, self.options_seen = outcome, memory, []
 
@@ -109,10 +112,14 @@ class _FakeRay:
                 return SimpleNamespace(remote=lambda task: task)
         return Remote()
 
-    def get(self, task):
+    def get(self, task, timeout=None):
+        self.timeout_seen = timeout
         if isinstance(self.outcome, Exception):
             raise self.outcome
         return self.outcome
+
+    def cancel(self, ref, force=False):
+        self.cancelled = (ref, force)
 
 
 class _FakeLocal:
@@ -169,3 +176,14 @@ def test_report_shows_the_executor():
     from cutlass_offload.report import Report
     rep = Report("sm80", build=res.to_dict())
     assert "[local (ray: ToolchainMismatch: x)]" in rep.format()
+
+
+def test_a_hung_task_is_cancelled_and_built_here(monkeypatch, tmp_path):
+    fake = _FakeRay(_FakeRay.exceptions.GetTimeoutError("Get timed out"))
+    task = ex.CompileTask.make("shard", "// src", "sm80", False, ID, 2**30)
+    rex = _ray_executor(monkeypatch, fake)
+    rex.task_timeout = 5.0
+    res, _ = rex.compile(task, tmp_path)
+    assert fake.timeout_seen == 5.0 and fake.cancelled == (task, True)
+    assert res.ok and res.executor == "local (ray: no result within 5 s)"
+    assert (tmp_path / "unit.o").read_bytes() == b"local"

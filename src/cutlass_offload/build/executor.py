@@ -163,15 +163,18 @@ class RayExecutor:
       with ray[client]); None = RAY_ADDRESS, else a running local cluster, else a new
       local one. Connects on first use, unless Ray is already initialized in this
       process (then that connection is used). max_retries: Ray's retries of a task
-      whose worker died, before building the unit here.
+      whose worker died, before building the unit here. task_timeout: seconds to wait
+      for one task (default 1800: a 3.x sm_90a unit takes 1-3 minutes on 2 cores) before
+      cancelling it and building the unit here, so a hung worker cannot hang the build.
     Raises ToolchainError naming the ``ray`` extra when Ray is not installed.
     """
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, max_retries: int = 1, local: LocalExecutor | None = None):
+    def __init__(self, address: str | None = None, max_retries: int = 1, local: LocalExecutor | None = None,
+                 task_timeout: float = 1800.0):
         self.ray = import_ray()
-        self.address, self.max_retries = address, max_retries
+        self.address, self.max_retries, self.task_timeout = address, max_retries, task_timeout
         self.local = local or LocalExecutor()
         self._lock = threading.Lock()
         self._remote = None
@@ -211,7 +214,10 @@ class RayExecutor:
         try:
             ref = remote.options(num_cpus=1, memory=int(task.peak_memory), max_retries=self.max_retries,
                                  retry_exceptions=False, name=f"nvcc {task.name}").remote(task)
-            out = ray.get(ref)
+            out = ray.get(ref, timeout=self.task_timeout)
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref, force=True)         # frees the worker's CPU and memory
+            return self._fallback(task, staging, f"no result within {self.task_timeout:g} s")
         except ray.exceptions.RayError as e:
             return self._fallback(task, staging, ray_failure(e))
         if out["killed"]:               # e.g. the worker's OOM killer: transient, not a result
