@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
+from bad_input_cases import Block
 from helpers import TOLERANCE, poison_allocator, rel_err
 from torch import nn
 
@@ -19,18 +19,6 @@ from cutlass_offload.runtime.library import CO_CANNOT_IMPLEMENT
 pytestmark = pytest.mark.gpu
 H = torch.float16
 CL = torch.channels_last
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(64, 32)
-        self.conv = nn.Conv2d(16, 16, 3, padding=1)
-        self.ln = nn.LayerNorm(32)
-        self.gn = nn.GroupNorm(4, 16)
-
-    def forward(self, x, img):
-        return self.ln(torch.relu(self.lin(x))), F.silu(self.gn(self.conv(img)))
 
 
 def _inputs(device="cuda"):

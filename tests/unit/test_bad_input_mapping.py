@@ -3,8 +3,7 @@ a clear error or a refusal that runs the region's PyTorch subgraph, never a
 mis-mapped launch. Verify mode's comparison accepts PyTorch's own inf / NaN."""
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
+from bad_input_cases import Block
 
 from cutlass_offload.capture import capture
 from cutlass_offload.errors import DeviceError
@@ -15,20 +14,6 @@ from cutlass_offload.select import select
 
 H = torch.float16
 CL = torch.channels_last
-
-
-class Block(nn.Module):
-    """A GEMM, a conv, a layer norm and a group norm: one region of each kind."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(64, 32)
-        self.conv = nn.Conv2d(16, 16, 3, padding=1)
-        self.ln = nn.LayerNorm(32)
-        self.gn = nn.GroupNorm(4, 16)
-
-    def forward(self, x, img):
-        return self.ln(torch.relu(self.lin(x))), F.silu(self.gn(self.conv(img)))
 
 
 def _inputs():

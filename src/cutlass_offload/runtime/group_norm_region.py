@@ -46,17 +46,8 @@ class GroupNormRegionModule(AffineNormModule):
     def _out_shape(self, out, args) -> tuple:
         return (args.n, args.h, args.w, args.c)          # NHWC
 
-    def _map_direct(self, xs, args, shape):
-        x = xs[self._ix]
-        vec = self.kernel.vec
-        args.input = x.data_ptr()
-        if not (self._aligned(args.input, vec) and self._affine_direct(xs, args)):
-            return None
-        out = torch.empty(shape, dtype=self._dtype, device=x.device)
-        args.output = out.data_ptr()
-        if not self._aligned(args.output, vec):
-            return None
-        return out.permute(0, 3, 1, 2), args, []
+    def _view(self, out):
+        return out.permute(0, 3, 1, 2)       # NHWC buffer -> channels_last NCHW
 
     def _map_general(self, xs):
         x = xs[self._ix]

@@ -58,6 +58,23 @@ class AffineNormModule(RegionModule):
                 return False
         return True
 
+    def _map_direct(self, xs, args, shape):
+        """A cached signature: new input / affine / output pointers, alignment checked."""
+        x = xs[self._ix]
+        vec = self.kernel.vec
+        args.input = x.data_ptr()
+        if not (self._aligned(args.input, vec) and self._affine_direct(xs, args)):
+            return None
+        out = torch.empty(shape, dtype=self._dtype, device=x.device)
+        args.output = out.data_ptr()
+        if not self._aligned(args.output, vec):
+            return None
+        return self._view(out), args, []
+
+    def _view(self, out):
+        """The region's output as PyTorch sees it, from the buffer the kernel writes."""
+        return out
+
 
 class NormRegionModule(AffineNormModule):
     """A norm region: ``roles`` maps "x", "weight", "bias" to input positions.
@@ -84,17 +101,6 @@ class NormRegionModule(AffineNormModule):
     def _out_shape(self, out, args) -> tuple:
         return tuple(out.shape)
 
-    def _map_direct(self, xs, args, shape):
-        x = xs[self._ix]
-        vec = self.kernel.vec
-        args.input = x.data_ptr()
-        if not (self._aligned(args.input, vec) and self._affine_direct(xs, args)):
-            return None
-        out = torch.empty(shape, dtype=self._dtype, device=x.device)
-        args.output = out.data_ptr()
-        if not self._aligned(args.output, vec):
-            return None
-        return out, args, []
 
     def _map_general(self, xs):
         x = xs[self._ix]
