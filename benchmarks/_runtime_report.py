@@ -21,7 +21,7 @@ def _table(header, rows) -> str:
 def model_table(result) -> str:
     """One row per (model, variant): latencies in ms, ratios, relative error, e2e target."""
     header = ["model", "variant", "regions (kernels)", "eager ms", "torch.compile ms (compile s)",
-              "ours ms", "PyTorch graph ms", "ours graph ms", "ours cuda_graphed() call ms",
+              "ours ms", "ours, Python call path ms", "PyTorch graph ms", "ours graph ms", "ours cuda_graphed() call ms",
               "ours/eager", "ours/compile", "cuda_graphed/eager", "cuda_graphed/compile",
               "graph ours/PyTorch", "rel. err", "e2e target"]
     rows = []
@@ -37,7 +37,7 @@ def model_table(result) -> str:
                 rows.append([m["model"], name, v or "-"] + [""] * (len(header) - 3))
                 continue
             rows.append([m["model"], name, f"{v['regions']} ({v['kernels']})", _f(m["eager_ms"]),
-                         tc_cell, _f(v["ours_ms"]), pt_graph,
+                         tc_cell, _f(v["ours_ms"]), _f(v.get("ours_python_call_ms")), pt_graph,
                          _f(v.get("ours_graph_ms"), ".3f"), _f(v.get("ours_graphed_call_ms"), ".3f"),
                          _f(v.get("ours_vs_eager")), _f(v.get("ours_vs_torch_compile")),
                          _f(v.get("graphed_vs_eager")), _f(v.get("graphed_vs_torch_compile")),
@@ -72,8 +72,8 @@ def region_table(rows, top) -> str:
 
 
 def overhead_table(result, target_us) -> str:
-    header = ["model", "variant", "kind", "region call us", "map us", "PyTorch ops call us",
-              "kernel device us", f"<= {target_us:g} us"]
+    header = ["model", "variant", "kind", "region call us", "C++ path", "Python path us", "map us",
+              "PyTorch ops call us", "kernel device us", f"<= {target_us:g} us"]
     body = []
     for m in result["models"]:
         for name in VARIANTS:
@@ -84,8 +84,10 @@ def overhead_table(result, target_us) -> str:
                 verdict = "yes" if o["meets_target"] else "no"
                 if o["gpu_bound"]:
                     verdict += " (GPU-bound: upper bound)"
-                body.append([m["model"], name, o["kind"], _f(o["call_us"], ".1f"), _f(o["map_us"], ".1f"),
-                             _f(o["pytorch_call_us"], ".1f"), _f(o["kernel_device_us"], ".1f"), verdict])
+                body.append([m["model"], name, o["kind"], _f(o["call_us"], ".1f"),
+                             "yes" if o.get("fast_path") else "no", _f(o.get("python_call_us"), ".1f"),
+                             _f(o["map_us"], ".1f"), _f(o["pytorch_call_us"], ".1f"),
+                             _f(o["kernel_device_us"], ".1f"), verdict])
     return _table(header, body)
 
 

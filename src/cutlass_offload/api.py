@@ -23,6 +23,7 @@ from .errors import CutlassOffloadError, DeviceError
 from .ir import Fallback, Plan
 from .partition import partition
 from .report import Report
+from .runtime import fast_call
 from .runtime.compiled_model import CompiledModel, offload
 from .select import select
 
@@ -136,6 +137,8 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
     if keep_regions is not None:          # a reload: the regions that built last time
         plan = _restrict(plan, keep_regions)
     _check_strict(options, plan)
+    if plan.regions:
+        fast_call.prefetch()      # the C++ call path builds beside the kernels
     build_info = {}
     lib = library_path
     if plan.regions and lib is None:

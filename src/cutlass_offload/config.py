@@ -10,6 +10,8 @@ Environment variables:
                              divided by the CUTLASS units compiling at once)
   CUTLASS_OFFLOAD_VERBOSE    1 prints each compile command
   CUTLASS_OFFLOAD_JOBS       parallel nvcc processes (default: cores, capped by memory)
+  CUTLASS_OFFLOAD_FAST_CALL  0 turns off the C++ call path of offloaded regions
+                             (runtime/fast_call.py); every call then maps in Python
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class Knobs:
     nvcc_threads: int
     verbose: bool
     jobs: int
+    fast_call: bool
 
 
 def knobs() -> Knobs:
@@ -42,6 +45,7 @@ def knobs() -> Knobs:
         nvcc_threads=int(env.get("CUTLASS_OFFLOAD_NVCC_THREADS", "0")),
         verbose=env.get("CUTLASS_OFFLOAD_VERBOSE", "0") not in ("", "0"),
         jobs=int(env.get("CUTLASS_OFFLOAD_JOBS", "0")),
+        fast_call=env.get("CUTLASS_OFFLOAD_FAST_CALL", "1") not in ("", "0"),
     )
 
 

@@ -186,7 +186,7 @@ def test_emitted_template_arguments(dtype, element, head_dim, bias):
     assert "int run(const CoAttentionArgs& args, cudaStream_t stream)" in src.code
     assert "attention_kernel_batched_impl<Attention>" in src.code
     assert "Attention::check_supported(p)" in src.code
-    assert "cudaFuncAttributeMaxDynamicSharedMemorySize" in src.code
+    assert "co_opt_in_smem(attention_kernel_batched_impl<Attention>, kSmemBytes, done)" in src.code
     assert (f"kSingleValueIteration == {'true' if k.single_value_iteration else 'false'}"
             in src.code)
     assert "$" not in src.code
@@ -203,7 +203,7 @@ def test_causal_modes_map_onto_custom_mask_types():
 
 def test_run_checks_and_never_allocates():
     code = at.emit(at.choose(problem(256))).code
-    for needle in ("CO_WORKSPACE_TOO_SMALL", "CO_CANNOT_IMPLEMENT", "CO_INIT_FAILED",
+    for needle in ("CO_WORKSPACE_TOO_SMALL", "CO_CANNOT_IMPLEMENT", "prepare_smem()",
                    "CO_LAUNCH_FAILED", "kAlignV = Attention::MM1::kAlignmentB",
                    "kAlignBias = 128 / cutlass::sizeof_bits<Element>::value",
                    "a.out_stride_head != a.head_dim_v", "heads_as_queries(a)",

@@ -137,12 +137,12 @@ def test_scale_is_the_regions_not_the_hard_coded_one():
 
 def test_run_checks_and_never_allocates():
     code = emit_kernel(at.choose(problem(64, causal="top_left"), "sm90a")).code
-    for needle in ("CO_WORKSPACE_TOO_SMALL", "CO_CANNOT_IMPLEMENT", "CO_INIT_FAILED",
+    for needle in ("CO_WORKSPACE_TOO_SMALL", "CO_CANNOT_IMPLEMENT", "prepare_smem()",
                    "CO_LAUNCH_FAILED", "a.head_dim % kAlign || a.seq_q % kAlign",
                    "a.head_dim != a.head_dim_v", "if (a.bias != nullptr) return false;",
                    "(a.causal == 1 && a.seq_q <= a.seq_kv) || (a.causal == 2 && a.seq_q == a.seq_kv)",
-                   "static_cast<float*>(a.workspace)", "major != 9",
-                   "cutlass::device_kernel<Kernel>"):
+                   "static_cast<float*>(a.workspace)",
+                   "co_opt_in_smem(cutlass::device_kernel<Kernel>, kSmemBytes, done, 9)"):
         assert needle in code, needle
     assert "cudaMalloc" not in code and "new " not in code
 

@@ -103,8 +103,10 @@ def test_run_status_paths():
                    "CO_LAUNCH_FAILED", "CO_OK"):
         assert status in c
     assert "Conv::can_implement(arguments)" in c
-    assert "conv.initialize(arguments, args.workspace, stream)" in c
-    assert "conv.run(stream)" in c
+    # initialize + run without the adapter's per-call cudaFuncSetAttribute
+    assert "ConvKernel::initialize_workspace(arguments, args.workspace, stream)" in c
+    assert "Conv::run(params, stream)" in c
+    assert "co_opt_in_smem(cutlass::device_kernel<ConvKernel>" in c
     assert "stride_h > 8" in c
     for forbidden in ("cudaMalloc", "cudaDeviceSynchronize", "cudaStreamSynchronize"):
         assert forbidden not in c

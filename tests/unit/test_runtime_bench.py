@@ -179,7 +179,8 @@ def _variant(label):
             "ours_graph_ms": 0.883, "ours_graph_error": None, "region_calls_fell_back": 0,
             "region_groups": rows, "region_device_us": {"ours": 500.0, "pytorch": 480.0},
             "gemm_target_misses": {"groups": 1, "regions": 12, "of_groups": 2, "of_regions": 16},
-            "host_overhead": [{"kind": "gemm", "call_us": 14.0, "map_us": 6.0, "pytorch_call_us": 9.0,
+            "host_overhead": [{"kind": "gemm", "call_us": 14.0, "fast_path": True, "python_call_us": 30.0,
+                               "map_us": 6.0, "pytorch_call_us": 9.0,
                                "kernel_device_us": 3.0, "gpu_bound": False, "meets_target": False}],
             "ours_vs_eager": 0.74, "ours_vs_torch_compile": 1.9, "graph_ours_vs_pytorch": 0.47,
             "e2e_target": "MISS"}
@@ -197,7 +198,7 @@ def test_report_tables_from_a_result():
     worst = [r["shape"] for r in report.worst_offenders(result["models"][0]["heuristic"]["region_groups"], 2)]
     assert worst == ["M1024 N768 K3072", "M77 N1280 K768"]                  # 24 us, then 4 us lost
     assert "| gemm | M1024 N768 K3072 | 12 | k | 30.0 | 28.0 | 1.07 | 500.0 TFLOP/s (70%) | 24.0 | MISS |" in text
-    assert "| 14.0 | 6.0 | 9.0 | 3.0 | no |" in text
+    assert "| 14.0 | yes | 30.0 | 6.0 | 9.0 | 3.0 | no |" in text
     assert "host dispatch 9.52 ms of 10.40 ms" in text and "GEMM target missed by 1/2 shapes" in text
 
 

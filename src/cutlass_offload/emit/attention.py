@@ -356,7 +356,6 @@ constexpr bool kAccumulatesInOutput =
 constexpr int kSmemBytes = int(sizeof(typename Attention::SharedStorage));
 constexpr int64_t kInt32Max = INT32_MAX;
 constexpr int64_t kGridMax = 65535;
-constexpr int kMaxDevices = 64;
 
 static bool fits32(int64_t x) { return x >= 0 && x <= kInt32Max; }
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -475,26 +474,10 @@ static typename Attention::Params make_params(const CoAttentionArgs& a) {
   return p;
 }
 
-// Raise the kernel's dynamic shared memory limit once per device.
+// Raise the kernel's dynamic shared memory limit once per device (prelude.h).
 static int prepare_smem() {
-  if (kSmemBytes <= 48 * 1024) return CO_OK;
-  static std::atomic<int> done[kMaxDevices];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) { cudaGetLastError(); return CO_INIT_FAILED; }
-  if (device < kMaxDevices && done[device].load(std::memory_order_acquire)) return CO_OK;
-  int optin = 0;
-  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    cudaGetLastError();
-    return CO_INIT_FAILED;
-  }
-  if (optin < kSmemBytes) return CO_CANNOT_IMPLEMENT;
-  if (cudaFuncSetAttribute(attention_kernel_batched_impl<Attention>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {
-    cudaGetLastError();
-    return CO_INIT_FAILED;
-  }
-  if (device < kMaxDevices) done[device].store(1, std::memory_order_release);
-  return CO_OK;
+  static std::atomic<int> done[kCoMaxDevices];
+  return co_opt_in_smem(attention_kernel_batched_impl<Attention>, kSmemBytes, done);
 }
 
 int64_t workspace_size(const CoAttentionArgs& args) {

@@ -189,7 +189,6 @@ constexpr int64_t kAlign = 16 / int64_t(sizeof(Element));   // TMA: 16-byte rows
 constexpr int kSmemBytes = Kernel::SharedStorageSize;
 constexpr int64_t kInt32Max = INT32_MAX;
 constexpr int64_t kGridMax = 65535;
-constexpr int kMaxDevices = 64;
 
 static bool fits32(int64_t x) { return x >= 0 && x <= kInt32Max; }
 static bool ptr_aligned(const void* p, int64_t bytes) {
@@ -261,26 +260,11 @@ static typename Kernel::Params make_params(const CoAttentionArgs& a) {
   return p;
 }
 
-// Raise the kernel's dynamic shared memory limit once per device.
+// Raise the kernel's dynamic shared memory limit once per device (prelude.h);
+// CO_CANNOT_IMPLEMENT off sm_90 (sm_90a code).
 static int prepare_smem() {
-  static std::atomic<int> done[kMaxDevices];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) { cudaGetLastError(); return CO_INIT_FAILED; }
-  if (device < kMaxDevices && done[device].load(std::memory_order_acquire)) return CO_OK;
-  int optin = 0, major = 0;
-  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    cudaGetLastError();
-    return CO_INIT_FAILED;
-  }
-  if (major != 9 || optin < kSmemBytes) return CO_CANNOT_IMPLEMENT;   // sm_90a code
-  if (cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {
-    cudaGetLastError();
-    return CO_INIT_FAILED;
-  }
-  if (device < kMaxDevices) done[device].store(1, std::memory_order_release);
-  return CO_OK;
+  static std::atomic<int> done[kCoMaxDevices];
+  return co_opt_in_smem(cutlass::device_kernel<Kernel>, kSmemBytes, done, 9);
 }
 
 int64_t workspace_size(const CoAttentionArgs& args) {

@@ -275,11 +275,18 @@ int run(const CoConvArgs& args, cudaStream_t stream) {
   if (args.workspace_bytes < needed || (needed > 0 && args.workspace == nullptr)) {
     return CO_WORKSPACE_TOO_SMALL;
   }
-  Conv conv;
-  if (conv.initialize(arguments, args.workspace, stream) != cutlass::Status::kSuccess) {
+  // What Conv::initialize + run do, with the shared memory opt-in once per device
+  static std::atomic<int> smem_ready[kCoMaxDevices];
+  int ready = co_opt_in_smem(cutlass::device_kernel<ConvKernel>,
+                             static_cast<int>(ConvKernel::SharedStorageSize), smem_ready, 9);
+  if (ready != CO_OK) {
+    return ready;
+  }
+  if (ConvKernel::initialize_workspace(arguments, args.workspace, stream) != cutlass::Status::kSuccess) {
     return CO_INIT_FAILED;
   }
-  if (conv.run(stream) != cutlass::Status::kSuccess) {
+  typename ConvKernel::Params params = ConvKernel::to_underlying_arguments(arguments, args.workspace);
+  if (Conv::run(params, stream) != cutlass::Status::kSuccess) {
     return CO_LAUNCH_FAILED;
   }
   if (cudaGetLastError() != cudaSuccess) {

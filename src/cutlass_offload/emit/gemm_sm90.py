@@ -185,11 +185,18 @@ int run(const CoGemmArgs& args, cudaStream_t stream) {
   if (args.workspace_bytes < needed || (needed > 0 && args.workspace == nullptr)) {
     return CO_WORKSPACE_TOO_SMALL;
   }
-  Gemm gemm;
-  if (gemm.initialize(arguments, args.workspace, stream) != cutlass::Status::kSuccess) {
+  // What Gemm::initialize + run do, with the shared memory opt-in once per device
+  static std::atomic<int> smem_ready[kCoMaxDevices];
+  int ready = co_opt_in_smem(cutlass::device_kernel<GemmKernel>,
+                             static_cast<int>(GemmKernel::SharedStorageSize), smem_ready, 9);
+  if (ready != CO_OK) {
+    return ready;
+  }
+  if (GemmKernel::initialize_workspace(arguments, args.workspace, stream) != cutlass::Status::kSuccess) {
     return CO_INIT_FAILED;
   }
-  if (gemm.run(stream) != cutlass::Status::kSuccess) {
+  typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(arguments, args.workspace);
+  if (Gemm::run(params, stream) != cutlass::Status::kSuccess) {
     return CO_LAUNCH_FAILED;
   }
   if (cudaGetLastError() != cudaSuccess) {

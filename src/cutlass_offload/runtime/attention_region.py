@@ -71,6 +71,22 @@ class AttentionRegionModule(RegionModule):
         # never match their operands and always map in full.
         self._operands = ((self._iq, "q"), (self._ik, "k"), (self._iv, "v"))
 
+    _out_field = "out"
+
+    def _fast_operands(self):
+        # a bias tensor is copied or padded per call, and a checked mask is read on
+        # the host: those regions keep the Python path
+        if self._ib is not None or (self._im is not None and self.region.mask_check):
+            return None
+        acc = self.kernel.access * self._esize
+        return tuple((i, f, acc) for i, f in self._operands)
+
+    def _fast_out_align(self) -> int:
+        return self.kernel.access * self._esize
+
+    def _fast_installable(self, entry) -> bool:
+        return not entry[1]         # no work after the launch (_finish)
+
     def _ws_key(self, args) -> tuple:
         if not self.kernel.needs_workspace:
             return ()             # no workspace whatever the call

@@ -80,8 +80,19 @@ class ConvRegionModule(RegionModule):
                                                    (self._ibias, "bias"), (self._ic, "residual"))
                                if i is not None)
 
+    _out_field = "y"
+
     def _ws_key(self, args) -> tuple:
         return (args.n,)
+
+    def _fast_operands(self):
+        kern, e = self.kernel, self._esize
+        aligns = {"x": kern.align_a * e, "filter": kern.align_b * e,
+                  "bias": kern.align_c * e, "residual": kern.align_c * e}
+        return tuple((i, f, aligns[f]) for i, f in self._operands)
+
+    def _fast_out_align(self) -> int:
+        return self.kernel.align_c * self._esize
 
     def _out_shape(self, out, args) -> tuple:
         return (args.n, args.p, args.q, args.k)          # NHWC

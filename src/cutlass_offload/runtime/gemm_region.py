@@ -36,8 +36,19 @@ class GemmRegionModule(RegionModule):
                                                    (self._ibias, "bias"), (self._ic, "c"))
                                if i is not None)
 
+    _out_field = "d"
+
     def _ws_key(self, args) -> tuple:
         return (args.m, args.n, args.k, args.l)
+
+    def _fast_operands(self):
+        e = self._esize
+        al_a, al_b, al_c = self._align
+        aligns = {"a": al_a * e, "b": al_b * e, "bias": al_c * e, "c": al_c * e}
+        return tuple((i, f, aligns[f]) for i, f in self._operands)
+
+    def _fast_out_align(self) -> int:
+        return self._align[2] * self._esize
 
     # -- mapping PyTorch tensors onto (L, M, K) x (L, K, N) -> (L, M, N) -------------
 

@@ -58,6 +58,15 @@ class AffineNormModule(RegionModule):
                 return False
         return True
 
+    _out_field = "output"
+
+    def _fast_operands(self):
+        al = self.kernel.vec * self._esize
+        return tuple((i, f, al) for i, f in self._operands)
+
+    def _fast_out_align(self) -> int:
+        return self.kernel.vec * self._esize
+
     def _map_direct(self, xs, args, shape):
         """A cached signature: new input / affine / output pointers, alignment checked."""
         x = xs[self._ix]

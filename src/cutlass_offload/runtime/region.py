@@ -9,6 +9,7 @@ import warnings
 import torch
 
 from ..errors import DeviceError, KernelLaunchError
+from . import fast_call
 from .library import ARGS_TYPES, CO_CANNOT_IMPLEMENT, CO_OK, STATUS_NAMES, check_device
 
 ESIZE = {"f16": 2, "bf16": 2, "f32": 4}
@@ -59,9 +60,14 @@ class RegionModule(torch.nn.Module):
     A call that cannot map onto the kernel (``_map`` returns None, or the kernel's
     can_implement refuses) runs ``fallback`` instead; ``fallback_calls`` counts
     those. CUDA inputs only: a CPU input raises DeviceError.
+
+    Once a call signature has launched from cached args (see ``_map``), later calls
+    of it are replayed by the C++ call path (runtime/fast_call.py) when it is
+    built; whatever that path declines comes back here.
     """
 
     primary = 0                    # position of the input whose device the call runs on
+    _out_field = None              # the args field the output pointer goes in
 
     def __init__(self, region, kernel, fallback: torch.fx.GraphModule, library_getter):
         super().__init__()
@@ -71,7 +77,10 @@ class RegionModule(torch.nn.Module):
         self._ws = None
         self._ws_shape, self._ws_need = None, 0
         self.fallback_calls = 0
-        self.calls = 0
+        self._calls = 0              # calls through forward's Python path
+        self._fast = None            # fast_call.FastCall once built, or None
+        self._fast_sig = None        # the signature of this call when it is cached
+        self._fast_sigs = set()      # signatures offered to the C++ path
         self.verify = False          # compare the first kernel call with the fallback
         self.disabled = None         # reason, once verification failed: PyTorch from then on
         self._direct = {}            # call signature -> (args with sizes, output shape)
@@ -81,10 +90,53 @@ class RegionModule(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"{self.region.name} -> {self.kernel.name}"
 
+    @property
+    def calls(self) -> int:
+        """Calls of this region so far (kernel or fallback, either call path)."""
+        return self._calls + (self._fast.calls if self._fast is not None else 0)
+
     def _bind(self, device):
         lib = self._library_getter()
         check_device(self.kernel.arch, device)
         self._fn, self._ws_fn = lib.launcher(f"co_{self.region.name}", ARGS_TYPES[self.kernel.args_type])
+        fast_call.prefetch()
+
+    # -- the C++ call path ----------------------------------------------------------
+    def _fast_operands(self):
+        """((input position, args pointer field, alignment in bytes), ...) that the
+        C++ path patches and checks per call, or None when this region never takes it.
+        The output field is ``_out_field``; its alignment ``_fast_out_align()``."""
+        return None
+
+    def _fast_out_align(self) -> int:
+        return 16
+
+    def _fast_offer(self, xs, args, out):
+        """Hand a launched call's cached signature to the C++ path (once per
+        signature): its args, and the output's sizes and strides, which must be a
+        fresh dense allocation the kernel wrote at ``args.<_out_field>``."""
+        sig, self._fast_sig = self._fast_sig, None
+        if sig in self._fast_sigs or len(self._fast_sigs) >= 64:
+            return
+        spec = self._fast_operands()
+        # only a launch that read every operand in place stands for its signature
+        if spec is None or any(xs[i].data_ptr() != getattr(args, f) for i, f, _ in spec):
+            return
+        fc = self._fast
+        if fc is None:
+            module = fast_call.load(block=False)
+            if module is None:
+                return                       # not built yet: offered again by a later call
+            t = type(args)
+            fc = module.FastCall(ctypes.cast(self._fn, ctypes.c_void_p).value, ctypes.sizeof(t), len(xs),
+                                 [(i, getattr(t, f).offset, a) for i, f, a in spec],
+                                 getattr(t, self._out_field).offset, self._fast_out_align(),
+                                 t.workspace.offset, t.workspace_bytes.offset)
+            fc.set_workspace(self._ws)
+            self._fast = fc
+        self._fast_sigs.add(sig)
+        if out.data_ptr() == getattr(args, self._out_field):
+            fc.add(xs, bytes(args), out, self._ws_need)      # False: not a dense allocation
 
     # -- mapping a call onto the C ABI ----------------------------------------------
     # Subclasses set ``_operands`` ((input position, pointer field of the args), ...)
@@ -105,7 +157,9 @@ class RegionModule(torch.nn.Module):
         sig = tuple((xs[i].shape, xs[i].stride(), xs[i].dtype, xs[i].device) for i, _ in self._operands)
         hit = self._direct.get(sig)
         if hit is not None:
+            self._fast_sig = sig if self._fast_installable(hit[1]) else None
             return self._map_direct(xs, *hit)
+        self._fast_sig = None
         mapped = self._map_general(xs)
         if (mapped is not None and len(self._direct) < 64
                 and all(xs[i].data_ptr() == getattr(mapped[1], f) for i, f in self._operands)):
@@ -115,6 +169,11 @@ class RegionModule(torch.nn.Module):
                 ctypes.pointer(args)[0] = mapped[1]
                 self._direct[sig] = (args, entry)
         return mapped
+
+    def _fast_installable(self, entry) -> bool:
+        """Whether calls of a cached signature with this ``_direct_entry`` may be
+        replayed in C++ (nothing to do after the launch but return the output)."""
+        return True
 
     def _direct_entry(self, mapped):
         """What ``_map_direct`` needs besides the args for this signature (by default
@@ -130,16 +189,22 @@ class RegionModule(torch.nn.Module):
         return out
 
     def forward(self, *xs):
+        fast = self._fast
+        if fast is not None and not self.verify and not self.disabled:
+            out = fast(xs)
+            if out is not None:
+                return out
         a = xs[self.primary]
         if not a.is_cuda:
             raise DeviceError(f"{self.region.name}: inputs are on {a.device}; the compiled "
                               "model runs its offloaded regions on a CUDA GPU")
         if self._fn is None:
             self._bind(a.device)
-        self.calls += 1
+        self._calls += 1
         if self.disabled:
             self.fallback_calls += 1
             return self.fallback(*xs)
+        self._fast_sig = None
         mapped = self._map(xs)
         if mapped is None:
             self.fallback_calls += 1
@@ -152,6 +217,8 @@ class RegionModule(torch.nn.Module):
         if need > 0:
             if self._ws is None or self._ws.numel() < need:
                 self._ws = torch.empty(need, dtype=torch.uint8, device=a.device)
+                if self._fast is not None:
+                    self._fast.set_workspace(self._ws)
             args.workspace, args.workspace_bytes = self._ws.data_ptr(), self._ws.numel()
         else:
             args.workspace, args.workspace_bytes = None, 0
@@ -160,6 +227,8 @@ class RegionModule(torch.nn.Module):
             out = self._launched(out, keep)
             if self.verify:
                 return self._verified(out, xs)
+            if self._fast_sig is not None:
+                self._fast_offer(xs, args, out)
             return out
         if status == CO_CANNOT_IMPLEMENT:
             self.fallback_calls += 1

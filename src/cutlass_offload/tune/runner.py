@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..config import knobs
 from .result import CandidateResult
 
 # Seconds: the process imports torch and makes a CUDA context (~10-20 s), then
@@ -73,7 +74,18 @@ def profile_candidates(library, problems: dict, jobs: list, tags: dict, *, devic
     (tune/profile.py). jobs: [{"id", "problem", "symbol", "kernel"}]. tags: {job
     id: config tag} for the results. launch: how to run one process (tests pass a
     fake). Never raises for a failing candidate or process: those become results.
+    Processes of this machine profile one at a time per GPU (a file lock under the
+    cache): two tuned compiles side by side would otherwise time each other.
     """
+    from filelock import FileLock
+
+    lock_dir = knobs().cache_dir / "tuning"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock_dir / f"profile-gpu{device}.lock")):
+        return _profile_locked(library, problems, jobs, tags, device, launch)
+
+
+def _profile_locked(library, problems, jobs, tags, device, launch) -> tuple:
     results, torch_us = {}, {}
     remaining = list(jobs)
     with tempfile.TemporaryDirectory(prefix="cutlass_offload_tune_") as tmp:

@@ -1,5 +1,6 @@
 // cutlass_offload C ABI: shared by every generated library.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <cuda_runtime.h>
 
@@ -132,3 +133,40 @@ enum CoStatus : int {
   CO_INIT_FAILED = 3,
   CO_LAUNCH_FAILED = 4,
 };
+
+// Raise ``kernel``'s dynamic shared memory limit to ``bytes`` on the current device,
+// once per device (CUTLASS's device adapters call cudaFuncSetAttribute in every
+// initialize(): host time on every launch). ``done`` is the kernel's own array of
+// kCoMaxDevices flags. ``major``: the compute capability major the code needs
+// (0: any). CO_CANNOT_IMPLEMENT when the device cannot run it.
+constexpr int kCoMaxDevices = 64;
+
+template <class Kernel>
+inline int co_opt_in_smem(Kernel* kernel, int bytes, std::atomic<int>* done, int major = 0) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return CO_INIT_FAILED;
+  }
+  if (device < kCoMaxDevices && done[device].load(std::memory_order_acquire)) {
+    return CO_OK;
+  }
+  int optin = 0, cc_major = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return CO_INIT_FAILED;
+  }
+  if ((major != 0 && cc_major != major) || optin < bytes) {
+    return CO_CANNOT_IMPLEMENT;
+  }
+  if (bytes > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return CO_INIT_FAILED;
+  }
+  if (device < kCoMaxDevices) {
+    done[device].store(1, std::memory_order_release);
+  }
+  return CO_OK;
+}

@@ -1,0 +1,292 @@
+// Host fast path of an offloaded-region call (issue 6: under 5 us per call).
+//
+// The Python path (runtime/region.py) maps a call onto the launcher's args struct
+// and, once a call signature (sizes, strides, dtype, device of each operand) has
+// mapped with every operand read in place, keeps those args. This object holds
+// the same cached args per signature and replays them in C++: check the operands'
+// metadata, patch their data pointers and a freshly allocated output into a copy of
+// the args, and call the library's launcher on the current stream. Anything else
+// (a new signature, a misaligned pointer, a status other than ok) returns None and
+// the Python path handles the call, so this file never decides what a call means.
+//
+// Built against the running PyTorch (runtime/fast_call.py); uses only libc10 /
+// libtorch / libtorch_python, no CUDA headers: the current stream comes from the
+// device guard PyTorch's CUDA library registers (c10::impl::VirtualGuardImpl).
+#include <Python.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// int co_<region>(const Args*, cudaStream_t): emit/templates/prelude.h
+using RunFn = int (*)(const void* args, void* stream);
+
+constexpr int64_t kMaxArgsBytes = 1024;   // the largest args struct is ~200 bytes
+constexpr int kMaxOperands = 8;
+constexpr int kOk = 0;
+
+struct Operand {
+  int64_t input;    // position in the call's inputs
+  int64_t offset;   // byte offset of its pointer field in the args struct
+  int64_t align;    // its data pointer must be a multiple of this (bytes)
+};
+
+struct Meta {
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype;
+  c10::Device device;
+};
+
+struct Entry {
+  std::vector<Meta> operands;                 // parallel to FastCall::operands_
+  std::string args;                           // the cached args, pointers to be patched
+  std::vector<int64_t> out_sizes, out_strides;
+  c10::ScalarType out_dtype;
+  int64_t workspace_need;
+};
+
+const at::Tensor* tensor_at(PyObject* xs, int64_t i) {
+  PyObject* o = PyTuple_GET_ITEM(xs, i);
+  if (!THPVariable_Check(o)) {
+    return nullptr;
+  }
+  return &THPVariable_Unpack(o);
+}
+
+bool matches(const Meta& m, const at::Tensor& t) {
+  return t.scalar_type() == m.dtype && t.device() == m.device &&
+         t.sizes() == c10::IntArrayRef(m.sizes) && t.strides() == c10::IntArrayRef(m.strides);
+}
+
+void put(char* args, int64_t offset, const void* value, size_t bytes) {
+  std::memcpy(args + offset, value, bytes);
+}
+
+class FastCall {
+ public:
+  FastCall(uintptr_t run, int64_t args_bytes, int64_t n_inputs,
+           const std::vector<std::tuple<int64_t, int64_t, int64_t>>& operands,
+           int64_t out_offset, int64_t out_align, int64_t workspace_offset,
+           int64_t workspace_bytes_offset, int64_t max_entries)
+      : run_(reinterpret_cast<RunFn>(run)), args_bytes_(args_bytes), n_inputs_(n_inputs),
+        out_offset_(out_offset), out_align_(out_align), ws_offset_(workspace_offset),
+        ws_bytes_offset_(workspace_bytes_offset), max_entries_(max_entries) {
+    if (run == 0) {
+      throw std::invalid_argument("FastCall: null launcher");
+    }
+    if (args_bytes <= 0 || args_bytes > kMaxArgsBytes) {
+      throw std::invalid_argument("FastCall: args struct of " + std::to_string(args_bytes) +
+                                  " bytes (at most " + std::to_string(kMaxArgsBytes) + ")");
+    }
+    if (operands.empty() || operands.size() > kMaxOperands) {
+      throw std::invalid_argument("FastCall: 1 to 8 operands");
+    }
+    for (const auto& [input, offset, align] : operands) {
+      check_field(offset, "operand");
+      if (input < 0 || input >= n_inputs || align <= 0) {
+        throw std::invalid_argument("FastCall: bad operand");
+      }
+      operands_.push_back({input, offset, align});
+    }
+    check_field(out_offset, "output");
+    check_field(workspace_offset, "workspace");
+    check_field(workspace_bytes_offset, "workspace_bytes");
+    if (out_align <= 0) {
+      throw std::invalid_argument("FastCall: bad output alignment");
+    }
+  }
+
+  // Cache one signature: the call's inputs ``xs`` (their operands' metadata is the
+  // key), the args struct as the Python path launched it, the output tensor it
+  // returned (a fresh dense allocation: its sizes and strides are reproduced with
+  // empty_strided) and the workspace bytes the launcher needs. False when full or
+  // when the output is not such an allocation (a view into a larger buffer).
+  bool add(py::tuple xs, py::bytes args, py::handle out, int64_t workspace_need) {
+    if (static_cast<int64_t>(entries_.size()) >= max_entries_) {
+      return false;
+    }
+    if (static_cast<int64_t>(xs.size()) != n_inputs_) {
+      throw std::invalid_argument("FastCall.add: wrong number of inputs");
+    }
+    Entry e;
+    for (const Operand& op : operands_) {
+      const at::Tensor* t = tensor_at(xs.ptr(), op.input);
+      if (t == nullptr) {
+        throw std::invalid_argument("FastCall.add: an operand is not a tensor");
+      }
+      e.operands.push_back({t->sizes().vec(), t->strides().vec(), t->scalar_type(), t->device()});
+    }
+    e.args = std::string(args);
+    if (static_cast<int64_t>(e.args.size()) != args_bytes_) {
+      throw std::invalid_argument("FastCall.add: args of another size");
+    }
+    if (!THPVariable_Check(out.ptr())) {
+      throw std::invalid_argument("FastCall.add: the output is not a tensor");
+    }
+    const at::Tensor& o = THPVariable_Unpack(out.ptr());
+    if (o.storage_offset() != 0 || !o.is_non_overlapping_and_dense()) {
+      return false;       // not a layout empty_strided reproduces: keep the Python path
+    }
+    e.out_dtype = o.scalar_type();
+    e.out_sizes = o.sizes().vec();
+    e.out_strides = o.strides().vec();
+    e.workspace_need = workspace_need;
+    for (const Entry& old : entries_) {
+      if (same_key(old, e)) {
+        return true;      // already cached
+      }
+    }
+    entries_.push_back(std::move(e));
+    return true;
+  }
+
+  // The region's reused workspace buffer (a CUDA uint8 tensor), or None.
+  void set_workspace(py::handle ws) {
+    if (ws.is_none()) {
+      workspace_ = at::Tensor();
+      return;
+    }
+    if (!THPVariable_Check(ws.ptr())) {
+      throw std::invalid_argument("FastCall.set_workspace: not a tensor");
+    }
+    workspace_ = THPVariable_Unpack(ws.ptr());
+  }
+
+  void clear() { entries_.clear(); }
+
+  // The region's output for ``xs`` launched on the current stream, or None when the
+  // call is not a cached signature, a pointer is not aligned, the workspace is too
+  // small, or the launcher did not return ok (the Python path then takes the call).
+  py::object call(py::tuple xs_obj) {
+    PyObject* xs = xs_obj.ptr();
+    if (PyTuple_GET_SIZE(xs) != n_inputs_) {
+      return py::none();
+    }
+    std::array<const at::Tensor*, kMaxOperands> ts{};
+    const size_t n_ops = operands_.size();
+    for (size_t i = 0; i < n_ops; ++i) {
+      ts[i] = tensor_at(xs, operands_[i].input);
+      if (ts[i] == nullptr) {
+        return py::none();
+      }
+    }
+    const Entry* hit = nullptr;
+    for (const Entry& e : entries_) {
+      bool ok = true;
+      for (size_t i = 0; i < n_ops && ok; ++i) {
+        ok = matches(e.operands[i], *ts[i]);
+      }
+      if (ok) {
+        hit = &e;
+        break;
+      }
+    }
+    if (hit == nullptr) {
+      return py::none();
+    }
+    alignas(16) char args[kMaxArgsBytes];
+    std::memcpy(args, hit->args.data(), args_bytes_);
+    for (size_t i = 0; i < n_ops; ++i) {
+      const void* p = ts[i]->data_ptr();
+      if (reinterpret_cast<uintptr_t>(p) % operands_[i].align != 0) {
+        return py::none();
+      }
+      put(args, operands_[i].offset, &p, sizeof(p));
+    }
+    void* ws = nullptr;
+    int64_t ws_bytes = 0;
+    if (hit->workspace_need > 0) {
+      if (!workspace_.defined() || workspace_.nbytes() < static_cast<size_t>(hit->workspace_need)) {
+        return py::none();
+      }
+      ws = workspace_.data_ptr();
+      ws_bytes = static_cast<int64_t>(workspace_.nbytes());
+    }
+    put(args, ws_offset_, &ws, sizeof(ws));
+    put(args, ws_bytes_offset_, &ws_bytes, sizeof(ws_bytes));
+    const c10::Device device = hit->operands[0].device;
+    at::Tensor out = at::empty_strided(hit->out_sizes, hit->out_strides,
+                                       at::TensorOptions().dtype(hit->out_dtype).device(device));
+    void* d = out.data_ptr();
+    if (reinterpret_cast<uintptr_t>(d) % out_align_ != 0) {
+      return py::none();
+    }
+    put(args, out_offset_, &d, sizeof(d));
+    void* stream = nullptr;
+    if (device.is_cuda()) {
+      const c10::impl::VirtualGuardImpl guard(c10::DeviceType::CUDA);
+      stream = guard.getStreamNativeHandle(guard.getStream(device));
+    }
+    last_status_ = run_(args, stream);
+    if (last_status_ != kOk) {
+      return py::none();
+    }
+    ++calls_;
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(out)));
+  }
+
+  int64_t calls() const { return calls_; }
+  int64_t entries() const { return static_cast<int64_t>(entries_.size()); }
+  int last_status() const { return last_status_; }
+
+ private:
+  void check_field(int64_t offset, const char* what) const {
+    if (offset < 0 || offset + 8 > args_bytes_) {
+      throw std::invalid_argument(std::string("FastCall: ") + what + " field outside the args");
+    }
+  }
+
+  static bool same_key(const Entry& a, const Entry& b) {
+    for (size_t i = 0; i < a.operands.size(); ++i) {
+      const Meta &x = a.operands[i], &y = b.operands[i];
+      if (x.sizes != y.sizes || x.strides != y.strides || x.dtype != y.dtype || x.device != y.device) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  RunFn run_;
+  int64_t args_bytes_, n_inputs_;
+  std::vector<Operand> operands_;
+  int64_t out_offset_, out_align_, ws_offset_, ws_bytes_offset_;
+  int64_t max_entries_;
+  std::vector<Entry> entries_;
+  at::Tensor workspace_;
+  int64_t calls_ = 0;
+  int last_status_ = kOk;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_co_fast_call, m) {
+  m.doc() = "cutlass_offload: C++ replay of cached region calls (see runtime/fast_call.py)";
+  py::class_<FastCall>(m, "FastCall")
+      .def(py::init<uintptr_t, int64_t, int64_t, const std::vector<std::tuple<int64_t, int64_t, int64_t>>&,
+                    int64_t, int64_t, int64_t, int64_t, int64_t>(),
+           py::arg("run"), py::arg("args_bytes"), py::arg("n_inputs"), py::arg("operands"),
+           py::arg("out_offset"), py::arg("out_align"), py::arg("workspace_offset"),
+           py::arg("workspace_bytes_offset"), py::arg("max_entries") = 64)
+      .def("add", &FastCall::add)
+      .def("set_workspace", &FastCall::set_workspace)
+      .def("clear", &FastCall::clear)
+      .def("__call__", &FastCall::call)
+      .def_property_readonly("calls", &FastCall::calls)
+      .def_property_readonly("entries", &FastCall::entries)
+      .def_property_readonly("last_status", &FastCall::last_status);
+}
