@@ -48,7 +48,7 @@ def fresh():
 
 
 def test_replay_patches_this_calls_pointers_into_the_cached_args(fake):
-    fc, args = gemm_fast_call(fake)
+    fc, _ = gemm_fast_call(fake)
     for _ in range(3):
         ys = fresh()
         out = fc(ys)
