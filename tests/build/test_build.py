@@ -67,6 +67,23 @@ def test_library_loads_and_exports_every_region(sm80_model):
         getattr(lib, emit.region_symbol(r.name) + "_workspace")
 
 
+def test_library_exports_the_c_abi_only(sm80_model):
+    """Nothing but co_* is exported: CUTLASS's template statics (2.x kernels keep
+    thread_local device_ordinal_ / sm_occupancy_, STB_GNU_UNIQUE when exported) would
+    otherwise be merged across libraries, and a second library with the same 2.x
+    kernel skip raising its shared memory limit and fail to launch."""
+    compiled, out = sm80_model
+    text = subprocess.run(["readelf", "--dyn-syms", "-W", str(out / "libcutlass_offload.so")],
+                          capture_output=True, text=True, check=True).stdout
+    rows = [line.split() for line in text.splitlines()]
+    rows = [r for r in rows if len(r) >= 8 and r[0].endswith(":") and r[0][:-1].isdigit()]
+    defined = [r for r in rows if r[6] != "UND" and r[4] != "LOCAL"]
+    names = {row[7] for row in defined}
+    assert names and all(n.startswith("co_") for n in names), sorted(names)[:5]
+    assert not [row for row in defined if row[4] == "UNIQUE"]
+    assert {emit.region_symbol(r.name) for r in compiled.plan.regions} <= names
+
+
 def test_second_compile_hits_the_cache(sm80_model):
     again = co.compile(Block().half(), _inputs(), arch="sm_80")
     assert again.report.build["cache_hit"] is True

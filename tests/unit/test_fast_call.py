@@ -245,3 +245,23 @@ def test_attention_suite_replays_like_python(fake):
             assert not got, n              # a bias tensor keeps the Python path
         replayed += got
     assert replayed >= 20, (replayed, len(mods))       # 24 of 40 when written
+
+
+def test_module_call_takes_the_cpp_path_and_keeps_hooks(fake):
+    """mod(*xs) goes straight to the C++ path (no nn.Module call machinery) unless a
+    forward hook is attached, which then still sees every call."""
+    def inputs():
+        return (torch.randn(8, 64, dtype=H), torch.randn(32, 64, dtype=H), torch.randn(32, dtype=H))
+    gm, mods = region_modules(lambda x, w, b: F.linear(x, w, b), inputs())
+    (mod,) = mods.values()
+    assert replay_matches_python(mod, inputs(), inputs(), fake)
+    before, calls = fake.count, mod.calls
+    out = mod(*inputs())
+    assert out.shape == (8, 32) and fake.count == before + 1 and mod.calls == calls + 1
+    seen = []
+    handle = mod.register_forward_pre_hook(lambda m, xs: seen.append(len(xs)))
+    try:
+        mod(*inputs())
+    finally:
+        handle.remove()
+    assert seen == [3] and fake.count == before + 2 and mod.fallback_calls == 0

@@ -121,9 +121,21 @@ def _includes() -> list:
     return out + fallback_include_flags()
 
 
+# exports only co_* from a library (see the script for why)
+EXPORTS_MAP = Path(__file__).resolve().parents[1] / "emit" / "templates" / "exports.map"
+_VERSION_SCRIPT = "-Xlinker=--version-script="
+
+
+def _exports_flag() -> str:
+    if "," in str(EXPORTS_MAP):
+        raise ToolchainError(f"-Xlinker splits on commas; the package path {EXPORTS_MAP} has one")
+    return _VERSION_SCRIPT + str(EXPORTS_MAP)
+
+
 def nvcc_command(nvcc: str, arch: str, source: str, output: str, threads: int = 0) -> list:
     """The one nvcc invocation that turns a .cu into a shared library."""
-    return _base(nvcc, arch) + ["-shared", f"-t{threads}"] + _includes() + [source, "-o", output]
+    return (_base(nvcc, arch) + ["-shared", _exports_flag(), f"-t{threads}"] + _includes()
+            + [source, "-o", output])
 
 
 def compile_command(nvcc: str, arch: str, source: str, output: str, cutlass: bool = True,
@@ -136,8 +148,9 @@ def compile_command(nvcc: str, arch: str, source: str, output: str, cutlass: boo
 
 
 def link_command(nvcc: str, arch: str, objects: list, output: str) -> list:
-    """Link objects into one shared library (CUDA runtime linked statically)."""
-    return [nvcc, GENCODE[arch], "-shared", *objects, "-o", output]
+    """Link objects into one shared library (CUDA runtime linked statically) that
+    exports the co_* C ABI only."""
+    return [nvcc, GENCODE[arch], "-shared", _exports_flag(), *objects, "-o", output]
 
 
 def flags_signature(cmd: list) -> str:
@@ -149,7 +162,8 @@ def flags_signature(cmd: list) -> str:
             skip.update((i, i + 1))
         elif a.startswith(_IDIRAFTER) or re.fullmatch(r"-t\d+", a):
             skip.add(i)
-    return " ".join(a for i, a in enumerate(cmd[1:], 1)
+    return " ".join(_VERSION_SCRIPT + Path(a[len(_VERSION_SCRIPT):]).name if a.startswith(_VERSION_SCRIPT)
+                    else a for i, a in enumerate(cmd[1:], 1)
                     if i not in skip and not a.endswith((".cu", ".o", ".so")))
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 import torch.fx as fx
+from torch.export._unlift import _check_input_constraints_pre_hook
 
 from ..errors import CutlassOffloadError
 from ..ir import AttentionRegion, ConvRegion, GroupNormRegion, NormRegion, Plan
@@ -148,9 +149,31 @@ class CompiledModel(torch.nn.Module):
         self.plan = plan
         self.report = report
         self.library_path = library_path
+        self._validated = set()      # input signatures torch.export's input check passed
 
     def forward(self, *args, **kwargs):
-        return self.graph_module(*args, **kwargs)
+        gm = self.graph_module
+        if kwargs or gm.__dict__.get("validate_inputs") is not True:
+            return gm(*args, **kwargs)
+        # torch.export's forward pre-hook checks the inputs' structure and shape
+        # constraints on every call (over 100 us of pytree work per forward): what it
+        # checks depends on the signature only, so check each signature once
+        sig = tuple((type(a), a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor)
+                    else (type(a), a) for a in args)
+        try:
+            seen = sig in self._validated
+        except TypeError:                  # an unhashable argument: check every call
+            return gm(*args)
+        if not seen:
+            _check_input_constraints_pre_hook(gm, args, {})     # raises on a violation
+            if len(self._validated) < 64:
+                self._validated.add(sig)
+        state = gm.__dict__          # a plain attribute: skip nn.Module.__setattr__'s cost
+        state["validate_inputs"] = False
+        try:
+            return gm(*args)
+        finally:
+            state["validate_inputs"] = True
 
     def verify(self, enabled: bool = True) -> "CompiledModel":
         """Verify mode: each region compares its first kernel call with PyTorch and
