@@ -104,6 +104,20 @@ def main():
             compiled(xs)
             hook.remove()
             result.update({f"region_{k}": v for k, v in region_call_costs(mod, seen[0], 5000).items()})
+            # the parts of a C++-path call: the C++ object alone (operand check, output
+            # allocation, launch), and the library's launcher alone (CUTLASS's host
+            # side: arguments, TMA descriptors, cudaLaunchKernelEx) on cached args
+            import ctypes
+            from cutlass_offload.runtime.region import current_stream
+            xs_seen = seen[0]
+            result["region_cpp_object_us"] = per_call_us(lambda: mod._fast(xs_seen), 5000)
+            (args, _), = mod._direct.values()
+            out = torch.empty(8, 64, dtype=torch.float16, device="cuda")
+            args.d = out.data_ptr()
+            ref, stream = ctypes.byref(args), current_stream(0)
+            result["launcher_only_us"] = per_call_us(lambda: mod._fn(ref, stream), 5000)
+            result["torch_empty_cuda_us"] = per_call_us(
+                lambda: torch.empty((8, 64), dtype=torch.float16, device="cuda"), 5000)
             small = small.cuda()
             result["torch_linear_call_us"] = per_call_us(lambda: small(xs), 5000)
         torch.cuda.synchronize()
