@@ -9,20 +9,31 @@ host, so a model should meet only a few of them):
 ========  ==============  =======  ===========  ============================================
 name      tile (M, N, K)  cluster  schedule     for
 ========  ==============  =======  ===========  ============================================
-big       128x256x64      2x1      cooperative  a full wave of CTAs or more (4096^3: 638 TFLOP/s)
-mid       128x128x64      1x1      cooperative  half a wave of 128x128 tiles
-small     64x128x64       1x1      ping-pong    small M (<= 128) and few tiles
+big       128x256x64      2x1      cooperative  1.5 waves of CTAs or more (4096^3: 638 TFLOP/s)
+mid       128x128x64      1x1      cooperative  M > 1024 and half a wave of 128x128 tiles
+small     64x128x64       1x1      ping-pong    M <= 1024 (below 1.5 waves of big tiles), or few
+                                                tiles
 wide      64x256x64       1x1      ping-pong    small M with a wide N (a wave of 64x256 tiles)
 narrow    128x64x64       1x1      cooperative  N <= 64 (a 128-wide tile would be half empty)
-stream_k  128x128x64      1x1      cooperative  far fewer tiles than SMs and a long K:
-                                   + stream-K   K is split across CTAs (CUTLASS's heuristic
+stream_k  128x128x64      1x1      cooperative  a --tune candidate only (far fewer tiles than
+                                   + stream-K   SMs and a long K; CUTLASS's heuristic
                                                 decomposition: data-parallel, split-K or
                                                 stream-K per problem)
 ========  ==============  =======  ===========  ============================================
 
 ``choose`` is a pure function of the problem and the SM count; the thresholds
 follow the CTA-count argument (design.md: a fixed 128x256 tile ran 77x1280x768 at
-17.5 us against PyTorch's 10.6 us, i.e. a tile must not leave most SMs idle).
+17.5 us against PyTorch's 10.6 us, i.e. a tile must not leave most SMs idle) and
+the --tune profiles of the built-in models on an H200 (CUDA-graph timing, us):
+
+* 64x128 ping-pong beat 128x128 cooperative on every M <= 1024 GEMM profiled:
+  BERT/GPT-2 1024x3072x768 16.3 vs 18.1, 1024x2304x768 11.2 vs 13.1,
+  1024x768x3072 12.7 vs 19.0, 1024x768x768 5.8 vs 7.4;
+* 128x256 lost to it at 1.2 waves (UNet 512x10240x1280: 32.2 vs 24.3) and tied
+  128x128 at 2.4 waves (2048x5120x640: 28.2 vs 27.6): big needs 1.5 waves;
+* stream-K lost on all nine problems it was profiled on (UNet 128x1280x5120: 31.5 vs
+  16.6 for ping-pong; BERT/GPT-2 1.4-1.7x the best), so the heuristic never picks it.
+
 ``candidates`` lists at most four configs for on-GPU profiling (``--tune``),
 the heuristic's choice first.
 """
@@ -50,7 +61,8 @@ CONFIGS = {
     "stream_k": _config((128, 128, 64), (1, 1, 1), COOP, "stream_k"),
 }
 SMALL_M = 128            # rows: up to here a 64-row ping-pong tile wastes least
-STREAM_K_MIN_K = 2048    # K: 32 k-blocks of 64, enough to split across CTAs
+PINGPONG_MAX_M = 1024    # rows: up to here 64x128 ping-pong beat 128x128 cooperative (measured)
+BIG_MIN_WAVES = 1.5      # waves of 128x256 tiles below which they lost (measured)
 MAX_CANDIDATES = 4
 
 
@@ -77,17 +89,14 @@ def _ctas(problem: GemmProblem, name: str) -> int:
 
 def choose_name(problem: GemmProblem, num_sms: int) -> str:
     """The heuristic's config name (a key of ``CONFIGS``); see the module docstring."""
-    m, n, k = gemm_mnk(problem)
-    few_tiles = _ctas(problem, "small") * 4 <= num_sms     # at most a quarter of the SMs busy
-    if few_tiles and k >= STREAM_K_MIN_K:
-        return "stream_k"
+    m, n, _ = gemm_mnk(problem)
     if m <= SMALL_M:
         return "wide" if n >= 256 and _ctas(problem, "wide") >= num_sms else "small"
-    if _ctas(problem, "big") >= num_sms:
+    if _ctas(problem, "big") >= BIG_MIN_WAVES * num_sms:
         return "big"
     if n <= 64:
         return "narrow"
-    if _ctas(problem, "mid") >= num_sms // 2:
+    if m > PINGPONG_MAX_M and _ctas(problem, "mid") >= num_sms // 2:
         return "mid"
     return "small"
 
