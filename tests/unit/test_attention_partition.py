@@ -8,11 +8,20 @@ import math
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from attention_cases import (
+    SuiteModel,
+    case_id,
+    case_inputs,
+    conformance_cases,
+    extra_cases,
+    reference,
+    rel_err_nan,
+    run_on_cpu,
+    suite_inputs,
+)
+from helpers import Fn
 
-from attention_cases import (SuiteModel, case_id, case_inputs, conformance_cases, extra_cases,
-                             reference, rel_err_nan, run_on_cpu, suite_inputs)
 from cutlass_offload.capture import capture
 from cutlass_offload.ir import AttentionRegion
 from cutlass_offload.partition import partition
@@ -22,15 +31,6 @@ from cutlass_offload.select import select
 
 H = torch.float16
 TOL = {torch.float16: 1e-2, torch.bfloat16: 2e-2, torch.float32: 1e-4}
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def parts(fn, *inputs, dynamic_shapes=None):

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attention_cases import SuiteModel, conformance_cases, extra_cases, suite_inputs
-from torch import nn
+from helpers import Fn, recorded_calls
 
 from cutlass_offload.capture import capture
 from cutlass_offload.partition import partition
@@ -18,15 +18,6 @@ from cutlass_offload.select import select
 H = torch.float16
 CL = torch.channels_last
 POINTERS = {"input", "output", "weight", "bias", "q", "k", "v", "out"}
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def region_module(fn, *xs, arch="sm80"):
@@ -155,20 +146,7 @@ def attention_suite():
     gm = offload(cap.graph_module, select(partition(cap.graph_module), "sm90a"), library_path=None)
     mods = {n: m for n, m in gm.named_children() if isinstance(m, RegionModule)}
     assert len(mods) == len(cases)
-    seen = {n: [] for n in mods}
-
-    def recording(name, m):
-        def forward(*xs):
-            seen[name].append(xs)
-            return m.fallback(*xs)
-        return forward
-    for name, m in mods.items():
-        m.forward = recording(name, m)
-    with torch.no_grad():
-        gm(*suite_inputs(cases, seed=0))
-        gm(*suite_inputs(cases, seed=7))
-    for m in mods.values():
-        del m.forward
+    seen = recorded_calls(gm, mods, suite_inputs(cases, seed=0), suite_inputs(cases, seed=7))
     return {n: (mods[n], *seen[n]) for n in mods}
 
 

@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import Fn
 
 from cutlass_offload.capture import capture
 from cutlass_offload.emit import emit_kernels
@@ -18,15 +19,6 @@ ACTS = {"relu": torch.relu, "gelu_erf": F.gelu, "gelu_tanh": lambda t: F.gelu(t,
         "silu": F.silu, "sigmoid": torch.sigmoid}
 # odd N (alignment 1): CUTLASS 2.x kernels on either arch; N = 64: 3.x on sm_90a
 SHAPES = {"2x": (12, 40, 63), "3x": (12, 40, 64)}
-
-
-class Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def sources(fn, inputs, arch):

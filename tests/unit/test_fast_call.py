@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fast_call_helpers import FakeLauncher, fast_call_module, replay_matches_python
+from helpers import Fn, recorded_calls
 
 from cutlass_offload.capture import capture
 from cutlass_offload.partition import partition
@@ -155,42 +156,20 @@ def test_disabled_by_the_environment(monkeypatch):
 
 # -- region modules: the C++ replay hands the launcher what the Python mapping would --
 
-class Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
-
-
 def region_modules(fn, xs, arch="sm90a", dynamic_shapes=None):
     cap = capture(Fn(fn), xs, dynamic_shapes=dynamic_shapes)
     gm = offload(cap.graph_module, select(partition(cap.graph_module), arch), library_path=None)
     return gm, {n: m for n, m in gm.named_children() if isinstance(m, RegionModule)}
 
 
-def recorded_calls(gm, mods, *input_sets):
-    """{region name: [its inputs in each forward of ``gm``]} (PyTorch runs the regions)."""
-    seen = {n: [] for n in mods}
-
-    def recording(name, m):
-        def forward(*xs):
-            seen[name].append(xs)
-            return m.fallback(*xs)
-        return forward
-    for name, m in mods.items():
-        m.forward = recording(name, m)
-    with torch.no_grad():
-        for xs in input_sets:
-            gm(*xs)
-    for m in mods.values():
-        del m.forward
-    return seen
-
-
 def test_gemm_suite_replays_like_python(fake):
-    from gemm_cases import SuiteModel, conformance_cases, example_dims, suite_dynamic_shapes, suite_inputs
+    from gemm_cases import (
+        SuiteModel,
+        conformance_cases,
+        example_dims,
+        suite_dynamic_shapes,
+        suite_inputs,
+    )
     cases = conformance_cases()
     cap = capture(SuiteModel(cases), suite_inputs(cases, example_dims(cases), H),
                   dynamic_shapes=suite_dynamic_shapes(cases))
