@@ -244,3 +244,9 @@ def test_module_call_takes_the_cpp_path_and_keeps_hooks(fake):
     finally:
         handle.remove()
     assert seen == [3] and fake.count == before + 2 and mod.fallback_calls == 0
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, xs: seen.append(m))
+    try:
+        mod(*inputs())
+    finally:
+        handle.remove()
+    assert seen[1:] == [mod] and fake.count == before + 3       # a global hook sees it too

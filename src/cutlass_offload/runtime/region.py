@@ -14,6 +14,10 @@ from . import fast_call
 from .library import ARGS_TYPES, CO_CANNOT_IMPLEMENT, CO_OK, STATUS_NAMES, check_device
 
 ESIZE = {"f16": 2, "bf16": 2, "f32": 4}
+# nn.Module's process-wide forward hooks (register_module_forward_*_hook): dicts
+# mutated in place, so holding them is enough
+_GLOBAL_HOOKS = tuple(getattr(_nn_module, name, {}) for name in
+                      ("_global_forward_pre_hooks", "_global_forward_hooks"))
 TORCH_DTYPE = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 # verify mode: norm-wise relative error allowed against the PyTorch subgraph (which
 # itself rounds in the same dtype): about 8x the unit roundoff of the output type
@@ -194,8 +198,7 @@ class RegionModule(torch.nn.Module):
         # machinery (a few us per call on a slow host), unless forward hooks are set
         fast = self._fast
         if (fast is not None and not self.verify and not self.disabled
-                and not (self._forward_pre_hooks or self._forward_hooks
-                         or _nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks)):
+                and not (self._forward_pre_hooks or self._forward_hooks or any(_GLOBAL_HOOKS))):
             out = fast(xs)
             if out is not None:
                 return out
