@@ -61,7 +61,7 @@ def region_call_costs(mod, xs, n=2000) -> dict:
     fast_call.load(block=True)
     with torch.no_grad():
         mod(*xs)
-        mod(*xs)                      # the second call offers its signature to the C++ path
+        mod(*xs)                      # warm-up: the signature goes to the C++ path
         before = mod._fast.calls if mod._fast is not None else 0
         result = {"call_us": per_call_us(lambda: mod(*xs), n)}
         result["fast_path"] = mod._fast is not None and mod._fast.calls > before

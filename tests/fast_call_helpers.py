@@ -68,9 +68,9 @@ def masked(args, fields=("workspace", "workspace_bytes")) -> bytes:
 
 def replay_matches_python(mod, xs, ys, fake: FakeLauncher) -> bool:
     """Run region module ``mod``'s call path as forward does, on CPU tensors with the
-    fake launcher: ``xs`` maps in Python (then from the per-signature cache, which
-    offers the signature to the C++ path); ``ys`` (fresh tensors of the same
-    signature) is replayed in C++. Asserts that the launcher then receives byte for
+    fake launcher: ``xs`` maps in Python (the full mapping, which stores the signature
+    and offers it to the C++ path); ``ys`` (fresh tensors of the same signature) is
+    replayed in C++. Asserts that the launcher then receives byte for
     byte the args the full Python mapping of ``ys`` builds, except the output pointer
     (a fresh allocation) and the workspace, and that the result has the Python
     result's shape, strides and dtype. False when the region's signature is not
@@ -79,8 +79,8 @@ def replay_matches_python(mod, xs, ys, fake: FakeLauncher) -> bool:
     mod._fn, mod._ws, mod._ws_need = fake.fn, None, 0
     mod._direct.clear()
     mod._fast, mod._fast_sigs = None, set()
-    assert mod._map(xs) is not None, mod.region.name
-    mapped = mod._map(xs)
+    mapped = mod._map(xs)              # the first call maps in full and stores the signature
+    assert mapped is not None, mod.region.name
     if mod._fast_sig is None:
         return False
     out = mod._launched(mapped[0], mapped[2])

@@ -12,6 +12,7 @@ Environment variables:
   CUTLASS_OFFLOAD_JOBS       parallel nvcc processes (default: cores, capped by memory)
   CUTLASS_OFFLOAD_FAST_CALL  0 turns off the C++ call path of offloaded regions
                              (runtime/fast_call.py); every call then maps in Python
+  CXX                        the host C++ compiler that builds that path (default c++)
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class Knobs:
     verbose: bool
     jobs: int
     fast_call: bool
+    cxx: str
 
 
 def knobs() -> Knobs:
@@ -46,6 +48,7 @@ def knobs() -> Knobs:
         verbose=env.get("CUTLASS_OFFLOAD_VERBOSE", "0") not in ("", "0"),
         jobs=int(env.get("CUTLASS_OFFLOAD_JOBS", "0")),
         fast_call=env.get("CUTLASS_OFFLOAD_FAST_CALL", "1") not in ("", "0"),
+        cxx=env.get("CXX") or "c++",
     )
 
 

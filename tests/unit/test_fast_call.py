@@ -250,3 +250,26 @@ def test_module_call_takes_the_cpp_path_and_keeps_hooks(fake):
     finally:
         handle.remove()
     assert seen[1:] == [mod] and fake.count == before + 3       # a global hook sees it too
+
+
+def test_first_call_of_a_signature_offers_it(fake):
+    """The call that stores a signature (read in place) offers it to the C++ path at
+    once, so the second call of it is already replayed; a call whose operand was
+    copied offers nothing."""
+    fast_call_module()
+
+    def inputs():
+        return (torch.randn(8, 64, dtype=H), torch.randn(32, 64, dtype=H), torch.randn(32, dtype=H))
+    gm, mods = region_modules(lambda x, w, b: F.linear(x, w, b), inputs())
+    (mod,) = mods.values()
+    mod._fn, mod._ws, mod._ws_need = fake.fn, None, 0
+    x_t = torch.randn(64, 8, dtype=H).t()                  # K not contiguous: copied
+    copied = (x_t,) + inputs()[1:]
+    assert mod._map(copied) is not None and mod._fast_sig is None and not mod._direct
+    xs = inputs()
+    out, args, _ = mod._map(xs)
+    assert mod._fast_sig is not None and len(mod._direct) == 1
+    mod._fast_offer(xs, args, out)
+    assert mod._fast.entries == 1
+    before = fake.count
+    assert mod._fast(inputs()) is not None and fake.count == before + 1

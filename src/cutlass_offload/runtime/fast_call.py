@@ -44,7 +44,7 @@ _state = {"module": None, "error": None, "thread": None}
 
 
 def _compiler() -> str:
-    return os.environ.get("CXX") or "c++"
+    return knobs().cxx
 
 
 def _compiler_identity(cxx: str) -> str:

@@ -173,6 +173,8 @@ class RegionModule(torch.nn.Module):
                 args = type(mapped[1])()
                 ctypes.pointer(args)[0] = mapped[1]
                 self._direct[sig] = (args, entry)
+                # this very call may stand for the signature in the C++ path too
+                self._fast_sig = sig if self._fast_installable(entry) else None
         return mapped
 
     def _fast_installable(self, entry) -> bool:
