@@ -273,3 +273,29 @@ def test_first_call_of_a_signature_offers_it(fake):
     assert mod._fast.entries == 1
     before = fake.count
     assert mod._fast(inputs()) is not None and fake.count == before + 1
+
+
+def test_calls_never_wait_for_a_background_build(monkeypatch):
+    """While the extension builds in the background, prefetch() and load(block=False)
+    (what a region call asks) return at once; the module appears once built."""
+    import threading
+    import time
+    release = threading.Event()
+    sentinel = object()
+
+    def slow_build(root=None):
+        release.wait(10)
+        return "built"
+    monkeypatch.setattr(fast_call, "_state", {"module": None, "error": None, "thread": None})
+    monkeypatch.setattr(fast_call, "build", slow_build)
+    monkeypatch.setattr(fast_call, "_import", lambda path: sentinel)
+    monkeypatch.setenv("CUTLASS_OFFLOAD_FAST_CALL", "1")
+    fast_call.prefetch()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fast_call.prefetch()
+        assert fast_call.load(block=False) is None
+    assert time.perf_counter() - t0 < 1.0
+    release.set()
+    fast_call._state["thread"].join(10)
+    assert fast_call.load(block=False) is sentinel and fast_call.load() is sentinel

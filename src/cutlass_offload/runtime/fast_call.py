@@ -39,7 +39,8 @@ from ..config import knobs
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fast_call.cpp"
 MODULE_NAME = "_co_fast_call"
 
-_lock = threading.Lock()
+_build_lock = threading.Lock()   # one build + import at a time
+_start_lock = threading.Lock()   # starting the background thread (never held during a build)
 _state = {"module": None, "error": None, "thread": None}
 
 
@@ -135,9 +136,9 @@ def load(block: bool = True):
     if _state["module"] is not None or _state["error"] is not None or not enabled():
         return _state["module"]
     if not block:
-        prefetch()
+        prefetch()                # returns at once, even while a build runs
         return None
-    with _lock:
+    with _build_lock:
         if _state["module"] is None and _state["error"] is None:
             try:
                 _state["module"] = _import(build())
@@ -152,7 +153,7 @@ def prefetch() -> None:
     """Build and import the extension in a background thread (once per process)."""
     if not enabled() or _state["module"] is not None or _state["error"] is not None:
         return
-    with _lock:
+    with _start_lock:
         if _state["thread"] is None:
             t = threading.Thread(target=load, name="cutlass_offload-fast-call", daemon=True)
             _state["thread"] = t
