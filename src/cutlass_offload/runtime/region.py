@@ -104,7 +104,6 @@ class RegionModule(torch.nn.Module):
         lib = self._library_getter()
         check_device(self.kernel.arch, device)
         self._fn, self._ws_fn = lib.launcher(f"co_{self.region.name}", ARGS_TYPES[self.kernel.args_type])
-        fast_call.prefetch()
 
     # -- the C++ call path ----------------------------------------------------------
     def _fast_operands(self):
@@ -196,15 +195,11 @@ class RegionModule(torch.nn.Module):
         return out
 
     def __call__(self, *xs):
-        # a cached signature goes straight to the C++ path, without nn.Module's call
-        # machinery (a few us per call on a slow host), unless forward hooks are set
-        fast = self._fast
-        if (fast is not None and not self.verify and not self.disabled
-                and not (self._forward_pre_hooks or self._forward_hooks or any(_GLOBAL_HOOKS))):
-            out = fast(xs)
-            if out is not None:
-                return out
-        return super().__call__(*xs)
+        # without forward hooks, skip nn.Module's call machinery (a few us per call on
+        # a slow host): the C++ path below is then the whole cost of a cached call
+        if self._forward_pre_hooks or self._forward_hooks or any(_GLOBAL_HOOKS):
+            return super().__call__(*xs)
+        return self.forward(*xs)
 
     def forward(self, *xs):
         fast = self._fast
@@ -222,7 +217,7 @@ class RegionModule(torch.nn.Module):
         if self.disabled:
             self.fallback_calls += 1
             return self.fallback(*xs)
-        self._fast_sig = None
+        self._fast_sig = None             # _map sets it for a cached signature
         mapped = self._map(xs)
         if mapped is None:
             self.fallback_calls += 1
