@@ -274,8 +274,8 @@ def _load_once(out: Path, manifest: dict, device) -> tuple:
         ep = move_to_device_pass(ep, device)
         inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
     lib = out / build_stage.LIB_NAME
-    from .tune.result import config_from_dict
-    tuned = {tid: config_from_dict(c) for tid, c in manifest.get("tuned", {}).items()}
+    from .tune.result import choice_from_dict
+    tuned = {tid: choice_from_dict(c) for tid, c in manifest.get("tuned", {}).items()}
     compiled = _compile_graph(from_exported(ep), options, _Phases(),
                               library_path=lib if lib.exists() else None,
                               keep_regions=[name for name, _ in manifest["fingerprint"]],

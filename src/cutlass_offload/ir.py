@@ -174,9 +174,71 @@ class KernelConfig:
         return f"{t}_w{w}_s{self.stages}"
 
 
+RASTER_ORDERS = ("heuristic", "along_m", "along_n")
+DECOMPOSITIONS = ("heuristic", "data_parallel", "split_k", "stream_k")
+
+
+@dataclass(frozen=True)
+class GemmLaunch:
+    """Run-time arguments of a CUTLASS 3.x GEMM launch: how the tile scheduler walks
+    the output tiles and how the grid is launched. None of them changes the compiled
+    kernel, so a tuner tries them without compiling anything
+    (cutlass/gemm/kernel/tile_scheduler_params.h, sm90_tile_scheduler_stream_k.hpp).
+
+    raster: the order CTAs visit output tiles: "heuristic" (CUTLASS: along the longer
+      of M / N), "along_m" or "along_n".
+    swizzle: max_swizzle_size, 1, 2, 4 or 8: tiles handed out in groups of this many
+      rows (columns) for L2 reuse.
+    splits: K split into this many parts (stream-K scheduler kernels only; 1 = none).
+    decomposition: "heuristic" (CUTLASS picks data-parallel, split-K or stream-K),
+      "data_parallel", "split_k" (with ``splits``) or "stream_k" (stream-K scheduler
+      kernels only; persistent-scheduler kernels need "heuristic").
+    pdl: launch with programmatic dependent launch (CUDA's
+      cudaLaunchAttributeProgrammaticStreamSerialization): the kernel may start while
+      the previous kernel on the stream finishes and waits (griddepcontrol.wait)
+      before it reads global memory, hiding launch latency and prologue.
+    Default: CUTLASS's defaults, no PDL.
+    """
+
+    raster: str = "heuristic"
+    swizzle: int = 1
+    splits: int = 1
+    decomposition: str = "heuristic"
+    pdl: bool = False
+
+    def __post_init__(self):
+        _check(self.raster, RASTER_ORDERS, "raster")
+        _check(self.swizzle, (1, 2, 4, 8), "swizzle")
+        _check(self.decomposition, DECOMPOSITIONS, "decomposition")
+        if not isinstance(self.splits, int) or not 1 <= self.splits <= 64:
+            raise ValueError(f"splits must be an int in [1, 64], got {self.splits!r}")
+        if self.splits > 1 and self.decomposition != "split_k":
+            raise ValueError("splits > 1 needs decomposition 'split_k'")
+
+    @property
+    def tag(self) -> str:
+        """Short label of the non-default knobs ("default" when none)."""
+        parts = []
+        if self.raster != "heuristic":
+            parts.append(self.raster)
+        if self.swizzle != 1:
+            parts.append(f"swz{self.swizzle}")
+        if self.decomposition != "heuristic":
+            parts.append({"data_parallel": "dp", "split_k": f"splitk{self.splits}",
+                          "stream_k": "sk"}[self.decomposition])
+        if self.pdl:
+            parts.append("pdl")
+        return "_".join(parts) or "default"
+
+
 @dataclass(frozen=True)
 class GemmKernel:
-    """One distinct kernel instantiation: shared by every region that maps onto it."""
+    """One distinct kernel instantiation: shared by every region that maps onto it.
+
+    launch: the run-time arguments the regions using it launch it with (GemmLaunch;
+    3.x kernels only). Not part of the compiled identity: ``name`` leaves it out,
+    so regions launching one kernel differently still share its code.
+    """
 
     arch: str
     dtype: str
@@ -188,12 +250,18 @@ class GemmKernel:
     config: KernelConfig
     layout_a: str = "row"
     accumulate: str = "f32"
+    launch: GemmLaunch = GemmLaunch()
 
     def __post_init__(self):
         _check(self.arch, ARCHS, "arch")
         _check(self.dtype, DTYPES, "dtype")
         if self.config.family == "cutlass3x_sm90" and self.arch != "sm90a":
             raise ValueError("CUTLASS 3.x sm90 kernels need the sm90a target")
+        if self.launch != GemmLaunch() and self.config.family != "cutlass3x_sm90":
+            raise ValueError("launch arguments are for CUTLASS 3.x kernels only")
+        if self.launch.decomposition != "heuristic" and self.config.tile_scheduler != "stream_k":
+            raise ValueError(f"decomposition {self.launch.decomposition!r} needs the stream-K "
+                             "tile scheduler")
 
     kind = "gemm"
     args_type = "CoGemmArgs"

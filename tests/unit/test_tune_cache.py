@@ -4,6 +4,7 @@ failing candidate is skipped and recorded) and the crash handling of the
 profiling subprocess (a fake process writing the result events)."""
 import json
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,8 @@ import torch
 
 import cutlass_offload as co
 from cutlass_offload.config import CompileOptions
-from cutlass_offload.ir import GemmEpilogue, GemmProblem, GemmRegion, Plan
-from cutlass_offload.select import candidate_kernels, choose_kernel, select, tuning_id
+from cutlass_offload.ir import GemmEpilogue, GemmLaunch, GemmProblem, GemmRegion, Plan
+from cutlass_offload.select import candidate_kernels, choose_kernel, select, sm90, tuning_id
 from cutlass_offload.tune import cache as tune_cache
 from cutlass_offload.tune import tune
 from cutlass_offload.tune.cache import TuningCache, tuning_key
@@ -147,42 +148,94 @@ class FakeBuild:
 
 
 class FakeProfiler:
-    """Stands in for runner.profile_candidates: a time per candidate tag, or a status."""
+    """Stands in for runner.profile_candidates: a time per candidate tag (or a
+    status) from ``outcome(tag, spec, launch)``; with a knob search, every variant of
+    the ``top`` fastest jobs, as the profiling process would."""
 
     def __init__(self, outcome):
-        self.outcome, self.calls = outcome, []
+        self.outcome, self.calls, self.searches = outcome, [], []
 
-    def __call__(self, library, specs, jobs, tags, device=0):
+    def _result(self, job, tag, spec, launch):
+        o = self.outcome(tag, spec, launch or {})
+        if isinstance(o, str):
+            return CandidateResult(job["kernel"], tag, o, detail="from the fake", launch=launch)
+        return CandidateResult(job["kernel"], tag, "ok", us=o, rel_err=1e-4, launch=launch)
+
+    def __call__(self, library, specs, jobs, tags, device=0, knob_search=None):
         self.calls.append(jobs)
-        res = {}
-        for j in jobs:
-            o = self.outcome(tags[j["id"]], specs[j["problem"]])
-            if isinstance(o, str):
-                res[j["id"]] = CandidateResult(j["kernel"], tags[j["id"]], o, detail="from the fake")
-            else:
-                res[j["id"]] = CandidateResult(j["kernel"], tags[j["id"]], "ok", us=o, rel_err=1e-4)
+        self.searches.append(knob_search)
+        res = {j["id"]: self._result(j, tags[j["id"]], specs[j["problem"]], j.get("launch"))
+               for j in jobs}
+        if knob_search:
+            for pid in specs:
+                ok = sorted((res[j["id"]].us, j["id"]) for j in jobs
+                            if j["problem"] == pid and res[j["id"]].status == "ok")
+                for _, jid in ok[:knob_search["top"]]:
+                    job = next(j for j in jobs if j["id"] == jid)
+                    for v in job.get("variants", []):
+                        tag = f"{tags[jid]}+{GemmLaunch(**v).tag}"
+                        res[f"{jid}@{GemmLaunch(**v).tag}"] = self._result(job, tag, specs[pid], v)
         return res, {p: 10.0 for p in specs}
 
 
-def _by_tile(tag, spec):
+FAST = "128x128x64_c1x1x1_coop"
+
+
+def _by_tile(tag, spec, launch):
     # pretend 128x128 cooperative (persistent) is the fastest everywhere
-    return 5.0 if tag == "128x128x64_c1x1x1_coop" else 8.0
+    return 5.0 if tag.split("+")[0] == FAST else 8.0
 
 
-def test_tune_profiles_each_distinct_problem_once_and_select_uses_the_winner(tmp_path):
+def test_tune_ranks_proxies_then_builds_the_best_with_each_epilogue(tmp_path):
     p1, p2 = _problem(1024, 768, 768), _problem(77, 1280, 768)
-    plan = _plan(p1, p1, p2)                  # two regions share p1
+    p3 = _problem(1024, 768, 768, GemmEpilogue(bias=True, activation="gelu_erf"))   # p1's shape
+    plan = _plan(p1, p1, p2, p3)              # two regions share p1
     fb, fp = FakeBuild(), FakeProfiler(_by_tile)
     rep = tune(plan, OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=fb, profiler=fp)
-    assert len(fb.plans) == 1 and len(fp.calls) == 1          # one build, one profiling batch
-    n_cands = len(candidate_kernels(p1, "sm90a")) + len(candidate_kernels(p2, "sm90a"))
-    assert len(fb.plans[0].regions) == n_cands == len(fp.calls[0])
-    assert [p.regions for p in rep.problems] == [2, 1] and rep.profiled == 2
-    assert all(p.winner == "128x128x64_c1x1x1_coop" for p in rep.problems)
-    assert rep.problems[0].heuristic == choose_kernel(p1, "sm90a").config.tag
+    assert len(fb.plans) == 2 and len(fp.calls) == 2          # rank, then final
+    # rank: one plain fp16 proxy per shape (p1 and p3 share one), every plausible config
+    proxies = {tuning_id(replace(p, epilogue=GemmEpilogue())) for p in (p1, p2)}
+    assert len(rep.ranking) == len(proxies) == 2
+    n_rank = sum(len(sm90.search_space(replace(p, epilogue=GemmEpilogue()), 132)) for p in (p1, p2))
+    assert len(fb.plans[0].regions) == n_rank
+    assert all(k.epilogue == GemmEpilogue() for k in fb.plans[0].kernels)
+    assert fp.searches == [None, {"top": 2, "pdl": True}]
+    # final: the heuristic's kernel first, then the best-ranked configs, own epilogue
+    final = fb.plans[1]
+    by_problem = {}
+    for r, k in zip(final.regions, final.kernels):
+        by_problem.setdefault(tuning_id(r.problem), []).append(k)
+        assert k.epilogue == r.problem.epilogue
+    for p in (p1, p2, p3):
+        ks = by_problem[tuning_id(p)]
+        assert ks[0] == choose_kernel(p, "sm90a") and 2 <= len(ks) <= 1 + 3
+    for p in (p1, p3):             # FAST is not plausible for 77 rows (a wave of 64-row tiles)
+        assert FAST in [k.config.tag for k in by_problem[tuning_id(p)]]
+    assert all("variants" in j for j in fp.calls[1])          # launch knobs searched
+    assert [p.regions for p in rep.problems] == [2, 1, 1] and rep.profiled == 3
+    assert [p.winner.split("+")[0] == FAST for p in rep.problems] == [True, False, True]
     tuned = select(_partition_of(plan), "sm90a", OPTIONS, rep.winners)
-    assert {k.config.tag for k in tuned.kernels} == {"128x128x64_c1x1x1_coop"}
-    assert "128x128x64_c1x1x1_coop" in rep.format() and "profiled" in rep.format()
+    assert [k.config.tag for k in tuned.kernels][:2] == [FAST, FAST]
+    assert tuned.kernels[3].config.tag == FAST
+    assert FAST in rep.format() and "profiled" in rep.format()
+
+
+def test_a_launch_variant_can_win_and_select_launches_with_it(tmp_path):
+    p = _problem(4096, 4096, 1024)
+
+    def outcome(tag, spec, launch):
+        return 4.0 if launch.get("raster") == "along_n" and launch.get("swizzle") == 4 else 6.0
+
+    rep = tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=FakeBuild(),
+               profiler=FakeProfiler(outcome))
+    (tp,) = rep.problems
+    assert tp.winner.endswith("+along_n_swz4") and tp.winner_launch["swizzle"] == 4
+    config, launch = rep.winners[tuning_id(p)]
+    assert launch == GemmLaunch(raster="along_n", swizzle=4)
+    (k,) = select(_partition_of(_plan(p)), "sm90a", OPTIONS, rep.winners).kernels
+    assert k.config == config and k.launch == launch
+    again = tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=None, profiler=None)
+    assert again.problems[0].cached and again.winners == rep.winners
 
 
 def _partition_of(plan):
@@ -205,25 +258,29 @@ def test_a_cache_hit_profiles_nothing(tmp_path):
     fp = FakeProfiler(_by_tile)
     other = tune(plan, OPTIONS, cache=TuningCache(tmp_path), gpu=("NVIDIA H100", 132, 0),
                  builder=FakeBuild(), profiler=fp)
-    assert other.profiled == 2 and len(fp.calls) == 1
+    assert other.profiled == 2 and len(fp.calls) == 2
 
 
 def test_failing_candidates_are_skipped_and_recorded(tmp_path):
     p = _problem(1024, 3072, 768)
-    cands = candidate_kernels(p, "sm90a")
-    assert len(cands) == 4
-    broken = cands[1].name                                   # does not compile
+    heuristic = choose_kernel(p, "sm90a")
+    ranked = [c for c in sm90.search_space(replace(p, epilogue=GemmEpilogue()), 132)
+              if c != heuristic.config][:3]
+    broken = replace(heuristic, config=ranked[0]).name          # does not compile
 
-    def outcome(tag, spec):
-        return {cands[0].config.tag: "crashed", cands[2].config.tag: "cannot implement"}.get(tag, 7.0)
+    def outcome(tag, spec, launch):
+        if spec["epilogue"]["bias"]:                             # the final step
+            return {heuristic.config.tag: "crashed", ranked[1].tag: "cannot implement"}.get(
+                tag.split("+")[0], 7.0)
+        return {c.tag: 1.0 + i for i, c in enumerate(ranked)}.get(tag, 9.0)
 
     rep = tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU,
                builder=FakeBuild(fail=[broken]), profiler=FakeProfiler(outcome))
     (tp,) = rep.problems
-    status = {c.tag: c.status for c in tp.candidates}
-    assert status == {cands[0].config.tag: "crashed", cands[1].config.tag: "compile failed",
-                      cands[2].config.tag: "cannot implement", cands[3].config.tag: "ok"}
-    assert tp.winner == cands[3].config.tag
+    status = {c.tag: c.status for c in tp.candidates if "+" not in c.tag}
+    assert status == {heuristic.config.tag: "crashed", ranked[0].tag: "compile failed",
+                      ranked[1].tag: "cannot implement", ranked[2].tag: "ok"}
+    assert tp.winner.split("+")[0] == ranked[2].tag
     assert "compile failed" in rep.format() and "crashed" in rep.format()
     # recorded in the cache with the failures, so the next compile needs no GPU time
     again = tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=None, profiler=None)
@@ -233,11 +290,22 @@ def test_failing_candidates_are_skipped_and_recorded(tmp_path):
 def test_no_result_is_cached_when_the_profiler_could_not_run(tmp_path):
     p = _problem(1024, 768, 768)
     rep = tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=FakeBuild(),
-               profiler=FakeProfiler(lambda tag, spec: "not profiled"))
+               profiler=FakeProfiler(lambda tag, spec, launch: "not profiled"))
     assert rep.problems[0].winner is None and rep.winners == {}
     fp = FakeProfiler(_by_tile)
     tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=FakeBuild(), profiler=fp)
-    assert len(fp.calls) == 1                                # tried again
+    assert len(fp.calls) == 2                                # tried again
+
+
+def test_a_heuristic_search_times_the_heuristic_alone_and_caches_nothing(tmp_path):
+    p = _problem(1024, 768, 768)
+    fb, fp = FakeBuild(), FakeProfiler(_by_tile)
+    rep = tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=fb, profiler=fp,
+               search="heuristic")
+    assert len(fb.plans) == 1 and list(fb.plans[0].kernels) == [choose_kernel(p, "sm90a")]
+    assert fp.searches == [None] and "variants" not in fp.calls[0][0]
+    assert rep.problems[0].winner == rep.problems[0].heuristic
+    assert not list(tmp_path.rglob("*.json"))
 
 
 # -- the profiling subprocess's crash handling -----------------------------------------------

@@ -10,9 +10,12 @@ The kernel is built with the CUTLASS collective builders (mainloop and epilogue)
 ``GemmUniversal<Shape<int,int,int,int>, ...>`` (problem (M, N, K, L)) and
 ``GemmUniversalAdapter``; the tile scheduler is CUTLASS's default persistent one
 or, for ``config.tile_scheduler == "stream_k"``, ``cutlass::gemm::StreamKScheduler``
-(default arguments: its heuristic picks data-parallel, split-K or stream-K per
-problem; partial tiles are reduced through the workspace, which ``initialize``
-zeroes on the stream, so it stays graph-capturable). The epilogue
+(partial tiles are reduced through the workspace, which ``initialize`` zeroes on
+the stream, so it stays graph-capturable). The scheduler's run-time arguments come
+from the args' launch knobs (ir.GemmLaunch, prelude.h): raster order and swizzle
+for both schedulers, splits and decomposition (data-parallel, split-K, stream-K or
+CUTLASS's heuristic) for stream-K; ``pdl`` launches with programmatic dependent
+launch. Knob values a kernel cannot take are refused (CO_CANNOT_IMPLEMENT). The epilogue
 ``D = post(residual_op(activation(acc + bias), C))`` is an epilogue visitor tree
 (EVT) computed in fp32; a plain epilogue uses ``LinearCombination`` with beta 0
 and no source load (ElementC = void).
@@ -155,7 +158,21 @@ static inline typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
        cute::make_stride(int64_t(args.ldd), cute::_1{}, int64_t(args.batch_stride_d))},
       hardware_info()};
 ${fusion_args}
+  // launch knobs (prelude.h): how the tile scheduler walks the output tiles
+  arguments.scheduler.max_swizzle_size = args.swizzle > 0 ? args.swizzle : 1;
+  arguments.scheduler.raster_order =
+      static_cast<cutlass::gemm::kernel::detail::RasterOrderOptions>(args.raster_order);
+${scheduler_args}
   return arguments;
+}
+
+// Knob values this kernel can take (prelude.h): anything else is refused, not clamped
+static inline bool co_knobs_ok(const CoGemmArgs& args) {
+  bool swizzle = args.swizzle == 0 || args.swizzle == 1 || args.swizzle == 2 ||
+                 args.swizzle == 4 || args.swizzle == 8;
+  bool split = ${split_knobs_ok};
+  return swizzle && split && args.raster_order >= 0 && args.raster_order <= 2 &&
+         (args.pdl == 0 || args.pdl == 1);
 }
 
 static inline bool co_fits_int(int64_t v) { return v >= 0 && v <= INT32_MAX; }
@@ -174,7 +191,8 @@ int run(const CoGemmArgs& args, cudaStream_t stream) {
   if (args.m == 0 || args.n == 0 || args.l == 0) {
     return CO_OK;  // empty output: nothing to launch
   }
-  if (!(co_tma_aligned(args.a) && co_tma_aligned(args.b) && co_tma_aligned(args.d)${c_check})) {
+  if (!(co_tma_aligned(args.a) && co_tma_aligned(args.b) && co_tma_aligned(args.d)${c_check}) ||
+      !co_knobs_ok(args)) {
     return CO_CANNOT_IMPLEMENT;
   }
   typename Gemm::Arguments arguments = make_arguments(args);
@@ -196,7 +214,9 @@ int run(const CoGemmArgs& args, cudaStream_t stream) {
     return CO_INIT_FAILED;
   }
   typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(arguments, args.workspace);
-  if (Gemm::run(params, stream) != cutlass::Status::kSuccess) {
+  // PDL: the kernel's griddepcontrol.wait (CUTLASS_ENABLE_GDC_FOR_SM90, a build flag)
+  // holds its first global read until the previous kernel on the stream is done
+  if (Gemm::run(params, stream, nullptr, args.pdl != 0) != cutlass::Status::kSuccess) {
     return CO_LAUNCH_FAILED;
   }
   if (cudaGetLastError() != cudaSuccess) {
@@ -207,6 +227,12 @@ int run(const CoGemmArgs& args, cudaStream_t stream) {
 
 }  // namespace ${name}
 """)
+
+
+_STREAM_K_ARGS = """\
+  arguments.scheduler.splits = args.splits > 0 ? args.splits : 1;
+  arguments.scheduler.decomposition_mode =
+      static_cast<cutlass::gemm::kernel::detail::DecompositionMode>(args.decomposition);"""
 
 
 def validate(kernel: GemmKernel) -> None:
@@ -271,6 +297,7 @@ def values(kernel: GemmKernel) -> dict:
     """
     validate(kernel)
     cfg = kernel.config
+    stream_k = cfg.tile_scheduler == "stream_k"
     ep = kernel.epilogue
     element = ELEMENT[kernel.dtype][0]
     residual = ep.residual != "none"
@@ -328,7 +355,11 @@ def values(kernel: GemmKernel) -> dict:
         "stage_count": stage_count,
         # persistent: no argument, so those kernels' source (and cache key) is unchanged
         "tile_scheduler": (",\n    cutlass::gemm::StreamKScheduler"
-                           if cfg.tile_scheduler == "stream_k" else ""),
+                           if stream_k else ""),
+        "scheduler_args": _STREAM_K_ARGS if stream_k else "",
+        "split_knobs_ok": ("args.splits >= 0 && args.splits <= 64 && "
+                           "args.decomposition >= 0 && args.decomposition <= 3"
+                           if stream_k else "args.splits <= 1 && args.decomposition == 0"),
         "stride_b_type": stride_b_type,
         "stride_b_value": stride_b_value,
         "ptr_c": "static_cast<ElementC const*>(args.c)" if residual else "nullptr",

@@ -29,6 +29,7 @@ class GemmRegionModule(RegionModule):
         self._ibias, self._ic = roles.get("bias"), roles.get("c")
         self.primary = self._ia
         self._args = CoGemmArgs()
+        self._args.set_launch(kernel.launch)      # the same knobs on every call
         p = region.problem
         self._n, self._k = p.n, p.k
         self._align = (kernel.align_a, kernel.align_b, kernel.align_c)

@@ -9,6 +9,7 @@ import torch
 
 from ..emit.attention import ARGS_FIELDS as ATTENTION_ARGS_FIELDS
 from ..errors import DeviceError
+from ..ir import DECOMPOSITIONS, RASTER_ORDERS
 
 
 class CoGemmArgs(ctypes.Structure):
@@ -19,7 +20,16 @@ class CoGemmArgs(ctypes.Structure):
         (f, ctypes.c_int64) for f in (
             "m", "n", "k", "l", "lda", "ldb", "ldc", "ldd",
             "batch_stride_a", "batch_stride_b", "batch_stride_c", "batch_stride_d")] + [
-        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
+        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)] + [
+        (f, ctypes.c_int32) for f in ("raster_order", "swizzle", "splits", "decomposition", "pdl")]
+
+    def set_launch(self, launch) -> None:
+        """Copy an ir.GemmLaunch into the launch knob fields (codes as in prelude.h)."""
+        self.raster_order = RASTER_ORDERS.index(launch.raster)
+        self.swizzle = launch.swizzle
+        self.splits = launch.splits
+        self.decomposition = DECOMPOSITIONS.index(launch.decomposition)
+        self.pdl = int(launch.pdl)
 
 
 class CoConvArgs(ctypes.Structure):

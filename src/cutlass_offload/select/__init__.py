@@ -5,8 +5,8 @@ import json
 from dataclasses import asdict, replace
 
 from ..config import CompileOptions
-from ..ir import (AttentionRegion, ConvRegion, Fallback, GemmKernel, GemmProblem, GroupNormRegion,
-                  NormRegion, PartitionResult, Plan)
+from ..ir import (AttentionRegion, ConvRegion, Fallback, GemmKernel, GemmLaunch, GemmProblem,
+                  GroupNormRegion, KernelConfig, NormRegion, PartitionResult, Plan)
 from ..emit import attention            # the sm80 kernel, for sm_80 and sm_90a
 from . import sm80, sm90
 from .conv import choose_conv_kernel, pad_channels
@@ -16,42 +16,48 @@ from .norm import choose_norm_kernel
 DEFAULT_NUM_SMS = {"sm90a": 132, "sm80": 108}  # H100/H200 SXM, A100 (vendor datasheets)
 
 
-def _kernel(problem: GemmProblem, arch: str, config) -> GemmKernel:
+def _kernel(problem: GemmProblem, arch: str, config, launch=GemmLaunch()) -> GemmKernel:
     return GemmKernel(arch=arch, dtype=problem.dtype, layout_b=problem.layout_b,
                       align_a=problem.align_a, align_b=problem.align_b, align_c=problem.align_c,
-                      epilogue=problem.epilogue, config=config, layout_a=problem.layout_a)
+                      epilogue=problem.epilogue, config=config, layout_a=problem.layout_a,
+                      launch=launch)
 
 
 def choose_kernel(problem: GemmProblem, arch: str, num_sms: int | None = None,
-                  tuned: dict | None = None) -> GemmKernel:
+                  tuned: dict | None = None, table=True) -> GemmKernel:
     """The kernel for one problem on ``arch`` ("sm90a" or "sm80"): the profiled
-    winner when ``tuned`` ({tuning_id(problem): KernelConfig}, from tune/) has
-    one, else the shape heuristic's.
+    winner when ``tuned`` ({tuning_id(problem): (KernelConfig, GemmLaunch)}, from
+    tune/; a bare KernelConfig means the default launch) has one, else the
+    heuristic's (sm90: the learned table, then the shape rules; ``table`` as for
+    select.sm90.choose).
 
     Raises ValueError when no kernel family can run the problem class.
     """
     num_sms = num_sms or DEFAULT_NUM_SMS[arch]
     if problem.epilogue.residual_broadcast:
         raise ValueError("GEMM kernels take a full-shape residual only")
-    config = (tuned or {}).get(tuning_id(problem))
-    if config is None:
+    choice = (tuned or {}).get(tuning_id(problem))
+    if isinstance(choice, KernelConfig):
+        choice = (choice, GemmLaunch())
+    if choice is None:
         if arch == "sm90a" and sm90.supports(problem):
-            config = sm90.choose(problem, num_sms)
+            choice = sm90.choose(problem, num_sms, table)
         else:
-            config = sm80.choose(problem, num_sms)
-    return _kernel(problem, arch, config)
+            choice = (sm80.choose(problem, num_sms), GemmLaunch())
+    return _kernel(problem, arch, *choice)
 
 
 def candidate_kernels(problem: GemmProblem, arch: str, num_sms: int | None = None) -> tuple:
-    """The kernels worth profiling for ``problem`` (at most 4, the heuristic's
-    first; see select/sm90.py and select/sm80.py). ValueError as choose_kernel."""
+    """A few kernels worth profiling for ``problem`` (at most 4, the heuristic's
+    first, with its launch; see select/sm90.py and select/sm80.py; tune/ searches
+    sm90's whole SPACE instead). ValueError as choose_kernel."""
     first = choose_kernel(problem, arch, num_sms)
     num_sms = num_sms or DEFAULT_NUM_SMS[arch]
     if first.config.family == "cutlass3x_sm90":
         configs = sm90.candidates(problem, num_sms)
     else:
         configs = sm80.candidates(problem, num_sms)
-    return tuple(_kernel(problem, arch, c) for c in configs)
+    return (first,) + tuple(_kernel(problem, arch, c) for c in configs if c != first.config)
 
 
 def tuning_id(problem: GemmProblem) -> str:
@@ -71,7 +77,7 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
            tuned: dict | None = None) -> Plan:
     """Choose a kernel per region; regions with no legal kernel become fallbacks.
 
-    tuned: {tuning_id(problem): KernelConfig} of profiled GEMM winners (tune/);
+    tuned: {tuning_id(problem): (KernelConfig, GemmLaunch)} of profiled GEMM winners (tune/);
     other GEMM problems get the heuristic's choice."""
     regions, kernels, fallbacks = [], [], list(part.fallbacks)
     for r in part.regions:

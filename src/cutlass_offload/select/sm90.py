@@ -1,10 +1,21 @@
-"""Candidate CUTLASS 3.x sm90a (TMA warp-specialized) configs and a shape heuristic.
+"""CUTLASS 3.x sm90a (TMA warp-specialized) GEMM configs: the search space, the
+learned table, and the shape rules.
 
 3.x kernels need 16-byte aligned operands (TMA), so they serve f16/bf16 problems
 with alignment 8 everywhere; the rest go to the 2.x kernels (select/sm80.py).
 
-Six configs (each distinct config x epilogue is one ~7 s compile on the 16-core
-host, so a model should meet only a few of them):
+How a problem gets its kernel without a GPU (``choose``):
+
+1. the learned table (``select/tables/sm90a_*.json``, written by
+   ``benchmarks/kernels.py --write-table`` from a profile of the kernel corpus on
+   the GPU it names): the measured winner (config and launch knobs) for the same
+   (M, N, K, batch, B layout), or for the nearest profiled shape within a factor
+   of ``NEAREST_MAX_RATIO`` in each of M, N and K (log-space distance); used only
+   for the SM count it was measured on;
+2. else the shape rules below (``choose_name``), with ``DEFAULT_LAUNCH``.
+
+The shape rules, six configs (the CTA-count argument and the --tune profiles of
+the built-in models on an H200, CUDA-graph timing, us):
 
 ========  ==============  =======  ===========  ============================================
 name      tile (M, N, K)  cluster  schedule     for
@@ -15,33 +26,33 @@ small     64x128x64       1x1      ping-pong    M <= 1024 (below 1.5 waves of bi
                                                 tiles
 wide      64x256x64       1x1      ping-pong    small M with a wide N (a wave of 64x256 tiles)
 narrow    128x64x64       1x1      cooperative  N <= 64 (a 128-wide tile would be half empty)
-stream_k  128x128x64      1x1      cooperative  a --tune candidate only (far fewer tiles than
-                                   + stream-K   SMs and a long K; CUTLASS's heuristic
-                                                decomposition: data-parallel, split-K or
-                                                stream-K per problem)
+stream_k  128x128x64      1x1      cooperative  a --tune candidate only
+                                   + stream-K
 ========  ==============  =======  ===========  ============================================
-
-``choose`` is a pure function of the problem and the SM count; the thresholds
-follow the CTA-count argument (design.md: a fixed 128x256 tile ran 77x1280x768 at
-17.5 us against PyTorch's 10.6 us, i.e. a tile must not leave most SMs idle) and
-the --tune profiles of the built-in models on an H200 (CUDA-graph timing, us):
 
 * 64x128 ping-pong beat 128x128 cooperative on every M <= 1024 GEMM profiled:
   BERT/GPT-2 1024x3072x768 16.3 vs 18.1, 1024x2304x768 11.2 vs 13.1,
   1024x768x3072 12.7 vs 19.0, 1024x768x768 5.8 vs 7.4;
 * 128x256 lost to it at 1.2 waves (UNet 512x10240x1280: 32.2 vs 24.3) and tied
   128x128 at 2.4 waves (2048x5120x640: 28.2 vs 27.6): big needs 1.5 waves;
-* stream-K lost on all nine problems it was profiled on (UNet 128x1280x5120: 31.5 vs
-  16.6 for ping-pong; BERT/GPT-2 1.4-1.7x the best), so the heuristic never picks it.
+* stream-K with CUTLASS's heuristic decomposition lost on all nine problems it was
+  profiled on (UNet 128x1280x5120: 31.5 vs 16.6 for ping-pong).
 
-``candidates`` lists at most four configs for on-GPU profiling (``--tune``),
-the heuristic's choice first.
+``SPACE`` is what ``--tune`` and the corpus profile search: tile shapes from 64x64
+to 256x128 (N = 96 and 192 included), cooperative and ping-pong schedules, clusters
+1x1, 2x1, 1x2 and 2x2, 128-deep K tiles for small tiles, and stream-K kernels
+whose splits and decomposition are run-time knobs (``launch_variants``), as are
+raster order, swizzle and PDL for every kernel (ir.GemmLaunch): trying a knob costs
+no compile. ``COMPILE_SECONDS`` is what one more config costs to build.
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
+from pathlib import Path
 
-from ..ir import GemmProblem, KernelConfig
+from ..ir import GemmLaunch, GemmProblem, KernelConfig
 
 COOP = "KernelTmaWarpSpecializedCooperative"
 PINGPONG = "KernelTmaWarpSpecializedPingpong"
@@ -60,10 +71,56 @@ CONFIGS = {
     "narrow": _config((128, 64, 64), (1, 1, 1), COOP),
     "stream_k": _config((128, 128, 64), (1, 1, 1), COOP, "stream_k"),
 }
+
+_C11, _C21, _C12, _C22 = (1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1)
+# The searched configs (tile, cluster, schedule, tile scheduler). Ping-pong gives
+# each consumer warp group a whole tile, so its tile M stays <= 128 with N <= 128
+# for 128-row tiles (128 fp32 accumulators per thread).
+SPACE = tuple(dict.fromkeys([
+    *CONFIGS.values(),
+    # cooperative: two consumer warp groups split the tile's rows (tile M >= 128)
+    _config((128, 64, 64), _C21, COOP),
+    _config((128, 96, 64), _C11, COOP),
+    _config((128, 128, 64), _C21, COOP),
+    _config((128, 128, 64), _C12, COOP),
+    _config((128, 128, 64), _C22, COOP),
+    _config((128, 192, 64), _C11, COOP),
+    _config((128, 192, 64), _C21, COOP),
+    _config((128, 256, 64), _C11, COOP),
+    _config((128, 256, 64), _C12, COOP),
+    _config((256, 128, 64), _C11, COOP),
+    _config((256, 128, 64), _C21, COOP),
+    _config((256, 128, 64), _C12, COOP),
+    _config((256, 128, 64), _C22, COOP),
+    _config((128, 128, 128), _C11, COOP),
+    # ping-pong: two consumer warp groups alternate whole tiles (epilogue overlaps MMA)
+    _config((64, 64, 64), _C11, PINGPONG),
+    _config((64, 64, 128), _C11, PINGPONG),
+    _config((64, 128, 64), _C21, PINGPONG),
+    _config((64, 128, 64), _C12, PINGPONG),
+    _config((64, 128, 128), _C11, PINGPONG),
+    _config((64, 192, 64), _C11, PINGPONG),
+    _config((64, 256, 64), _C12, PINGPONG),
+    _config((128, 64, 64), _C11, PINGPONG),
+    _config((128, 128, 64), _C11, PINGPONG),
+    _config((128, 128, 64), _C21, PINGPONG),
+    # stream-K scheduler (cooperative only): splits / decomposition are launch knobs
+    _config((128, 64, 64), _C11, COOP, "stream_k"),
+    _config((128, 256, 64), _C11, COOP, "stream_k"),
+]))
+
 SMALL_M = 128            # rows: up to here a 64-row ping-pong tile wastes least
 PINGPONG_MAX_M = 1024    # rows: up to here 64x128 ping-pong beat 128x128 cooperative (measured)
 BIG_MIN_WAVES = 1.5      # waves of 128x256 tiles below which they lost (measured)
-MAX_CANDIDATES = 4
+MAX_CANDIDATES = 4       # configs a --tune profiles per problem when not searching SPACE
+# Launch knobs for shapes the table does not cover: CUTLASS's defaults.
+DEFAULT_LAUNCH = GemmLaunch()
+NEAREST_MAX_RATIO = 2.0  # a table entry stands in for shapes within 2x in each of M, N, K
+# Seconds one more 3.x GEMM config x epilogue adds to a build on the 16-core H200 host
+# when compiled beside others of its family (README: a 20-kernel unit took 86.8 s, a
+# one-kernel unit 42-57 s); a config alone in its unit costs a whole unit.
+COMPILE_SECONDS = 7.0
+TABLES = Path(__file__).parent / "tables"
 
 
 def supports(problem: GemmProblem) -> bool:
@@ -81,47 +138,162 @@ def gemm_mnk(problem: GemmProblem) -> tuple:
     return m * max(1, batch), problem.n, problem.k
 
 
-def _ctas(problem: GemmProblem, name: str) -> int:
+def _ctas(problem: GemmProblem, config: KernelConfig) -> int:
     m, n, _ = gemm_mnk(problem)
-    tm, tn, _ = CONFIGS[name].tile
+    tm, tn, _ = config.tile
     return math.ceil(m / tm) * math.ceil(n / tn)
 
 
 def choose_name(problem: GemmProblem, num_sms: int) -> str:
-    """The heuristic's config name (a key of ``CONFIGS``); see the module docstring."""
+    """The shape rules' config name (a key of ``CONFIGS``); see the module docstring."""
     m, n, _ = gemm_mnk(problem)
     if m <= SMALL_M:
-        return "wide" if n >= 256 and _ctas(problem, "wide") >= num_sms else "small"
-    if _ctas(problem, "big") >= BIG_MIN_WAVES * num_sms:
+        return "wide" if n >= 256 and _ctas(problem, CONFIGS["wide"]) >= num_sms else "small"
+    if _ctas(problem, CONFIGS["big"]) >= BIG_MIN_WAVES * num_sms:
         return "big"
     if n <= 64:
         return "narrow"
-    if m > PINGPONG_MAX_M and _ctas(problem, "mid") >= num_sms // 2:
+    if m > PINGPONG_MAX_M and _ctas(problem, CONFIGS["mid"]) >= num_sms // 2:
         return "mid"
     return "small"
 
 
-def choose(problem: GemmProblem, num_sms: int) -> KernelConfig:
-    """The heuristic's config for ``problem`` on a device with ``num_sms`` SMs."""
-    return CONFIGS[choose_name(problem, num_sms)]
+class Table:
+    """A learned table: measured winners per GEMM shape on one GPU.
+
+    File (JSON): {"gpu", "num_sms", "date", "cutlass", "source", "entries": [{"m", "n",
+    "k", "batch", "layout_b", "config": ir.KernelConfig fields, "launch":
+    ir.GemmLaunch fields, "us", "anchor_us"}]}; ``m`` counts the rows of one batch
+    entry. Raises ValueError (from the config classes) or KeyError / TypeError for a
+    file of another shape.
+    """
+
+    def __init__(self, data: dict):
+        from ..tune.result import config_from_dict
+        self.gpu, self.num_sms = data["gpu"], int(data["num_sms"])
+        self.meta = {k: v for k, v in data.items() if k != "entries"}
+        self.entries = {}
+        for e in data["entries"]:
+            key = (int(e["m"]) * max(1, int(e.get("batch", 1))), int(e["n"]), int(e["k"]),
+                   e["layout_b"])
+            self.entries[key] = (config_from_dict(e["config"]), GemmLaunch(**e.get("launch", {})))
+
+    @classmethod
+    def load(cls, path) -> "Table":
+        return cls(json.loads(Path(path).read_text()))
+
+    def lookup(self, problem: GemmProblem, num_sms: int):
+        """(KernelConfig, GemmLaunch) for ``problem``, or None: the exact shape, else
+        the nearest profiled one within NEAREST_MAX_RATIO in M, N and K."""
+        if num_sms != self.num_sms:
+            return None
+        m, n, k = gemm_mnk(problem)
+        hit = self.entries.get((m, n, k, problem.layout_b))
+        if hit is not None:
+            return hit
+        best, best_d = None, None
+        limit = math.log(NEAREST_MAX_RATIO) + 1e-9
+        for (em, en, ek, lay), choice in self.entries.items():
+            if lay != problem.layout_b:
+                continue
+            ds = [abs(math.log(a / b)) for a, b in ((m, em), (n, en), (k, ek))]
+            if max(ds) > limit:
+                continue
+            d = sum(ds)
+            if best_d is None or d < best_d or (d == best_d and (em, en, ek) < best[0]):
+                best, best_d = ((em, en, ek), choice), d
+        return best[1] if best else None
 
 
-def _plausible(problem: GemmProblem, name: str, num_sms: int) -> bool:
-    """Whether profiling ``name`` on this problem could pay off (cheap filters only)."""
+@functools.lru_cache(maxsize=None)
+def default_table() -> "Table | None":
+    """The packaged table (``tables/sm90a_h200.json``), or None when there is none."""
+    path = TABLES / "sm90a_h200.json"
+    return Table.load(path) if path.exists() else None
+
+
+def choose(problem: GemmProblem, num_sms: int, table: "Table | None | bool" = True) -> tuple:
+    """(KernelConfig, GemmLaunch) for ``problem`` on a device with ``num_sms`` SMs:
+    the learned table's entry when it has one (``table``: True = the packaged
+    table, None / False = rules only, or a Table), else the shape rules' config
+    with DEFAULT_LAUNCH."""
+    table = default_table() if table is True else (table or None)
+    hit = table.lookup(problem, num_sms) if table is not None else None
+    if hit is not None:
+        return hit
+    return CONFIGS[choose_name(problem, num_sms)], DEFAULT_LAUNCH
+
+
+def _plausible_rule(problem: GemmProblem, name: str, num_sms: int) -> bool:
+    """Whether profiling a rules config could pay off (cheap filters only)."""
     m, n, k = gemm_mnk(problem)
     return {
-        "big": m > 64 and _ctas(problem, "big") * 4 >= num_sms,
+        "big": m > 64 and _ctas(problem, CONFIGS["big"]) * 4 >= num_sms,
         "mid": m > 64,
         "small": True,
-        "stream_k": k >= 512 and _ctas(problem, "mid") < 2 * num_sms,
+        "stream_k": k >= 512 and _ctas(problem, CONFIGS["mid"]) < 2 * num_sms,
         "wide": m <= 2 * SMALL_M and n >= 256,
         "narrow": n <= 128 and m > 64,
     }[name]
 
 
 def candidates(problem: GemmProblem, num_sms: int) -> tuple:
-    """At most ``MAX_CANDIDATES`` configs to profile: the heuristic's first, then the
-    plausible others in ``CONFIGS`` order."""
+    """At most ``MAX_CANDIDATES`` rules configs to profile: the heuristic's first,
+    then the plausible others in ``CONFIGS`` order (a quick --tune)."""
     first = choose_name(problem, num_sms)
-    names = [first] + [n for n in CONFIGS if n != first and _plausible(problem, n, num_sms)]
+    names = [first] + [n for n in CONFIGS if n != first and _plausible_rule(problem, n, num_sms)]
     return tuple(CONFIGS[n] for n in names[:MAX_CANDIDATES])
+
+
+def plausible(problem: GemmProblem, config: KernelConfig, num_sms: int) -> bool:
+    """Whether ``config`` could win on ``problem`` (cheap filters, no profile): a
+    tile not mostly empty in M or N, at least an eighth of a wave of CTAs unless
+    the problem has fewer tiles than that for every tile, a cluster that fits the
+    tile grid, stream-K only with K >= 512 and under two waves of tiles."""
+    m, n, k = gemm_mnk(problem)
+    tm, tn, tk = config.tile
+    cm, cn, _ = config.cluster
+    if tm > 64 and m <= tm // 2 or tn > 64 and n <= tn // 2:
+        return False
+    tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+    if (cm > 1 and tiles_m < cm) or (cn > 1 and tiles_n < cn):
+        return False
+    if tiles_m * tiles_n < num_sms // 8 and math.ceil(m / 64) * math.ceil(n / 64) >= num_sms // 8 \
+            and tm * tn > 64 * 128:
+        return False
+    if tk > 64 and k < 4 * tk:
+        return False
+    if config.tile_scheduler == "stream_k":
+        return k >= 512 and tiles_m * tiles_n < 2 * num_sms
+    return True
+
+
+def search_space(problem: GemmProblem, num_sms: int) -> tuple:
+    """The configs of ``SPACE`` worth profiling on ``problem``: the heuristic's
+    choice first, then every plausible one (``plausible``) in SPACE order."""
+    first, _ = choose(problem, num_sms)
+    return (first,) + tuple(c for c in SPACE if c != first and plausible(problem, c, num_sms))
+
+
+def launch_variants(config: KernelConfig, problem: GemmProblem, num_sms: int) -> tuple:
+    """GemmLaunch knobs worth trying with ``config`` on ``problem`` (no compile
+    needed): raster order along M and along N with swizzle 1, 2, 4 and 8 for
+    grids of more than one wave, and for stream-K kernels a data-parallel, a
+    stream-K and split-K 2 / 3 / 4 decomposition; each with and without PDL.
+    The default launch comes first."""
+    out = [GemmLaunch()]
+    tiles = _ctas(problem, config)
+    if tiles > num_sms:
+        for raster in ("along_m", "along_n"):
+            for swz in (1, 2, 4, 8):
+                out.append(GemmLaunch(raster=raster, swizzle=swz))
+    if config.tile_scheduler == "stream_k":
+        out += [GemmLaunch(decomposition="data_parallel"), GemmLaunch(decomposition="stream_k")]
+        out += [GemmLaunch(decomposition="split_k", splits=s) for s in (2, 3, 4)
+                if problem.k // s >= 2 * config.tile[2]]
+    return tuple(dict.fromkeys(out + [_with_pdl(x) for x in out]))
+
+
+def _with_pdl(launch: GemmLaunch) -> GemmLaunch:
+    from dataclasses import replace
+    return replace(launch, pdl=True)

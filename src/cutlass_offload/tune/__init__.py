@@ -1,37 +1,48 @@
-"""Tune (``--tune``): profile a few candidate kernels per distinct GEMM problem on
-the GPU and keep the fastest, remembered in a persistent tuning cache.
+"""Tune (``--tune``): profile candidate kernels and launch knobs per distinct GEMM
+problem on the GPU and keep the fastest, remembered in a persistent tuning cache.
 
     tune(plan, options) -> TuningReport        # .winners feeds select(..., tuned=)
 
 For each distinct GEMM problem of the plan (select.tuning_id: the example's
 sizes, dtypes, layouts, alignments, epilogue) not in the tuning cache:
 
-1. candidates: at most 4 configs (select.candidate_kernels; the heuristic's first);
-2. build: one profiling plan, one region per (problem, candidate), through the
-   ordinary sharded build and its cache: each candidate kernel compiled once, and
-   reused from the kernel index by the final build, which then compiles no GEMM;
-3. profile: one subprocess for the batch (tune/runner.py, tune/profile.py): the
-   library's region launchers on random GPU data, checked against a float32
-   reference and timed with CUDA events; a crashing candidate is recorded and the
-   rest rerun in a fresh process;
-4. store: the winner (fastest correct candidate), the heuristic's tag and every
-   result, per key, in the tuning cache (tune/cache.py).
+1. rank (CUTLASS 3.x problems, ``search="full"``): every plausible config of the
+   sm90 search space (select/sm90.py SPACE) on a proxy of the problem, the same
+   shape with a plain epilogue in fp16 (the mainloop decides the ranking; proxies
+   of bf16 and fused problems share kernels, so the search compiles each config
+   once per B layout and alignment, not once per epilogue and dtype);
+2. final: the heuristic's kernel and the ``TOP`` best-ranked configs, built with
+   the problem's own epilogue and dtype, each timed with its launch knobs; the
+   ``KNOB_TOP`` fastest are retimed with every launch variant
+   (sm90.launch_variants: raster order, swizzle, split-K / stream-K
+   decomposition: no recompile), then the fastest of all with PDL on. CUTLASS
+   2.x problems profile their (at most four) candidates in this step only;
+3. build through the ordinary sharded build and its cache (a kernel compiled for
+   the search is reused by the final build), profile in subprocesses
+   (tune/runner.py, tune/profile.py: random GPU data, checked against a float32
+   reference, CUDA-graph timing; a crashing candidate is recorded and the rest go
+   on in a fresh process);
+4. store: the winner (fastest correct config and launch), the heuristic's tag
+   and every result, per key, in the tuning cache (tune/cache.py).
 
-Dynamic dimensions are tuned at the example (hint) size. A candidate that fails
-to compile, is refused by can_implement, errs, computes a wrong result or
-crashes is skipped and recorded; a problem where none runs keeps the heuristic's
-kernel. Nothing here fails the compile except a missing GPU (DeviceError).
+``search="heuristic"`` profiles the heuristic's kernel alone (a measurement, not
+a tuning: benchmarks/kernels.py). Dynamic dimensions are tuned at the example
+(hint) size. A candidate that fails to compile, is refused, errs, computes a wrong
+result or crashes is skipped and recorded; a problem where none runs keeps the
+heuristic's kernel. Nothing here fails the compile except a missing GPU
+(DeviceError).
 """
 from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import asdict, replace
 
 from .. import build as build_stage
 from ..emit import region_symbol
 from ..errors import CutlassOffloadError, DeviceError
-from ..ir import GemmRegion, Plan
-from ..select import DEFAULT_NUM_SMS, candidate_kernels, tuning_id
+from ..ir import GemmEpilogue, GemmKernel, GemmRegion, Plan
+from ..select import DEFAULT_NUM_SMS, candidate_kernels, choose_kernel, sm90, tuning_id
 from .cache import TuningCache, tuning_key
 from .result import (
     CandidateResult,
@@ -43,6 +54,10 @@ from .result import (
 from .runner import profile_candidates
 
 __all__ = ["TuningCache", "TuningReport", "gpu_identity", "tune"]
+
+TOP = 3          # ranked configs built with the problem's own epilogue
+KNOB_TOP = 2     # of those, how many are retimed with every launch variant
+SEARCHES = ("full", "heuristic")
 
 
 def gpu_identity(arch: str) -> tuple:
@@ -77,27 +92,33 @@ def _from_record(key: str, tid: str, regions: int, rec: dict):
             config_from_dict(rec["winner_config"])       # still a valid config?
         cands = [CandidateResult(**c) for c in rec.get("candidates", [])]
         return TunedProblem(key, tid, regions, True, rec["heuristic"], rec.get("winner"),
-                            rec.get("winner_config"), cands, rec.get("torch_us"))
+                            rec.get("winner_config"), cands, rec.get("torch_us"),
+                            winner_launch=rec.get("winner_launch"))
     except (KeyError, TypeError, ValueError):
         return None
 
 
 def tune(plan: Plan, options, *, cache: TuningCache | None = None, gpu: tuple | None = None,
-         builder=build_stage.build, profiler=profile_candidates) -> TuningReport:
+         builder=build_stage.build, profiler=profile_candidates, search: str = "full") -> TuningReport:
     """Profile the GEMM problems of ``plan`` missing from the tuning cache.
 
     options: the CompileOptions (arch resolved; num_sms as for select).
     gpu: (name, SM count, device index); None = the current CUDA device.
     builder / profiler: the build stage and tune.runner.profile_candidates (tests
-    pass fakes). Returns a TuningReport whose ``winners`` go to select.
-    Raises DeviceError without a suitable GPU.
+    pass fakes). search: "full" (the module docstring) or "heuristic" (time the
+    heuristic's kernel only; nothing is cached). Returns a TuningReport whose
+    ``winners`` go to select. Raises DeviceError without a suitable GPU,
+    ValueError for an unknown search.
     """
     from ..build.toolchain import cutlass_version
+    if search not in SEARCHES:
+        raise ValueError(f"search must be one of {SEARCHES}, got {search!r}")
     t0 = time.perf_counter()
     arch = options.arch
     name, sms, device = gpu or gpu_identity(arch)
     cache = cache or TuningCache()
     version = cutlass_version()
+    num_sms = options.num_sms or DEFAULT_NUM_SMS[arch]
     counts, problems = {}, {}
     for r in plan.regions:
         if isinstance(r, GemmRegion):
@@ -107,22 +128,24 @@ def tune(plan: Plan, options, *, cache: TuningCache | None = None, gpu: tuple | 
     done, todo = {}, []
     for tid, problem in problems.items():
         key = tuning_key(tid, arch, version, name, sms)
-        rec = cache.lookup(arch, name, key)
+        rec = cache.lookup(arch, name, key) if search == "full" else None
         hit = _from_record(key, tid, counts[tid], rec) if rec is not None else None
         if hit is not None:
             done[tid] = hit
             continue
         try:
-            kernels = candidate_kernels(problem, arch, options.num_sms or DEFAULT_NUM_SMS[arch])
+            choose_kernel(problem, arch, num_sms)
         except ValueError:
             continue                                  # select turns it into a fallback
-        todo.append((tid, key, problem, kernels))
+        todo.append((tid, key, problem))
     report = TuningReport(gpu=name)
     if todo:
-        _profile(todo, counts, arch, device, builder, profiler, report, done)
+        ctx = _Context(arch, num_sms, device, builder, profiler, report)
+        ranking = _rank(todo, ctx) if search == "full" else {}
+        _final(todo, counts, ranking, ctx, done, search)
         records = {p.key: _record(p, arch, version, name, sms) for p in done.values()
                    if not p.cached and all(c.status != "not profiled" for c in p.candidates)}
-        if records:
+        if records and search == "full":
             try:
                 cache.store(arch, name, records)
             except OSError as e:
@@ -132,51 +155,142 @@ def tune(plan: Plan, options, *, cache: TuningCache | None = None, gpu: tuple | 
     return report
 
 
-def _profile(todo, counts, arch, device, builder, profiler, report, done):
-    """Build every candidate of ``todo`` ((tuning id, key, problem, kernels) per
-    problem) in one profiling plan, profile them, and fill ``done``."""
+class _Context:
+    def __init__(self, arch, num_sms, device, builder, profiler, report):
+        self.arch, self.num_sms, self.device = arch, num_sms, device
+        self.builder, self.profiler, self.report = builder, profiler, report
+        self.extra_results = {}      # the last profile's knob variants by problem id
+
+
+def _proxy(problem):
+    """The plain-epilogue fp16 problem of the same shape, layout and alignment."""
+    dtype = "f16" if problem.dtype in ("f16", "bf16") else problem.dtype
+    return replace(problem, epilogue=GemmEpilogue(), dtype=dtype)
+
+
+def _rank(todo, ctx) -> dict:
+    """{proxy tuning id: [KernelConfig, ...] fastest first} for the 3.x problems of
+    ``todo`` (step 1 of the module docstring); the rows go to report.ranking."""
+    proxies = {}
+    for _, _, problem in todo:
+        if choose_kernel(problem, ctx.arch, ctx.num_sms).config.family != "cutlass3x_sm90":
+            continue
+        proxy = _proxy(problem)
+        proxies.setdefault(tuning_id(proxy), proxy)
+    jobs = []
+    for pid, (ptid, proxy) in enumerate(proxies.items()):
+        for config in sm90.search_space(proxy, ctx.num_sms):
+            jobs.append((str(pid), proxy, _kernel(proxy, ctx.arch, config), False))
+    results, _ = _build_and_profile(jobs, {str(i): p for i, p in enumerate(proxies.values())},
+                                    ctx, knob_search=None, phase="rank")
+    ranking = {}
+    for pid, ptid in enumerate(proxies):
+        rows = [(c, k) for (p, _, k, _), c in zip(jobs, results) if p == str(pid)]
+        ctx.report.ranking[ptid] = [asdict(c) for c, _ in rows]
+        ok = sorted((c.us, i) for i, (c, _) in enumerate(rows) if c.status == "ok" and c.us)
+        ranking[ptid] = [rows[i][1].config for _, i in ok]
+    return ranking
+
+
+def _final(todo, counts, ranking, ctx, done, search):
+    """Step 2: each problem's own kernels (the heuristic's first), knob search."""
+    jobs, specs, owners = [], {}, []
+    for i, (tid, key, problem) in enumerate(todo):
+        first = choose_kernel(problem, ctx.arch, ctx.num_sms)
+        kernels = [first]
+        if search == "full":
+            if first.config.family == "cutlass3x_sm90":
+                ranked = ranking.get(tuning_id(_proxy(problem)), [])
+                kernels += [_kernel(problem, ctx.arch, c) for c in ranked[:TOP]
+                            if c != first.config]
+            else:
+                kernels += [k for k in candidate_kernels(problem, ctx.arch, ctx.num_sms)[1:]]
+        specs[str(i)] = problem
+        owners.append((tid, key, first, len(jobs), len(kernels)))
+        for k in kernels:
+            knobs = search == "full" and k.config.family == "cutlass3x_sm90"
+            jobs.append((str(i), problem, k, knobs))
+    knob_search = {"top": KNOB_TOP, "pdl": True} if search == "full" else None
+    results, torch_us = _build_and_profile(jobs, specs, ctx, knob_search, phase="final")
+    extra = ctx.extra_results
+    for i, (tid, key, first, start, n) in enumerate(owners):
+        rows = results[start:start + n] + extra.get(str(i), [])
+        ok = [(c.us, j) for j, c in enumerate(rows) if c.status == "ok" and c.us is not None]
+        best = rows[min(ok)[1]] if ok else None
+        configs = {k.name: k.config for _, _, k, _ in jobs[start:start + n]}
+        config = configs[best.kernel] if best is not None else None
+        done[tid] = TunedProblem(
+            key, tid, counts[tid], False, _tag(first.config.tag, asdict(first.launch)),
+            best.tag if best is not None else None,
+            config_to_dict(config) if config is not None else None,
+            rows, torch_us.get(str(i)),
+            winner_launch=(best.launch or {}) if best is not None else None)
+
+
+def _tag(config_tag: str, launch: dict | None) -> str:
+    from ..ir import GemmLaunch
+    knobs = GemmLaunch(**(launch or {}))
+    return config_tag if knobs == GemmLaunch() else f"{config_tag}+{knobs.tag}"
+
+
+def _kernel(problem, arch, config) -> GemmKernel:
+    return replace(choose_kernel(problem, arch), config=config, launch=sm90.DEFAULT_LAUNCH)
+
+
+def _build_and_profile(jobs, specs, ctx, knob_search, phase) -> tuple:
+    """Build one profiling plan of ``jobs`` ((problem id, problem, kernel, search
+    knobs?) each) and profile it. Returns ([CandidateResult per job, in order],
+    {problem id: PyTorch us}); knob variants land in ``ctx.extra_results``
+    ({problem id: [CandidateResult]})."""
     regions, kernels, tags, owner = [], [], {}, {}
-    for i, (_, _, problem, cands) in enumerate(todo):
-        for j, k in enumerate(cands):
-            rid = f"tune{i}_{j}"
-            regions.append(GemmRegion(name=rid, form="linear", nodes=(rid,), a="a", b="b",
-                                      problem=problem))
-            kernels.append(k)
-            tags[rid], owner[rid] = k.config.tag, (str(i), k)
-    prof_plan = Plan(arch=arch, regions=tuple(regions), kernels=tuple(kernels), fallbacks=())
+    for j, (pid, problem, k, _) in enumerate(jobs):
+        rid = f"{phase}{pid}_{j}"
+        regions.append(GemmRegion(name=rid, form="linear", nodes=(rid,), a="a", b="b",
+                                  problem=problem))
+        kernels.append(k)
+        tags[rid], owner[rid] = _tag(k.config.tag, asdict(k.launch)), j
+    prof_plan = Plan(arch=ctx.arch, regions=tuple(regions), kernels=tuple(kernels), fallbacks=())
     results, torch_us = {}, {}
     try:
-        built = builder(prof_plan, "sharded")
-        report.build = built.to_dict()
+        built = ctx.builder(prof_plan, "sharded")
+        ctx.report.build.setdefault("phases", {})[phase] = built.to_dict()
         logs = {k: str(log) for k, log in built.failures}
-        for rid, (_, k) in owner.items():
+        for rid, j in owner.items():
+            k = jobs[j][2]
             if k.name in logs:
                 results[rid] = CandidateResult(k.name, tags[rid], "compile failed", detail=logs[k.name])
-        jobs = [{"id": r.name, "problem": owner[r.name][0], "symbol": region_symbol(r.name),
-                 "kernel": k.name} for r, k in zip(built.plan.regions, built.plan.kernels)]
-        specs = {str(i): _problem_spec(problem) for i, (_, _, problem, _) in enumerate(todo)}
-        if jobs:
-            got, torch_us = profiler(built.library, specs, jobs, tags, device=device)
+        prof_jobs = []
+        for r, k in zip(built.plan.regions, built.plan.kernels):
+            pid, problem, _, knobs = jobs[owner[r.name]]
+            job = {"id": r.name, "problem": pid, "symbol": region_symbol(r.name), "kernel": k.name,
+                   "launch": asdict(k.launch)}
+            if knobs:
+                job["variants"] = [asdict(v) for v in sm90.launch_variants(k.config, problem, ctx.num_sms)]
+            prof_jobs.append(job)
+        if prof_jobs:
+            got, torch_us = ctx.profiler(built.library, {p: _problem_spec(s) for p, s in specs.items()},
+                                         prof_jobs, tags, device=ctx.device, knob_search=knob_search)
             results.update(got)
     except CutlassOffloadError as e:                 # the candidate build itself failed
-        for rid, (_, k) in owner.items():
+        for rid, j in owner.items():
+            k = jobs[j][2]
             results.setdefault(rid, CandidateResult(k.name, tags[rid], "not profiled",
                                                     detail=str(e).splitlines()[0]))
-    for i, (tid, key, _, cands) in enumerate(todo):
-        rows = [results.get(f"tune{i}_{j}") or CandidateResult(k.name, k.config.tag, "not profiled")
-                for j, k in enumerate(cands)]
-        ok = [(c.us, j) for j, c in enumerate(rows) if c.status == "ok" and c.us is not None]
-        best = min(ok)[1] if ok else None
-        done[tid] = TunedProblem(
-            key, tid, counts[tid], False, cands[0].config.tag,
-            cands[best].config.tag if best is not None else None,
-            config_to_dict(cands[best].config) if best is not None else None,
-            rows, torch_us.get(str(i)))
+    ordered = []
+    for rid, j in owner.items():
+        k = jobs[j][2]
+        ordered.append(results.get(rid) or CandidateResult(k.name, tags[rid], "not profiled"))
+    ctx.extra_results = {}
+    for rid, c in results.items():
+        if "@" in rid:
+            pid = jobs[owner[rid.split("@")[0]]][0]
+            ctx.extra_results.setdefault(pid, []).append(c)
+    return ordered, torch_us
 
 
 def _record(p: TunedProblem, arch, version, gpu, sms) -> dict:
-    from dataclasses import asdict
     return {"tuning_id": p.tuning_id, "arch": arch, "cutlass": version, "gpu": gpu, "num_sms": sms,
             "heuristic": p.heuristic, "winner": p.winner, "winner_config": p.winner_config,
+            "winner_launch": p.winner_launch,
             "candidates": [asdict(c) for c in p.candidates], "torch_us": p.torch_us,
             "created": time.time()}

@@ -26,7 +26,7 @@ from filelock import FileLock
 
 from ..config import knobs
 
-SCHEMA = 1
+SCHEMA = 2          # 2: the SPACE search, launch knobs in records (winner_launch)
 
 
 def tuning_key(tuning_id: str, arch: str, cutlass_version: str, gpu: str, num_sms: int) -> str:

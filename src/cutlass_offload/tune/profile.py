@@ -7,7 +7,10 @@ candidates. REQUEST is JSON::
     {"library": "/path/libcutlass_offload.so", "device": 0,
      "problems": {"0": {"m", "n", "k", "batch", "dtype", "layout_b",
                         "a_batch_broadcast", "epilogue": {GemmEpilogue fields}}},
-     "jobs": [{"id": "tune0_1", "problem": "0", "symbol": "co_tune0_1"}]}
+     "jobs": [{"id": "tune0_1", "problem": "0", "symbol": "co_tune0_1",
+               "launch": {GemmLaunch fields} (optional: CUTLASS's defaults),
+               "variants": [{GemmLaunch fields}, ...] (optional)}],
+     "knob_search": {"top": 2, "pdl": true} (optional)}
 
 Each job is one candidate kernel behind the library's ordinary region launcher
 (``extern "C" int co_<region>(const CoGemmArgs*, cudaStream_t)``, the runtime's
@@ -22,6 +25,13 @@ can tell which job was running when the process died:
     {"event": "torch", "problem": "0", "us": 12.3}
     {"event": "start", "job": "tune0_1"}
     {"event": "done", "job": "tune0_1", "status": "ok", "us": 9.8, "rel_err": 2e-4}
+
+Knob search (``knob_search``): once every job of a problem is timed, the ``top``
+fastest correct ones are run again with each of their ``variants`` (run-time
+launch knobs: no other kernel), then, with ``pdl``, the fastest of all with PDL
+switched on. Each such run is its own event pair, ``{"event": "start", "job":
+"tune0_1@along_n_swz2"}`` / ``{"event": "done", "job": ..., "base": "tune0_1",
+"launch": {...}, ...}``.
 
 Timing: ``LAUNCHES`` back-to-back launches (cycling over up to ``MAX_COPIES``
 operand copies, so small problems are not all served from L2) captured in one
@@ -44,6 +54,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from ..ir import GemmLaunch
 from ..runtime.library import (
     CO_CANNOT_IMPLEMENT,
     CO_OK,
@@ -122,10 +133,14 @@ class Operands:
         return self.epilogue(torch.matmul(self.a.float(), self.b_logical.float()))
 
     def torch_ops(self):
-        """The PyTorch ops the region replaces, in the problem's dtype."""
+        """The PyTorch ops the region replaces, in the problem's dtype: cuBLAS's
+        addmm (bias) or mm for one batch entry (as F.linear / torch.mm call it), bmm
+        / matmul for a batch, then the rest of the epilogue op by op."""
         a, b = self.a, self.b_logical
-        if self.bias is not None and a.shape[0] == 1 and b.shape[0] == 1:
-            return self.epilogue(torch.addmm(self.bias, a[0], b[0]).unsqueeze(0), add_bias=False)
+        if a.shape[0] == 1 and b.shape[0] == 1:
+            if self.bias is not None:
+                return self.epilogue(torch.addmm(self.bias, a[0], b[0]).unsqueeze(0), add_bias=False)
+            return self.epilogue(torch.mm(a[0], b[0]).unsqueeze(0))
         return self.epilogue(torch.matmul(a, b))
 
 
@@ -183,10 +198,15 @@ def _sync_error():
     return None
 
 
-def profile_job(lib: Library, job: dict, copies: list, ref) -> dict:
-    """One candidate: {"status", "us", "rel_err", "detail", "fatal"} (see tune/result.py)."""
+def profile_job(lib: Library, job: dict, copies: list, ref, launch: dict | None = None) -> dict:
+    """One candidate launched with ``launch`` (GemmLaunch fields; None: the job's
+    own, else CUTLASS's defaults): {"status", "us", "rel_err", "detail", "fatal"}
+    (see tune/result.py)."""
     run, ws = lib.launcher(job["symbol"], CoGemmArgs)
     args = [c.args for c in copies]
+    knobs = GemmLaunch(**(launch if launch is not None else job.get("launch") or {}))
+    for a in args:
+        a.set_launch(knobs)
     need = int(ws(ctypes.byref(args[0])))
     workspace = torch.empty(max(need, 1), dtype=torch.uint8, device=copies[0].d.device)
     for a in args:
@@ -269,6 +289,7 @@ def _run(req, problems, jobs, log) -> int:
         ref = copies[0].reference()
         torch_us, _ = time_us(_torch_launches(copies))
         log(event="torch", problem=pid, us=torch_us)
+        timed = []
         for job in (j for j in jobs if j["problem"] == pid):
             log(event="start", job=job["id"])
             rec = profile_job(lib, job, copies, ref)
@@ -276,7 +297,38 @@ def _run(req, problems, jobs, log) -> int:
             log(event="done", job=job["id"], **rec)
             if fatal:
                 return EXIT_CUDA_ERROR
+            if rec["status"] == "ok":
+                timed.append((rec["us"], job, job.get("launch") or {}))
+        if req.get("knob_search") and timed and not _knob_search(lib, req["knob_search"], timed,
+                                                                 copies, ref, log):
+            return EXIT_CUDA_ERROR
     return 0
+
+
+def _knob_search(lib, search: dict, timed: list, copies, ref, log) -> bool:
+    """Launch-knob variants of the fastest jobs, then PDL on the fastest of all
+    (module docstring); False when a run left a CUDA error."""
+    timed.sort(key=lambda t: t[0])
+
+    def variant(job, launch) -> bool:
+        vid = f"{job['id']}@{GemmLaunch(**launch).tag}"
+        log(event="start", job=vid)
+        rec = profile_job(lib, job, copies, ref, launch)
+        fatal = rec.pop("fatal", False)
+        log(event="done", job=vid, base=job["id"], launch=launch, **rec)
+        if rec["status"] == "ok":
+            timed.append((rec["us"], job, launch))
+        return not fatal
+
+    for _, job, base in list(timed[:int(search.get("top", 2))]):
+        for launch in job.get("variants", []):
+            if GemmLaunch(**launch) != GemmLaunch(**base) and not variant(job, launch):
+                return False
+    if search.get("pdl"):
+        _, job, launch = min(timed, key=lambda t: t[0])
+        if not launch.get("pdl"):
+            return variant(job, dict(launch, pdl=True))
+    return True
 
 
 if __name__ == "__main__":

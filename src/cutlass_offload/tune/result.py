@@ -37,6 +37,22 @@ def config_from_dict(d: dict) -> KernelConfig:
     return KernelConfig(**d)
 
 
+def choice_to_dict(config: dict, launch: dict | None) -> dict:
+    """A winner as saved (manifest "tuned", TuningReport.to_dict): the config's
+    fields plus "launch" (GemmLaunch fields) when it is not the default."""
+    return dict(config, launch=launch) if launch else dict(config)
+
+
+def choice_from_dict(config: dict, launch: dict | None = None) -> tuple:
+    """(KernelConfig, GemmLaunch) from ``choice_to_dict``'s dict (or a config dict
+    and a separate launch dict). Raises ValueError / TypeError for data of another
+    shape."""
+    from ..ir import GemmLaunch
+    config = dict(config)
+    launch = config.pop("launch", None) or launch or {}
+    return config_from_dict(config), GemmLaunch(**launch)
+
+
 @dataclass
 class CandidateResult:
     """One candidate kernel on one problem: kernel name, its config tag, status
@@ -49,6 +65,7 @@ class CandidateResult:
     us: float | None = None
     rel_err: float | None = None
     detail: str = ""
+    launch: dict | None = None          # GemmLaunch fields it ran with (None: the defaults)
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -75,6 +92,7 @@ class TunedProblem:
     winner_config: dict | None
     candidates: list = field(default_factory=list)     # CandidateResult
     torch_us: float | None = None
+    winner_launch: dict | None = None                  # GemmLaunch fields of the winner
 
     @property
     def problem(self) -> dict:
@@ -101,11 +119,12 @@ class TuningReport:
     problems: list = field(default_factory=list)       # TunedProblem
     build: dict = field(default_factory=dict)
     seconds: float = 0.0
+    ranking: dict = field(default_factory=dict)        # proxy tuning id -> [CandidateResult dict]
 
     @property
     def winners(self) -> dict:
-        """{tuning_id: KernelConfig} for select (problems with a winner only)."""
-        return {p.tuning_id: config_from_dict(p.winner_config)
+        """{tuning_id: (KernelConfig, GemmLaunch)} for select (problems with a winner only)."""
+        return {p.tuning_id: choice_from_dict(p.winner_config, p.winner_launch)
                 for p in self.problems if p.winner_config is not None}
 
     @property
@@ -118,8 +137,9 @@ class TuningReport:
         ({tuning_id: KernelConfig as a dict}, what a saved folder reloads with)."""
         return {"gpu": self.gpu, "seconds": self.seconds, "build": self.build,
                 "problems": [dict(asdict(p), label=p.label) for p in self.problems],
-                "winners": {p.tuning_id: p.winner_config for p in self.problems
-                            if p.winner_config is not None}}
+                "winners": {p.tuning_id: choice_to_dict(p.winner_config, p.winner_launch)
+                            for p in self.problems if p.winner_config is not None},
+                "ranking": self.ranking}
 
     def format(self) -> str:
         return format_tuning(self.to_dict())

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from ..config import knobs
+from ..ir import GemmLaunch
 from .result import CandidateResult
 
 # Seconds: the process imports torch and makes a CUDA context (~10-20 s), then
@@ -67,13 +68,16 @@ def _exit_text(rc, stderr: str) -> str:
 
 
 def profile_candidates(library, problems: dict, jobs: list, tags: dict, *, device: int = 0,
-                       launch=launch_subprocess) -> tuple:
+                       launch=launch_subprocess, knob_search: dict | None = None) -> tuple:
     """Profile every job; returns ({job id: CandidateResult}, {problem id: PyTorch us}).
 
     library: path of the built profiling library. problems: {problem id: spec}
-    (tune/profile.py). jobs: [{"id", "problem", "symbol", "kernel"}]. tags: {job
-    id: config tag} for the results. launch: how to run one process (tests pass a
-    fake). Never raises for a failing candidate or process: those become results.
+    (tune/profile.py). jobs: [{"id", "problem", "symbol", "kernel"}, optionally
+    "launch" and "variants" (GemmLaunch fields)]. tags: {job id: config tag} for the
+    results. knob_search: tune/profile.py's (None: none); each variant it runs adds
+    a result under "<job id>@<launch tag>" tagged "<config tag>+<launch tag>".
+    launch: how to run one process (tests pass a fake). Never raises for a failing
+    candidate or process: those become results.
     Processes of this machine profile one at a time per GPU (a file lock under the
     cache): two tuned compiles side by side would otherwise time each other.
     """
@@ -82,12 +86,18 @@ def profile_candidates(library, problems: dict, jobs: list, tags: dict, *, devic
     lock_dir = knobs().cache_dir / "tuning"
     lock_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(lock_dir / f"profile-gpu{device}.lock")):
-        return _profile_locked(library, problems, jobs, tags, device, launch)
+        return _profile_locked(library, problems, jobs, tags, device, launch, knob_search)
 
 
-def _profile_locked(library, problems, jobs, tags, device, launch) -> tuple:
+def _variant_result(job, tag, ev) -> CandidateResult:
+    return CandidateResult(job["kernel"], f"{tag}+{GemmLaunch(**ev['launch']).tag}", ev["status"],
+                           ev.get("us"), ev.get("rel_err"), ev.get("detail", ""), launch=ev["launch"])
+
+
+def _profile_locked(library, problems, jobs, tags, device, launch, knob_search) -> tuple:
     results, torch_us = {}, {}
     remaining = list(jobs)
+    by_id = {j["id"]: j for j in jobs}
     with tempfile.TemporaryDirectory(prefix="cutlass_offload_tune_") as tmp:
         attempt = 0
         while remaining:
@@ -97,8 +107,10 @@ def _profile_locked(library, problems, jobs, tags, device, launch) -> tuple:
             used = {j["problem"] for j in remaining}
             req.write_text(json.dumps({"library": str(library), "device": device,
                                        "problems": {p: s for p, s in problems.items() if p in used},
-                                       "jobs": [{k: j[k] for k in ("id", "problem", "symbol")}
-                                                for j in remaining]}))
+                                       "jobs": [{k: j[k] for k in ("id", "problem", "symbol",
+                                                                   "launch", "variants") if k in j}
+                                                for j in remaining],
+                                       "knob_search": knob_search}))
             rc, stderr = launch(req, res, TIMEOUT_BASE_S + TIMEOUT_PER_JOB_S * len(remaining))
             before = len(results)
             running, setup = None, None
@@ -113,16 +125,20 @@ def _profile_locked(library, problems, jobs, tags, device, launch) -> tuple:
                     running = ev["job"]
                 elif kind == "done":
                     running = None
-                    job = next(j for j in remaining if j["id"] == ev["job"])
+                    if ev.get("base") is not None:          # a launch-knob variant
+                        results[ev["job"]] = _variant_result(by_id[ev["base"]], tags[ev["base"]], ev)
+                        continue
+                    job = by_id[ev["job"]]
                     results[job["id"]] = CandidateResult(
                         job["kernel"], tags[job["id"]], ev["status"], ev.get("us"), ev.get("rel_err"),
-                        ev.get("detail", ""))
+                        ev.get("detail", ""), launch=job.get("launch"))
             if rc == 0 and all(j["id"] in results for j in remaining):
                 break
             why = _exit_text(rc, stderr)
             if running is not None:                  # the culprit: skip it from now on
-                job = next(j for j in remaining if j["id"] == running)
-                results[running] = CandidateResult(job["kernel"], tags[running], "crashed", detail=why)
+                base = running.split("@")[0]           # a variant's crash ends its knob search
+                tag = tags[base] + (running[len(base):].replace("@", "+", 1))
+                results[running] = CandidateResult(by_id[base]["kernel"], tag, "crashed", detail=why)
             elif setup is not None:                  # died making a problem's inputs
                 for j in remaining:
                     if j["problem"] == setup and j["id"] not in results:

@@ -12,6 +12,12 @@
 //   D[l, m, n] = d + l * batch_stride_d + m * ldd + n
 //   bias[n]    = bias + n                                (may be null)
 // A batch stride of 0 broadcasts that operand over the batch.
+// Launch knobs (CUTLASS 3.x kernels; 2.x kernels ignore them; 0 = CUTLASS's default):
+//   raster_order   0 heuristic, 1 along M, 2 along N (the tile scheduler's walk)
+//   swizzle        max swizzle size: 1, 2, 4 or 8 (0 = 1)
+//   splits         split-K factor, stream-K scheduler kernels only (0 = 1)
+//   decomposition  stream-K kernels: 0 heuristic, 1 data-parallel, 2 split-K, 3 stream-K
+//   pdl            1: launch with programmatic dependent launch
 struct CoGemmArgs {
   const void* a;
   const void* b;
@@ -23,6 +29,7 @@ struct CoGemmArgs {
   int64_t batch_stride_a, batch_stride_b, batch_stride_c, batch_stride_d;
   void* workspace;
   int64_t workspace_bytes;
+  int32_t raster_order, swizzle, splits, decomposition, pdl;
 };
 
 // Arguments of one conv2d fprop call (implicit GEMM). Element offsets, not bytes.
