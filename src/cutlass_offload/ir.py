@@ -262,6 +262,12 @@ class GemmKernel:
         if self.launch.decomposition != "heuristic" and self.config.tile_scheduler != "stream_k":
             raise ValueError(f"decomposition {self.launch.decomposition!r} needs the stream-K "
                              "tile scheduler")
+        if self.launch.pdl and self.config.tile_scheduler == "stream_k":
+            # CUTLASS 4.2's stream-K scheduler does not compile with grid dependency
+            # control (sm90_tile_scheduler_stream_k.hpp is_last_tile), so its kernels
+            # are built without it and cannot wait for a PDL predecessor
+            raise ValueError("PDL needs a persistent-scheduler kernel (stream-K kernels are "
+                             "built without grid dependency control)")
 
     kind = "gemm"
     args_type = "CoGemmArgs"
@@ -834,6 +840,7 @@ class KernelSource:
     includes: tuple
     code: str
     args_type: str = "CoGemmArgs"
+    defines: tuple = ()      # macros the TU must define before its includes
 
 
 def replace(obj, **changes):

@@ -1,9 +1,18 @@
 """sm90a GEMM kernel choice (no nvcc, no GPU): the shape heuristic, the candidate
 set for --tune, and the stream-K tile scheduler in the config and the emitter."""
+from dataclasses import replace
+
 import pytest
 
 from cutlass_offload.emit import gemm_sm90
-from cutlass_offload.ir import GemmEpilogue, GemmKernel, GemmProblem, KernelConfig
+from cutlass_offload.ir import (
+    GemmEpilogue,
+    GemmKernel,
+    GemmLaunch,
+    GemmProblem,
+    KernelConfig,
+)
+from cutlass_offload.runtime.library import CoGemmArgs
 from cutlass_offload.select import (
     DEFAULT_NUM_SMS,
     candidate_kernels,
@@ -22,7 +31,8 @@ def _problem(m, n, k, *, dynamic=False, dtype="f16", epilogue=None, align=8):
 
 
 def _tile(m, n, k, **kw):
-    return choose_kernel(_problem(m, n, k, **kw), "sm90a").config
+    """The shape rules' config (the learned table left out)."""
+    return choose_kernel(_problem(m, n, k, **kw), "sm90a", table=False).config
 
 
 def test_small_m_never_gets_the_big_tile():
@@ -61,7 +71,8 @@ def test_choice_is_pure_and_uses_the_hint_for_dynamic_m():
     assert a == _tile(1024, 3072, 768)
     assert a == _tile(1024, 3072, 768, dynamic=True)
     # fewer SMs: 96 tiles of 128x256 are 1.5 waves of 64 SMs
-    assert choose_kernel(_problem(1024, 3072, 768), "sm90a", num_sms=64).config == sm90.CONFIGS["big"]
+    assert choose_kernel(_problem(1024, 3072, 768), "sm90a", num_sms=64,
+                         table=False).config == sm90.CONFIGS["big"]
 
 
 def test_candidates_at_most_four_heuristic_first_all_emit():
@@ -117,3 +128,127 @@ def test_tuning_id_same_problem_same_id():
     assert a != tuning_id(_problem(1024, 768, 768, dtype="bf16"))
     assert a != tuning_id(_problem(1024, 768, 768, align=4))
     assert a != tuning_id(_problem(512, 768, 768))
+
+
+# -- launch knobs ----------------------------------------------------------------------
+
+def test_launch_knobs_validate_and_stay_out_of_the_kernel_name():
+    with pytest.raises(ValueError, match="raster"):
+        GemmLaunch(raster="diagonal")
+    with pytest.raises(ValueError, match="swizzle"):
+        GemmLaunch(swizzle=3)
+    with pytest.raises(ValueError, match="split_k"):
+        GemmLaunch(splits=2)
+    assert GemmLaunch().tag == "default"
+    assert GemmLaunch(raster="along_n", swizzle=4, pdl=True).tag == "along_n_swz4_pdl"
+    assert GemmLaunch(decomposition="split_k", splits=3).tag == "splitk3"
+    k = _kernel(sm90.CONFIGS["mid"])
+    knobbed = replace(k, launch=GemmLaunch(raster="along_m", swizzle=2, pdl=True))
+    assert knobbed.name == k.name and knobbed != k          # one compiled kernel, two launches
+    with pytest.raises(ValueError, match="stream-K"):
+        replace(k, launch=GemmLaunch(decomposition="data_parallel"))
+    replace(_kernel(sm90.CONFIGS["stream_k"]), launch=GemmLaunch(decomposition="split_k", splits=4))
+    sm80 = KernelConfig("cutlass2x_sm80", (128, 128, 32), 3, warp=(64, 64, 32))
+    with pytest.raises(ValueError, match="3.x"):
+        replace(k, arch="sm80", config=sm80, launch=GemmLaunch(pdl=True))
+
+
+def test_args_carry_the_launch_knobs():
+    a = CoGemmArgs()
+    a.set_launch(GemmLaunch(raster="along_n", swizzle=8, decomposition="split_k", splits=3, pdl=True))
+    assert (a.raster_order, a.swizzle, a.splits, a.decomposition, a.pdl) == (2, 8, 3, 2, 1)
+    a.set_launch(GemmLaunch())
+    assert (a.raster_order, a.swizzle, a.splits, a.decomposition, a.pdl) == (0, 1, 1, 0, 0)
+
+
+def test_emitted_kernels_read_the_knobs_and_refuse_what_they_cannot_take():
+    persistent = gemm_sm90.emit(_kernel(sm90.CONFIGS["mid"])).code
+    stream_k = gemm_sm90.emit(_kernel(sm90.CONFIGS["stream_k"])).code
+    for src in (persistent, stream_k):
+        assert "arguments.scheduler.raster_order" in src and "max_swizzle_size = args.swizzle" in src
+        assert "Gemm::run(params, stream, nullptr, args.pdl != 0)" in src
+        assert "!co_knobs_ok(args)" in src
+    assert "args.splits <= 1 && args.decomposition == 0" in persistent
+    assert "arguments.scheduler.splits" not in persistent
+    assert "arguments.scheduler.splits = args.splits" in stream_k
+    assert "decomposition_mode" in stream_k
+
+
+# -- the search space and the learned table ----------------------------------------------
+
+SHAPES = ((77, 1280, 768), (4096, 4096, 4096), (1024, 768, 3072), (8, 768, 768), (6000, 768, 768),
+          (2048, 5632, 2048), (2048, 256, 2048), (16, 4096, 4096), (2048, 64, 1024))
+
+
+def test_space_configs_are_distinct_and_legal():
+    assert len(sm90.SPACE) == len(set(sm90.SPACE)) >= 25
+    assert set(sm90.CONFIGS.values()) <= set(sm90.SPACE)
+    for c in sm90.SPACE:
+        gemm_sm90.emit(_kernel(c))
+    tiles = {c.tile for c in sm90.SPACE}
+    assert {(128, 96, 64), (128, 192, 64), (256, 128, 64), (64, 192, 64)} <= tiles
+    assert {c.cluster for c in sm90.SPACE} >= {(1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1)}
+    pingpong_128 = [c for c in sm90.SPACE if c.kernel_schedule == sm90.PINGPONG and c.tile[0] == 128]
+    assert pingpong_128 and all(c.tile[1] <= 128 for c in pingpong_128)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_search_space_heuristic_first_then_plausible_configs(shape):
+    p = _problem(*shape)
+    space = sm90.search_space(p, SMS)
+    assert space[0] == choose_kernel(p, "sm90a").config
+    assert len(set(space)) == len(space) >= 3
+    assert all(sm90.plausible(p, c, SMS) for c in space[1:])
+    m = shape[0]
+    assert all(c.tile[0] <= 128 for c in space[1:]) if m <= 128 else True
+
+
+def test_launch_variants_default_first_stream_k_decompositions_only_on_stream_k():
+    big = _problem(4096, 4096, 4096)
+    v = sm90.launch_variants(sm90.CONFIGS["mid"], big, SMS)
+    assert v[0] == GemmLaunch() and len(set(v)) == len(v)
+    assert {x.raster for x in v} == {"heuristic", "along_m", "along_n"}
+    assert all(x.decomposition == "heuristic" and not x.pdl for x in v)
+    few_tiles = _problem(128, 1280, 5120)
+    sk = sm90.launch_variants(sm90.CONFIGS["stream_k"], few_tiles, SMS)
+    assert {x.decomposition for x in sk} == {"heuristic", "data_parallel", "stream_k", "split_k"}
+    assert {x.splits for x in sk if x.decomposition == "split_k"} == {2, 3, 4}
+    assert sm90.launch_variants(sm90.CONFIGS["mid"], few_tiles, SMS) == (GemmLaunch(),)
+
+
+def _table(entries, num_sms=SMS):
+    from cutlass_offload.tune.result import config_to_dict
+    return sm90.Table({"gpu": "NVIDIA H200", "num_sms": num_sms, "entries": [
+        {"m": m, "n": n, "k": k, "batch": 1, "layout_b": "col", "config": config_to_dict(c),
+         "launch": launch} for (m, n, k), c, launch in entries]})
+
+
+def test_table_lookup_exact_then_nearest_within_2x_else_rules():
+    wide, narrow = sm90.CONFIGS["wide"], sm90.CONFIGS["narrow"]
+    t = _table([((1024, 768, 768), wide, {"raster": "along_n", "pdl": True}),
+                ((8192, 768, 768), narrow, {})])
+    assert t.lookup(_problem(1024, 768, 768), SMS) == (wide, GemmLaunch(raster="along_n", pdl=True))
+    assert t.lookup(_problem(1500, 768, 768), SMS)[0] == wide           # nearest (log distance)
+    assert t.lookup(_problem(6000, 768, 768), SMS)[0] == narrow
+    assert t.lookup(_problem(1024, 768, 3072), SMS) is None              # K 4x away
+    assert t.lookup(_problem(1024, 768, 768), 114) is None               # another SM count
+    row_b = GemmProblem(n=768, k=768, dtype="f16", layout_b="row", align_a=8, align_b=8, align_c=8,
+                        m=1024, m_hint=1024)
+    assert t.lookup(row_b, SMS) is None
+    # choose: the table first, the rules for what it does not cover
+    assert sm90.choose(_problem(1024, 768, 768), SMS, t)[0] == wide
+    assert sm90.choose(_problem(1024, 768, 3072), SMS, t) == (sm90.CONFIGS["small"], sm90.DEFAULT_LAUNCH)
+    assert sm90.choose(_problem(1024, 768, 768), SMS, None)[0] == sm90.CONFIGS["small"]
+    # a batched problem is looked up by all its rows (M x batch)
+    batched = replace(_problem(128, 768, 768), batch=8, batch_hint=8)
+    assert t.lookup(batched, SMS)[0] == wide
+
+
+def test_packaged_table_names_its_gpu_and_loads():
+    t = sm90.default_table()
+    if t is None:
+        pytest.skip("no learned table packaged yet")
+    assert t.num_sms == SMS and "H200" in t.gpu and t.meta.get("cutlass") and t.meta.get("date")
+    assert t.entries
+    for config, launch in t.entries.values():
+        gemm_sm90.emit(replace(_kernel(config), launch=launch))

@@ -13,7 +13,13 @@ import torch
 import cutlass_offload as co
 from cutlass_offload.config import CompileOptions
 from cutlass_offload.ir import GemmEpilogue, GemmLaunch, GemmProblem, GemmRegion, Plan
-from cutlass_offload.select import candidate_kernels, choose_kernel, select, sm90, tuning_id
+from cutlass_offload.select import (
+    candidate_kernels,
+    choose_kernel,
+    select,
+    sm90,
+    tuning_id,
+)
 from cutlass_offload.tune import cache as tune_cache
 from cutlass_offload.tune import tune
 from cutlass_offload.tune.cache import TuningCache, tuning_key
@@ -365,6 +371,42 @@ def test_a_crashing_candidate_is_recorded_and_the_rest_rerun_without_it():
     assert res["tune0_0"].us == 5.0 and res["tune0_0"].tag == "tag0" and torch_us == {"0": 12.0}
 
 
+def test_knob_variants_come_back_as_their_own_results_and_a_crash_in_one_ends_its_search():
+    jobs, tags = _jobs(2)
+    jobs[0]["variants"] = [{"raster": "along_n"}, {"raster": "along_m", "swizzle": 2}]
+    requests = []
+
+    def process(request, results, timeout_s):
+        req = json.loads(Path(request).read_text())
+        requests.append(req)
+        with open(results, "a") as f:
+            def log(**e):
+                f.write(json.dumps(e) + "\n")
+            log(event="setup", problem="0")
+            log(event="torch", problem="0", us=12.0)
+            if len(requests) == 1:
+                for j, us in (("tune0_0", 5.0), ("tune0_1", 6.0)):
+                    log(event="start", job=j)
+                    log(event="done", job=j, status="ok", us=us, rel_err=1e-4)
+                log(event="start", job="tune0_0@along_n")
+                log(event="done", job="tune0_0@along_n", base="tune0_0", launch={"raster": "along_n"},
+                    status="ok", us=4.0, rel_err=1e-4)
+                log(event="start", job="tune0_0@along_m_swz2")
+                return -11, "Segmentation fault"
+        return 0, ""
+
+    res, _ = profile_candidates("/lib.so", {"0": {}}, jobs, tags, launch=process,
+                                knob_search={"top": 1, "pdl": True})
+    assert requests[0]["knob_search"] == {"top": 1, "pdl": True}
+    assert requests[0]["jobs"][0]["variants"] == jobs[0]["variants"]
+    assert len(requests) == 1                       # nothing left to run after the crash
+    assert res["tune0_0@along_n"].status == "ok" and res["tune0_0@along_n"].us == 4.0
+    assert res["tune0_0@along_n"].tag == "tag0+along_n" and res["tune0_0@along_n"].launch == {"raster": "along_n"}
+    assert res["tune0_0@along_m_swz2"].status == "crashed"
+    assert res["tune0_0@along_m_swz2"].tag == "tag0+along_m_swz2"
+    assert res["tune0_1"].status == "ok"
+
+
 def test_a_profiler_that_cannot_start_marks_everything_not_profiled():
     jobs, tags = _jobs(3)
     calls = []
@@ -450,3 +492,28 @@ def test_compile_with_tune_uses_and_saves_the_winners(tmp_path, monkeypatch):
     assert compiled.report.tuning["winners"] and "fake GPU" in compiled.report.format()
     loaded, _, _ = co.load(out)                  # no tuning on reload: the manifest's winners
     assert [k.config.tag for k in loaded.plan.kernels] == [streamk]
+
+
+def test_the_profiling_process_knob_search_retimes_the_fastest_then_tries_pdl(monkeypatch):
+    from cutlass_offload.tune import profile
+
+    def fake_job(lib, job, copies, ref, launch=None):
+        launch = launch if launch is not None else job.get("launch") or {}
+        us = {"a": 5.0, "b": 6.0, "c": 9.0}[job["id"]]
+        us -= 1.0 if launch.get("raster") == "along_n" else 0.0
+        us -= 0.5 if launch.get("pdl") else 0.0
+        return {"status": "ok", "us": us, "rel_err": 1e-4, "detail": ""}
+
+    monkeypatch.setattr(profile, "profile_job", fake_job)
+    variants = [{"raster": "along_n"}, {"raster": "along_m"}]
+    jobs = [{"id": i, "variants": variants} for i in "abc"]
+    timed = [(fake_job(None, j, None, None)["us"], j, {}) for j in jobs]
+    events = []
+    assert profile._knob_search(None, {"top": 2, "pdl": True}, timed, None, None,
+                                lambda **e: events.append(e))
+    done = [e for e in events if e["event"] == "done"]
+    # the two fastest get both variants; c (9 us) none; then PDL on the best (a along_n)
+    assert [e["job"] for e in done] == ["a@along_n", "a@along_m", "b@along_n", "b@along_m",
+                                        "a@along_n_pdl"]
+    assert done[-1]["launch"] == {"raster": "along_n", "pdl": True} and done[-1]["us"] == 3.5
+    assert all(e["base"] == e["job"].split("@")[0] for e in done)

@@ -175,32 +175,48 @@ def choose_shards(kernels: list, slots: int) -> list:
     return merged if predicted_wall(merged, slots) <= predicted_wall(planned, slots) else planned
 
 
-def header_compatible_groups(kernels) -> list:
-    """The kernels split into groups that may share one translation unit.
+def unit_class(kernel) -> str:
+    """Which kernels may share a translation unit: those of one class.
 
-    CUTLASS 3.x conv kernels cannot sit in a TU that also includes
-    cutlass/gemm/kernel/gemm_universal.h (every GEMM emitter's headers pull it
-    in): ConvUniversal derives from 3.x GemmUniversal with a non-tuple problem
-    shape, which the 2.x GemmUniversal partial specialization also matches
-    (nvcc: "more than one partial specialization matches"; moving the include
-    after the conv's instantiation makes g++ reject it instead). CUTLASS's own
-    generator never mixes them either. Everything else shares one group.
+    * "conv3x": CUTLASS 3.x conv kernels cannot sit in a TU that also includes
+      cutlass/gemm/kernel/gemm_universal.h (every GEMM emitter's headers pull it
+      in): ConvUniversal derives from 3.x GemmUniversal with a non-tuple problem
+      shape, which the 2.x GemmUniversal partial specialization also matches
+      (nvcc: "more than one partial specialization matches"; moving the include
+      after the conv's instantiation makes g++ reject it instead). CUTLASS's own
+      generator never mixes them either.
+    * "gemm3x_stream_k": 3.x GEMMs with the stream-K tile scheduler do not compile
+      with the grid dependency control the persistent ones define for their TU
+      (emit/gemm_sm90.py GDC_DEFINES).
+    * "common": everything else.
     """
-    conv3x = [k for k in kernels if k.kind == "conv2d_fprop" and k.config.family == "cutlass3x_sm90"]
-    rest = [k for k in kernels if k not in conv3x]
-    return [g for g in (conv3x, rest) if g] if conv3x and rest else [list(kernels)]
+    if kernel.config.family == "cutlass3x_sm90":
+        if kernel.kind == "conv2d_fprop":
+            return "conv3x"
+        if kernel.kind == "gemm" and kernel.config.tile_scheduler == "stream_k":
+            return "gemm3x_stream_k"
+    return "common"
+
+
+def header_compatible_groups(kernels) -> list:
+    """The kernels split into groups that may share one translation unit (by
+    ``unit_class``), in first-seen class order."""
+    groups = {}
+    for k in kernels:
+        groups.setdefault(unit_class(k), []).append(k)
+    return list(groups.values())
 
 
 def plan_shards(kernels: list, slots: int) -> list:
     """Lists of kernels, one per shard, longest predicted first.
 
-    Kernels are grouped by (kind, family, dtype); the group with the longest predicted
+    Kernels are grouped by (kind, family, dtype, unit class); the group with the longest predicted
     shard gets more shards (skipping counts that do not shorten it) while the
     total stays within ``slots``.
     """
     groups = {}
     for k in sorted(kernels, key=lambda k: k.name):
-        groups.setdefault((k.kind, k.config.family, k.dtype), []).append(k)
+        groups.setdefault((k.kind, k.config.family, k.dtype, unit_class(k)), []).append(k)
     parts = {g: 1 for g in groups}
 
     def longest(g, p=None):

@@ -108,17 +108,10 @@ def cutlass_version() -> str:
     return f"{ver}+{h.hexdigest()[:12]}"
 
 
-# Per-arch defines. CUTLASS_ENABLE_GDC_FOR_SM90 compiles CUTLASS's grid dependency
-# control (griddepcontrol.wait / launch_dependents, cutlass/arch/grid_dependency_control.h)
-# into sm90 kernels, so a GEMM launched with PDL (GemmLaunch.pdl) waits for the kernel
-# before it; without a PDL launch the instructions return at once.
-ARCH_DEFINES = {"sm90a": ("-DCUTLASS_ENABLE_GDC_FOR_SM90",), "sm80": ()}
-
-
 def _base(nvcc: str, arch: str) -> list:
     if arch not in GENCODE:
         raise ToolchainError(f"unknown arch {arch!r}; use one of {sorted(GENCODE)}")
-    return [nvcc, *BASE_FLAGS, *ARCH_DEFINES[arch], GENCODE[arch]]
+    return [nvcc, *BASE_FLAGS, GENCODE[arch]]
 
 
 def _includes() -> list:

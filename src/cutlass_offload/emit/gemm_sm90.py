@@ -15,7 +15,9 @@ the stream, so it stays graph-capturable). The scheduler's run-time arguments co
 from the args' launch knobs (ir.GemmLaunch, prelude.h): raster order and swizzle
 for both schedulers, splits and decomposition (data-parallel, split-K, stream-K or
 CUTLASS's heuristic) for stream-K; ``pdl`` launches with programmatic dependent
-launch. Knob values a kernel cannot take are refused (CO_CANNOT_IMPLEMENT). The epilogue
+launch (persistent kernels only: they are compiled with grid dependency control,
+``GDC_DEFINES``). Knob values a kernel cannot take are refused
+(CO_CANNOT_IMPLEMENT). The epilogue
 ``D = post(residual_op(activation(acc + bias), C))`` is an epilogue visitor tree
 (EVT) computed in fp32; a plain epilogue uses ``LinearCombination`` with beta 0
 and no source load (ElementC = void).
@@ -171,8 +173,12 @@ static inline bool co_knobs_ok(const CoGemmArgs& args) {
   bool swizzle = args.swizzle == 0 || args.swizzle == 1 || args.swizzle == 2 ||
                  args.swizzle == 4 || args.swizzle == 8;
   bool split = ${split_knobs_ok};
-  return swizzle && split && args.raster_order >= 0 && args.raster_order <= 2 &&
-         (args.pdl == 0 || args.pdl == 1);
+#ifdef CUTLASS_ENABLE_GDC_FOR_SM90
+  bool pdl = args.pdl == 0 || args.pdl == 1;
+#else
+  bool pdl = args.pdl == 0;   // no griddepcontrol.wait compiled in: a PDL launch could race
+#endif
+  return swizzle && split && pdl && args.raster_order >= 0 && args.raster_order <= 2;
 }
 
 static inline bool co_fits_int(int64_t v) { return v >= 0 && v <= INT32_MAX; }
@@ -214,8 +220,8 @@ int run(const CoGemmArgs& args, cudaStream_t stream) {
     return CO_INIT_FAILED;
   }
   typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(arguments, args.workspace);
-  // PDL: the kernel's griddepcontrol.wait (CUTLASS_ENABLE_GDC_FOR_SM90, a build flag)
-  // holds its first global read until the previous kernel on the stream is done
+  // PDL: the kernel's griddepcontrol.wait (CUTLASS_ENABLE_GDC_FOR_SM90) holds its first
+  // global read until the previous kernel on the stream is done
   if (Gemm::run(params, stream, nullptr, args.pdl != 0) != cutlass::Status::kSuccess) {
     return CO_LAUNCH_FAILED;
   }
@@ -228,6 +234,13 @@ int run(const CoGemmArgs& args, cudaStream_t stream) {
 }  // namespace ${name}
 """)
 
+
+# CUTLASS's grid dependency control (griddepcontrol.wait before the first global read,
+# cutlass/arch/grid_dependency_control.h) compiled into the persistent kernels, so a
+# PDL launch is safe; without a PDL launch the instructions return at once. Not for
+# stream-K kernels: CUTLASS 4.2's stream-K scheduler does not compile with it
+# (sm90_tile_scheduler_stream_k.hpp is_last_tile), so they get units of their own.
+GDC_DEFINES = ("CUTLASS_ENABLE_GDC_FOR_SM90",)
 
 _STREAM_K_ARGS = """\
   arguments.scheduler.splits = args.splits > 0 ? args.splits : 1;
@@ -379,4 +392,6 @@ def emit(kernel: GemmKernel) -> KernelSource:
     ``values`` ever disagree on a placeholder.
     """
     code = TEMPLATE.substitute(values(kernel))
-    return KernelSource(name=kernel.name, includes=INCLUDES, code=code)
+    stream_k = kernel.config.tile_scheduler == "stream_k"
+    return KernelSource(name=kernel.name, includes=INCLUDES, code=code,
+                        defines=() if stream_k else GDC_DEFINES)

@@ -5,9 +5,20 @@ import json
 from dataclasses import asdict, replace
 
 from ..config import CompileOptions
-from ..ir import (AttentionRegion, ConvRegion, Fallback, GemmKernel, GemmLaunch, GemmProblem,
-                  GroupNormRegion, KernelConfig, NormRegion, PartitionResult, Plan)
-from ..emit import attention            # the sm80 kernel, for sm_80 and sm_90a
+from ..emit import attention  # the sm80 kernel, for sm_80 and sm_90a
+from ..ir import (
+    AttentionRegion,
+    ConvRegion,
+    Fallback,
+    GemmKernel,
+    GemmLaunch,
+    GemmProblem,
+    GroupNormRegion,
+    KernelConfig,
+    NormRegion,
+    PartitionResult,
+    Plan,
+)
 from . import sm80, sm90
 from .conv import choose_conv_kernel, pad_channels
 from .group_norm import choose_group_norm_kernel

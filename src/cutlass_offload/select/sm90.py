@@ -179,7 +179,7 @@ class Table:
             self.entries[key] = (config_from_dict(e["config"]), GemmLaunch(**e.get("launch", {})))
 
     @classmethod
-    def load(cls, path) -> "Table":
+    def load(cls, path) -> Table:
         return cls(json.loads(Path(path).read_text()))
 
     def lookup(self, problem: GemmProblem, num_sms: int):
@@ -205,14 +205,14 @@ class Table:
         return best[1] if best else None
 
 
-@functools.lru_cache(maxsize=None)
-def default_table() -> "Table | None":
+@functools.cache
+def default_table() -> Table | None:
     """The packaged table (``tables/sm90a_h200.json``), or None when there is none."""
     path = TABLES / "sm90a_h200.json"
     return Table.load(path) if path.exists() else None
 
 
-def choose(problem: GemmProblem, num_sms: int, table: "Table | None | bool" = True) -> tuple:
+def choose(problem: GemmProblem, num_sms: int, table: Table | None | bool = True) -> tuple:
     """(KernelConfig, GemmLaunch) for ``problem`` on a device with ``num_sms`` SMs:
     the learned table's entry when it has one (``table``: True = the packaged
     table, None / False = rules only, or a Table), else the shape rules' config
@@ -279,8 +279,8 @@ def launch_variants(config: KernelConfig, problem: GemmProblem, num_sms: int) ->
     """GemmLaunch knobs worth trying with ``config`` on ``problem`` (no compile
     needed): raster order along M and along N with swizzle 1, 2, 4 and 8 for
     grids of more than one wave, and for stream-K kernels a data-parallel, a
-    stream-K and split-K 2 / 3 / 4 decomposition; each with and without PDL.
-    The default launch comes first."""
+    stream-K and split-K 2 / 3 / 4 decomposition. The default launch comes
+    first. PDL is not among them: the tuner tries it once, on the fastest."""
     out = [GemmLaunch()]
     tiles = _ctas(problem, config)
     if tiles > num_sms:
@@ -291,9 +291,4 @@ def launch_variants(config: KernelConfig, problem: GemmProblem, num_sms: int) ->
         out += [GemmLaunch(decomposition="data_parallel"), GemmLaunch(decomposition="stream_k")]
         out += [GemmLaunch(decomposition="split_k", splits=s) for s in (2, 3, 4)
                 if problem.k // s >= 2 * config.tile[2]]
-    return tuple(dict.fromkeys(out + [_with_pdl(x) for x in out]))
-
-
-def _with_pdl(launch: GemmLaunch) -> GemmLaunch:
-    from dataclasses import replace
-    return replace(launch, pdl=True)
+    return tuple(dict.fromkeys(out))

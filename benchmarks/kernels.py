@@ -1,0 +1,598 @@
+"""The kernel corpus benchmark (issue 15): every distinct GEMM, conv2d and attention
+problem of the built-in models and the zoo architectures (benchmarks/corpus/
+corpus.json, from benchmarks/corpus.py), plus a synthetic GEMM grid, each run by
+our kernel (the heuristic's and, with ``--search full``, the tuned one) and by
+the anchor a user would call instead, on one GPU, in one run.
+
+* GEMM (tune/: build, profile subprocess, float32 check on random data): ours
+  with the heuristic (select: the learned table, else the shape rules) and tuned
+  (tune(search="full"): the sm90 search space on plain fp16 proxies, the best
+  configs with the problem's epilogue, launch knobs, PDL), against cuBLAS through
+  PyTorch (``torch.mm`` / ``addmm`` for one batch entry, ``matmul`` for a batch)
+  followed by the unfused epilogue ops. Each timed as back-to-back launches over
+  up to four operand copies captured in a CUDA graph (tune/profile.py), median
+  replay / launches. The grid: M in GRID_M x the (N, K) of the corpus's GEMMs
+  with the most FLOPs, plain epilogue.
+* conv2d: one synthetic model holding every corpus conv (NHWC, channels_last
+  input), compiled; each region (our kernel) against its PyTorch subgraph
+  (``F.conv2d`` channels_last: cuDNN, then the unfused epilogue), 10 calls in a
+  CUDA graph, median replay.
+* attention: one synthetic model of the corpus's SDPA problems, compiled; each
+  region against ``F.scaled_dot_product_attention`` under each backend PyTorch
+  has (flash, cuDNN, efficient, math), the fastest counted.
+
+Ratios are speedups: anchor time / our time (> 1: ours faster). Per kind and
+dtype: geomean, minimum, how many below the issue's floors; the worst ten; TFLOP/s
+and % of the measured peak (an 8192^3 fp16 matmul). ``--write-table FILE`` turns
+a full search into the learned table select/sm90.py reads (the winner per shape,
+with GPU, date and CUTLASS version). JSON to ``--json`` (default
+``$OUT/kernels.json``, else ``benchmarks/results/kernels.json``).
+
+    python benchmarks/kernels.py [--kinds gemm,conv,attention] [--dtypes fp16,bf16]
+        [--search full|heuristic] [--grid/--no-grid] [--write-table FILE] [--json FILE]
+
+Needs a CUDA GPU (sm_90) and nvcc (exits 2 without a GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+HERE = Path(__file__).resolve().parent
+CORPUS = HERE / "corpus" / "corpus.json"
+GRID_M = (16, 64, 256, 1024, 4096, 16384)
+GRID_PAIRS = 12                  # (N, K) pairs of the grid: the corpus's heaviest
+DTYPES = {"fp16": "f16", "bf16": "bf16"}
+# issue 15's floors (speedup over the anchor)
+FLOORS = {"gemm_plain": {"heuristic_geomean": 1.00, "heuristic_min": 0.90,
+                         "tuned_geomean": 1.05, "tuned_min": 0.95},
+          "gemm_fused": {"tuned_geomean": 1.15},
+          "attention": {"heuristic_min": 1.00},
+          "conv2d": {"heuristic_geomean": 1.00, "heuristic_min": 0.80}}
+
+
+# -- the corpus --------------------------------------------------------------------------
+
+def load_corpus(path: Path) -> dict:
+    """corpus.json as written by benchmarks/corpus.py."""
+    return json.loads(Path(path).read_text())
+
+
+def gemm_problems(corpus: dict, dtype: str) -> list:
+    """[(GemmProblem, info)] for the corpus's offloaded GEMMs in ``dtype`` ("f16" /
+    "bf16"); info: count, models, label."""
+    from dataclasses import replace
+
+    from cutlass_offload.ir import GemmEpilogue, GemmProblem
+    out, seen = [], {}
+    for e in corpus.get("gemm", []):
+        ep = GemmEpilogue(**{k: v for k, v in e["epilogue"].items()
+                             if k in GemmEpilogue.__dataclass_fields__})
+        m = e.get("m") or e.get("m_hint")
+        p = GemmProblem(n=e["n"], k=e["k"], dtype=e.get("dtype", "f16"), layout_b=e["layout_b"],
+                        align_a=e["align_a"], align_b=e["align_b"], align_c=e["align_c"],
+                        epilogue=ep, m=m, m_hint=m, batch=e.get("batch", 1),
+                        batch_hint=e.get("batch", 1),
+                        a_batch_broadcast=e.get("a_batch_broadcast", False))
+        if p.dtype in ("f16", "bf16"):
+            p = replace(p, dtype=dtype)
+        key = (p.m, p.n, p.k, p.batch, p.layout_b, p.align_a, p.align_b, p.align_c, p.epilogue,
+               p.a_batch_broadcast, p.dtype)
+        info = seen.get(key)
+        if info is None:
+            info = seen[key] = {"count": 0, "models": []}
+            out.append((p, info))
+        info["count"] += int(e.get("count", 1))
+        for mod in e.get("models", []):
+            if mod not in info["models"]:
+                info["models"].append(mod)
+    return out
+
+
+def grid_problems(corpus_problems: list, dtype: str) -> list:
+    """The synthetic grid: M in GRID_M x the GRID_PAIRS (N, K) pairs (B col-major,
+    aligned) of the corpus with the most FLOPs, plain epilogue."""
+    from cutlass_offload.ir import GemmProblem
+    flops = {}
+    for p, info in corpus_problems:
+        if p.layout_b == "col" and (p.align_a, p.align_b, p.align_c) == (8, 8, 8):
+            flops[(p.n, p.k)] = flops.get((p.n, p.k), 0) + 2 * p.m * p.n * p.k * (p.batch or 1) * info["count"]
+    pairs = [nk for nk, _ in sorted(flops.items(), key=lambda t: -t[1])[:GRID_PAIRS]]
+    return [(GemmProblem(n=n, k=k, dtype=dtype, layout_b="col", align_a=8, align_b=8, align_c=8,
+                         m=m, m_hint=m), {"count": 1, "models": ["grid"]})
+            for n, k in pairs for m in GRID_M]
+
+
+# -- GEMM ----------------------------------------------------------------------------------
+
+def bench_gemms(problems: list, search: str, num_sms: int) -> list:
+    """One row per problem: heuristic / tuned / anchor (cuBLAS) us, tags, speedups."""
+    from cutlass_offload.config import CompileOptions
+    from cutlass_offload.ir import GemmRegion, Plan
+    from cutlass_offload.select import choose_kernel, tuning_id
+    from cutlass_offload.tune import TuningCache, tune
+    regions, kernels = [], []
+    for i, (p, _) in enumerate(problems):
+        rid = f"g{i}"
+        regions.append(GemmRegion(name=rid, form="linear", nodes=(rid,), a="a", b="b", problem=p))
+        kernels.append(choose_kernel(p, "sm90a", num_sms))
+    plan = Plan("sm90a", tuple(regions), tuple(kernels), ())
+    with tempfile.TemporaryDirectory(prefix="co_kernels_tuning_") as tmp:
+        report = tune(plan, CompileOptions(arch="sm90a", num_sms=num_sms),
+                      cache=TuningCache(Path(tmp)), search=search)
+    by_tid = {tp.tuning_id: tp for tp in report.problems}
+    rows = []
+    for (p, info), k in zip(problems, kernels):
+        tp = by_tid.get(tuning_id(p))
+        rows.append(gemm_row(p, info, k, tp))
+    return rows, report
+
+
+def gemm_row(p, info, kernel, tp) -> dict:
+    """The table row of one GEMM problem from its TunedProblem (or None: not run)."""
+    m = p.m * (p.batch or 1)
+    row = {"kind": "gemm", "dtype": p.dtype, "m": p.m, "n": p.n, "k": p.k, "batch": p.batch,
+           "layout_b": p.layout_b, "align": [p.align_a, p.align_b, p.align_c],
+           "epilogue": p.epilogue.tag, "fused": p.epilogue.tag != "plain",
+           "count": info["count"], "models": info["models"],
+           "flops": 2.0 * m * p.n * p.k, "family": kernel.config.family,
+           "heuristic": None, "heuristic_us": None, "tuned": None, "tuned_us": None,
+           "tuned_no_pdl_us": None, "anchor_us": None}
+    if tp is None:
+        row["error"] = "not profiled (no kernel)"
+        return row
+    ok = {c.tag: c for c in tp.candidates if c.status == "ok" and c.us}
+    h = ok.get(tp.heuristic)
+    row.update(heuristic=tp.heuristic, heuristic_us=h.us if h else None, anchor_us=tp.torch_us,
+               tuned=tp.winner, tuned_us=ok[tp.winner].us if tp.winner in ok else None)
+    no_pdl = [c.us for c in ok.values() if not (c.launch or {}).get("pdl")]
+    row["tuned_no_pdl_us"] = min(no_pdl) if no_pdl else None
+    failed = [f"{c.tag}: {c.status}" for c in tp.candidates if c.status != "ok"]
+    if failed:
+        row["failed_candidates"] = failed
+    if h is None:
+        bad = next((c for c in tp.candidates if c.tag == tp.heuristic), None)
+        row["error"] = f"heuristic kernel {bad.status if bad else 'missing'}"
+    return add_speedups(row)
+
+
+def add_speedups(row: dict) -> dict:
+    a = row.get("anchor_us")
+    for v in ("heuristic", "tuned", "tuned_no_pdl"):
+        us = row.get(f"{v}_us")
+        row[f"{v}_speedup"] = a / us if a and us else None
+    return row
+
+
+# -- conv2d and attention: synthetic models ------------------------------------------------
+
+class _Branches(torch.nn.Module):
+    """Runs one callable per input group; returns every output (one region each)."""
+
+    def __init__(self, fns, arity):
+        super().__init__()
+        self.mods = torch.nn.ModuleList(fns)
+        self.arity = arity
+
+    def forward(self, *xs):
+        outs, i = [], 0
+        for mod, n in zip(self.mods, self.arity):
+            outs.append(mod(*xs[i:i + n]))
+            i += n
+        return tuple(outs)
+
+
+class _Conv(torch.nn.Module):
+    def __init__(self, e):
+        super().__init__()
+        ep = e.get("epilogue", {})
+        self.conv = torch.nn.Conv2d(e["c"], e["k"], (e["r"], e["s"]), stride=tuple(e["stride"]),
+                                    padding=0, dilation=tuple(e["dilation"]), bias=ep.get("bias", False))
+        self.pad = tuple(e["pad"])            # (top, bottom, left, right)
+        self.act = ep.get("activation", "identity")
+        self.residual = ep.get("residual", "none")
+
+    def forward(self, x, *c):
+        top, bottom, left, right = self.pad
+        if top == bottom and left == right:
+            y = F.conv2d(x, self.conv.weight, self.conv.bias, self.conv.stride, (top, left),
+                         self.conv.dilation)
+        else:
+            y = self.conv(F.pad(x, (left, right, top, bottom)))
+        y = {"identity": lambda t: t, "relu": F.relu, "silu": F.silu, "sigmoid": torch.sigmoid,
+             "gelu_erf": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[self.act](y)
+        if self.residual == "add":
+            y = y + c[0]
+        elif self.residual == "mul":
+            y = y * c[0]
+        return y
+
+
+class _SDPA(torch.nn.Module):
+    def __init__(self, e):
+        super().__init__()
+        self.causal = e.get("causal", "none") == "top_left"
+        self.scale = e.get("scale")
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=self.scale)
+
+
+def conv_model(entries, dtype):
+    """(model, inputs, first input of each branch) with one conv branch per corpus
+    conv entry."""
+    mods, xs, arity = [], [], []
+    for e in entries:
+        mods.append(_Conv(e))
+        n, c, h, w = e["n"], e["c"], e["h"], e["w"]
+        x = torch.randn(n, c, h, w).to(memory_format=torch.channels_last)
+        group = [x]
+        if e.get("epilogue", {}).get("residual", "none") != "none":
+            with torch.no_grad():
+                shape = mods[-1](x).shape
+            group.append(torch.randn(shape).to(memory_format=torch.channels_last))
+        xs += group
+        arity.append(len(group))
+    dt = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    model = _Branches(mods, arity).to(dt).to(memory_format=torch.channels_last).eval()
+    return model, tuple(x.to(dt) for x in xs), _firsts(arity)
+
+
+def _firsts(arity) -> list:
+    """Index of each branch's first input among the model's inputs."""
+    out, i = [], 0
+    for n in arity:
+        out.append(i)
+        i += n
+    return out
+
+
+def attention_model(entries, dtype):
+    """(model, inputs, first input of each branch) with one SDPA branch per corpus
+    attention entry, q / k / v of (B, H, L, E)."""
+    dt = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    mods, xs = [], []
+    for e in entries:
+        mods.append(_SDPA(e))
+        b, h = e["batch"], e["heads"]
+        xs += [torch.randn(b, h, e["seq_q"], e["head_dim"], dtype=dt),
+               torch.randn(b, h, e["seq_kv"], e["head_dim"], dtype=dt),
+               torch.randn(b, h, e["seq_kv"], e["head_dim_v"], dtype=dt)]
+    return _Branches(mods, [3] * len(mods)).eval(), tuple(xs), _firsts([3] * len(mods))
+
+
+def graph_us(fn, calls: int = 10, reps: int = 20) -> float:
+    """Device us of one call: ``calls`` calls in one CUDA graph, median of ``reps``
+    replays (after a warm-up call outside the graph)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def region_inputs(compiled, inputs) -> list:
+    """[(region module, its inputs)] of one forward, in call order."""
+    calls = []
+    hooks = [m.register_forward_pre_hook(lambda mod, xs: calls.append((mod, xs)))
+             for m in compiled.region_modules()]
+    try:
+        with torch.no_grad():
+            compiled(*inputs)
+        torch.cuda.synchronize()
+    finally:
+        for h in hooks:
+            h.remove()
+    return calls
+
+
+def _rel_err(out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def bench_model_regions(kind, entries, model, inputs, firsts, anchors) -> list:
+    """Compile ``model`` (sm_90a, heuristic kernels), then time each region against
+    ``anchors(module, xs)`` ({name: callable}); one row per entry, in entry order
+    (a branch is found by its first input: the conv's x, the attention's q)."""
+    import cutlass_offload as co
+    model = model.cuda()
+    inputs = tuple(x.cuda() for x in inputs)
+    t0 = time.perf_counter()
+    compiled = co.compile(model, inputs, arch="sm_90a")
+    build_s = time.perf_counter() - t0
+    branch_of = {inputs[i].data_ptr(): b for b, i in enumerate(firsts)}
+    found = {}
+    for m, xs in region_inputs(compiled, inputs):
+        for x in xs:
+            if isinstance(x, torch.Tensor) and x.data_ptr() in branch_of:
+                found.setdefault(branch_of[x.data_ptr()], (m, xs))
+    reasons = "; ".join(sorted({f.reason for f in compiled.plan.fallbacks}))[:300]
+    rows = []
+    for i, e in enumerate(entries):
+        row = {"kind": kind, **{k: v for k, v in e.items() if k != "models"},
+               "models": e.get("models", []), "build_s": build_s}
+        if i not in found:
+            row["error"] = f"not offloaded: {reasons}"
+            rows.append(row)
+            continue
+        m, xs = found[i]
+        before = m.fallback_calls
+        times = {}
+        with torch.no_grad():
+            row["rel_err_vs_pytorch"] = _rel_err(m(*xs), m.fallback(*xs))
+            row["kernel"] = m.kernel.name
+            row["heuristic_us"] = graph_us(lambda m=m, xs=xs: m(*xs))
+            for name, fn in anchors(m, xs).items():
+                try:
+                    times[name] = graph_us(fn)
+                except RuntimeError as err:         # a backend that cannot run this shape
+                    torch.cuda.synchronize()
+                    times[name] = None
+                    row.setdefault("anchor_errors", {})[name] = str(err).splitlines()[0][:160]
+        row["anchors_us"] = times
+        ok = {k: v for k, v in times.items() if v}
+        if ok:
+            best = min(ok, key=ok.get)
+            row["anchor"], row["anchor_us"] = best, ok[best]
+        row["fell_back"] = m.fallback_calls > before
+        rows.append(add_speedups(row))
+    del compiled
+    torch.cuda.empty_cache()
+    return rows
+
+
+def conv_anchors(m, xs):
+    return {"cudnn": lambda: m.fallback(*xs)}
+
+
+def sdpa_anchors(m, xs):
+    """SDPA under each backend on the region's own q, k, v (BHLE views)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    r = m.region
+    q, k, v = xs[m._iq], xs[m._ik], xs[m._iv]
+    causal = r.problem.causal == "top_left"
+    out = {}
+    for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                     ("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH)):
+        def run(be=be):
+            with sdpa_kernel([be]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=r.problem.scale)
+        out[name] = run
+    return out
+
+
+# -- summaries -----------------------------------------------------------------------------
+
+def geomean(xs) -> float | None:
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def summarize(rows: list, peak_tflops: float) -> dict:
+    """Per (kind, dtype, class) geomeans / minima of the speedups, with the floors."""
+    for r in rows:
+        for v in ("heuristic", "tuned"):
+            us = r.get(f"{v}_us")
+            if us and r.get("flops"):
+                r[f"{v}_tflops"] = r["flops"] / us / 1e6
+                r[f"{v}_pct_peak"] = 100.0 * r[f"{v}_tflops"] / peak_tflops
+    groups = {}
+    for r in rows:
+        if r["kind"] == "gemm":
+            cls = ("gemm_grid" if r["models"] == ["grid"] else
+                   "gemm_fused" if r["fused"] else "gemm_plain")
+        else:
+            cls = r["kind"]
+        groups.setdefault((cls, r.get("dtype", "f16")), []).append(r)
+    out = {}
+    for (cls, dt), rs in sorted(groups.items()):
+        s = {"problems": len(rs)}
+        for v in ("heuristic", "tuned", "tuned_no_pdl"):
+            sp = [r.get(f"{v}_speedup") for r in rs if r.get(f"{v}_speedup")]
+            if sp:
+                s[f"{v}_geomean"], s[f"{v}_min"], s[f"{v}_n"] = geomean(sp), min(sp), len(sp)
+        floors = FLOORS.get(cls, {})
+        s["floors"] = floors
+        s["met"] = {k: (s.get(k) is not None and s[k] >= f) for k, f in floors.items()}
+        out[f"{cls}/{dt}"] = s
+    return out
+
+
+def fmt_us(x):
+    return f"{x:8.2f}" if x else "       -"
+
+
+def fmt_x(x):
+    return f"{x:5.2f}x" if x else "     -"
+
+
+def shape_label(r) -> str:
+    if r["kind"] == "gemm":
+        b = f"x{r['batch']}" if (r.get("batch") or 1) > 1 else ""
+        return f"{r['m']}x{r['n']}x{r['k']}{b} {r['layout_b']} {r['epilogue']}"
+    if r["kind"] == "conv2d":
+        return (f"n{r['n']} {r['h']}x{r['w']}x{r['c']} -> {r['k']} {r['r']}x{r['s']}/s{r['stride'][0]}"
+                f" {r.get('epilogue', {}).get('activation', '')}")
+    return (f"b{r['batch']} h{r['heads']} {r['seq_q']}x{r['seq_kv']} d{r['head_dim']}"
+            f"{' causal' if r.get('causal', 'none') != 'none' else ''}")
+
+
+def print_tables(rows, summary):
+    print("\n| kind | dtype | problem | x | ours heuristic us | ours tuned us | anchor us | "
+          "heuristic speedup | tuned speedup | tuned TFLOP/s (% peak) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        tf = (f"{r['tuned_tflops']:.0f} ({r['tuned_pct_peak']:.0f}%)" if r.get("tuned_tflops") else
+              f"{r['heuristic_tflops']:.0f} ({r['heuristic_pct_peak']:.0f}%)" if r.get("heuristic_tflops")
+              else "-")
+        print(f"| {r['kind']} | {r.get('dtype')} | {shape_label(r)} | {r.get('count', 1)} | "
+              f"{fmt_us(r.get('heuristic_us'))} | {fmt_us(r.get('tuned_us'))} | "
+              f"{fmt_us(r.get('anchor_us'))} {r.get('anchor', '')} | {fmt_x(r.get('heuristic_speedup'))} | "
+              f"{fmt_x(r.get('tuned_speedup'))} | {tf} |" + (f" {r['error']}" if r.get("error") else ""))
+    print("\n| class | problems | heuristic geomean | heuristic min | tuned geomean | tuned min | "
+          "tuned w/o PDL geomean | floors met |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for k, s in summary.items():
+        met = ", ".join(f"{f}: {'yes' if ok else 'NO'}" for f, ok in s["met"].items()) or "-"
+        print(f"| {k} | {s['problems']} | {fmt_x(s.get('heuristic_geomean'))} | "
+              f"{fmt_x(s.get('heuristic_min'))} | {fmt_x(s.get('tuned_geomean'))} | "
+              f"{fmt_x(s.get('tuned_min'))} | {fmt_x(s.get('tuned_no_pdl_geomean'))} | {met} |")
+    worst = sorted((r for r in rows if r.get("heuristic_speedup")), key=lambda r: r["heuristic_speedup"])[:10]
+    print("\nWorst ten (heuristic speedup):")
+    for r in worst:
+        print(f"  {fmt_x(r['heuristic_speedup'])} {r['kind']} {r.get('dtype')} {shape_label(r)}: "
+              f"ours {fmt_us(r['heuristic_us'])} us vs {fmt_us(r['anchor_us'])} us; "
+              f"tuned {fmt_x(r.get('tuned_speedup'))} ({r.get('tuned')})")
+
+
+# -- the learned table ---------------------------------------------------------------------
+
+def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, note: str):
+    """select/sm90.py's table from a full search: per (M, N, K, batch, B layout), the
+    winner of the shape's plain fp16 problem when there is one, else of its first
+    problem. Only CUTLASS 3.x winners."""
+    from cutlass_offload.build.toolchain import cutlass_version
+    from cutlass_offload.select import tuning_id
+    by_tid = {tp.tuning_id: tp for tp in report_problems}
+    entries = {}
+    order = sorted(problems, key=lambda pi: (pi[0].epilogue.tag != "plain", pi[0].dtype != "f16"))
+    for p, _ in order:
+        tp = by_tid.get(tuning_id(p))
+        if tp is None or tp.winner_config is None or tp.winner_config["family"] != "cutlass3x_sm90":
+            continue
+        key = (p.m, p.n, p.k, p.batch or 1, p.layout_b)
+        if key in entries:
+            continue
+        ok = {c.tag: c.us for c in tp.candidates if c.status == "ok" and c.us}
+        entries[key] = {"m": p.m, "n": p.n, "k": p.k, "batch": p.batch or 1, "layout_b": p.layout_b,
+                        "config": tp.winner_config, "launch": tp.winner_launch or {},
+                        "us": ok.get(tp.winner), "anchor_us": tp.torch_us,
+                        "from": f"{p.dtype} {p.epilogue.tag}"}
+    data = {"gpu": gpu, "num_sms": num_sms, "date": datetime.date.today().isoformat(),
+            "cutlass": cutlass_version(), "source": "benchmarks/kernels.py --search full --write-table",
+            "note": note, "entries": sorted(entries.values(), key=lambda e: (e["m"], e["n"], e["k"]))}
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+    return len(entries)
+
+
+# -- main ----------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", default=str(CORPUS))
+    p.add_argument("--kinds", default="gemm,conv,attention")
+    p.add_argument("--dtypes", default="fp16,bf16")
+    p.add_argument("--search", default="full", choices=["full", "heuristic"])
+    p.add_argument("--grid", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--write-table", default=None, metavar="FILE")
+    p.add_argument("--json", default=None)
+    p.add_argument("--limit", type=int, default=None, help="first N GEMM problems only (smoke runs)")
+    return p.parse_args(argv)
+
+
+def measure_peak() -> float:
+    """fp16 TFLOP/s of an 8192^3 torch.matmul in a CUDA graph."""
+    n = 8192
+    a, b = (torch.randn(n, n, dtype=torch.float16, device="cuda") for _ in range(2))
+    c = torch.empty_like(a)
+    us = graph_us(lambda: torch.matmul(a, b, out=c), calls=3, reps=10)
+    return 2.0 * n ** 3 / us / 1e6
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernels.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out_path = Path(args.json or (Path(os.environ["OUT"]) / "kernels.json" if os.environ.get("OUT")
+                                  else HERE / "results" / "kernels.json"))
+    props = torch.cuda.get_device_properties(0)
+    gpu, sms = props.name, props.multi_processor_count
+    corpus = load_corpus(Path(args.corpus))
+    kinds = args.kinds.split(",")
+    dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
+    peak = measure_peak()
+    print(f"{gpu}, {sms} SMs, torch {torch.__version__}; measured fp16 peak {peak:.0f} TFLOP/s; "
+          f"search {args.search}", flush=True)
+    result = {"gpu": gpu, "num_sms": sms, "torch": torch.__version__, "date": datetime.datetime.now().isoformat(),
+              "peak_tflops": peak, "search": args.search, "corpus": str(args.corpus),
+              "corpus_meta": {k: v for k, v in corpus.items() if k not in ("gemm", "conv2d", "attention")},
+              "rows": [], "seconds": {}}
+
+    def save():
+        result["summary"] = summarize(result["rows"], peak)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(result, indent=1, default=str))
+
+    if "gemm" in kinds:
+        t0 = time.perf_counter()
+        problems = []
+        for dt in dtypes:
+            ps = gemm_problems(corpus, dt)
+            problems += ps
+            if args.grid and dt == "f16":
+                problems += grid_problems(ps, dt)
+        problems = problems[:args.limit] if args.limit else problems
+        rows, report = bench_gemms(problems, args.search, sms)
+        result["rows"] += rows
+        result["gemm_build"] = report.build
+        result["ranking"] = report.ranking
+        result["seconds"]["gemm"] = time.perf_counter() - t0
+        save()
+        if args.write_table and args.search == "full":
+            n = write_table(report.problems, problems, Path(args.write_table), gpu, sms,
+                            note=f"from {len(problems)} problems of {args.corpus} and the grid")
+            print(f"learned table: {n} shapes -> {args.write_table}", flush=True)
+    for kind, key, build, anchors in (("conv", "conv2d", conv_model, conv_anchors),
+                                      ("attention", "attention", attention_model, sdpa_anchors)):
+        entries = [e for e in corpus.get(key, []) if e.get("offloaded", True)]
+        if kind not in kinds or not entries:
+            continue
+        t0 = time.perf_counter()
+        for dt in dtypes:
+            rows = bench_model_regions(key, entries, *build(entries, dt), anchors)
+            for r in rows:
+                r["dtype"] = dt
+            result["rows"] += rows
+            save()
+        result["seconds"][kind] = time.perf_counter() - t0
+    save()
+    print_tables(result["rows"], result["summary"])
+    print(f"\nJSON: {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
