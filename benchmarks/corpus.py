@@ -406,6 +406,7 @@ def write(corpus: dict, path: Path, vers: dict) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         f.write(_dumps(data))
+    os.chmod(tmp, 0o644)                     # mkstemp's 0600 is for secrets
     os.replace(tmp, path)
 
 
