@@ -433,7 +433,7 @@ def summary_table(corpus: dict) -> str:
     rows = [head]
     for name, m in corpus["models"].items():
         if m.get("status") != "ok":
-            rows.append((name, f"error: {m.get('error', '')[:60]}", "", "", "", "", ""))
+            rows.append((name, f"error: {m.get('error', '')[:40]}", "", "", "", "", ""))
             continue
         cells = [f"{m['problems'][k][0]} ({m['problems'][k][1]})" for k in REGION_KINDS]
         ops = "/".join(str(m["pytorch_ops"].get(k, 0)) for k in ("gemm", "conv", "attention"))
