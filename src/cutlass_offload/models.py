@@ -1,5 +1,12 @@
 """Built-in models for the CLI, built from configs with random weights (nothing is
-downloaded), and the ``package.module:factory`` loader."""
+downloaded), and the ``package.module:factory`` loader.
+
+The five "zoo" architectures (``llama``, ``whisper-encoder``, ``convnext-tiny``,
+``efficientnet-b0``, ``vae-decoder``; shared/zoo/README.md) take keyword overrides of
+their config (e.g. ``num_hidden_layers=1``) so tests can build a small one. The timm
+ones need ``timm`` and a ``torchvision`` built for the installed torch, imported only
+when such a model is asked for.
+"""
 from __future__ import annotations
 
 import importlib
@@ -10,14 +17,15 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 class _LastHidden(torch.nn.Module):
-    """Returns one tensor so exported graphs and comparisons stay simple."""
+    """Returns one tensor so exported graphs and comparisons stay simple:
+    ``model(**{arg: x}).<key>``."""
 
-    def __init__(self, model, key):
+    def __init__(self, model, key, arg="input_ids"):
         super().__init__()
-        self.model, self.key = model, key
+        self.model, self.key, self.arg = model, key, arg
 
-    def forward(self, input_ids):
-        return getattr(self.model(input_ids=input_ids), self.key)
+    def forward(self, x):
+        return getattr(self.model(**{self.arg: x}), self.key)
 
 
 def bert_base(batch=8, seq=128):
@@ -154,27 +162,170 @@ def resnet50(batch=8, seq=224):
     return _randomize_bn(model), (torch.randn(batch, 3, seq, seq),)
 
 
+# ----------------------------------------------------------------- the zoo (shared/zoo)
+
+def llama(batch=4, seq=512, **config):
+    """TinyLlama-1.1B's architecture cut to 16 layers (transformers LlamaForCausalLM:
+    vocab 32000, hidden 2048, SwiGLU FFN 5632, 32 query / 4 KV heads, RoPE theta 1e4,
+    RMSNorm eps 1e-5, untied LM head, no KV cache, SDPA attention).
+
+    Input: token ids (batch, seq) int64; output: logits (batch, seq, 32000).
+    config: LlamaConfig fields that replace these (e.g. num_hidden_layers=1).
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+    fields = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                  num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=4,
+                  max_position_embeddings=2048, rms_norm_eps=1e-5, hidden_act="silu",
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                  tie_word_embeddings=False, use_cache=False, attn_implementation="sdpa")
+    cfg = LlamaConfig(**{**fields, **config})
+    model = _LastHidden(LlamaForCausalLM(cfg), "logits")
+    return model, (torch.randint(0, cfg.vocab_size, (batch, seq)),)
+
+
+def whisper_encoder(batch=4, seq=3000, **config):
+    """whisper-small's audio encoder (transformers WhisperEncoder: conv1d stem, d_model
+    768, 12 layers of 12 heads, FFN 3072, SDPA attention).
+
+    Input: log-mel features (batch, 80, seq) float; seq is the number of mel frames
+    (3000 = 30 s, the model's 1500 positions): WhisperEncoder takes exactly
+    2 x max_source_positions frames, so max_source_positions is seq / 2.
+    Output: hidden states (batch, seq / 2, 768). Raises ValueError for an odd seq.
+    config: WhisperConfig fields that replace these (e.g. encoder_layers=1).
+    """
+    if seq % 2:
+        raise ValueError(f"whisper-encoder: seq (mel frames) must be even, got {seq}")
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+    fields = dict(d_model=768, encoder_layers=12, encoder_attention_heads=12,
+                  encoder_ffn_dim=3072, num_mel_bins=80, max_source_positions=seq // 2,
+                  attn_implementation="sdpa")
+    cfg = WhisperConfig(**{**fields, **config})
+    model = _LastHidden(WhisperEncoder(cfg), "last_hidden_state", arg="input_features")
+    return model, (torch.randn(batch, cfg.num_mel_bins, seq),)
+
+
+def _timm():
+    """The timm module, or ImportError naming what to install."""
+    try:
+        import timm
+    except (ImportError, RuntimeError) as e:  # a torchvision built for another torch: RuntimeError
+        raise ImportError(
+            f"the timm models (convnext-tiny, efficientnet-b0) need timm and a torchvision "
+            f"built for torch {torch.__version__} (pip install timm torchvision==<the "
+            f"release matching that torch>); importing timm failed: {e}") from e
+    return timm
+
+
+def _calibrate_batch_norm(model, make_input, batches=4):
+    """Set every BatchNorm's running statistics to those of ``batches`` random inputs
+    (train-mode forwards without gradients; cumulative average), so eval-mode
+    activations of a randomly initialized net stay near unit scale. Returns the
+    model in eval mode."""
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    momenta = [m.momentum for m in bns]
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None                   # None = cumulative average over the batches
+    model.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(make_input())
+    for m, momentum in zip(bns, momenta):
+        m.momentum = momentum
+    return model.eval()
+
+
+def convnext_tiny(batch=32, seq=224, **config):
+    """timm ``convnext_tiny`` (depths 3-3-9-3, dims 96-768, 7x7 depthwise convs) with
+    layer scale initialized to 0.2 (timm's 1e-6 would make every block a near
+    identity). Input (batch, 3, seq, seq) float (224); output logits (batch, 1000).
+    config: timm.create_model keyword arguments that replace these.
+    Raises ImportError when timm / torchvision are missing."""
+    model = _timm().create_model("convnext_tiny", pretrained=False,
+                                 **{"ls_init_value": 0.2, **config})
+    return model.eval(), (torch.randn(batch, 3, seq, seq),)
+
+
+def efficientnet_b0(batch=32, seq=224, **config):
+    """timm ``efficientnet_b0`` (default config) with BatchNorm statistics calibrated on
+    four random batches of 8. Input (batch, 3, seq, seq) float (224); output logits
+    (batch, 1000). config: timm.create_model keyword arguments.
+    Raises ImportError when timm / torchvision are missing."""
+    model = _timm().create_model("efficientnet_b0", pretrained=False, **config)
+    model = _calibrate_batch_norm(model, lambda: torch.randn(8, 3, seq, seq))
+    return model, (torch.randn(batch, 3, seq, seq),)
+
+
+class _VaeDecode(torch.nn.Module):
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, latent):
+        return self.vae.decode(latent, return_dict=False)[0]
+
+
+def vae_decoder(batch=1, seq=64, **config):
+    """Stable Diffusion 1.5's VAE decoder (diffusers AutoencoderKL: block channels
+    128/256/512/512, 2 layers per block, 32 groups, 4 latent channels), ``.decode``.
+
+    Input: a latent (batch, 4, seq, seq) float; seq is the latent side (64 -> a
+    512 x 512 image); output: the image (batch, 3, 8 seq, 8 seq).
+    config: AutoencoderKL arguments that replace these (block types follow
+    block_out_channels' length unless given).
+    """
+    from diffusers import AutoencoderKL
+    fields = dict(in_channels=3, out_channels=3, latent_channels=4, layers_per_block=2,
+                  block_out_channels=(128, 256, 512, 512), norm_num_groups=32,
+                  act_fn="silu", sample_size=512)
+    fields.update(config)
+    n = len(fields["block_out_channels"])
+    fields.setdefault("down_block_types", ("DownEncoderBlock2D",) * n)
+    fields.setdefault("up_block_types", ("UpDecoderBlock2D",) * n)
+    vae = AutoencoderKL(**fields)
+    latent = torch.randn(batch, fields["latent_channels"], seq, seq)
+    return _VaeDecode(vae), (latent,)
+
+
 BUILTIN = {"bert-base": bert_base, "gpt2": gpt2, "mlp": mlp, "sd-unet": sd_unet,
-           "resnet50": resnet50}
+           "resnet50": resnet50, "llama": llama, "whisper-encoder": whisper_encoder,
+           "convnext-tiny": convnext_tiny, "efficientnet-b0": efficientnet_b0,
+           "vae-decoder": vae_decoder}
+# the built-ins that take config overrides (load_model's **config)
+CONFIGURABLE = {"llama", "whisper-encoder", "convnext-tiny", "efficientnet-b0", "vae-decoder"}
 # Convolutional models run channels_last (NHWC in memory), the layout CUTLASS convs use
-CHANNELS_LAST = {"sd-unet", "resnet50"}
-# (batch, seq) defaults where the CLI's 8 x 128 does not fit the model
-DEFAULT_SIZES = {"sd-unet": (2, 77), "resnet50": (8, 224)}
+CHANNELS_LAST = {"sd-unet", "resnet50", "convnext-tiny", "efficientnet-b0", "vae-decoder"}
+# (batch, seq) defaults where the CLI's 8 x 128 does not fit the model; what seq means:
+# tokens (bert-base, gpt2, mlp, llama; sd-unet: text tokens), mel frames (whisper-encoder),
+# image side in pixels (resnet50, convnext-tiny, efficientnet-b0), latent side (vae-decoder)
+DEFAULT_SIZES = {"sd-unet": (2, 77), "resnet50": (8, 224), "llama": (4, 512),
+                 "whisper-encoder": (4, 3000), "convnext-tiny": (32, 224),
+                 "efficientnet-b0": (32, 224), "vae-decoder": (1, 64)}
 
 
-def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: int | None = None):
+def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: int | None = None,
+               **config):
     """(model, example_inputs) for a built-in name or ``package.module:factory``.
 
     A factory is called with no arguments and returns (model, example_inputs).
-    batch / seq: None = the model's default (8 x 128; sd-unet 2 x 77 tokens;
-    resnet50 8 x 224 pixels). Floating inputs and parameters are cast to ``dtype``;
-    the convolutional built-ins (CHANNELS_LAST) and their 4-D inputs are put in
-    channels_last memory format. Raises ValueError for an unknown name.
+    batch / seq: None = the model's default: 8 x 128 tokens; sd-unet 2 x 77 text
+    tokens; resnet50 8 x 224 pixels; llama 4 x 512 tokens; whisper-encoder 4 x 3000
+    mel frames; convnext-tiny and efficientnet-b0 32 x 224 pixels; vae-decoder 1 x 64
+    (latent side). config: overrides of a zoo model's config (CONFIGURABLE; e.g.
+    num_hidden_layers=1 for llama), for small test builds.
+    Floating inputs and parameters are cast to ``dtype``; the convolutional built-ins
+    (CHANNELS_LAST) and their 4-D inputs are put in channels_last memory format.
+    Raises ValueError for an unknown name or config given to a model without
+    overrides, ImportError when a model's package (transformers, diffusers, timm
+    with torchvision) is missing.
     """
     torch.manual_seed(0)
+    if config and name not in CONFIGURABLE:
+        raise ValueError(f"{name!r} takes no config overrides (only {sorted(CONFIGURABLE)} do)")
     if name in BUILTIN:
         b, s = DEFAULT_SIZES.get(name, (8, 128))
-        model, inputs = BUILTIN[name](batch=batch or b, seq=seq or s)
+        model, inputs = BUILTIN[name](batch=batch or b, seq=seq or s, **config)
     elif ":" in name:
         mod, fn = name.split(":", 1)
         try:

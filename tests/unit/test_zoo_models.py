@@ -1,0 +1,187 @@
+"""The zoo built-ins (models.py; shared/zoo/README.md), no GPU: their full configs
+build (on the meta device, no memory), small builds run a forward, export, and our
+partitioner finds their GEMMs, convs, attentions and norms. The timm models are
+skipped when timm (with a torchvision for this torch) cannot be imported."""
+import collections
+
+import pytest
+import torch
+
+from cutlass_offload import models
+from cutlass_offload.capture import capture
+from cutlass_offload.config import CompileOptions
+from cutlass_offload.ir import AttentionRegion, ConvRegion, GemmRegion
+from cutlass_offload.partition import partition
+
+# small builds of each architecture: (batch, seq, config overrides)
+SMALL = {
+    "llama": (2, 32, dict(num_hidden_layers=2, hidden_size=256, intermediate_size=512,
+                          num_attention_heads=8, num_key_value_heads=2, vocab_size=1000)),
+    "whisper-encoder": (2, 64, dict(encoder_layers=2, d_model=128, encoder_attention_heads=4,
+                                    encoder_ffn_dim=256)),
+    "vae-decoder": (1, 8, dict(block_out_channels=(32, 64), layers_per_block=1)),
+    "convnext-tiny": (2, 64, dict(depths=(1, 1, 1, 1), dims=(32, 64, 128, 256))),
+    "efficientnet-b0": (2, 64, {}),
+}
+
+
+def _timm_missing():
+    try:
+        models._timm()
+    except ImportError as e:
+        return str(e)
+    return None
+
+
+TIMM_MISSING = _timm_missing()
+needs_timm = pytest.mark.skipif(TIMM_MISSING is not None, reason=f"timm unusable: {TIMM_MISSING}")
+
+
+def _small(name, dtype):
+    batch, seq, config = SMALL[name]
+    return models.load_model(name, dtype, batch, seq, **config)
+
+
+def _partition(name):
+    model, inputs = _small(name, "fp16")
+    cap = capture(model, inputs)
+    part = partition(cap.graph_module, CompileOptions(arch="sm90a"))
+    kinds = collections.Counter(type(r).__name__ for r in part.regions)
+    return part, kinds
+
+
+def _forward(name):
+    model, inputs = _small(name, "fp32")
+    with torch.no_grad():
+        out = model(*inputs)
+    assert torch.isfinite(out).all()
+    return out, inputs
+
+
+# ------------------------------------------------------------------ full configs
+
+@pytest.mark.parametrize("name,params,shape", [
+    ("llama", 835_782_656, (4, 512)),            # TinyLlama-1.1B with 16 of its 22 layers
+    ("whisper-encoder", 88_154_112, (4, 80, 3000)),
+    ("vae-decoder", 83_653_863, (1, 4, 64, 64)),  # the whole AutoencoderKL; decode runs
+])
+def test_full_configs_build_on_meta(name, params, shape):
+    with torch.device("meta"):
+        model, inputs = models.BUILTIN[name](*models.DEFAULT_SIZES[name])
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert tuple(inputs[0].shape) == shape
+
+
+def test_llama_config_is_tinyllamas():
+    with torch.device("meta"):
+        model, _ = models.llama()
+    cfg = model.model.config
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers) == (2048, 5632, 16)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.rms_norm_eps) == (32, 4, 1e-5)
+    assert cfg.rope_parameters["rope_theta"] == 10000.0 and not cfg.tie_word_embeddings
+    assert cfg.use_cache is False and cfg._attn_implementation == "sdpa"
+
+
+# ------------------------------------------------------------------ small builds
+
+def test_llama_small_forward_and_partition():
+    out, (ids,) = _forward("llama")
+    assert out.shape == (*ids.shape, 1000)             # logits
+    part, kinds = _partition("llama")
+    layers = 2
+    # q, k, v, o, gate, up, down per layer + the LM head; 2 RMS norms per layer + final
+    assert kinds == {"GemmRegion": 7 * layers + 1, "NormRegion": 2 * layers + 1,
+                     "AttentionRegion": layers}
+    att = [r for r in part.regions if isinstance(r, AttentionRegion)]
+    # transformers repeats the 2 KV heads (its mask is materialized under export), so
+    # the SDPA is a plain 8-head causal attention
+    assert {(r.problem.heads, r.problem.head_dim, r.problem.causal) for r in att} == {(8, 32, "top_left")}
+    assert not [f for f in part.fallbacks if f.op in ("sdpa", "linear")]
+
+
+def test_whisper_encoder_small_forward_and_partition():
+    out, (feats,) = _forward("whisper-encoder")
+    assert out.shape == (2, 32, 128)                   # seq / 2 positions
+    part, kinds = _partition("whisper-encoder")
+    # q, k, v, out, fc1, fc2 per layer; 2 layer norms per layer + final. The conv1d
+    # stem has no anchor (not even a fallback)
+    assert kinds == {"GemmRegion": 12, "NormRegion": 5, "AttentionRegion": 2}
+    assert part.fallbacks == ()
+
+
+def test_whisper_encoder_rejects_an_odd_frame_count():
+    with pytest.raises(ValueError, match="even"):
+        models.load_model("whisper-encoder", "fp32", 1, 63, encoder_layers=1)
+
+
+def test_vae_decoder_small_forward_and_partition():
+    out, (latent,) = _forward("vae-decoder")
+    assert out.shape == (1, 3, 16, 16)                 # 2 blocks: one 2x upsample
+    assert latent.is_contiguous(memory_format=torch.channels_last)
+    part, kinds = _partition("vae-decoder")
+    assert kinds["ConvRegion"] >= 10 and kinds["GroupNormRegion"] >= 8
+    (att,) = [r for r in part.regions if isinstance(r, AttentionRegion)]
+    assert (att.problem.heads, att.problem.head_dim, att.problem.seq_q) == (1, 64, 64)
+    # the mid-block attention's projections read a permuted A and its group norm is 3-D
+    assert {f.op for f in part.fallbacks} <= {"linear", "group_norm"}
+
+
+@needs_timm
+def test_convnext_tiny_small_forward_and_partition():
+    out, _ = _forward("convnext-tiny")
+    assert out.shape == (2, 1000)
+    model, _ = _small("convnext-tiny", "fp32")
+    gammas = [b.gamma.detach() for b in model.modules() if hasattr(b, "gamma")]
+    assert len(gammas) == 4 and all(torch.all(g == torch.tensor(0.2)) for g in gammas)
+    part, kinds = _partition("convnext-tiny")
+    # stem + 3 downsamples offloaded; the 7x7 depthwise convs stay in PyTorch
+    assert kinds["ConvRegion"] == 4 and kinds["GemmRegion"] == 9 and kinds["NormRegion"] == 9
+    assert [f.op for f in part.fallbacks] == ["conv2d"] * 4
+    assert all("grouped" in f.reason for f in part.fallbacks)
+
+
+@needs_timm
+def test_efficientnet_b0_small_forward_and_partition():
+    out, _ = _forward("efficientnet-b0")
+    assert out.shape == (2, 1000)
+    part, kinds = _partition("efficientnet-b0")
+    assert kinds == {"ConvRegion": 65, "GemmRegion": 1}
+    assert len(part.fallbacks) == 16 and all("grouped" in f.reason for f in part.fallbacks)
+
+
+# ------------------------------------------------------------------ loader rules
+
+def test_timm_missing_names_what_to_install(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "timm", None)      # import timm -> ImportError
+    with pytest.raises(ImportError, match="torchvision"):
+        models.load_model("convnext-tiny", "fp32", 1, 32)
+
+
+def test_overrides_only_for_zoo_models():
+    with pytest.raises(ValueError, match="no config overrides"):
+        models.load_model("mlp", "fp32", 2, 4, hidden=8)
+
+
+def test_zoo_defaults_and_layouts():
+    for name in SMALL:
+        assert name in models.BUILTIN and name in models.DEFAULT_SIZES
+    assert {"convnext-tiny", "efficientnet-b0", "vae-decoder"} <= models.CHANNELS_LAST
+    assert models.DEFAULT_SIZES["whisper-encoder"] == (4, 3000)
+
+
+def test_batch_norm_calibration_normalizes_eval_activations():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 16, 3)
+    net = torch.nn.Sequential(conv, torch.nn.BatchNorm2d(16))
+    with torch.no_grad():
+        conv.weight.mul_(10.0)
+        conv.bias.add_(3.0)                            # far from the default statistics
+    momentum = net[1].momentum
+    models._calibrate_batch_norm(net, lambda: torch.randn(8, 3, 16, 16))
+    assert not net.training and net[1].momentum == momentum
+    with torch.no_grad():
+        y = net(torch.randn(8, 3, 16, 16))
+    per_channel = y.transpose(0, 1).flatten(1)
+    assert per_channel.mean(1).abs().max() < 0.2
+    assert (per_channel.std(1) - 1).abs().max() < 0.2
