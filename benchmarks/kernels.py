@@ -72,34 +72,50 @@ def load_corpus(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def _info(e: dict) -> dict:
+    counts = e.get("counts", {})
+    return {"count": sum(counts.values()) or 1, "models": sorted(counts), "id": e.get("id")}
+
+
 def gemm_problems(corpus: dict, dtype: str) -> list:
     """[(GemmProblem, info)] for the corpus's offloaded GEMMs in ``dtype`` ("f16" /
-    "bf16"); info: count, models, label."""
+    "bf16"); info: count (regions over all models), models, corpus id."""
     from dataclasses import replace
 
     from cutlass_offload.ir import GemmEpilogue, GemmProblem
-    out, seen = [], {}
+    out = []
     for e in corpus.get("gemm", []):
-        ep = GemmEpilogue(**{k: v for k, v in e["epilogue"].items()
-                             if k in GemmEpilogue.__dataclass_fields__})
-        m = e.get("m") or e.get("m_hint")
-        p = GemmProblem(n=e["n"], k=e["k"], dtype=e.get("dtype", "f16"), layout_b=e["layout_b"],
-                        align_a=e["align_a"], align_b=e["align_b"], align_c=e["align_c"],
-                        epilogue=ep, m=m, m_hint=m, batch=e.get("batch", 1),
-                        batch_hint=e.get("batch", 1),
-                        a_batch_broadcast=e.get("a_batch_broadcast", False))
+        f = dict(e["problem"])
+        f["epilogue"] = GemmEpilogue(**f["epilogue"])
+        p = GemmProblem(**f)
         if p.dtype in ("f16", "bf16"):
             p = replace(p, dtype=dtype)
-        key = (p.m, p.n, p.k, p.batch, p.layout_b, p.align_a, p.align_b, p.align_c, p.epilogue,
-               p.a_batch_broadcast, p.dtype)
-        info = seen.get(key)
-        if info is None:
-            info = seen[key] = {"count": 0, "models": []}
-            out.append((p, info))
-        info["count"] += int(e.get("count", 1))
-        for mod in e.get("models", []):
-            if mod not in info["models"]:
-                info["models"].append(mod)
+        out.append((p, _info(e)))
+    return out
+
+
+def conv_entries(corpus: dict) -> list:
+    """The corpus's offloaded conv2d problems as flat dicts (ConvProblem fields, the
+    batch in ``n``, count, models)."""
+    out = []
+    for e in corpus.get("conv2d", []):
+        f = dict(e["problem"])
+        f["n"] = f.get("n") or f.get("n_hint", 1)
+        out.append({**f, **_info(e)})
+    return out
+
+
+def attention_entries(corpus: dict) -> list:
+    """The corpus's offloaded attention problems as flat dicts (AttentionProblem
+    fields, the batch in ``batch``, count, models); only those without a bias
+    input (a synthetic SDPA model gives none)."""
+    out = []
+    for e in corpus.get("attention", []):
+        f = dict(e["problem"])
+        if f.get("bias", "none") != "none" or f.get("causal") == "bottom_right":
+            continue
+        f["batch"] = f.get("batch") or f.get("batch_hint", 1)
+        out.append({**f, **_info(e)})
     return out
 
 
@@ -108,6 +124,7 @@ def grid_problems(corpus_problems: list, dtype: str) -> list:
     aligned) of the corpus with the most FLOPs, plain epilogue."""
     from cutlass_offload.ir import GemmProblem
     flops = {}
+    corpus_problems = [(p, i) for p, i in corpus_problems if i.get("models") != ["grid"]]
     for p, info in corpus_problems:
         if p.layout_b == "col" and (p.align_a, p.align_b, p.align_c) == (8, 8, 8):
             flops[(p.n, p.k)] = flops.get((p.n, p.k), 0) + 2 * p.m * p.n * p.k * (p.batch or 1) * info["count"]
@@ -147,7 +164,9 @@ def gemm_row(p, info, kernel, tp) -> dict:
     m = p.m * (p.batch or 1)
     row = {"kind": "gemm", "dtype": p.dtype, "m": p.m, "n": p.n, "k": p.k, "batch": p.batch,
            "layout_b": p.layout_b, "align": [p.align_a, p.align_b, p.align_c],
-           "epilogue": p.epilogue.tag, "fused": p.epilogue.tag != "plain",
+           "epilogue": p.epilogue.tag,
+           # bias alone is part of cuBLAS's own call (addmm: cublasLt's bias epilogue)
+           "fused": p.epilogue.tag not in ("plain", "bias"),
            "count": info["count"], "models": info["models"],
            "flops": 2.0 * m * p.n * p.k, "family": kernel.config.family,
            "heuristic": None, "heuristic_us": None, "tuned": None, "tuned_us": None,
@@ -172,7 +191,7 @@ def gemm_row(p, info, kernel, tp) -> dict:
 
 def add_speedups(row: dict) -> dict:
     a = row.get("anchor_us")
-    for v in ("heuristic", "tuned", "tuned_no_pdl"):
+    for v in ("heuristic", "tuned", "tuned_no_pdl", "old_heuristic"):
         us = row.get(f"{v}_us")
         row[f"{v}_speedup"] = a / us if a and us else None
     return row
@@ -409,14 +428,14 @@ def summarize(rows: list, peak_tflops: float) -> dict:
     for r in rows:
         if r["kind"] == "gemm":
             cls = ("gemm_grid" if r["models"] == ["grid"] else
-                   "gemm_fused" if r["fused"] else "gemm_plain")
+                   "gemm_fused" if r["fused"] else "gemm_plain")   # plain: one cuBLAS call too
         else:
             cls = r["kind"]
         groups.setdefault((cls, r.get("dtype", "f16")), []).append(r)
     out = {}
     for (cls, dt), rs in sorted(groups.items()):
         s = {"problems": len(rs)}
-        for v in ("heuristic", "tuned", "tuned_no_pdl"):
+        for v in ("heuristic", "tuned", "tuned_no_pdl", "old_heuristic"):
             sp = [r.get(f"{v}_speedup") for r in rs if r.get(f"{v}_speedup")]
             if sp:
                 s[f"{v}_geomean"], s[f"{v}_min"], s[f"{v}_n"] = geomean(sp), min(sp), len(sp)
@@ -459,13 +478,14 @@ def print_tables(rows, summary):
               f"{fmt_us(r.get('anchor_us'))} {r.get('anchor', '')} | {fmt_x(r.get('heuristic_speedup'))} | "
               f"{fmt_x(r.get('tuned_speedup'))} | {tf} |" + (f" {r['error']}" if r.get("error") else ""))
     print("\n| class | problems | heuristic geomean | heuristic min | tuned geomean | tuned min | "
-          "tuned w/o PDL geomean | floors met |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "tuned w/o PDL geomean | shape rules geomean | floors met |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for k, s in summary.items():
         met = ", ".join(f"{f}: {'yes' if ok else 'NO'}" for f, ok in s["met"].items()) or "-"
         print(f"| {k} | {s['problems']} | {fmt_x(s.get('heuristic_geomean'))} | "
               f"{fmt_x(s.get('heuristic_min'))} | {fmt_x(s.get('tuned_geomean'))} | "
-              f"{fmt_x(s.get('tuned_min'))} | {fmt_x(s.get('tuned_no_pdl_geomean'))} | {met} |")
+              f"{fmt_x(s.get('tuned_min'))} | {fmt_x(s.get('tuned_no_pdl_geomean'))} | "
+              f"{fmt_x(s.get('old_heuristic_geomean'))} | {met} |")
     worst = sorted((r for r in rows if r.get("heuristic_speedup")), key=lambda r: r["heuristic_speedup"])[:10]
     print("\nWorst ten (heuristic speedup):")
     for r in worst:
@@ -518,6 +538,8 @@ def parse_args(argv=None):
     p.add_argument("--grid", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--write-table", default=None, metavar="FILE")
     p.add_argument("--json", default=None)
+    p.add_argument("--remeasure", action=argparse.BooleanOptionalAction, default=True,
+                   help="after --write-table, time the heuristic again with the new table")
     p.add_argument("--limit", type=int, default=None, help="first N GEMM problems only (smoke runs)")
     return p.parse_args(argv)
 
@@ -575,9 +597,27 @@ def main(argv=None) -> int:
             n = write_table(report.problems, problems, Path(args.write_table), gpu, sms,
                             note=f"from {len(problems)} problems of {args.corpus} and the grid")
             print(f"learned table: {n} shapes -> {args.write_table}", flush=True)
-    for kind, key, build, anchors in (("conv", "conv2d", conv_model, conv_anchors),
-                                      ("attention", "attention", attention_model, sdpa_anchors)):
-        entries = [e for e in corpus.get(key, []) if e.get("offloaded", True)]
+            if args.remeasure:
+                # the heuristic as select now sees it (the new table), timed again:
+                # what a compile without --tune gets from here on
+                from cutlass_offload.select import sm90
+                sm90.use_table(Path(args.write_table))
+                t1 = time.perf_counter()
+                again, _ = bench_gemms(problems, "heuristic", sms)
+                for row, new_row in zip(rows, again):
+                    row["table_heuristic"] = new_row["heuristic"]
+                    row["table_heuristic_us"] = new_row["heuristic_us"]
+                    row["old_heuristic_us"] = row["heuristic_us"]
+                    row["old_heuristic"] = row["heuristic"]
+                    row["heuristic"], row["heuristic_us"] = new_row["heuristic"], new_row["heuristic_us"]
+                    add_speedups(row)
+                result["seconds"]["gemm_remeasure"] = time.perf_counter() - t1
+                result["heuristic"] = "learned table (re-measured after --write-table)"
+                save()
+    for kind, key, build, anchors, read in (
+            ("conv", "conv2d", conv_model, conv_anchors, conv_entries),
+            ("attention", "attention", attention_model, sdpa_anchors, attention_entries)):
+        entries = read(corpus)
         if kind not in kinds or not entries:
             continue
         t0 = time.perf_counter()

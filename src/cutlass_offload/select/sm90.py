@@ -205,11 +205,22 @@ class Table:
         return best[1] if best else None
 
 
+TABLE_FILE = TABLES / "sm90a_h200.json"
+
+
 @functools.cache
 def default_table() -> Table | None:
-    """The packaged table (``tables/sm90a_h200.json``), or None when there is none."""
-    path = TABLES / "sm90a_h200.json"
-    return Table.load(path) if path.exists() else None
+    """The learned table ``choose`` reads by default: the packaged one
+    (``TABLE_FILE``) or the one ``use_table`` named; None when there is none."""
+    return Table.load(TABLE_FILE) if TABLE_FILE.exists() else None
+
+
+def use_table(path) -> None:
+    """Read the learned table from ``path`` from now on (a profile run that has just
+    written one; tests)."""
+    global TABLE_FILE
+    TABLE_FILE = Path(path)
+    default_table.cache_clear()
 
 
 def choose(problem: GemmProblem, num_sms: int, table: Table | None | bool = True) -> tuple:

@@ -1,0 +1,126 @@
+"""benchmarks/kernels.py without a GPU: the corpus read into problem objects, the
+synthetic grid, the rows and summaries, and the learned table it writes (read back
+by select/sm90.py)."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cutlass_offload.ir import ConvProblem, GemmEpilogue, GemmLaunch, GemmProblem
+from cutlass_offload.select import choose_kernel, sm90, tuning_id
+from cutlass_offload.tune.result import CandidateResult, TunedProblem, config_to_dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import kernels as kb  # noqa: E402
+
+CORPUS = kb.load_corpus(kb.CORPUS)
+
+
+def test_corpus_reads_into_problem_objects():
+    f16 = kb.gemm_problems(CORPUS, "f16")
+    bf16 = kb.gemm_problems(CORPUS, "bf16")
+    assert len(f16) == len(bf16) == len(CORPUS["gemm"]) > 0
+    assert {p.dtype for p, _ in bf16} == {"bf16"}
+    assert sum(i["count"] for _, i in f16) == sum(sum(e["counts"].values()) for e in CORPUS["gemm"])
+    assert any(i["models"] == ["llama"] for _, i in f16)
+    convs = kb.conv_entries(CORPUS)
+    assert len(convs) == len(CORPUS["conv2d"])
+    for e in convs:                        # every entry is a valid problem with a batch
+        fields = {k: v for k, v in e.items() if k in ConvProblem.__dataclass_fields__}
+        fields["epilogue"] = GemmEpilogue(**fields["epilogue"])
+        ConvProblem(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        assert e["n"] >= 1
+    att = kb.attention_entries(CORPUS)
+    assert att and all(e["bias"] == "none" and e["batch"] >= 1 for e in att)
+
+
+def test_grid_spans_m_over_the_heaviest_corpus_shapes():
+    f16 = kb.gemm_problems(CORPUS, "f16")
+    grid = kb.grid_problems(f16, "f16")
+    assert len(grid) == kb.GRID_PAIRS * len(kb.GRID_M)
+    assert {p.m for p, _ in grid} == set(kb.GRID_M)
+    corpus_nk = {(p.n, p.k) for p, _ in f16}
+    assert {(p.n, p.k) for p, _ in grid} <= corpus_nk
+    assert all(p.epilogue == GemmEpilogue() and i["models"] == ["grid"] for p, i in grid)
+
+
+def _tp(problem, cands, torch_us=10.0, winner=None):
+    h = choose_kernel(problem, "sm90a")
+    ok = [c for c in cands if c.status == "ok"]
+    best = winner or min(ok, key=lambda c: c.us)
+    return TunedProblem("key", tuning_id(problem), 1, False, h.config.tag, best.tag,
+                        config_to_dict(sm90.CONFIGS["wide"]), cands, torch_us,
+                        winner_launch=best.launch or {})
+
+
+def test_gemm_row_speedups_and_the_pdl_free_best():
+    p = GemmProblem(n=768, k=768, dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                    epilogue=GemmEpilogue(bias=True), m=1024, m_hint=1024)
+    h = choose_kernel(p, "sm90a")
+    cands = [CandidateResult(h.name, h.config.tag, "ok", us=8.0),
+             CandidateResult("k2", "w", "ok", us=6.0),
+             CandidateResult("k2", "w+pdl", "ok", us=5.0, launch={"pdl": True}),
+             CandidateResult("k3", "x", "crashed")]
+    row = kb.gemm_row(p, {"count": 3, "models": ["bert-base"]}, h, _tp(p, cands))
+    assert row["heuristic_us"] == 8.0 and row["tuned_us"] == 5.0 and row["tuned_no_pdl_us"] == 6.0
+    assert row["heuristic_speedup"] == pytest.approx(10 / 8) and row["tuned_speedup"] == 2.0
+    assert not row["fused"] and row["failed_candidates"] == ["x: crashed"]
+    assert row["flops"] == 2.0 * 1024 * 768 * 768
+    missing = kb.gemm_row(p, {"count": 1, "models": []}, h, None)
+    assert missing["error"] and missing["heuristic_us"] is None
+
+
+def test_summary_geomeans_and_floors():
+    rows = [{"kind": "gemm", "dtype": "f16", "models": ["a"], "fused": False, "flops": 1e9,
+             "heuristic_us": us, "tuned_us": us / 1.1, "anchor_us": 10.0} for us in (10.0, 8.0, 12.5)]
+    rows.append({"kind": "gemm", "dtype": "f16", "models": ["grid"], "fused": False, "flops": 1e9,
+                 "heuristic_us": 1.0, "tuned_us": 1.0, "anchor_us": 1.0})
+    for r in rows:
+        kb.add_speedups(r)
+    s = kb.summarize(rows, peak_tflops=800.0)
+    plain = s["gemm_plain/f16"]
+    assert plain["problems"] == 3
+    assert plain["heuristic_geomean"] == pytest.approx((1.0 * 1.25 * 0.8) ** (1 / 3))
+    assert plain["heuristic_min"] == pytest.approx(0.8)
+    assert plain["met"] == {"heuristic_geomean": True, "heuristic_min": False,
+                            "tuned_geomean": True, "tuned_min": False}
+    assert "gemm_grid/f16" in s and rows[0]["heuristic_tflops"] == pytest.approx(1e9 / 10.0 / 1e6)
+
+
+def test_written_table_is_what_select_reads(tmp_path):
+    plain = GemmProblem(n=768, k=768, dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                        m=1024, m_hint=1024)
+    fused_bf16 = GemmProblem(n=768, k=768, dtype="bf16", layout_b="col", align_a=8, align_b=8,
+                             align_c=8, epilogue=GemmEpilogue(bias=True, activation="relu"),
+                             m=1024, m_hint=1024)
+    other = GemmProblem(n=3072, k=768, dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                        m=1024, m_hint=1024)
+    launch = {"raster": "along_n", "swizzle": 2, "splits": 1, "decomposition": "heuristic", "pdl": True}
+    tps = []
+    for p, cfg, ln in ((plain, sm90.CONFIGS["wide"], launch), (fused_bf16, sm90.CONFIGS["mid"], {}),
+                       (other, sm90.CONFIGS["big"], {})):
+        tag = cfg.tag + ("+x" if ln else "")
+        tps.append(TunedProblem("k", tuning_id(p), 1, False, "h", tag, config_to_dict(cfg),
+                                [CandidateResult("n", tag, "ok", us=3.0, launch=ln)], 4.0,
+                                winner_launch=ln))
+    path = tmp_path / "table.json"
+    n = kb.write_table(tps, [(fused_bf16, {}), (plain, {}), (other, {})], path, "NVIDIA H200", 132, "test")
+    assert n == 2                          # one entry per shape: the plain f16 problem's winner
+    data = json.loads(path.read_text())
+    assert data["gpu"] == "NVIDIA H200" and data["cutlass"] and data["date"]
+    table = sm90.Table.load(path)
+    assert table.lookup(fused_bf16, 132) == (sm90.CONFIGS["wide"], GemmLaunch(**launch))
+    assert table.lookup(other, 132)[0] == sm90.CONFIGS["big"]
+    sm90.use_table(path)
+    try:
+        assert choose_kernel(plain, "sm90a").launch == GemmLaunch(**launch)
+    finally:
+        sm90.use_table(sm90.TABLES / "sm90a_h200.json")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
+def test_no_gpu_exits_2():
+    assert kb.main(["--kinds", "gemm"]) == 2
