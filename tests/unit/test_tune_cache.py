@@ -517,3 +517,13 @@ def test_the_profiling_process_knob_search_retimes_the_fastest_then_tries_pdl(mo
                                         "a@along_n_pdl"]
     assert done[-1]["launch"] == {"raster": "along_n", "pdl": True} and done[-1]["us"] == 3.5
     assert all(e["base"] == e["job"].split("@")[0] for e in done)
+
+
+def test_big_problems_are_timed_with_fewer_launches():
+    from cutlass_offload.tune.profile import LAUNCHES, launches_for
+    small = {"m": 1024, "n": 768, "k": 768, "batch": 1}
+    big = {"m": 16384, "n": 32000, "k": 2048, "batch": 1}
+    assert launches_for(small) == LAUNCHES
+    assert launches_for(big) == 2
+    mid = {"m": 4096, "n": 4096, "k": 4096, "batch": 1}
+    assert 2 <= launches_for(mid) < LAUNCHES

@@ -33,10 +33,11 @@ switched on. Each such run is its own event pair, ``{"event": "start", "job":
 "tune0_1@along_n_swz2"}`` / ``{"event": "done", "job": ..., "base": "tune0_1",
 "launch": {...}, ...}``.
 
-Timing: ``LAUNCHES`` back-to-back launches (cycling over up to ``MAX_COPIES``
+Timing: ``LAUNCHES`` back-to-back launches (fewer for big problems, about
+``GRAPH_BUDGET_US`` of work per replay, at least 2; cycling over up to ``MAX_COPIES``
 operand copies, so small problems are not all served from L2) captured in one
 CUDA graph (host launch overhead removed, as in a graph-captured model), replayed
-``REPLAYS`` times after a warm-up; the median replay time / LAUNCHES, in us.
+``REPLAYS`` times after a warm-up; the median replay time / launches, in us.
 Without graph capture (it failed), the same launches timed eagerly.
 Exit status: 0 done, 3 a candidate left a CUDA error (the context is unusable:
 the parent starts a fresh process for the rest), 2 bad request.
@@ -65,6 +66,8 @@ from ..runtime.library import (
 from ..runtime.region import ESIZE, TORCH_DTYPE, VERIFY_TOLERANCE
 
 LAUNCHES = 20
+GRAPH_BUDGET_US = 2000.0  # per replay: big problems need fewer launches to time well
+ASSUMED_TFLOPS = 400.0    # for that estimate only (an H200 runs fp16 GEMMs at 500-700)
 REPLAYS = 15
 WARMUP = 3
 MAX_COPIES = 4
@@ -155,9 +158,18 @@ def _rel_err(out, ref) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def time_us(launch_all) -> tuple:
-    """(us per launch, how) for ``launch_all(stream_handle)``, which issues LAUNCHES
-    launches on the given stream; how is "graph" or "eager" (capture failed)."""
+def launches_for(spec: dict) -> int:
+    """Launches per timed graph: LAUNCHES, or fewer (>= 2) when they would take more
+    than GRAPH_BUDGET_US at ASSUMED_TFLOPS."""
+    flops = 2.0 * spec["m"] * spec["n"] * spec["k"] * spec["batch"]
+    est_us = flops / (ASSUMED_TFLOPS * 1e6)
+    return max(2, min(LAUNCHES, int(GRAPH_BUDGET_US / max(est_us, 1e-3))))
+
+
+def time_us(launch_all, launches: int = LAUNCHES) -> tuple:
+    """(us per launch, how) for ``launch_all(stream_handle)``, which issues
+    ``launches`` launches on the given stream; how is "graph" or "eager" (capture
+    failed)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -185,7 +197,7 @@ def time_us(launch_all) -> tuple:
         run()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / LAUNCHES)
+        times.append(start.elapsed_time(end) * 1000.0 / launches)
     return statistics.median(times), how
 
 
@@ -228,14 +240,16 @@ def profile_job(lib: Library, job: dict, copies: list, ref, launch: dict | None 
         return {"status": "wrong result", "rel_err": rel if math.isfinite(rel) else None,
                 "detail": f"relative error {rel:.3e} > {tol:g} against the float32 reference"}
 
+    launches = launches_for(first.spec)
+
     def launch_all(stream):
-        for i in range(LAUNCHES):
+        for i in range(launches):
             s = run(ctypes.byref(args[i % len(args)]), stream)
             if s != CO_OK:
                 raise RuntimeError(f"launcher status {STATUS_NAMES.get(s, s)}")
 
     try:
-        us, how = time_us(launch_all)
+        us, how = time_us(launch_all, launches)
     except RuntimeError as e:
         err = _sync_error()
         return {"status": "error", "detail": err or str(e), "fatal": err is not None}
@@ -256,7 +270,7 @@ class _Log:
 
 def _torch_launches(copies):
     def launch_all(stream):
-        for i in range(LAUNCHES):
+        for i in range(launches_for(copies[0].spec)):
             copies[i % len(copies)].torch_ops()
     return launch_all
 
@@ -287,7 +301,7 @@ def _run(req, problems, jobs, log) -> int:
         log(event="setup", problem=pid)
         copies = [Operands(spec, seed=1000 * i + 17, device=device) for i in range(_copies(spec))]
         ref = copies[0].reference()
-        torch_us, _ = time_us(_torch_launches(copies))
+        torch_us, _ = time_us(_torch_launches(copies), launches_for(spec))
         log(event="torch", problem=pid, us=torch_us)
         timed = []
         for job in (j for j in jobs if j["problem"] == pid):
