@@ -100,6 +100,7 @@ class _Builder:
         return cache_key(tu.text, toolchain.flags_signature(cmd), *self.versions)
 
     def _kernel_key(self, name: str) -> str:
+        # a source's defines follow from its code (emit/gemm_sm90.py), so the code covers them
         s = self.sources[name]
         cmd = toolchain.compile_command("nvcc", self.plan.arch, UNIT_NAME, OBJ_NAME)
         return cache_key(s.code, "\n".join(s.includes), toolchain.flags_signature(cmd), *self.versions)
