@@ -261,14 +261,20 @@ def conv_model(entries, dtype):
         x = torch.randn(n, c, h, w).to(memory_format=torch.channels_last)
         group = [x]
         if e.get("epilogue", {}).get("residual", "none") != "none":
-            with torch.no_grad():
-                shape = mods[-1](x).shape
-            group.append(torch.randn(shape).to(memory_format=torch.channels_last))
+            group.append(torch.randn(n, e["k"], *_out_hw(e)).to(memory_format=torch.channels_last))
         xs += group
         arity.append(len(group))
     dt = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     model = _Branches(mods, arity).to(dt).to(memory_format=torch.channels_last).eval()
     return model, tuple(x.to(dt) for x in xs), _firsts(arity)
+
+
+def _out_hw(e) -> tuple:
+    """(P, Q) of a conv entry: PyTorch's output size formula."""
+    top, bottom, left, right = e["pad"]
+    (sh, sw), (dh, dw) = e["stride"], e["dilation"]
+    return ((e["h"] + top + bottom - dh * (e["r"] - 1) - 1) // sh + 1,
+            (e["w"] + left + right - dw * (e["s"] - 1) - 1) // sw + 1)
 
 
 def _firsts(arity) -> list:

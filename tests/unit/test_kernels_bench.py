@@ -124,3 +124,23 @@ def test_written_table_is_what_select_reads(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
 def test_no_gpu_exits_2():
     assert kb.main(["--kinds", "gemm"]) == 2
+
+
+def test_synthetic_models_give_one_region_per_corpus_entry():
+    from cutlass_offload.capture import capture
+    from cutlass_offload.config import CompileOptions
+    from cutlass_offload.ir import AttentionRegion, ConvRegion
+    from cutlass_offload.partition import partition
+    convs = [e for e in kb.conv_entries(CORPUS) if e["h"] * e["w"] * e["n"] <= 32 * 32 * 2][:3]
+    convs += [e for e in kb.conv_entries(CORPUS) if e["epilogue"]["residual"] == "add"
+              and e["h"] * e["w"] * e["n"] <= 32 * 32 * 2][:1]
+    att = [e for e in kb.attention_entries(CORPUS) if e["seq_q"] * e["seq_kv"] <= 128 * 128][:2]
+    for build, entries, cls in ((kb.conv_model, convs, ConvRegion), (kb.attention_model, att, AttentionRegion)):
+        model, inputs, firsts = build(entries, "f16")
+        assert len(firsts) == len(entries)
+        part = partition(capture(model, inputs).graph_module, CompileOptions(arch="sm90a"))
+        regions = [r for r in part.regions if isinstance(r, cls)]
+        assert len(regions) == len(entries)
+        if cls is ConvRegion:
+            got = sorted((r.problem.c, r.problem.k, r.problem.h, r.problem.epilogue.residual) for r in regions)
+            assert got == sorted((e["c"], e["k"], e["h"], e["epilogue"]["residual"]) for e in entries)
