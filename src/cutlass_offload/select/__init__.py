@@ -68,7 +68,8 @@ def candidate_kernels(problem: GemmProblem, arch: str, num_sms: int | None = Non
         configs = sm90.candidates(problem, num_sms)
     else:
         configs = sm80.candidates(problem, num_sms)
-    return (first,) + tuple(_kernel(problem, arch, c) for c in configs if c != first.config)
+    rest = tuple(_kernel(problem, arch, c) for c in configs if c != first.config)
+    return (first,) + rest[:3]
 
 
 def tuning_id(problem: GemmProblem) -> str:
