@@ -496,8 +496,16 @@ def _load_or_compile(name, tpl, model, inputs, tune, a, glue="eager"):
         kw = {"tune": True} if tune else {}
         if "glue" in inspect.signature(co.compile).parameters:
             kw["glue"] = glue
-        compiled = co.compile(model, inputs, dynamic_batch=a.dynamic_batch, **kw)
         reference, source = None, "compiled here" + (" (dynamic batch)" if a.dynamic_batch else "")
+        try:
+            compiled = co.compile(model, inputs, dynamic_batch=a.dynamic_batch, **kw)
+        except Exception as e:
+            if not a.dynamic_batch or isinstance(e, co.CompileError):
+                raise
+            # torch.export could not make the batch dynamic: static, and said so
+            why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            source = f"compiled here (static batch: the dynamic export failed: {why})"
+            compiled = co.compile(model, inputs, **kw)
     return compiled, reference, source, time.perf_counter() - t0
 
 
