@@ -31,7 +31,7 @@ own (``--resume`` skips the steps a partial JSON already holds):
 The JSON (``--json``, default $OUT/runtime.json, else ./runtime.json) is written
 after every step, so a run killed between steps loses only the step it was in;
 ``--budget-s S`` stops before starting a step once S seconds have passed (exit 3:
-run again with ``--resume``) — for a GPU rented in 10-minute commands, e.g.
+run again with ``--resume``; a run always starts one step) — for a GPU rented in 10-minute commands, e.g.
 ``--budget-s 420 --resume`` repeated until it exits 0. ``--quick``: 10 timed
 forwards, no per-region table, no tuned variant. Needs a CUDA GPU (exits 2
 without one).
@@ -529,13 +529,16 @@ def _eager_variant(label, compiled, reference, source, setup_s, inputs, ref, che
 
 
 class Budget:
-    """Stops the run before a step once ``seconds`` have passed since it started."""
+    """Stops the run before a step once ``seconds`` have passed since it started;
+    the first step of a run always starts (each run makes progress)."""
 
     def __init__(self, seconds):
         self.seconds, self.t0 = seconds, time.perf_counter()
+        self.started = False
 
     def exhausted(self) -> bool:
-        return self.seconds is not None and time.perf_counter() - self.t0 > self.seconds
+        return (self.started and self.seconds is not None
+                and time.perf_counter() - self.t0 > self.seconds)
 
 
 class OutOfBudget(Exception):
@@ -554,6 +557,7 @@ def bench_model(name, a, peaks, res=None, save=lambda: None, budget=None) -> dic
             return
         if budget.exhausted():
             raise OutOfBudget(f"{name}: {key}")
+        budget.started = True
         t0 = time.perf_counter()
         try:
             res[key] = _json_ready(fn())

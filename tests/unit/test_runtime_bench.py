@@ -286,4 +286,6 @@ def test_resume_keeps_finished_models_and_peaks(tmp_path):
     b = runtime.Budget(None)
     assert not b.exhausted()
     b = runtime.Budget(0.0)
+    assert not b.exhausted()              # a run always starts one step
+    b.started = True
     assert b.exhausted()
