@@ -1,6 +1,8 @@
 """Markdown tables for benchmarks/runtime.py from its JSON-ready result dict (no GPU):
-the model table, the worst-offender region table of each variant, the host
-overhead table and a 'what limits it' line per model and variant."""
+the issue-16 table (torch.compile anchors against ours with eager and Inductor
+glue, accuracy, the done-when verdict), the model table, the worst-offender
+region table of each variant, the host overhead table and a 'what limits it'
+line per model and variant."""
 from __future__ import annotations
 
 from _region_stats import time_lost_us
@@ -26,6 +28,8 @@ def model_table(result) -> str:
               "graph ours/PyTorch", "rel. err", "e2e target"]
     rows = []
     for m in result["models"]:
+        if "error" in m or "eager_ms" not in m:
+            continue
         tc = m.get("torch_compile_ms")
         tc_cell = f"{tc:.2f} ({m['torch_compile_s']:.0f} s)" if tc else "not run"
         pt_graph = _f(m.get("eager_graph_ms"), ".3f")
@@ -33,8 +37,9 @@ def model_table(result) -> str:
             pt_graph += " (exported)"
         for name in VARIANTS:
             v = m.get(name)
-            if not isinstance(v, dict):
-                rows.append([m["model"], name, v or "-"] + [""] * (len(header) - 3))
+            if not isinstance(v, dict) or "ours_ms" not in v:
+                why = v.get("error", "-") if isinstance(v, dict) else (v or "-")
+                rows.append([m["model"], name, why] + [""] * (len(header) - 3))
                 continue
             rows.append([m["model"], name, f"{v['regions']} ({v['kernels']})", _f(m["eager_ms"]),
                          tc_cell, _f(v["ours_ms"]), _f(v.get("ours_python_call_ms")), pt_graph,
@@ -78,9 +83,9 @@ def overhead_table(result, target_us) -> str:
     for m in result["models"]:
         for name in VARIANTS:
             v = m.get(name)
-            if not isinstance(v, dict):
+            if not isinstance(v, dict) or "ours_ms" not in v:
                 continue
-            for o in v["host_overhead"]:
+            for o in v.get("host_overhead", []):
                 verdict = "yes" if o["meets_target"] else "no"
                 if o["gpu_bound"]:
                     verdict += " (GPU-bound: upper bound)"
@@ -119,21 +124,119 @@ def limits_line(model, v) -> str:
     return f"{model} ({v['variant']}): " + "; ".join(parts)
 
 
+def _ms(v):
+    return v.get("ms") if isinstance(v, dict) else None
+
+
+def _errs(v) -> dict:
+    if not isinstance(v, dict):
+        return {}
+    return {k[len("rel_err_fp32_"):]: e for k, e in v.items() if k.startswith("rel_err_fp32_")}
+
+
+def judge(m: dict, tol: float, ratio: float = 0.90) -> dict:
+    """Issue 16's done-when for one model's result: ours with Inductor glue in
+    reduce-overhead <= ``ratio`` x torch.compile reduce-overhead, ours with
+    Inductor glue plain <= ``ratio`` x torch.compile default, slower than neither,
+    and every error of ours against float32 (fresh inputs, second batch) below
+    ``tol``. ``verdict``: "met", "MISS: ..." or "incomplete: ..." (a number missing)."""
+    anchors = m.get("anchors") or {}
+    tc, ro = _ms(anchors.get("default")), _ms(anchors.get("reduce-overhead"))
+    oi, oro = _ms(m.get("ours_inductor")), _ms(m.get("ours_inductor_ro"))
+    out = {"ratio": ratio, "tolerance": tol,
+           "plain_vs_torch_compile": oi / tc if oi and tc else None,
+           "ro_vs_torch_compile_ro": oro / ro if oro and ro else None}
+    errs = {f"{v}:{k}": e for v in ("ours_inductor", "ours_inductor_ro", "heuristic")
+            for k, e in _errs(m.get(v)).items()}
+    out["errors"] = errs
+    missing = [n for n, x in (("torch.compile", tc), ("torch.compile reduce-overhead", ro),
+                              ("ours inductor", oi), ("ours inductor reduce-overhead", oro)) if not x]
+    bad_errs = [k for k, e in errs.items() if not (isinstance(e, (int, float)) and e < tol)]
+    out["plain_met"] = None if out["plain_vs_torch_compile"] is None else out["plain_vs_torch_compile"] <= ratio
+    out["ro_met"] = None if out["ro_vs_torch_compile_ro"] is None else out["ro_vs_torch_compile_ro"] <= ratio
+    out["slower_than_neither"] = None if missing else (oi <= tc and oro <= ro)
+    out["errors_ok"] = bool(errs) and not bad_errs
+    if missing:
+        out["verdict"] = "incomplete: no " + ", ".join(missing)
+        return out
+    why = []
+    if not out["ro_met"]:
+        why.append(f"reduce-overhead {out['ro_vs_torch_compile_ro']:.2f}x")
+    if not out["plain_met"]:
+        why.append(f"plain {out['plain_vs_torch_compile']:.2f}x")
+    if not out["slower_than_neither"]:
+        why.append("slower than torch.compile")
+    if bad_errs:
+        why.append("error above tolerance: " + ", ".join(bad_errs))
+    out["verdict"] = "met" if not why else "MISS: " + "; ".join(why)
+    return out
+
+
+def _cell(v, key="ms", time_key=None, spec=".2f"):
+    if not isinstance(v, dict) or v.get(key) is None:
+        return "-"
+    cell = format(v[key], spec)
+    if time_key and v.get(time_key) is not None:
+        cell += f" ({v[time_key]:.0f} s)"
+    return cell
+
+
+def _err_cell(v) -> str:
+    e = _errs(v)
+    if not e:
+        return "-"
+    return " / ".join(f"{x:.1e}" if isinstance(x, (int, float)) else "n/a" for x in
+                      (e.get("fresh"), e.get("batch2")))
+
+
+def glue_table(result) -> str:
+    """Issue 16: per model, eager PyTorch, the torch.compile anchors (compile s),
+    ours with eager glue (plain, cuda_graphed()) and Inductor glue (plain,
+    reduce-overhead; first-call s), ratios, errors against float32 (fresh inputs
+    / second batch) and the done-when verdict."""
+    header = ["model", "eager ms", "torch.compile ms (s)", "reduce-overhead ms (s)", "max-autotune ms (s)",
+              "ours eager glue ms", "ours cuda_graphed() ms", "ours Inductor ms (s)",
+              "ours Inductor reduce-overhead ms (s)", "ours compile s", "Inductor/compile",
+              "Inductor RO/compile RO", "rel. err fresh / batch 2 (Inductor, RO)", "done when"]
+    rows = []
+    for m in result["models"]:
+        if "error" in m:
+            rows.append([m["model"], f"FAILED: {m['error']}"] + [""] * (len(header) - 2))
+            continue
+        a = m.get("anchors") or {}
+        h = m.get("heuristic") if isinstance(m.get("heuristic"), dict) else {}
+        d = m.get("done_when") or {}
+        setup = m.get("ours_setup") or {}
+        rows.append([m["model"], _f(m.get("eager_ms")), _cell(a.get("default"), time_key="compile_s"),
+                     _cell(a.get("reduce-overhead"), time_key="compile_s"),
+                     _cell(a.get("max-autotune"), time_key="compile_s"),
+                     _f(h.get("ours_ms")), _f(h.get("ours_graphed_call_ms"), ".3f"),
+                     _cell(m.get("ours_inductor"), time_key="first_call_s"),
+                     _cell(m.get("ours_inductor_ro"), time_key="first_call_s"),
+                     _f(setup.get("load_or_compile_s"), ".0f"),
+                     _f(d.get("plain_vs_torch_compile")), _f(d.get("ro_vs_torch_compile_ro")),
+                     f"{_err_cell(m.get('ours_inductor'))}, {_err_cell(m.get('ours_inductor_ro'))}",
+                     d.get("verdict", "-")])
+    return _table(header, rows)
+
+
 def format_report(result, top, target_us) -> str:
     """Everything runtime.py prints after the run, as markdown."""
     peaks = result["peaks"]
     out = [(f"GPU {result['gpu']}, torch {result['torch']}, {result['dtype']}; measured peak "
            f"{peaks['tflops']:.0f} TFLOP/s (fp16 matmul 8192^3), {peaks['gbps']:.0f} GB/s (copy); "
-           f"{result['reps']} timed forwards per latency"), "", model_table(result), ""]
+           f"{result['reps']} timed forwards per latency"), "",
+           "### Inductor glue against the torch.compile anchors (issue 16)", "", glue_table(result), "",
+           model_table(result), ""]
     for m in result["models"]:
         for name in VARIANTS:
             v = m.get(name)
-            if isinstance(v, dict) and v["region_groups"]:
+            if isinstance(v, dict) and v.get("region_groups"):
                 out += [(f"### {m['model']} ({name}): worst offenders of {len(v['region_groups'])} "
                         "region shapes (device us per call, CUDA graph)"), "",
                         region_table(v["region_groups"], top), ""]
     out += ["### Host cost of one offloaded-region call", "", overhead_table(result, target_us), ""]
     out += ["### What limits each model", ""]
     out += ["- " + limits_line(m["model"], m[n]) for m in result["models"] for n in VARIANTS
-            if isinstance(m.get(n), dict)]
+            if isinstance(m.get(n), dict) and "ours_ms" in m[n]]
     return "\n".join(out)

@@ -1,42 +1,51 @@
-"""End-to-end and per-region latency of the built-in models on one GPU (issue 6,
-items 3-4): PyTorch eager, torch.compile (default mode) and cutlass_offload
-(heuristic kernels and, where available, tuned), in one run.
+"""End-to-end and per-region latency of the built-in models on one GPU: PyTorch
+eager, the torch.compile anchors a user would pick instead (default,
+"reduce-overhead", "max-autotune"), and cutlass_offload with eager glue and with
+Inductor glue (issue 16), plain and in CUDA graphs, in one run.
 
-Per model (one after another; GPU memory freed in between):
+Per model (one after another; GPU memory freed in between), each a step of its
+own (``--resume`` skips the steps a partial JSON already holds):
 
-* median latency (CUDA events around each synchronized forward, after warm-up) of
-  eager PyTorch (channels_last for the conv models, as models.py sets), torch.compile
-  (and its compile time), ours with plain dispatch, and PyTorch and ours each
-  captured in a CUDA graph and replayed; ratios ours / eager and ours /
-  torch.compile; norm-wise relative error against eager (and against the exported
-  reference when loaded from a folder);
-* per region (``--regions``, on by default): one forward records each offloaded
-  region's inputs (forward pre-hooks); regions with the same signature (kind,
-  problem, kernel, input shapes / strides / dtypes) are timed once and counted.
-  Ours (the region module) against the PyTorch subgraph it replaces, on the same
-  inputs, each as 10 calls in a CUDA graph (device time, median of ``--region-reps``
-  replays); FLOPs from the region's problem (benchmarks/_region_stats.py), TFLOP/s
-  and % of the measured peak (an 8192^3 fp16 torch.matmul timed once per run);
-  norms in GB/s against a measured device copy; the issue-6 GEMM target flags
-  (ours slower than PyTorch for M >= 256, more than 1.2x slower below); the worst
-  offenders (device time lost per forward) are printed;
-* per-call host overhead of an offloaded region (benchmarks/call_overhead.py's
-  region_call_costs) for the region of each kind with the shortest kernel, against
-  the 5 us target.
+* ``eager``: median latency (CUDA events around each synchronized forward, after
+  warm-up) of eager PyTorch (channels_last for the conv models, as models.py
+  sets) and of the same captured in one CUDA graph;
+* ``torch.compile`` anchors, each with its compile time (the first call) and
+  relative error: ``default``, ``reduce-overhead`` (Inductor's CUDA graphs) and
+  ``max-autotune`` (for ``--max-autotune-models``, default bert-base and llama);
+* ours, compiled once here (``--dynamic-batch`` on by default, glue "inductor":
+  the library builds while Inductor compiles the glue) or loaded from
+  ``--from`` folders:
+  ``ours_inductor`` (Inductor glue, plain calls), ``ours_inductor_ro`` (Inductor
+  glue in mode "reduce-overhead"), and ``heuristic`` (eager glue: plain, the
+  whole forward captured in a CUDA graph, ``CompiledModel.cuda_graphed()``, the
+  per-region table and the host cost of a region call, as before); ``tuned``
+  likewise from ``--tuned-from`` folders (or compiled here with tune=True);
+* accuracy of every variant: norm-wise relative error against a float32 copy of
+  the model on fresh random inputs and at a second batch size (``--second-batch``;
+  a statically exported folder cannot take it: reported as such);
+* the issue-16 targets per model (``done_when``): ours with Inductor glue in
+  reduce-overhead <= 0.90x torch.compile reduce-overhead, ours with Inductor glue
+  plain <= 0.90x torch.compile default, slower than neither, errors within the
+  tolerance; printed as a table.
 
-The tuned variant: folders from ``--tuned-from`` (a model without one is reported
-as n/a); else, where ``cutlass_offload.compile`` accepts ``tune`` and no ``--from``
-was given, compiled here with tune=True; else "n/a (no --tune in this build)".
-Prints markdown tables; writes everything as JSON (``--json``, default
-$OUT/runtime.json, else ./runtime.json). Needs a CUDA GPU (exits 2 without one).
+The JSON (``--json``, default $OUT/runtime.json, else ./runtime.json) is written
+after every step, so a run killed between steps loses only the step it was in;
+``--budget-s S`` stops before starting a step once S seconds have passed (exit 3:
+run again with ``--resume``; a run always starts one step) — for a GPU rented in 10-minute commands, e.g.
+``--budget-s 420 --resume`` repeated until it exits 0. ``--quick``: 10 timed
+forwards, no per-region table, no tuned variant. Needs a CUDA GPU (exits 2
+without one).
 
     python benchmarks/runtime.py [MODEL ...] [--from /tmp/co_{model}]
-        [--tuned-from /tmp/co_tuned_{model}] [--json FILE] [--no-compile-baseline]
+        [--tuned-from /tmp/co_tuned_{model}] [--json FILE] [--resume] [--budget-s S]
+        [--quick] [--no-anchors] [--max-autotune-models bert-base,llama | none]
+        [--no-inductor-glue] [--second-batch N] [--no-dynamic-batch]
         [--no-regions] [--reps 20] [--region-reps 10] [--top 12]
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import inspect
 import json
@@ -46,6 +55,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))              # _timing, call_overhead
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -65,12 +75,18 @@ from _timing import events_ms, graph_ms
 import cutlass_offload as co
 from cutlass_offload.models import load_model
 
-DEFAULT_MODELS = ("bert-base", "gpt2", "sd-unet", "resnet50")
+BUILTIN_MODELS = ("bert-base", "gpt2", "sd-unet", "resnet50")
+ZOO_MODELS = ("llama", "whisper-encoder", "convnext-tiny", "efficientnet-b0", "vae-decoder")
+DEFAULT_MODELS = BUILTIN_MODELS + ZOO_MODELS
+MAX_AUTOTUNE_MODELS = ("bert-base", "llama")
+ANCHOR_MODES = ("default", "reduce-overhead", "max-autotune")
 OVERHEAD_TARGET_US = 5.0         # issue 6 item 4: host cost of one offloaded-region call
 E2E_TARGET_MODELS = ("bert-base", "sd-unet")
 E2E_EAGER_RATIO = 0.9            # issue 6: ours <= 0.9x eager and <= torch.compile
 REGION_GRAPH_CALLS = 10          # region calls per CUDA graph when timing one region
+TARGET_RATIO = 0.90              # issue 16: ours <= 0.90x the torch.compile anchor
 NO_TUNE = "n/a (no --tune in this build)"
+TOLERANCE = {"fp16": 1e-2, "bf16": 2e-2}     # norm-wise relative error vs float32 (tests/helpers.py)
 
 
 def parse_args(argv=None):
@@ -81,7 +97,22 @@ def parse_args(argv=None):
     p.add_argument("--tuned-from", dest="tuned_tpl", default=None, metavar="DIR_TEMPLATE",
                    help="load tuned compiled folders (e.g. /tmp/co_tuned_{model})")
     p.add_argument("--json", default=None, help="output file (default $OUT/runtime.json)")
-    p.add_argument("--no-compile-baseline", action="store_true", help="skip torch.compile")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the steps the JSON file already holds; run only the missing ones")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no step after this many seconds (exit 3; continue with --resume)")
+    p.add_argument("--quick", action="store_true",
+                   help="10 timed forwards, no per-region table, no tuned variant")
+    p.add_argument("--no-compile-baseline", "--no-anchors", dest="no_anchors", action="store_true",
+                   help="skip the torch.compile anchors")
+    p.add_argument("--max-autotune-models", default=",".join(MAX_AUTOTUNE_MODELS),
+                   help="models that get the max-autotune anchor (comma list, 'all' or 'none')")
+    p.add_argument("--no-inductor-glue", action="store_true", help="skip ours with Inductor glue")
+    p.add_argument("--second-batch", type=int, default=None,
+                   help="batch size of the second accuracy check (default: half the batch, "
+                        "or double it below 4)")
+    p.add_argument("--dynamic-batch", action=argparse.BooleanOptionalAction, default=True,
+                   help="compile ours here with a dynamic batch dim (default on)")
     p.add_argument("--regions", action=argparse.BooleanOptionalAction, default=True,
                    help="per-region table (default on)")
     p.add_argument("--reps", type=int, default=20, help="timed forwards per measurement")
@@ -96,6 +127,11 @@ def parse_args(argv=None):
             p.error(f"{opt} {tpl!r} needs '{{model}}' to tell {len(a.models)} models apart")
     if a.reps < 1 or a.region_reps < 1:
         p.error("--reps and --region-reps must be >= 1")
+    if a.quick:
+        a.reps, a.regions = min(a.reps, 10), False
+    mat = a.max_autotune_models.strip()
+    a.max_autotune = (set(a.models) if mat == "all" else set() if mat in ("none", "")
+                      else {m.strip() for m in mat.split(",")})
     return a
 
 
@@ -111,7 +147,11 @@ def _free():
 
 
 def _outs(x) -> tuple:
-    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+    """The output tensors of a forward (a tensor, a tuple / list, or a dict-like
+    model output), in order."""
+    if isinstance(x, torch.Tensor):
+        return (x,)
+    return tuple(t for t in tree_leaves(x) if isinstance(t, torch.Tensor))
 
 
 def rel_err(out, ref) -> float:
@@ -335,21 +375,147 @@ def _folder(tpl, name):
     return d
 
 
-def _ours(name, tpl, model, inputs, tune, ref, a, peaks, cache, label, ref_graph=None) -> dict:
-    """Load (tpl) or compile (tune: with tune=True) one variant and benchmark it.
-    ref_graph: the model's result dict, to fill in a PyTorch CUDA-graph time from
-    the loaded exported program where the nn.Module could not be captured."""
+# -- accuracy ------------------------------------------------------------------------
+
+def fresh_inputs(inputs, seed: int) -> tuple:
+    """Inputs like ``inputs`` with new random values: floats ~ N(0, 1) (memory
+    format kept), integers (token ids) uniform below the largest one given,
+    anything else as is."""
+    g = torch.Generator(device=next((x.device for x in inputs if isinstance(x, torch.Tensor)), "cpu"))
+    g.manual_seed(seed)
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            fmt = torch.channels_last if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) \
+                and not x.is_contiguous() else torch.contiguous_format
+            y = torch.randn(x.shape, generator=g, device=x.device, dtype=torch.float32).to(x.dtype)
+            out.append(y.contiguous(memory_format=fmt))
+        elif isinstance(x, torch.Tensor) and x.dtype in (torch.int32, torch.int64) and x.numel():
+            hi = max(int(x.max()) + 1, 1)
+            out.append(torch.randint(0, hi, x.shape, generator=g, device=x.device, dtype=x.dtype))
+        else:
+            out.append(x)
+    return tuple(out)
+
+
+def second_batch(batch: int, asked: int | None) -> int:
+    """The batch size of the second accuracy check."""
+    if asked:
+        return asked
+    return batch // 2 if batch >= 4 else batch * 2
+
+
+def _fp32_reference(model):
+    """A float32 copy of ``model`` and a function running it on float32 inputs
+    (no TF32 anywhere)."""
+    ref = copy.deepcopy(model).float()
+
+    def run(*xs):
+        old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        try:
+            with torch.no_grad():
+                return ref(*(x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                             for x in xs))
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+    return run
+
+
+def accuracy(fn, checks) -> dict:
+    """{"rel_err_fp32_<name>": error or "error: why"} for each (name, inputs, fp32
+    outputs) of ``checks`` (computed right after each call: a CUDA-graphed output
+    is overwritten by the next one)."""
+    res = {}
+    for name, inputs, ref in checks:
+        try:
+            with torch.no_grad():
+                res[f"rel_err_fp32_{name}"] = rel_err(fn(*inputs), ref)
+            torch.cuda.synchronize()
+        except Exception as e:                       # e.g. a statically exported folder
+            res[f"rel_err_fp32_{name}"] = f"error: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+            torch.cuda.synchronize()
+    return res
+
+
+# -- the steps ----------------------------------------------------------------------------
+
+def bench_anchor(model, inputs, mode, checks, a) -> dict:
+    """torch.compile(model, mode=mode): compile time (first call), latency, accuracy."""
+    torch._dynamo.reset()
+    fn = torch.compile(model, mode=None if mode == "default" else mode)
+    try:
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            fn(*inputs)
+            torch.cuda.synchronize()
+            res = {"mode": mode, "compile_s": time.perf_counter() - t0}
+            res["ms"] = events_ms(lambda: fn(*inputs), a.reps)
+        res.update(accuracy(fn, checks))
+    finally:
+        fn = None           # frees the compiled graphs (and their CUDA graph pools)
+        torch._dynamo.reset()
+    return res
+
+
+def bench_inductor_glue(compiled, inputs, mode, checks, a) -> dict:
+    """Ours with Inductor glue in ``mode``: the first call (Dynamo + Inductor; none
+    when compile already ran it), latency, accuracy, region fallbacks."""
+    g = compiled.inductor
+    warm = g is not None and compiled.glue == "inductor" and g.mode == mode and g.first_call_s is not None
+    if not warm:
+        torch._dynamo.reset()
+        compiled.set_glue("inductor", mode=mode)
+    regions = compiled.region_modules()
+    fb0 = sum(m.fallback_calls for m in regions)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        compiled(*inputs)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        res = {"mode": mode or "default", "glue": compiled.glue,
+               "first_call_s": compiled.inductor.first_call_s if warm else first,
+               "compiled_during_compile": warm}
+        res["ms"] = events_ms(lambda: compiled(*inputs), a.reps)
+    res.update(accuracy(compiled, checks))
+    res["glue_failed"] = compiled.inductor.failed if compiled.inductor else None
+    res["inlined_regions"] = list(compiled.inductor.inlined) if compiled.inductor else []
+    res["region_calls_fell_back"] = sum(m.fallback_calls for m in regions) - fb0
+    return res
+
+
+def _load_or_compile(name, tpl, model, inputs, tune, a, glue="eager"):
+    """(CompiledModel, reference module or None, source, seconds). Compiling here
+    with glue "inductor" compiles the glue beside the library build."""
     t0 = time.perf_counter()
     if tpl is not None:
         source = _folder(tpl, name)
-        compiled, reference, _ = co.load(source, device="cuda")
+        compiled, reference, _ = co.load(source, device="cuda", glue="eager")
         source = str(source)
     else:
         kw = {"tune": True} if tune else {}
-        compiled, reference, source = co.compile(model, inputs, **kw), None, "compiled here"
-    setup_s = time.perf_counter() - t0
+        if "glue" in inspect.signature(co.compile).parameters:
+            kw["glue"] = glue
+        reference, source = None, "compiled here" + (" (dynamic batch)" if a.dynamic_batch else "")
+        try:
+            compiled = co.compile(model, inputs, dynamic_batch=a.dynamic_batch, **kw)
+        except Exception as e:
+            if not a.dynamic_batch or isinstance(e, co.CompileError):
+                raise
+            # torch.export could not make the batch dynamic: static, and said so
+            why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            source = f"compiled here (static batch: the dynamic export failed: {why})"
+            compiled = co.compile(model, inputs, **kw)
+    return compiled, reference, source, time.perf_counter() - t0
+
+
+def _eager_variant(label, compiled, reference, source, setup_s, inputs, ref, checks, a, peaks,
+                   cache, ref_graph=None) -> dict:
+    """The eager-glue variant (bench_variant) and its accuracy."""
+    compiled.set_glue("eager")
     res = bench_variant(label, compiled, inputs, ref, a, peaks, cache, source)
     res["load_or_compile_s"] = setup_s
+    res.update(accuracy(compiled, checks))
     if reference is not None:
         with torch.no_grad():
             res["rel_err_vs_exported"] = rel_err(compiled(*inputs), reference(*inputs))
@@ -362,49 +528,136 @@ def _ours(name, tpl, model, inputs, tune, ref, a, peaks, cache, label, ref_graph
     return res
 
 
-def bench_model(name, a, peaks) -> dict:
+class Budget:
+    """Stops the run before a step once ``seconds`` have passed since it started;
+    the first step of a run always starts (each run makes progress)."""
+
+    def __init__(self, seconds):
+        self.seconds, self.t0 = seconds, time.perf_counter()
+        self.started = False
+
+    def exhausted(self) -> bool:
+        return (self.started and self.seconds is not None
+                and time.perf_counter() - self.t0 > self.seconds)
+
+
+class OutOfBudget(Exception):
+    pass
+
+
+def bench_model(name, a, peaks, res=None, save=lambda: None, budget=None) -> dict:
+    """One model's steps, skipping those ``res`` (a partial result) already holds;
+    ``save()`` after each. Raises OutOfBudget before a step once ``budget`` is spent."""
+    res = res if res is not None else {}
+    res.setdefault("model", name)
+    budget = budget or Budget(None)
+
+    def step(key, fn):
+        if key in res:
+            return
+        if budget.exhausted():
+            raise OutOfBudget(f"{name}: {key}")
+        budget.started = True
+        t0 = time.perf_counter()
+        try:
+            res[key] = _json_ready(fn())
+        except Exception as e:          # recorded; the model's other steps still run
+            msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            res[key] = {"error": f"{type(e).__name__}: {msg}"}
+            print(f"{name}: {key} FAILED: {res[key]['error']}", flush=True)
+            torch._dynamo.reset()
+        res.setdefault("step_s", {})[key] = time.perf_counter() - t0
+        print(f"{name}: {key} done in {res['step_s'][key]:.0f} s", flush=True)
+        _free()
+        save()
+
     model, inputs = load_model(name, a.dtype, a.batch, a.seq)
+    batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), 1)
     if a.from_tpl:        # the inputs the folder was compiled with (the same seed)
         inputs = torch.load(_folder(a.from_tpl, name) / "inputs.pt")
     model = model.cuda()
     inputs = tuple(x.cuda() if isinstance(x, torch.Tensor) else x for x in inputs)
-    res = {"model": name, "input_shapes": [list(x.shape) for x in inputs if isinstance(x, torch.Tensor)]}
+    b2 = second_batch(batch, a.second_batch)
+    inputs_b2 = tuple(x.cuda() if isinstance(x, torch.Tensor) else x
+                      for x in load_model(name, a.dtype, b2, a.seq)[1])
+    res["input_shapes"] = [list(x.shape) for x in inputs if isinstance(x, torch.Tensor)]
+    res["second_batch"] = b2
+    reference = _fp32_reference(model)
+    fresh, fresh_b2 = fresh_inputs(inputs, 1234), fresh_inputs(inputs_b2, 4321)
+    checks = [("fresh", fresh, reference(*fresh)), ("batch2", fresh_b2, reference(*fresh_b2))]
+    del reference
+    _free()
     with torch.no_grad():
         ref = model(*inputs)
-        res["eager_ms"] = events_ms(lambda: model(*inputs), a.reps)
-        res["eager_graph_ms"], res["eager_graph_error"] = _graph_or_reason(lambda: model(*inputs), 1, a.reps)
-    _free()
-    cache = {}
-    res["eager_graph_of"] = "the nn.Module" if res["eager_graph_ms"] else None
-    res["heuristic"] = _ours(name, a.from_tpl, model, inputs, False, ref, a, peaks, cache, "heuristic",
-                             ref_graph=res)
-    if a.tuned_tpl and not _is_folder(a.tuned_tpl, name):
-        res["tuned"] = f"n/a (no compiled folder {a.tuned_tpl.format(model=name)})"
-    elif a.tuned_tpl:
-        res["tuned"] = _ours(name, a.tuned_tpl, model, inputs, True, ref, a, peaks, cache, "tuned")
-    elif not tune_supported():
-        res["tuned"] = NO_TUNE
-    elif a.from_tpl:
-        res["tuned"] = "not run (pass --tuned-from, or leave out --from to compile tuned here)"
-    else:
-        res["tuned"] = _ours(name, None, model, inputs, True, ref, a, peaks, cache, "tuned")
-    cache.clear()
-    if not a.no_compile_baseline:
-        torch._dynamo.reset()
-        fast = torch.compile(model)
+
+    def eager():
+        out = {}
         with torch.no_grad():
-            t0 = time.perf_counter()
-            out = fast(*inputs)
-            torch.cuda.synchronize()
-            res["torch_compile_s"] = time.perf_counter() - t0
-            res["torch_compile_rel_err_vs_eager"] = rel_err(out, ref)
-            del out
-            res["torch_compile_ms"] = events_ms(lambda: fast(*inputs), a.reps)
-        del fast
+            out["eager_ms"] = events_ms(lambda: model(*inputs), a.reps)
+            out["eager_graph_ms"], out["eager_graph_error"] = _graph_or_reason(
+                lambda: model(*inputs), 1, a.reps)
+        out["eager_graph_of"] = "the nn.Module" if out["eager_graph_ms"] else None
+        out.update(accuracy(model, checks))
+        return out
+    step("eager", eager)
+    if "error" in res["eager"]:
+        raise RuntimeError(f"eager PyTorch failed: {res['eager']['error']}")
+    res.update({k: v for k, v in res["eager"].items() if k.startswith("eager_")})
+    if not a.no_anchors:
+        anchors = res.setdefault("anchors", {})
+        for mode in ANCHOR_MODES:
+            if mode == "max-autotune" and name not in a.max_autotune:
+                continue
+            if mode in anchors:
+                continue
+            step(f"torch_compile_{mode}", lambda mode=mode: bench_anchor(model, inputs, mode, checks, a))
+            anchors[mode] = res.pop(f"torch_compile_{mode}")
+            save()
+        if "ms" in anchors.get("default", {}):
+            res["torch_compile_ms"] = anchors["default"]["ms"]
+            res["torch_compile_s"] = anchors["default"]["compile_s"]
+            res["torch_compile_rel_err_vs_eager"] = anchors["default"].get("rel_err_fp32_fresh")
+    ours_keys = ["heuristic"] + ([] if a.no_inductor_glue else ["ours_inductor", "ours_inductor_ro"])
+    if any(k not in res for k in ours_keys):
+        if budget.exhausted():
+            raise OutOfBudget(f"{name}: ours")
+        compiled, exported, source, setup_s = _load_or_compile(
+            name, a.from_tpl, model, inputs, False, a, glue="eager" if a.no_inductor_glue else "inductor")
+        res.setdefault("ours_setup", {"source": source, "load_or_compile_s": setup_s,
+                                      "report_phases": compiled.report.phases,
+                                      "report_glue": compiled.report.glue})
+        cache = {}
+        if not a.no_inductor_glue:     # first: compile() may have compiled this glue already
+            step("ours_inductor", lambda: bench_inductor_glue(compiled, inputs, None, checks, a))
+            step("ours_inductor_ro", lambda: bench_inductor_glue(
+                compiled, inputs, "reduce-overhead", checks, a))
+        step("heuristic", lambda: _eager_variant("heuristic", compiled, exported, source, setup_s,
+                                                 inputs, ref, checks, a, peaks, cache, ref_graph=res))
+        del compiled, exported, cache
         torch._dynamo.reset()
+        _free()
+    if "tuned" not in res:
+        if a.tuned_tpl and not _is_folder(a.tuned_tpl, name):
+            res["tuned"] = f"n/a (no compiled folder {a.tuned_tpl.format(model=name)})"
+        elif a.quick and not a.tuned_tpl:
+            res["tuned"] = "not run (--quick)"
+        elif not a.tuned_tpl and not tune_supported():
+            res["tuned"] = NO_TUNE
+        elif not a.tuned_tpl and a.from_tpl:
+            res["tuned"] = "not run (pass --tuned-from, or leave out --from to compile tuned here)"
+        else:
+            def tuned():
+                compiled, exported, source, setup_s = _load_or_compile(name, a.tuned_tpl, model, inputs,
+                                                                       True, a)
+                return _eager_variant("tuned", compiled, exported, source, setup_s, inputs, ref,
+                                      checks, a, peaks, {})
+            step("tuned", tuned)
     for v in ("heuristic", "tuned"):
-        if isinstance(res[v], dict):
+        if isinstance(res.get(v), dict) and "ours_ms" in res[v]:
             _ratios(name, res, res[v])
+    from _runtime_report import judge
+    res["done_when"] = judge(res, TOLERANCE[a.dtype])
+    save()
     return res
 
 
@@ -414,22 +667,42 @@ def _ratios(name, res, v):
     v["ours_vs_torch_compile"] = v["ours_ms"] / tc if tc else None
     if v["ours_graph_ms"] and res["eager_graph_ms"]:
         v["graph_ours_vs_pytorch"] = v["ours_graph_ms"] / res["eager_graph_ms"]
-    gc = v.get("ours_graphed_call_ms")
-    if gc:
-        v["graphed_vs_eager"] = gc / res["eager_ms"]
-        v["graphed_vs_torch_compile"] = gc / tc if tc else None
+    gc_ = v.get("ours_graphed_call_ms")
+    if gc_:
+        v["graphed_vs_eager"] = gc_ / res["eager_ms"]
+        v["graphed_vs_torch_compile"] = gc_ / tc if tc else None
     if name in E2E_TARGET_MODELS:
         def verdict(ms):
             ok = ms / res["eager_ms"] <= E2E_EAGER_RATIO and (tc is None or ms <= tc)
             return "met" if ok else "MISS"
         v["e2e_target"] = (f"plain {verdict(v['ours_ms'])}"
-                           + (f", cuda_graphed {verdict(gc)}" if gc else "")
+                           + (f", cuda_graphed {verdict(gc_)}" if gc_ else "")
                            + ("" if tc else " (no torch.compile run)"))
 
 
 def _json_ready(x):
     """Region rows hold only plain values; drop anything else defensively."""
     return json.loads(json.dumps(x, default=str))
+
+
+def load_partial(path: Path, models) -> tuple:
+    """({model: partial result}, peaks) from an earlier run's JSON ({} and None
+    when there is none)."""
+    if not path.is_file():
+        return {}, None
+    try:
+        old = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}, None
+    done = {m["model"]: m for m in old.get("models", []) if m.get("model") in models and "error" not in m}
+    return done, old.get("peaks")
+
+
+def _write(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_json_ready(result), indent=1))
+    os.replace(tmp, path)
 
 
 def main(argv=None) -> int:
@@ -441,23 +714,40 @@ def main(argv=None) -> int:
         for name in a.models:
             _folder(a.from_tpl, name)
     from _runtime_report import format_report
+    path = Path(a.json) if a.json else Path(os.environ.get("OUT", ".")) / "runtime.json"
+    partial, old_peaks = load_partial(path, a.models) if a.resume else ({}, None)
     torch.manual_seed(0)
-    peaks = measure_peaks(a.reps)
+    peaks = old_peaks or measure_peaks(a.reps)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": a.dtype,
               "reps": a.reps, "region_reps": a.region_reps, "tune_in_build": tune_supported(),
-              "overhead_target_us": OVERHEAD_TARGET_US, "peaks": peaks, "models": []}
+              "overhead_target_us": OVERHEAD_TARGET_US, "peaks": peaks,
+              "target_ratio": TARGET_RATIO, "tolerance": TOLERANCE[a.dtype], "models": []}
+    budget = Budget(a.budget_s)
+    incomplete = None
     for name in a.models:
-        t0 = time.perf_counter()
-        res = bench_model(name, a, peaks)
-        _free()         # the model's and compiled models' tensors went with bench_model's frames
-        res["benchmark_s"] = time.perf_counter() - t0
-        print(f"{name}: done in {res['benchmark_s']:.0f} s", flush=True)
-        result["models"].append(_json_ready(res))
+        res = partial.get(name, {"model": name})
+        result["models"].append(res)
+        try:
+            t0 = time.perf_counter()
+            bench_model(name, a, peaks, res, save=lambda: _write(path, result), budget=budget)
+            res["benchmark_s"] = res.get("benchmark_s", 0.0) + time.perf_counter() - t0
+        except OutOfBudget as e:
+            incomplete = str(e)
+            break
+        except Exception as e:        # one model's failure is recorded; the others still run
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            res["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            print(f"{name}: FAILED: {res['error']}", flush=True)
+        _free()
+        _write(path, result)
+    result["incomplete"] = incomplete
+    _write(path, result)
     print(format_report(result, a.top, OVERHEAD_TARGET_US))
-    path = Path(a.json) if a.json else Path(os.environ.get("OUT", ".")) / "runtime.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path}")
+    if incomplete:
+        print(f"stopped before {incomplete} (--budget-s {a.budget_s:g}): run again with --resume")
+        return 3
     return 0
 
 

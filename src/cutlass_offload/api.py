@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import asdict, replace
@@ -71,7 +72,9 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
             out_dir: str | os.PathLike | None = None, strict: bool = False,
             num_sms: int | None = None, build_strategy: str = "sharded",
             verify: bool = False, executor: str = "local",
-            ray_address: str | None = None, tune: bool = False) -> CompiledModel:
+            ray_address: str | None = None, tune: bool = False,
+            glue: str = "auto", mode: str | None = None,
+            options: dict | None = None) -> CompiledModel:
     """Offload ``model``'s GEMM, conv2d, attention and norm regions to CUTLASS kernels
     in one shared library.
 
@@ -90,11 +93,24 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     out_dir: if given, the library, its source, the exported program, the example
       inputs and the report are written there (atomically: a folder is either
       complete, with manifest.json, or absent) for ``load`` / ``cutlass-offload run``.
+    glue: how the ops that are not offloaded run (glue.py): "inductor" (the graph,
+      regions as opaque custom ops, compiled by torch.compile's Inductor into fused
+      kernels), "eager" (one PyTorch kernel per op), or "auto" (the default:
+      Inductor when a CUDA GPU and Triton are present, else eager). Saved with the
+      folder; ``load`` may override it.
+    mode, options: torch.compile's, for the Inductor glue ("reduce-overhead" runs
+      the forward in Inductor's CUDA graphs; "max-autotune").
+    With Inductor glue and CUDA example inputs on a GPU of ``arch``, the library
+    is built in a background thread while the first call (Dynamo + Inductor's
+    compile of the glue) runs on the example inputs; its regions wait for the
+    library. Otherwise the glue is compiled on the model's first call.
     Returns a CompiledModel; its regions run on a GPU of ``arch``.
     Raises DeviceError, ToolchainError, CompileError (nvcc failed: names the
     regions and kernels, keeps the source), CutlassOffloadError when ``strict`` and
-    an offloadable op falls back.
+    an offloadable op falls back, ValueError for an unknown glue, mode or option.
     """
+    inductor_options = options
+    glue_spec = GlueSpec(glue, mode, inductor_options)        # ValueError before any work
     options = CompileOptions(arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict,
                              num_sms=num_sms, build_strategy=build_strategy, executor=executor,
                              ray_address=ray_address, tune=tune)
@@ -103,27 +119,83 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     with phases("capture"):
         cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
                       dynamic_shapes=dynamic_shapes)
-    compiled = compile_captured(cap, options, phases)
+    compiled = _compile_graph(cap.graph_module, options, phases, glue=glue_spec,
+                              warm_inputs=_warm_inputs(example_inputs, options, glue_spec))
     compiled.verify(verify)
     if out_dir is not None:
         with phases("save"):
-            save(compiled, cap, example_inputs, options, out_dir)
+            save(compiled, cap, example_inputs, options, out_dir, glue_spec)
         compiled.report.phases = dict(phases.seconds)
     return compiled
 
 
-def compile_captured(cap: Captured, options: CompileOptions, phases: _Phases | None = None) -> CompiledModel:
+class GlueSpec:
+    """A glue choice as the user gave it: glue ("auto" / "inductor" / "eager"), mode
+    and options (torch.compile's). Raises ValueError for an unknown one."""
+
+    def __init__(self, glue: str | None = "auto", mode: str | None = None, options: dict | None = None):
+        from .glue import check_glue_args
+        check_glue_args(glue, mode, options)
+        self.glue, self.mode, self.options = glue or "auto", mode, dict(options or {})
+
+    def resolved(self) -> str:
+        from .glue import resolve_glue
+        return resolve_glue(self.glue)
+
+    def apply(self, compiled: CompiledModel) -> CompiledModel:
+        compiled.set_glue(self.glue, self.mode, self.options)
+        if compiled.report is not None:
+            compiled.report.glue = {"requested": self.glue, "glue": compiled.glue, "mode": self.mode,
+                                    "options": self.options}
+        return compiled
+
+    def to_json(self) -> dict:
+        """For the manifest. Raises ValueError when an option value is not JSON."""
+        try:
+            json.dumps(self.options)
+        except TypeError as e:
+            raise ValueError(f"Inductor options must be JSON values to be saved: {e}") from None
+        return {"glue": self.glue, "mode": self.mode, "options": self.options}
+
+
+def _warm_inputs(example_inputs, options: CompileOptions, glue: GlueSpec):
+    """The example inputs when the Inductor glue can be compiled (and the library
+    built meanwhile) during compile: CUDA tensors on a GPU that runs ``options.arch``."""
+    if glue.resolved() != "inductor":
+        return None
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if not tensors or not all(t.is_cuda for t in tensors):
+        return None
+    from .runtime.library import check_device
+    try:
+        check_device(options.arch, tensors[0].device)
+    except DeviceError:
+        return None
+    return tuple(example_inputs)
+
+
+def compile_captured(cap: Captured, options: CompileOptions, phases: _Phases | None = None,
+                     glue: str = "eager", mode: str | None = None,
+                     inductor_options: dict | None = None) -> CompiledModel:
     """The stages after capture: partition, select, emit, build, load.
 
     Thread-safe for different ``cap`` objects (torch.export itself is not: capture
     in one thread, then build several captured models side by side).
-    ``options.arch`` must be resolved ("sm90a" / "sm80").
+    ``options.arch`` must be resolved ("sm90a" / "sm80"). glue / mode /
+    inductor_options: as ``compile`` takes glue / mode / options, but the default
+    is "eager" here (the building block for tests and tools that call a model with
+    many shapes); the Inductor glue is compiled on the first call.
     """
-    return _compile_graph(cap.graph_module, options, phases or _Phases())
+    return _compile_graph(cap.graph_module, options, phases or _Phases(),
+                          glue=GlueSpec(glue, mode, inductor_options))
 
 
 def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=None,
-                   keep_regions=None, tuned=None) -> CompiledModel:
+                   keep_regions=None, tuned=None, glue: GlueSpec | None = None,
+                   warm_inputs=None) -> CompiledModel:
+    """partition -> select (-> tune) -> build -> offload. With ``warm_inputs`` (see
+    ``_warm_inputs``) and regions to build, the build runs in a background thread
+    during the first call with the Inductor glue (``_overlapped``)."""
     with phases("partition"):
         part = partition(gm, options)
     with phases("select"):
@@ -139,6 +211,8 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
     _check_strict(options, plan)
     if plan.regions:
         fast_call.prefetch()      # the C++ call path builds beside the kernels
+    if plan.regions and library_path is None and warm_inputs is not None:
+        return _overlapped(gm, plan, options, phases, tuning, glue, warm_inputs)
     build_info = {}
     lib = library_path
     if plan.regions and lib is None:
@@ -153,7 +227,90 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
     with phases("load"):
         gm = offload(gm, plan, lib)
     report.phases = dict(phases.seconds)
-    return CompiledModel(gm, plan, report, lib)
+    compiled = CompiledModel(gm, plan, report, lib)
+    return glue.apply(compiled) if glue is not None else compiled
+
+
+class _PendingBuild:
+    """The library build of ``plan`` in a background (daemon) thread: nvcc runs
+    while the main thread compiles the glue. ``library()`` waits for it and is what
+    LazyLibrary takes; ``result()`` waits and returns the BuildResult."""
+
+    def __init__(self, plan: Plan, options: CompileOptions):
+        self._plan, self._options = plan, options
+        self._done = threading.Event()
+        self._res = self._exc = None
+        self.seconds = None
+        threading.Thread(target=self._run, name="cutlass_offload-build", daemon=True).start()
+
+    def _run(self):
+        t0 = time.perf_counter()
+        try:
+            self._res = build_stage.build(self._plan, self._options.build_strategy,
+                                          executor=_executor(self._options))
+        except BaseException as e:          # raised to whoever waits
+            self._exc = e
+        finally:
+            self.seconds = time.perf_counter() - t0
+            self._done.set()
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The build's exception once it has ended with one, else None."""
+        return self._exc if self._done.is_set() else None
+
+    def result(self):
+        self._done.wait()
+        if self._exc is not None:
+            raise self._exc
+        return self._res
+
+    def library(self):
+        """(library path, names of the regions whose kernel failed to compile).
+        Raises the build's error, or CutlassOffloadError when ``strict`` and a
+        region fell back."""
+        res = self.result()
+        _check_strict(self._options, res.plan)
+        kept = {r.name for r in res.plan.regions}
+        return res.library, [r.name for r in self._plan.regions if r.name not in kept]
+
+
+def _overlapped(gm, plan: Plan, options: CompileOptions, phases: _Phases, tuning,
+                glue: GlueSpec, warm_inputs) -> CompiledModel:
+    """Build the library in a background thread while the first call on
+    ``warm_inputs`` compiles the Inductor glue (its region calls wait for the
+    library). Regions whose kernel fails to compile run PyTorch (disabled)."""
+    pending = _PendingBuild(plan, options)
+    with phases("load"):
+        gm = offload(gm, plan, pending.library)
+    compiled = CompiledModel(gm, plan, Report.from_plan(plan), None)
+    glue.apply(compiled)
+    try:
+        with phases("glue: compile + first call"), torch.no_grad():
+            compiled(*warm_inputs)
+    except BaseException:
+        if pending.failed is not None:       # a region call raised the build's error
+            raise pending.failed from None
+        raise
+    res = pending.result()
+    phases.seconds["build (beside the glue)"] = pending.seconds
+    _check_strict(options, res.plan)
+    kept = {r.name for r in res.plan.regions}
+    for m in compiled.region_modules():
+        if m.region.name not in kept:
+            m.disabled = "its kernel failed to compile when the library was built"
+    report = Report.from_plan(res.plan)
+    report.build = res.to_dict()
+    if tuning is not None:
+        report.tuning = tuning.to_dict()
+    ind = compiled.inductor
+    report.glue = {**compiled.report.glue, "glue": compiled.glue,
+                   "note": (f"compiled during the first call, beside the library build "
+                            f"({ind.first_call_s:.1f} s)" if ind is not None and ind.first_call_s
+                            else "compiled during the first call, beside the library build")}
+    report.phases = dict(phases.seconds)
+    compiled.plan, compiled.report, compiled.library_path = res.plan, report, res.library
+    return compiled
 
 
 def _tune(plan: Plan, options: CompileOptions):
@@ -186,8 +343,10 @@ def _fingerprint(plan) -> list:
     return [[r.name, k.name] for r, k in zip(plan.regions, plan.kernels)]
 
 
-def save(compiled: CompiledModel, cap: Captured, example_inputs, options: CompileOptions, out_dir):
-    """Write the artifacts of a compile to out_dir, atomically (rename into place)."""
+def save(compiled: CompiledModel, cap: Captured, example_inputs, options: CompileOptions, out_dir,
+         glue: GlueSpec | None = None):
+    """Write the artifacts of a compile to out_dir, atomically (rename into place).
+    ``glue``: the glue choice saved for ``load`` (default: "auto")."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -203,7 +362,7 @@ def save(compiled: CompiledModel, cap: Captured, example_inputs, options: Compil
         (tmp / "report.json").write_text(json.dumps(compiled.report.to_dict(), indent=1))
         manifest = {"options": asdict(options), "fingerprint": _fingerprint(compiled.plan),
                     "tuned": compiled.report.tuning.get("winners", {}),
-                    "torch": torch.__version__}
+                    "torch": torch.__version__, "glue": (glue or GlueSpec()).to_json()}
         manifest["save_id"] = uuid.uuid4().hex     # tells a loader that the folder changed
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         _swap_into_place(tmp, out)
@@ -240,21 +399,28 @@ def _rename_exchange(a: Path, b: Path) -> bool:
     return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
-def load(out_dir, device=None) -> tuple:
+def load(out_dir, device=None, glue: str | None = None, mode: str | None = None,
+         options: dict | None = None) -> tuple:
     """(CompiledModel, reference GraphModule, example inputs) from a compile's out_dir.
 
     device: where to put the model, its constants and the inputs (e.g. "cuda");
       None keeps them where they were exported (the CPU for the CLI).
+    glue, mode, options: as ``compile`` takes them; None = the folder's (saved by
+      ``compile``; "auto" for a folder saved before glue choices existed). The
+      Inductor glue is compiled on the model's first call (Inductor's own caches
+      may serve it); nothing is rebuilt with nvcc.
     Re-partitions the saved ExportedProgram and checks that it gives the same
     regions and kernels as when the library was built (else CutlassOffloadError).
+    Raises ValueError for an unknown glue, mode or option.
     """
     out = Path(out_dir)
+    override = (glue, mode, options) if (glue, mode, options) != (None, None, None) else None
     for attempt in range(5):
         # a compile may replace the folder meanwhile (save swaps it atomically): take
         # a snapshot whose manifest is the same before and after, library opened
         try:
             before = (out / MANIFEST).read_text()
-            loaded = _load_once(out, json.loads(before), device)
+            loaded = _load_once(out, json.loads(before), device, override)
             if (out / MANIFEST).read_text() == before:
                 return loaded
         except (FileNotFoundError, NotADirectoryError):
@@ -265,8 +431,17 @@ def load(out_dir, device=None) -> tuple:
     raise CutlassOffloadError(f"{out} kept changing while it was loaded (a compile writing it?)")
 
 
-def _load_once(out: Path, manifest: dict, device) -> tuple:
+def _saved_glue(manifest: dict, override) -> GlueSpec:
+    saved = manifest.get("glue") or {}
+    if override is None:
+        return GlueSpec(saved.get("glue", "auto"), saved.get("mode"), saved.get("options"))
+    glue, mode, options = override
+    return GlueSpec(glue or saved.get("glue", "auto"), mode, options)
+
+
+def _load_once(out: Path, manifest: dict, device, override=None) -> tuple:
     options = CompileOptions(**manifest["options"])
+    glue = _saved_glue(manifest, override)
     ep = torch.export.load(str(out / "model.pt2"))
     inputs = torch.load(out / "inputs.pt")
     if device is not None:
@@ -284,5 +459,6 @@ def _load_once(out: Path, manifest: dict, device) -> tuple:
         raise CutlassOffloadError(f"{out}: the saved model partitions differently now "
                                   "(package version changed?); compile it again")
     compiled.report = Report(**json.loads((out / "report.json").read_text()))
+    glue.apply(compiled)
     compiled.open_library()
     return compiled, ep.module(), inputs

@@ -25,7 +25,8 @@ def _cmd_compile(a) -> int:
         os.environ["CUTLASS_OFFLOAD_JOBS"] = str(a.jobs)
     compiled = co_compile(model, inputs, arch=a.arch, allow_tf32=a.tf32, dynamic_batch=a.dynamic_batch,
                           out_dir=a.out, strict=a.strict, build_strategy=a.build,
-                          executor=a.executor, ray_address=a.ray_address, tune=a.tune)
+                          executor=a.executor, ray_address=a.ray_address, tune=a.tune,
+                          glue=a.glue, mode=a.mode)
     rep = compiled.report
     rep.phases = {"model": t_model, **rep.phases}
     print(rep.format())
@@ -81,12 +82,15 @@ def _cmd_run(a) -> int:
         raise CutlassOffloadError(f"{a.dir} is not a complete cutlass-offload output folder "
                                   "(no manifest.json): run `cutlass-offload compile` first")
     check_device(json.loads(manifest.read_text())["options"]["arch"])
-    compiled, reference, inputs = load(a.dir, device="cuda")
+    compiled, reference, inputs = load(a.dir, device="cuda", glue=a.glue, mode=a.mode)
     compiled.verify(a.verify)
+    glue = compiled.inductor
     with torch.no_grad():
         ref = reference(*inputs)
-        out = compiled(*inputs)
+        t0 = time.perf_counter()
+        out = compiled(*inputs)      # Inductor glue: compiled here (its caches may serve it)
         torch.cuda.synchronize()
+        first_call_s = time.perf_counter() - t0
         conversions = compiled.layout_conversions()     # after exactly one forward
         refs = ref if isinstance(ref, (tuple, list)) else (ref,)
         outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -94,7 +98,9 @@ def _cmd_run(a) -> int:
         t_ref = _bench(lambda: reference(*inputs))
         t_co = _bench(lambda: compiled(*inputs))
         g_ref = _graph_bench(lambda: reference(*inputs))
-        g_co = _graph_bench(lambda: compiled(*inputs))
+        # Inductor's CUDA graphs (reduce-overhead) cannot be captured again: t_co is that time
+        in_graphs = glue is not None and compiled.glue == "inductor" and glue.cuda_graphs
+        g_co = None if in_graphs else _graph_bench(lambda: compiled(*inputs))
     regions = compiled.region_modules()
     fallback_calls = sum(m.fallback_calls for m in regions)
     for m in regions:
@@ -105,15 +111,24 @@ def _cmd_run(a) -> int:
               "regions": len(regions), "kernel_calls_fell_back": fallback_calls,
               "regions_by_op": dict(collections.Counter(m.region.form for m in regions)),
               "layout_conversions_per_forward": conversions,
+              "glue": compiled.glue, "mode": glue.mode if glue is not None else None,
+              "first_call_s": first_call_s,
               "gpu": torch.cuda.get_device_name()}
     by_op = ", ".join(f"{k} {v}" for k, v in sorted(result["regions_by_op"].items()))
     print(f"GPU {result['gpu']}: {len(regions)} offloaded regions ({by_op}), "
           f"{fallback_calls} region calls fell back to PyTorch")
+    glue_line = f"glue: {compiled.glue}"
+    if compiled.glue == "inductor":
+        glue_line += (f" (mode {glue.mode or 'default'}; compiled on the first call: "
+                      f"{first_call_s:.1f} s)")
+    elif glue is not None and glue.failed:
+        glue_line += f" (Inductor failed: {glue.failed})"
+    print(glue_line)
     if {"conv2d", "group_norm"} & set(result["regions_by_op"]):
         print(f"NCHW -> NHWC layout conversions left per forward: {conversions}")
     print("relative error vs PyTorch: " + ", ".join(f"{e:.3e}" for e in errs))
     print(f"median latency: PyTorch eager {t_ref:.3f} ms, cutlass_offload {t_co:.3f} ms "
-          f"(speedup {t_ref / t_co:.2f}x)")
+          f"(speedup {t_ref / t_co:.2f}x)" + (" (in Inductor's CUDA graphs)" if in_graphs else ""))
     if g_ref and g_co:
         print(f"median latency in a CUDA graph: PyTorch {g_ref:.3f} ms, cutlass_offload {g_co:.3f} ms "
               f"(speedup {g_ref / g_co:.2f}x)")
@@ -133,6 +148,20 @@ def _cmd_cache(a) -> int:
     else:
         print(json.dumps(cache.info(), indent=1))
     return 0
+
+
+GLUE_HELP = ("how the ops that are not offloaded run: inductor (torch.compile's Inductor fuses them "
+             "around the regions, which stay opaque custom ops), eager (one PyTorch kernel per op), "
+             "auto (inductor when a GPU and Triton are present, else eager)")
+
+
+def _glue_args(p, default, saved):
+    p.add_argument("--glue", default=default, choices=["auto", "inductor", "eager"],
+                   help=GLUE_HELP + (f"; default {default}" if default else "") + saved)
+    p.add_argument("--mode", default=None,
+                   choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                   help="torch.compile mode of the Inductor glue (reduce-overhead: Inductor's CUDA "
+                        "graphs around the whole forward)" + saved)
 
 
 def main(argv=None) -> int:
@@ -160,6 +189,7 @@ def main(argv=None) -> int:
     c.add_argument("--tune", action="store_true",
                    help="profile a few candidate kernels per distinct GEMM problem on the visible GPU "
                         "and keep the fastest (remembered in the tuning cache)")
+    _glue_args(c, default="auto", saved="")
     c.set_defaults(fn=_cmd_compile)
     r = sub.add_parser("run", help="run a compiled folder on the GPU against PyTorch")
     r.add_argument("dir")
@@ -167,6 +197,7 @@ def main(argv=None) -> int:
     r.add_argument("--tolerance", type=float, default=1e-2, help="max relative error (exit 1 above)")
     r.add_argument("--verify", action="store_true",
                    help="check each region against PyTorch on its first call; fall back where it disagrees")
+    _glue_args(r, default=None, saved=" (default: the folder's, saved by compile)")
     r.set_defaults(fn=_cmd_run)
     k = sub.add_parser("cache", help="inspect or clear the build cache")
     k.add_argument("action", choices=["info", "clear"])

@@ -52,6 +52,7 @@ class Report:
     phases: dict = field(default_factory=dict)       # phase -> seconds
     build: dict = field(default_factory=dict)
     tuning: dict = field(default_factory=dict)       # tune.TuningReport.to_dict() of a --tune compile
+    glue: dict = field(default_factory=dict)         # glue, mode, options, how it was compiled
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "Report":
@@ -88,6 +89,16 @@ class Report:
         for k in self.kernels:
             n = len(k["regions"])
             out.append(f"  {k['name']}  ({n} region{'s' if n != 1 else ''})")
+        if self.glue:
+            g = self.glue
+            line = f"glue: {g.get('glue')}"
+            if g.get("mode"):
+                line += f" (mode {g['mode']})"
+            if g.get("requested") and g.get("requested") != g.get("glue"):
+                line += f", from {g['requested']!r}"
+            if g.get("note"):
+                line += f"; {g['note']}"
+            out.append(line)
         if self.phases:
             out.append("phases: " + ", ".join(f"{p} {s:.2f} s" for p, s in self.phases.items()))
         if self.build:

@@ -216,3 +216,76 @@ def test_templates_must_name_the_model():
 def test_without_a_gpu_it_says_so_and_exits_2(capsys):
     assert runtime.main(["bert-base"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+# --------------------------------------------------------- issue 16: glue and anchors
+
+def _glue_model(tc=4.0, ro=2.0, oi=3.0, oro=1.5, errs=(1e-3, 2e-3)):
+    acc = {"rel_err_fp32_fresh": errs[0], "rel_err_fp32_batch2": errs[1]}
+    return {"model": "llama", "eager_ms": 9.0,
+            "anchors": {"default": {"ms": tc, "compile_s": 40.0, **acc},
+                        "reduce-overhead": {"ms": ro, "compile_s": 50.0, **acc}},
+            "ours_inductor": {"ms": oi, "first_call_s": 30.0, **acc},
+            "ours_inductor_ro": {"ms": oro, "first_call_s": 31.0, **acc},
+            "ours_setup": {"load_or_compile_s": 120.0}}
+
+
+def test_done_when_verdicts():
+    assert report.judge(_glue_model(oi=3.6, oro=1.8), 1e-2)["verdict"] == "met"      # exactly 0.90x
+    miss = report.judge(_glue_model(oi=3.7, oro=1.5), 1e-2)
+    assert miss["verdict"].startswith("MISS") and "plain 0.93x" in miss["verdict"]
+    assert miss["plain_met"] is False and miss["ro_met"] is True
+    slower = report.judge(_glue_model(oro=2.5), 1e-2)
+    assert "reduce-overhead 1.25x" in slower["verdict"] and "slower than torch.compile" in slower["verdict"]
+    bad = report.judge(_glue_model(errs=(1e-3, "error: static batch")), 1e-2)
+    assert "error above tolerance" in bad["verdict"] and "ours_inductor:batch2" in bad["verdict"]
+    m = _glue_model()
+    del m["anchors"]["reduce-overhead"]
+    assert report.judge(m, 1e-2)["verdict"] == "incomplete: no torch.compile reduce-overhead"
+
+
+def test_glue_table_has_every_column():
+    m = _glue_model()
+    m["done_when"] = report.judge(m, 1e-2)
+    result = {"models": [m, {"model": "vae-decoder", "error": "ValueError: unknown model"}]}
+    text = report.glue_table(result)
+    assert "| llama | 9.00 | 4.00 (40 s) | 2.00 (50 s) | - | - | - | 3.00 (30 s) | 1.50 (31 s) | 120 | 0.75 | 0.75 |" in text
+    assert "1.0e-03 / 2.0e-03, 1.0e-03 / 2.0e-03 | met |" in text
+    assert "| vae-decoder | FAILED: ValueError: unknown model |" in text
+
+
+def test_new_flags():
+    a = runtime.parse_args(["llama", "--quick", "--max-autotune-models", "none", "--budget-s", "420",
+                            "--resume", "--second-batch", "3", "--no-dynamic-batch"])
+    assert (a.reps, a.regions, a.max_autotune, a.budget_s, a.resume, a.second_batch, a.dynamic_batch) == (
+        10, False, set(), 420.0, True, 3, False)
+    assert runtime.parse_args(["gpt2"]).max_autotune == {"bert-base", "llama"}
+    assert runtime.parse_args(["gpt2", "--max-autotune-models", "all"]).max_autotune == {"gpt2"}
+    assert runtime.parse_args(["gpt2", "--no-compile-baseline"]).no_anchors
+    assert set(runtime.ZOO_MODELS) <= set(runtime.DEFAULT_MODELS)
+
+
+def test_fresh_inputs_and_second_batch():
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    ids = torch.tensor([[1, 7, 3]])
+    fx, fids, flag = runtime.fresh_inputs((x, ids, True), seed=1)
+    assert fx.shape == x.shape and fx.is_contiguous(memory_format=torch.channels_last)
+    assert not torch.equal(fx, x) and fids.dtype == ids.dtype and int(fids.max()) <= 7 and flag is True
+    assert torch.equal(runtime.fresh_inputs((x,), seed=1)[0], fx)          # deterministic
+    assert [runtime.second_batch(b, None) for b in (8, 4, 2, 1)] == [4, 2, 4, 2]
+    assert runtime.second_batch(8, 3) == 3
+
+
+def test_resume_keeps_finished_models_and_peaks(tmp_path):
+    path = tmp_path / "r.json"
+    assert runtime.load_partial(path, ["llama"]) == ({}, None)
+    path.write_text('{"peaks": {"tflops": 1}, "models": [{"model": "llama", "eager": {}}, '
+                    '{"model": "gpt2", "error": "x"}, {"model": "bert-base"}]}')
+    done, peaks = runtime.load_partial(path, ["llama", "gpt2"])
+    assert list(done) == ["llama"] and peaks == {"tflops": 1}          # a failed model runs again
+    b = runtime.Budget(None)
+    assert not b.exhausted()
+    b = runtime.Budget(0.0)
+    assert not b.exhausted()              # a run always starts one step
+    b.started = True
+    assert b.exhausted()

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ..ir import CAUSAL_CODE, AttentionKernel, AttentionRegion
 from .library import CoAttentionArgs
+from .ops import contiguous_strides
 from .region import RegionModule
 
 _BIAS_ALIGN = {"f16": 8, "bf16": 8, "f32": 4}      # elements per 16-byte bias vector
@@ -72,6 +73,16 @@ class AttentionRegionModule(RegionModule):
         self._operands = ((self._iq, "q"), (self._ik, "k"), (self._iv, "v"))
 
     _out_field = "out"
+
+    def output_strides(self, shape) -> tuple:
+        """The strides of this module's output of ``shape`` (see ``_layout``): a fresh
+        row-major tensor for out_layout "bmhk" and "contiguous" and for rank 3;
+        (B, H, L, Ev) over the kernel's (B, L, H, Ev) buffer for "strided"."""
+        r = self.region
+        if r.rank == 3 or r.out_layout != "strided":
+            return contiguous_strides(shape)
+        b, h, l, ev = shape
+        return (l * h * ev, ev, h * ev, 1)
 
     def _fast_operands(self):
         # a bias tensor is copied or padded per call, and a checked mask is read on

@@ -15,33 +15,71 @@ from .conv_region import ConvRegionModule
 from .gemm_region import GemmRegionModule
 from .graphed import GraphedModel
 from .group_norm_region import GroupNormRegionModule
-from .library import Library
+from .library import CO_CANNOT_IMPLEMENT, Library
 from .norm_region import NormRegionModule
 from .region import RegionModule
 
 
 class LazyLibrary:
     """Loads the .so on first use, so a compiled model can be built and inspected
-    on a machine without a GPU."""
+    on a machine without a GPU.
 
-    def __init__(self, path):
-        self.path = Path(path) if path else None
+    source: the library's path (None: no library was built), or a callable that
+    waits for a build still running and returns ``(path, dropped)``: ``dropped``
+    names the regions whose kernel failed to compile; their launchers refuse every
+    call, so those regions run PyTorch. The callable's exception (a failed build)
+    is raised to every caller.
+    """
+
+    def __init__(self, source):
+        self._pending = source if callable(source) else None
+        self.path = None if self._pending is not None or not source else Path(source)
         self._lib = None
         self._lock = threading.Lock()
 
     def __call__(self) -> Library:
         with self._lock:
             if self._lib is None:
+                dropped = ()
+                if self._pending is not None:
+                    path, dropped = self._pending()
+                    self.path = Path(path) if path else None
                 if self.path is None:
                     raise CutlassOffloadError("no library was built for this model")
-                self._lib = Library(self.path)
+                lib = Library(self.path)
+                self._lib = _WithoutDropped(lib, dropped) if dropped else lib
             return self._lib
+
+
+def _refuse(args, stream) -> int:
+    return CO_CANNOT_IMPLEMENT
+
+
+def _no_workspace(args) -> int:
+    return 0
+
+
+class _WithoutDropped:
+    """A Library whose regions in ``dropped`` (kernel not in the library) have
+    launchers that refuse every call (the region module then runs PyTorch)."""
+
+    def __init__(self, lib: Library, dropped):
+        self._lib, self._dropped = lib, {f"co_{name}" for name in dropped}
+
+    def launcher(self, symbol: str, args_type=None):
+        if symbol in self._dropped:
+            return _refuse, _no_workspace
+        return self._lib.launcher(symbol, args_type) if args_type is not None else self._lib.launcher(symbol)
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
 
 
 def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
     """Replace each region's nodes in ``gm`` by a call to a region module
     (GemmRegionModule / ConvRegionModule / NormRegionModule / GroupNormRegionModule /
-    AttentionRegionModule).
+    AttentionRegionModule). ``library_path``: what LazyLibrary takes (a path, None,
+    or a callable waiting for a build still running).
 
     The region's original subgraph is kept as the module's ``fallback``. Conv
     weights held by ``gm`` are prepacked to channels_last (KRSC) once. Mutates
@@ -135,12 +173,22 @@ def _extract(gm: fx.GraphModule, nodes: list):
     return fx.GraphModule(gm, sub), inputs
 
 
+class _Unhashable(Exception):
+    pass
+
+
 class CompiledModel(torch.nn.Module):
     """A model whose offloaded regions call the CUTLASS library; the rest is PyTorch.
 
     Call it like the original model. ``plan`` lists regions and kernels,
     ``report`` what was offloaded and the phase times. Regions run on the GPU only
     (a CPU input raises DeviceError); move the model with ``.to("cuda")``.
+
+    Glue (``set_glue``): "eager" runs ``graph_module`` as it is, every op not
+    offloaded as its own PyTorch kernel; "inductor" runs it through
+    torch.compile(backend="inductor") with the regions as opaque custom ops
+    (glue.py), compiled on the first call; "auto" is Inductor where a GPU and
+    Triton are present (eager if Inductor then fails to compile), else eager.
     """
 
     def __init__(self, graph_module: fx.GraphModule, plan: Plan, report, library_path):
@@ -150,30 +198,91 @@ class CompiledModel(torch.nn.Module):
         self.report = report
         self.library_path = library_path
         self._validated = set()      # input signatures torch.export's input check passed
+        self.__dict__["_glue"] = None   # glue.InductorGlue or None (a plain attribute)
+
+    # -- glue -----------------------------------------------------------------------
+    def set_glue(self, glue: str | None = "auto", mode: str | None = None,
+                 options: dict | None = None) -> "CompiledModel":
+        """Choose how the ops around the regions run: "eager", "inductor" or "auto"
+        (None = "auto"); ``mode`` / ``options`` as torch.compile takes them (Inductor
+        only; "reduce-overhead" = Inductor's CUDA graphs). Nothing is compiled until
+        the next call. Returns self. Raises ValueError for an unknown glue, mode or
+        option, or mode / options with eager glue."""
+        from ..glue import InductorGlue, check_glue_args, resolve_glue
+        check_glue_args(glue, mode, options)
+        chosen = resolve_glue(glue)
+        self.__dict__["_glue"] = None if chosen == "eager" else InductorGlue(
+            self.graph_module, mode, options, fallback_to_eager=(glue or "auto") == "auto")
+        return self
+
+    @property
+    def glue(self) -> str:
+        """"inductor" or "eager": what the next call runs (eager also after Inductor
+        failed under "auto")."""
+        g = self.__dict__.get("_glue")
+        return "inductor" if g is not None and not g.failed else "eager"
+
+    @property
+    def inductor(self):
+        """The glue.InductorGlue in use (mode, options, failed, first_call_s), or None."""
+        return self.__dict__.get("_glue")
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        g = self.__dict__.get("_glue")
+        if g is not None:
+            g.reset()          # the op graph copy holds the tensors from before the move
+        return out
 
     def forward(self, *args, **kwargs):
         gm = self.graph_module
+        glue = self.__dict__.get("_glue")
+        if glue is not None and not glue.failed:
+            state = gm.__dict__
+            if state.get("validate_inputs") is not True:
+                return glue(gm, *args, **kwargs)
+            self._validate(gm, args, kwargs)
+            state["validate_inputs"] = False        # an eager run after a failure: checked here
+            try:
+                return glue(gm, *args, **kwargs)
+            finally:
+                state["validate_inputs"] = True
         if kwargs or gm.__dict__.get("validate_inputs") is not True:
             return gm(*args, **kwargs)
         # torch.export's forward pre-hook checks the inputs' structure and shape
         # constraints on every call (over 100 us of pytree work per forward): what it
         # checks depends on the signature only, so check each signature once
-        sig = tuple((type(a), a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor)
-                    else (type(a), a) for a in args)
         try:
-            seen = sig in self._validated
-        except TypeError:                  # an unhashable argument: check every call
+            self._validate(gm, args, {})
+        except _Unhashable:                # an unhashable argument: checked every call
             return gm(*args)
-        if not seen:
-            _check_input_constraints_pre_hook(gm, args, {})     # raises on a violation
-            if len(self._validated) < 64:
-                self._validated.add(sig)
         state = gm.__dict__          # a plain attribute: skip nn.Module.__setattr__'s cost
         state["validate_inputs"] = False
         try:
             return gm(*args)
         finally:
             state["validate_inputs"] = True
+
+    def _validate(self, gm, args, kwargs) -> None:
+        """torch.export's input check, once per input signature (every call with
+        keyword arguments). Raises what the check raises; _Unhashable when the
+        signature cannot be cached and the caller should let ``gm`` check."""
+        if kwargs:
+            _check_input_constraints_pre_hook(gm, args, kwargs)
+            return
+        sig = tuple((type(a), a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor)
+                    else (type(a), a) for a in args)
+        try:
+            seen = sig in self._validated
+        except TypeError:
+            if self.__dict__.get("_glue") is not None:
+                _check_input_constraints_pre_hook(gm, args, {})
+                return
+            raise _Unhashable() from None
+        if not seen:
+            _check_input_constraints_pre_hook(gm, args, {})     # raises on a violation
+            if len(self._validated) < 64:
+                self._validated.add(sig)
 
     def verify(self, enabled: bool = True) -> "CompiledModel":
         """Verify mode: each region compares its first kernel call with PyTorch and
@@ -198,7 +307,14 @@ class CompiledModel(torch.nn.Module):
     def cuda_graphed(self, max_graphs: int = 8) -> GraphedModel:
         """This model called through whole-model CUDA graphs (runtime/graphed.py):
         one capture per input signature, then input copy + replay + output clone,
-        so the regions' host path is paid once per signature, not per call."""
+        so the regions' host path is paid once per signature, not per call.
+        Raises CutlassOffloadError when the Inductor glue already runs in Inductor's
+        CUDA graphs (mode "reduce-overhead" / "max-autotune"): graphs do not nest."""
+        g = self.__dict__.get("_glue")
+        if g is not None and not g.failed and g.cuda_graphs:
+            raise CutlassOffloadError(
+                f"the Inductor glue (mode={g.mode!r}) already runs in Inductor's CUDA graphs; "
+                "call the model directly, or set_glue('inductor') without CUDA graphs first")
         return GraphedModel(self, max_graphs=max_graphs)
 
     def layout_conversions(self) -> int:

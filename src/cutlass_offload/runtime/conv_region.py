@@ -23,6 +23,7 @@ import torch
 
 from ..ir import ConvKernel, ConvRegion
 from .library import CoConvArgs
+from .ops import channels_last_strides
 from .region import RegionModule
 
 
@@ -81,6 +82,10 @@ class ConvRegionModule(RegionModule):
                                if i is not None)
 
     _out_field = "y"
+
+    def output_strides(self, shape) -> tuple:
+        """The strides of this module's (N, K, P, Q) output: channels_last (NHWC memory)."""
+        return channels_last_strides(shape)
 
     def _ws_key(self, args) -> tuple:
         return (args.n,)

@@ -7,6 +7,7 @@ import torch
 
 from ..ir import GemmKernel, GemmRegion
 from .library import CoGemmArgs
+from .ops import contiguous_strides
 from .region import VERIFY_TOLERANCE, RegionModule  # noqa: F401  (re-exported)
 
 
@@ -38,6 +39,10 @@ class GemmRegionModule(RegionModule):
                                if i is not None)
 
     _out_field = "d"
+
+    def output_strides(self, shape) -> tuple:
+        """The strides of this module's output of ``shape`` (a fresh row-major tensor)."""
+        return contiguous_strides(shape)
 
     def _ws_key(self, args) -> tuple:
         return (args.m, args.n, args.k, args.l)

@@ -16,6 +16,7 @@ from ..ir import GroupNormKernel, GroupNormRegion
 from .conv_region import nhwc
 from .library import CoGroupNormArgs
 from .norm_region import AffineNormModule
+from .ops import channels_last_strides
 
 
 class GroupNormRegionModule(AffineNormModule):
@@ -48,6 +49,10 @@ class GroupNormRegionModule(AffineNormModule):
 
     def _view(self, out):
         return out.permute(0, 3, 1, 2)       # NHWC buffer -> channels_last NCHW
+
+    def output_strides(self, shape) -> tuple:
+        """The strides of this module's (N, C, H, W) output: channels_last (NHWC memory)."""
+        return channels_last_strides(shape)
 
     def _map_general(self, xs):
         x = xs[self._ix]

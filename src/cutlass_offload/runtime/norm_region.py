@@ -10,6 +10,7 @@ import torch
 
 from ..ir import NormKernel, NormRegion
 from .library import CoNormArgs
+from .ops import contiguous_strides
 from .region import RegionModule
 
 
@@ -110,6 +111,9 @@ class NormRegionModule(AffineNormModule):
     def _out_shape(self, out, args) -> tuple:
         return tuple(out.shape)
 
+    def output_strides(self, shape) -> tuple:
+        """The strides of this module's output of ``shape`` (a fresh row-major tensor)."""
+        return contiguous_strides(shape)
 
     def _map_general(self, xs):
         x = xs[self._ix]

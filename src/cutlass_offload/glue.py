@@ -1,0 +1,272 @@
+"""Inductor compiles the glue: everything around the offloaded regions.
+
+With eager glue every op that is not offloaded runs as its own PyTorch kernel
+(llama's RoPE alone is ~160 elementwise launches per forward). With Inductor
+glue the offloaded graph, its regions as ``torch.ops.cutlass_offload.region``
+calls (runtime/ops.py: opaque extern kernels to Inductor), is compiled by
+``torch.compile(backend="inductor")``: the glue becomes fused Triton kernels,
+and ``mode="reduce-overhead"`` puts the whole forward, regions included, in
+Inductor's CUDA graphs.
+
+* ``ops_graph(gm)``: a copy of an offloaded GraphModule whose region modules are
+  op calls (the region modules are shared, not copied);
+* ``InductorGlue``: that copy under torch.compile, compiled on its first call
+  (Dynamo guards recompile on new shapes; the dims the exported program has
+  dynamic are marked dynamic from the first call, so a second batch size reuses
+  the compiled graph);
+* ``resolve_glue``: what "auto" means here.
+
+Glue choices: "inductor", "eager", or "auto" (the default: Inductor when a CUDA
+GPU and Triton are present, else eager; if Inductor then fails to compile the
+graph, a warning and eager glue for good).
+"""
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_leaves
+
+GLUES = ("auto", "inductor", "eager")
+
+
+def inductor_available() -> bool:
+    """Whether Inductor can compile CUDA glue here: a visible GPU and Triton."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        from torch.utils._triton import has_triton
+        return bool(has_triton())
+    except ImportError:
+        return False
+
+
+def resolve_glue(glue: str | None) -> str:
+    """"inductor" or "eager" from a glue choice (None means "auto").
+
+    Raises ValueError for an unknown choice.
+    """
+    glue = glue or "auto"
+    if glue not in GLUES:
+        raise ValueError(f"glue must be one of {', '.join(GLUES)}, got {glue!r}")
+    if glue == "auto":
+        return "inductor" if inductor_available() else "eager"
+    return glue
+
+
+def mode_options(mode: str | None, options: dict | None) -> dict:
+    """Inductor config patches of a torch.compile ``mode`` plus explicit ``options``
+    (as torch.compile merges them). Raises ValueError for an unknown mode or option."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor import list_mode_options
+    patches = {}
+    if mode and mode != "default":
+        try:
+            patches.update(list_mode_options(mode))
+        except RuntimeError as e:
+            raise ValueError(str(e)) from None
+    known = inductor_config.get_config_copy()
+    for key, val in (options or {}).items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ValueError(f"unknown Inductor option {key!r}")
+        patches[name] = val
+    return patches
+
+
+def uses_cuda_graphs(mode: str | None, options: dict | None) -> bool:
+    """Whether Inductor runs the compiled graph in CUDA graphs under this mode/options."""
+    return bool(mode_options(mode, options).get("triton.cudagraphs", False))
+
+
+def _input_values(gm: fx.GraphModule, node: fx.Node) -> list:
+    vals = []
+    for a in node.args:
+        v = a.meta.get("val") if isinstance(a, fx.Node) else a
+        if v is None and isinstance(a, fx.Node) and a.op == "get_attr":
+            v = _attr(gm, a.target)
+        vals.append(v)
+    return vals
+
+
+def _attr(gm, target):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class OpsGraph:
+    """A copy of an offloaded GraphModule with its regions as op calls.
+
+    graph_module: the copy (shares parameters, buffers and region modules).
+    entries: the runtime/ops.py registry entries its op calls name (keep this
+      object alive while the graph may run). inlined: names of regions whose inputs
+      the op cannot express (a non-int scalar): their PyTorch subgraph is inlined
+      instead, so Inductor compiles it with the rest.
+    """
+
+    def __init__(self, graph_module, entries, inlined):
+        self.graph_module, self.entries, self.inlined = graph_module, entries, inlined
+
+
+def ops_graph(gm: fx.GraphModule) -> OpsGraph:
+    """``gm`` (an offloaded GraphModule: runtime/compiled_model.offload) with each
+    region module call replaced by ``torch.ops.cutlass_offload.region`` on the
+    region's registered key. torch.export's in-graph input guard (``_guards_fn``)
+    is left out: CompiledModel checks each input signature once before the call.
+    ``gm`` is not modified."""
+    from .runtime.ops import input_kinds, register, region_op
+    from .runtime.region import RegionModule
+    op = region_op()
+    graph = fx.Graph()
+    graph._codegen = gm.graph._codegen       # the pytree in/out handling of exported modules
+    env, entries, inlined = {}, [], []
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            mod = gm.get_submodule(n.target)
+            if isinstance(mod, RegionModule):
+                kinds = input_kinds(_input_values(gm, n))
+                if kinds is None:
+                    env[n] = _inline(graph, mod.fallback, [env[a] for a in n.args])
+                    inlined.append(mod.region.name)
+                    continue
+                entry = register(mod, kinds)
+                entries.append(entry)
+                tensors = [env[a] for a, k in zip(n.args, kinds) if k == "tensor"]
+                ints = [env[a] if isinstance(a, fx.Node) else a for a, k in zip(n.args, kinds) if k == "int"]
+                env[n] = graph.call_function(op, (tensors, ints, entry.key))
+                continue
+            if n.target.startswith("_guards_fn") and not n.users:
+                continue
+        env[n] = graph.node_copy(n, lambda x: env[x])
+    out = fx.GraphModule(gm, graph)
+    for attr in ("_in_spec", "_out_spec"):
+        if attr in gm.__dict__:
+            setattr(out, attr, gm.__dict__[attr])
+    return OpsGraph(out, entries, inlined)
+
+
+def _inline(graph: fx.Graph, sub: fx.GraphModule, args: list):
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    val_map = dict(zip(placeholders, args))
+    return graph.graph_copy(sub.graph, val_map)
+
+
+def dynamic_dims(gm: fx.GraphModule) -> list:
+    """Per flat input of ``gm`` (its placeholders, in order): the dims that are
+    symbolic in the graph (torch.export's dynamic dims), or () for none / a non-tensor."""
+    dims = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            dims.append(tuple(i for i, d in enumerate(v.shape) if isinstance(d, torch.SymInt)))
+        else:
+            dims.append(())
+    return dims
+
+
+class InductorGlue:
+    """An offloaded GraphModule called through torch.compile(backend="inductor").
+
+    gm: the offloaded GraphModule (region modules as call_module). mode / options:
+    as ``torch.compile`` takes them (mode "reduce-overhead" and "max-autotune" run
+    the compiled forward in Inductor's CUDA graphs). fallback_to_eager: when
+    Dynamo or Inductor fails to compile, warn and run ``gm`` (eager glue) from then
+    on instead of raising (``failed`` says why); errors raised by the model itself
+    are raised either way.
+
+    Call it as ``glue(gm, *args, **kwargs)``: ``gm`` is what runs after a failure.
+    Calls run under ``torch.no_grad()`` (offloaded regions have no backward). The
+    copy with op calls and its torch.compile are made on the first call, and again
+    after ``reset()`` (CompiledModel calls it when the model is moved, so the copy
+    sees the moved tensors).
+
+    Raises ValueError for an unknown mode or option.
+    """
+
+    def __init__(self, gm: fx.GraphModule, mode: str | None = None, options: dict | None = None,
+                 fallback_to_eager: bool = False):
+        self.mode, self.options = mode, dict(options or {})
+        self.cuda_graphs = uses_cuda_graphs(mode, self.options)    # validates both
+        self.fallback_to_eager = fallback_to_eager
+        self.failed = None
+        self._source = gm
+        self._dynamic = dynamic_dims(gm)
+        self._lock = threading.Lock()
+        self._state = None          # (compiled callable, OpsGraph)
+        self._marked = False
+        self.first_call_s = None    # seconds of the first call (Dynamo + Inductor compile)
+
+    @property
+    def inlined(self) -> list:
+        return self._state[1].inlined if self._state is not None else []
+
+    def reset(self) -> None:
+        """Drop the compiled glue; the next call compiles again (Inductor's caches
+        may serve it)."""
+        with self._lock:
+            self._state, self._marked = None, False
+
+    def _compiled(self):
+        with self._lock:
+            if self._state is None:
+                og = ops_graph(self._source)
+                fn = torch.compile(og.graph_module, backend="inductor", mode=self.mode,
+                                   options=self.options or None)
+                self._state = (fn, og)
+            return self._state[0]
+
+    def _mark_dynamic(self, args, kwargs):
+        """Mark the exported program's dynamic dims on this call's inputs (first call
+        only: Dynamo remembers), so the first compile is already dynamic in them."""
+        self._marked = True
+        leaves = tree_leaves((list(args), kwargs))
+        if len(leaves) != len(self._dynamic):
+            return
+        for t, dims in zip(leaves, self._dynamic):
+            if dims and isinstance(t, torch.Tensor):
+                for d in dims:
+                    if t.shape[d] > 1:        # 0 and 1 are specialized by Dynamo anyway
+                        torch._dynamo.maybe_mark_dynamic(t, d)
+
+    def __call__(self, gm, *args, **kwargs):
+        if self.failed:
+            return gm(*args, **kwargs)
+        fn = self._compiled()
+        first = not self._marked
+        if first:
+            self._mark_dynamic(args, kwargs)
+        t0 = time.perf_counter()
+        try:
+            with torch.no_grad():
+                out = fn(*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as e:
+            if not self.fallback_to_eager:
+                raise
+            self.failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            warnings.warn(f"cutlass_offload: Inductor could not compile the glue ({self.failed}); "
+                          "the model runs with eager glue", RuntimeWarning, stacklevel=3)
+            return gm(*args, **kwargs)
+        if first:
+            self.first_call_s = time.perf_counter() - t0
+        return out
+
+
+def check_glue_args(glue: str | None, mode: str | None, options: dict | None) -> None:
+    """Raise ValueError for an unknown glue / mode / option, or mode / options with
+    eager glue."""
+    if glue is not None and glue not in GLUES:
+        raise ValueError(f"glue must be one of {', '.join(GLUES)}, got {glue!r}")
+    if (mode not in (None, "default") or options) and glue == "eager":
+        raise ValueError("mode and options configure Inductor: they need glue='inductor' or 'auto'")
+    mode_options(mode, options)
+
+
+__all__ = ["GLUES", "InductorGlue", "OpsGraph", "check_glue_args", "dynamic_dims", "inductor_available",
+           "mode_options", "ops_graph", "resolve_glue", "uses_cuda_graphs"]

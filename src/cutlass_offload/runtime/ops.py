@@ -1,0 +1,230 @@
+"""An offloaded region as a PyTorch operator: ``torch.ops.cutlass_offload.region``.
+
+    region(Tensor[] tensors, SymInt[] ints, str key) -> Tensor
+
+One generic op for every region, so that torch.compile / Inductor treat a region
+as an opaque extern kernel and compile the PyTorch glue around it (glue.py,
+backend.py). ``key`` names a registered region module (``register``); ``tensors``
+and ``ints`` are its inputs (tensors, and the SymInts a region reads under dynamic
+shapes), split by kind. The op:
+
+* real impl (CPU and CUDA dispatch keys): calls the region module, so the C++
+  call path, the Python mapping and the PyTorch fallback subgraph all keep
+  working; launches on the current CUDA stream; returns a fresh tensor (never an
+  alias of an input) with exactly the strides the fake impl promised (a cheap
+  check, and a copy if a fallback produced another layout);
+* fake impl: the region's fallback subgraph run on the fake inputs gives the
+  output's shape and dtype (symbolic shapes included); its strides are the
+  region module's own layout (``RegionModule.output_strides``: channels_last for
+  conv and group norm, the attention region's out_layout, contiguous otherwise).
+  Inductor lays out the buffers after the op from these strides, so they must be
+  the real ones;
+* tagged ``needs_exact_strides``: Inductor hands the op its inputs with the
+  strides they had when traced (what the kernels were chosen for), never a
+  padded or re-ordered copy.
+
+Keys are deterministic: a digest of the region, its kernel, its fallback code,
+the module kind and ``LAYOUT_VERSION``, then the region's name, so Inductor's
+FX-graph cache serves the same compiled glue to a later process that loads the
+same library, and never confuses two libraries or two kernel choices. A second
+live module with the same key (the same library loaded twice) gets ``#1``,
+``#2``, ... appended. The registry holds its entries weakly: whoever holds the
+compiled glue holds its ``RegionEntry`` objects (glue.py, backend.py).
+
+``region_op()`` defines the op (once per process, on first use: importing this
+module has no side effect).
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+import weakref
+
+import torch
+
+from ..errors import CutlassOffloadError
+
+NAMESPACE = "cutlass_offload"
+OP_NAME = "region"
+SCHEMA = f"{OP_NAME}(Tensor[] tensors, SymInt[] ints, str key) -> Tensor"
+# part of every key: bump when a region module's output layout rule changes, so a
+# glue graph compiled (and cached by Inductor) under the old rule is not reused
+LAYOUT_VERSION = 1
+MAX_STRIDE_CACHE = 64
+
+_registry: "weakref.WeakValueDictionary[str, RegionEntry]" = weakref.WeakValueDictionary()
+_registry_lock = threading.Lock()
+
+
+class RegionEntry:
+    """What the op calls for one key.
+
+    module: the RegionModule. order: None when the module's inputs are exactly the
+    op's ``tensors`` in order, else one ``(is_tensor, index)`` per module input,
+    picking from ``tensors`` or ``ints``.
+    """
+
+    __slots__ = ("module", "order", "key", "_strides", "__weakref__")
+
+    def __init__(self, module, order, key):
+        self.module, self.order, self.key = module, order, key
+        self._strides = {}
+
+    def inputs(self, tensors, ints) -> list:
+        if self.order is None:
+            return tensors
+        return [tensors[i] if is_tensor else ints[i] for is_tensor, i in self.order]
+
+    def strides(self, shape) -> tuple:
+        """The module's output strides for an output of ``shape`` (cached)."""
+        hit = self._strides.get(shape)
+        if hit is None:
+            hit = tuple(self.module.output_strides(tuple(shape)))
+            if len(self._strides) < MAX_STRIDE_CACHE:
+                self._strides[tuple(shape)] = hit
+        return hit
+
+
+def contiguous_strides(shape) -> tuple:
+    """Row-major strides of ``shape`` (ints or SymInts), as ``torch.empty`` gives them."""
+    strides, acc = [], 1
+    for d in reversed(tuple(shape)):
+        strides.append(acc)
+        acc = acc * (max(d, 1) if isinstance(d, int) else d)
+    return tuple(reversed(strides))
+
+
+def channels_last_strides(shape) -> tuple:
+    """Strides of a 4-D (N, C, H, W) tensor stored NHWC (channels_last)."""
+    n, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
+
+
+def region_digest(module) -> str:
+    """16 hex digits that change with anything that changes what the region
+    computes, which kernel runs it, or the layout it returns."""
+    h = hashlib.sha256()
+    for part in (type(module).__name__, repr(module.region), repr(module.kernel),
+                 module.fallback.code, str(LAYOUT_VERSION)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def input_kinds(values) -> list | None:
+    """Per region input (the ``meta['val']`` of its input nodes): "tensor" or "int";
+    None when one is neither (a region the op cannot express)."""
+    kinds = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            kinds.append("tensor")
+        elif isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool):
+            kinds.append("int")
+        else:
+            return None
+    return kinds
+
+
+def register(module, kinds) -> RegionEntry:
+    """Register ``module`` under a fresh key; ``kinds`` ("tensor" / "int" per input,
+    see ``input_kinds``). Returns the entry, which the caller must keep alive as
+    long as graphs calling the key may run."""
+    order, nt, ni = [], 0, 0
+    for k in kinds:
+        if k == "tensor":
+            order.append((True, nt))
+            nt += 1
+        elif k == "int":
+            order.append((False, ni))
+            ni += 1
+        else:
+            raise ValueError(f"unknown input kind {k!r}")
+    plain = all(is_tensor for is_tensor, _ in order)
+    base = f"{region_digest(module)}/{module.region.name}"
+    with _registry_lock:
+        key, n = base, 0
+        while key in _registry:
+            n += 1
+            key = f"{base}#{n}"
+        entry = RegionEntry(module, None if plain else tuple(order), key)
+        _registry[key] = entry
+    return entry
+
+
+def lookup(key: str) -> RegionEntry:
+    """The live entry of ``key``. Raises CutlassOffloadError when there is none
+    (its model was freed, or the graph comes from another process's registry)."""
+    entry = _registry.get(key)
+    if entry is None:
+        raise CutlassOffloadError(
+            f"cutlass_offload::region: no region module is registered as {key!r} (the "
+            "compiled model that owned it was freed, or this graph was compiled elsewhere)")
+    return entry
+
+
+def _same_layout(shape, a, b) -> bool:
+    # strides of size-1 dims do not matter (Inductor's own stride asserts skip them)
+    return all(x == y for s, x, y in zip(shape, a, b) if s != 1)
+
+
+def _run(tensors, ints, key):
+    """The real impl: the region module's call, in the promised layout, fresh."""
+    entry = lookup(key)
+    mod = entry.module
+    before = mod.fallback_calls
+    out = mod(*entry.inputs(tensors, ints))
+    shape = out.shape
+    want = entry.strides(shape)
+    got = out.stride()
+    if got != want and not _same_layout(shape, got, want):
+        return torch.empty_strided(shape, want, dtype=out.dtype, device=out.device).copy_(out)
+    if mod.fallback_calls != before and out.numel():
+        # PyTorch's subgraph ran: it may hand back a view of an input
+        base = out.untyped_storage().data_ptr()
+        if any(t.numel() and t.untyped_storage().data_ptr() == base for t in tensors):
+            return torch.empty_strided(shape, want, dtype=out.dtype, device=out.device).copy_(out)
+    return out
+
+
+def _fake(tensors, ints, key):
+    """The fake impl: shape and dtype from the fallback subgraph on the fake inputs,
+    strides from the region module."""
+    entry = lookup(key)
+    out = entry.module.fallback(*entry.inputs(tensors, ints))
+    return out.new_empty_strided(out.shape, entry.module.output_strides(tuple(out.shape)))
+
+
+_op_state = {"lib": None, "op": None}
+_define_lock = threading.Lock()
+
+
+def region_op():
+    """``torch.ops.cutlass_offload.region.default``, defined on first use."""
+    op = _op_state["op"]
+    if op is None:
+        with _define_lock:
+            if _op_state["op"] is None:
+                _op_state["lib"], _op_state["op"] = _define()
+            op = _op_state["op"]
+    return op
+
+
+def _define():
+    if _has_op():                 # defined by another copy of this module (a reload)
+        return None, getattr(getattr(torch.ops, NAMESPACE), OP_NAME).default
+    lib = torch.library.Library(NAMESPACE, "FRAGMENT")
+    lib.define(SCHEMA, tags=(torch.Tag.needs_exact_strides,))
+    # backend keys only (no CompositeExplicitAutograd): the fake impl serves Meta and
+    # FakeTensor, and a call skips no more of the dispatcher than it must
+    for key in ("CPU", "CUDA"):
+        lib.impl(OP_NAME, _run, key)
+    torch.library.register_fake(f"{NAMESPACE}::{OP_NAME}", _fake, lib=lib)
+    return lib, getattr(getattr(torch.ops, NAMESPACE), OP_NAME).default
+
+
+def _has_op() -> bool:
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{OP_NAME}", "CPU")
+    except RuntimeError:
+        return False
+

@@ -1,0 +1,203 @@
+"""GPU: the Inductor glue (regions as opaque custom ops inside torch.compile).
+
+One fp16 model with a region of every kind (GEMM + epilogue, layer norm, SDPA in
+both output layouts, conv2d, group norm + SiLU) and glue between them, compiled
+once per glue mode; each check uses fresh random inputs, a poisoned allocator
+and a float32 reference. Also: the real kernels' output strides against the
+fake impl's, Inductor's CUDA graphs (reduce-overhead), a dynamic batch at a
+second size, the torch.compile backend, and loading a saved folder without any
+nvcc build."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import cutlass_offload as co
+from cutlass_offload.runtime import ops
+from helpers import TOLERANCE, poison_allocator, rel_err
+
+pytestmark = pytest.mark.gpu
+H = torch.float16
+
+
+class AllKinds(nn.Module):
+    def __init__(self, d=128, heads=4, c=32):
+        super().__init__()
+        self.heads = heads
+        self.lin = nn.Linear(d, d)
+        self.ln = nn.LayerNorm(d)
+        self.out = nn.Linear(d, d)
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.gn = nn.GroupNorm(8, c)
+
+    def forward(self, x, img):
+        b, s, d = x.shape
+        h = self.ln(F.gelu(self.lin(x)) + x)
+        q = (h * 0.5).view(b, s, self.heads, d // self.heads).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, q.sin(), q.cos()).transpose(1, 2).reshape(b, s, d)
+        st = F.scaled_dot_product_attention(q.cos(), q, q).amax(dim=1)       # read as (B, H, L, E)
+        y = torch.tanh(self.out(a)) * 2 + st.sum(-1, keepdim=True)
+        z = F.silu(self.gn(self.conv(img.cos()))) + 1
+        return y, z
+
+
+def _inputs(batch=4, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(batch, 32, 128, generator=g, device="cuda").to(H)
+    img = torch.randn(batch, 32, 16, 16, generator=g, device="cuda").to(H)
+    return x, img.contiguous(memory_format=torch.channels_last)
+
+
+@pytest.fixture(scope="module")
+def eager():
+    torch.manual_seed(0)
+    return AllKinds().to("cuda", H).to(memory_format=torch.channels_last).eval()
+
+
+@pytest.fixture(scope="module")
+def reference(eager):
+    ref = copy.deepcopy(eager).float()
+    return lambda *xs: ref(*(x.float() for x in xs))
+
+
+def _check(out, ref):
+    for o, r in zip(out, ref):
+        assert o.dtype == H and torch.isfinite(o).all()
+        assert rel_err(o, r) < TOLERANCE[H], rel_err(o, r)
+
+
+@pytest.fixture(scope="module")
+def compiled(eager):
+    torch._dynamo.reset()
+    m = co.compile(eager, _inputs(), glue="inductor", dynamic_batch=True)
+    yield m
+    torch._dynamo.reset()
+
+
+def test_every_kind_offloaded_and_built_beside_the_glue(compiled):
+    forms = sorted(r.form for r in compiled.plan.regions)
+    assert forms == ["conv2d", "group_norm", "layer_norm", "linear", "linear", "sdpa", "sdpa"]
+    assert compiled.plan.fallbacks == ()
+    assert compiled.glue == "inductor"
+    assert "glue: compile + first call" in compiled.report.phases
+    assert "build (beside the glue)" in compiled.report.phases
+
+
+def test_inductor_glue_matches_fp32_on_fresh_inputs(compiled, reference):
+    with torch.no_grad():
+        for seed in (1, 2):
+            x = _inputs(seed=seed)
+            poison_allocator()
+            before = {m.region.name: m.calls for m in compiled.region_modules()}
+            out = compiled(*x)
+            _check(out, reference(*x))
+            for m in compiled.region_modules():
+                assert m.calls == before[m.region.name] + 1, m.region.name
+    assert sum(m.fallback_calls for m in compiled.region_modules()) == 0
+    assert compiled.layout_conversions() == 0
+
+
+def test_second_batch_size_without_recompiling(compiled, reference):
+    g0 = counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        for batch in (7, 2):
+            x = _inputs(batch, seed=batch)
+            poison_allocator()
+            _check(compiled(*x), reference(*x))
+    assert counters["stats"]["unique_graphs"] == g0
+
+
+def test_kernel_outputs_have_the_fake_impls_strides(compiled):
+    """The strides Inductor planned with (the fake impl) are the ones the real
+    kernels return, before the op's safety copy."""
+    seen = {}
+
+    def hook(mod, xs, out):
+        seen.setdefault(mod, (xs, out))
+    handles = [m.register_forward_hook(hook) for m in compiled.region_modules()]
+    try:
+        with torch.no_grad():
+            compiled(*_inputs(seed=3))
+    finally:
+        for h in handles:
+            h.remove()
+    assert len(seen) == len(compiled.plan.regions)
+    mode = FakeTensorMode()
+    for m, (xs, out) in seen.items():
+        e = ops.register(m, ["tensor"] * len(xs))
+        with mode:
+            fake = ops.region_op()([mode.from_tensor(x) for x in xs], [], e.key)
+        assert tuple(fake.shape) == tuple(out.shape), m.region.name
+        assert [s for d, s in zip(out.shape, out.stride()) if d != 1] == \
+            [s for d, s in zip(fake.shape, fake.stride()) if d != 1], m.region.name
+
+
+def test_reduce_overhead_runs_in_inductor_cuda_graphs(eager, reference):
+    torch._dynamo.reset()
+    m = co.compile(eager, _inputs(), glue="inductor", mode="reduce-overhead")
+    assert m.inductor.cuda_graphs
+    with torch.no_grad():
+        outs = []
+        for seed in range(4, 9):                  # warm-up, record, then replays
+            x = _inputs(seed=seed)
+            poison_allocator()
+            out = [o.clone() for o in m(*x)]
+            outs.append((out, reference(*x)))
+        for out, ref in outs:
+            _check(out, ref)
+    with pytest.raises(co.CutlassOffloadError):
+        m.cuda_graphed()
+    torch._dynamo.reset()
+
+
+def test_torch_compile_backend_with_mode(eager, reference):
+    torch._dynamo.reset()
+    be = co.make_backend()
+    fast = torch.compile(eager, backend=be, mode="reduce-overhead")
+    with torch.no_grad():
+        for batch, seed in ((4, 10), (4, 11), (4, 12), (6, 13)):
+            x = _inputs(batch, seed)
+            poison_allocator()
+            out = [o.clone() for o in fast(*x)]
+            _check(out, reference(*x))
+    c = be.compiled[0]
+    kinds = {r.form for r in c.plan.regions}
+    assert {"addmm", "layer_norm", "sdpa", "conv2d", "group_norm"} <= kinds, kinds
+    assert sum(m.fallback_calls for m in c.region_modules()) == 0
+    torch._dynamo.reset()
+
+
+def test_backend_by_name(eager, reference):
+    if "cutlass_offload" not in torch._dynamo.list_backends(exclude_tags=()):
+        pytest.skip("the torch_dynamo_backends entry point is not installed (pip install -e .)")
+    torch._dynamo.reset()
+    fast = torch.compile(eager, backend="cutlass_offload")
+    with torch.no_grad():
+        x = _inputs(seed=14)
+        poison_allocator()
+        _check(fast(*x), reference(*x))
+    torch._dynamo.reset()
+
+
+def test_load_saved_folder_without_building(eager, reference, tmp_path, monkeypatch):
+    torch._dynamo.reset()
+    out_dir = tmp_path / "m"
+    co.compile(eager, _inputs(), glue="inductor", out_dir=out_dir)
+    from cutlass_offload import api, build
+
+    def no_build(*a, **k):
+        raise AssertionError("load must not build")
+    monkeypatch.setattr(build, "build", no_build)
+    monkeypatch.setattr(api.build_stage, "build", no_build)
+    m, _, _ = co.load(out_dir, device="cuda")
+    assert m.glue == "inductor"
+    with torch.no_grad():
+        x = _inputs(seed=15)
+        poison_allocator()
+        _check(m(*x), reference(*x))
+    assert sum(r.fallback_calls for r in m.region_modules()) == 0
+    torch._dynamo.reset()

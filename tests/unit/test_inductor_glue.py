@@ -1,0 +1,203 @@
+"""Inductor glue without a GPU: the offloaded graph with its regions as custom-op
+calls, compiled by Inductor for the CPU, regions running their PyTorch fallback
+(glue_helpers.regions_on_cpu); the torch.compile backend's AOT path; the library
+build beside the glue compile."""
+import threading
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import cutlass_offload as co
+from cutlass_offload import api, glue
+from cutlass_offload.runtime import ops
+from glue_helpers import FiveKinds, assert_close, five_kinds_inputs, offloaded, regions_on_cpu
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def test_ops_graph_replaces_every_region_and_keeps_the_rest(monkeypatch):
+    model = offloaded()
+    og = glue.ops_graph(model.graph_module)
+    op = ops.region_op()
+    nodes = list(og.graph_module.graph.nodes)
+    assert sum(n.target is op for n in nodes) == len(model.plan.regions)
+    assert not any(n.op == "call_module" for n in nodes)
+    assert {e.module.region.name for e in og.entries} == {r.name for r in model.plan.regions}
+    assert all(n.args[2] == e.key for n, e in zip([n for n in nodes if n.target is op], og.entries))
+    assert og.inlined == []
+    calls = regions_on_cpu(monkeypatch)
+    x = five_kinds_inputs()
+    with torch.no_grad():
+        assert_close(og.graph_module(*x), model.graph_module(*x))
+    assert len(calls) == 2 * len(model.plan.regions)      # eager graph + op graph
+
+
+def test_ops_graph_inlines_a_region_the_op_cannot_express(monkeypatch):
+    model = offloaded()
+    gm = model.graph_module
+    first = next(gm.get_submodule(n.target).region.name for n in gm.graph.nodes if n.op == "call_module"
+                 and hasattr(gm.get_submodule(n.target), "region"))
+    real = ops.input_kinds
+    seen = []
+
+    def kinds(values):
+        seen.append(1)
+        return None if len(seen) == 1 else real(values)      # the first region: "a float input"
+    monkeypatch.setattr(ops, "input_kinds", kinds)
+    og = glue.ops_graph(model.graph_module)
+    assert og.inlined == [first]
+    assert len(og.entries) == len(model.plan.regions) - 1
+    regions_on_cpu(monkeypatch)
+    x = five_kinds_inputs()
+    with torch.no_grad():
+        assert_close(og.graph_module(*x), model.graph_module(*x))
+
+
+def test_inductor_glue_calls_regions_and_keeps_a_dynamic_batch(monkeypatch):
+    torch.manual_seed(0)
+    eager = FiveKinds().eval()
+    model = offloaded(eager, five_kinds_inputs(3), dynamic_batch=True)
+    calls = regions_on_cpu(monkeypatch)
+    model.set_glue("inductor")
+    assert model.glue == "inductor" and model.inductor.cuda_graphs is False
+    g0 = _graphs()
+    for batch, seed in ((3, 1), (5, 2), (3, 3)):
+        x = five_kinds_inputs(batch, seed)
+        n = len(calls)
+        out = model(*x)
+        with torch.no_grad():
+            assert_close(out, eager(*x))
+        assert len(calls) - n == len(model.plan.regions)     # each region ran once, through the op
+    assert _graphs() - g0 == 1           # compiled once, dynamic in the batch from the first call
+    assert model.inductor.first_call_s is not None
+    assert not out[0].requires_grad      # run under no_grad
+
+
+def test_static_model_rejects_another_shape_before_inductor(monkeypatch):
+    model = offloaded()
+    regions_on_cpu(monkeypatch)
+    model.set_glue("inductor")
+    model(*five_kinds_inputs(2))
+    with pytest.raises(Exception, match="2|dim|size|shape"):
+        model(*five_kinds_inputs(3))
+
+
+def test_glue_is_compiled_again_after_the_model_moves(monkeypatch):
+    model = offloaded()
+    regions_on_cpu(monkeypatch)
+    model.set_glue("inductor")
+    x = five_kinds_inputs()
+    model(*x)
+    fn = model.inductor._state[0]
+    model.to(torch.float32)                         # _apply: tensors may be new objects
+    assert model.inductor._state is None
+    model(*x)
+    assert model.inductor._state[0] is not fn
+
+
+class _FakeBuild:
+    """api._PendingBuild stand-in: 'builds' in a thread that only finishes once the
+    glue compile has started (so a compile that waited for the build would hang);
+    reports ``dropped`` regions as failed."""
+    instances = []
+
+    def __init__(self, plan, options, dropped=()):
+        self.plan, self.dropped = plan, list(dropped)
+        self.compile_started = threading.Event()
+        self.done = threading.Event()
+        self.seconds = 0.0
+        self.failed = None
+        _FakeBuild.instances.append(self)
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        ok = self.compile_started.wait(timeout=300)
+        self.ok = ok
+        self.done.set()
+
+    def result(self):
+        assert self.done.wait(timeout=600)
+        from cutlass_offload.build.result import BuildResult
+        from dataclasses import replace
+        kept = tuple((r, k) for r, k in zip(self.plan.regions, self.plan.kernels) if r.name not in self.dropped)
+        plan = replace(self.plan, regions=tuple(r for r, _ in kept), kernels=tuple(k for _, k in kept))
+        return BuildResult(library=None, plan=plan, strategy="sharded", seconds=0.0, jobs=1)
+
+    def library(self):
+        self.result()
+        return None, self.dropped
+
+
+class _InstantBuild(_FakeBuild):
+    def _run(self):
+        self.ok = True
+        self.done.set()
+
+
+def test_library_builds_beside_the_glue_compile(monkeypatch):
+    _FakeBuild.instances.clear()
+    calls = regions_on_cpu(monkeypatch)
+    dropped = []
+    monkeypatch.setattr(api, "_PendingBuild", lambda plan, options: _FakeBuild(plan, options, dropped))
+    monkeypatch.setattr(api, "_warm_inputs", lambda inputs, options, spec: tuple(inputs))
+    real_compiled = glue.InductorGlue._compiled
+
+    def compiled(self):
+        _FakeBuild.instances[-1].compile_started.set()     # the build is still running here
+        return real_compiled(self)
+    monkeypatch.setattr(glue.InductorGlue, "_compiled", compiled)
+    eager = FiveKinds().eval()
+    x = five_kinds_inputs()
+    dropped.append("region4_linear_bias")
+    model = co.compile(eager, x, arch="sm_90a", allow_tf32=True, glue="inductor")
+    build = _FakeBuild.instances[-1]
+    assert build.ok                      # it finished because the glue compile had started
+    assert len(calls) == len(build.plan.regions)           # the warm-up call ran every region
+    assert "region4_linear_bias" not in {r.name for r in model.plan.regions}
+    disabled = {m.region.name: m.disabled for m in model.region_modules() if m.disabled}
+    assert list(disabled) == ["region4_linear_bias"]
+    assert model.report.glue["glue"] == "inductor"
+    assert "glue: compile + first call" in model.report.phases
+    with torch.no_grad():
+        assert_close(model(*five_kinds_inputs(2, 5)), eager(*five_kinds_inputs(2, 5)))
+
+
+def test_backend_offloads_aot_forms_and_restores_the_rest(monkeypatch):
+    """Under torch.compile the partitioner sees AOTAutograd's graph: addmm,
+    native_layer_norm, the SDPA backend op and native_group_norm. An attention
+    it cannot offload (head dim 6) goes back to AOTAutograd's op."""
+    calls = regions_on_cpu(monkeypatch)
+    monkeypatch.setattr(api, "_PendingBuild", _InstantBuild)
+
+    class WithOdd(FiveKinds):
+        def forward(self, x, img):
+            y, z = super().forward(x, img)
+            q = x[:, :, :12].reshape(x.shape[0], 16, 2, 6).transpose(1, 2)
+            return y + torch.nn.functional.scaled_dot_product_attention(q, q, q).mean(1).sum(-1, keepdim=True), z
+
+    torch.manual_seed(0)
+    eager = WithOdd().eval()
+    be = co.make_backend(arch="sm_90a", allow_tf32=True, glue="inductor")
+    fast = torch.compile(eager, backend=be)
+    with torch.no_grad():
+        for batch, seed in ((2, 1), (4, 2)):
+            x = five_kinds_inputs(batch, seed)
+            assert_close(fast(*x), eager(*x))
+    compiled = be.compiled[0]
+    forms = sorted(r.form for r in compiled.plan.regions)
+    assert forms == ["addmm", "addmm", "conv2d", "group_norm", "layer_norm", "sdpa", "sdpa"]
+    reasons = [f.reason for f in compiled.plan.fallbacks]
+    assert any("head" in r for r in reasons), reasons
+    g = compiled.report.glue
+    assert g["restored"] == 1 and sum(g["composite_forms"].values()) == 4
+    assert len(calls) >= 2 * 7

@@ -1,0 +1,109 @@
+"""benchmarks/runtime.py's flow without a GPU: the steps of a model (ours with
+Inductor glue plain and reduce-overhead, ours with eager glue), the JSON written
+after each, --budget-s stopping between steps and --resume finishing the rest.
+CUDA timing is replaced by wall-clock timing on CPU, the model by glue_helpers'
+FiveKinds, the library build by nothing (regions run their PyTorch fallback)."""
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import cutlass_offload as co
+from cutlass_offload import api, glue
+from glue_helpers import FiveKinds, five_kinds_inputs, regions_on_cpu
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import runtime  # noqa: E402
+
+
+class _NoBuild:
+    def __init__(self, plan, options):
+        self.plan, self.seconds, self.failed = plan, 0.0, None
+
+    def result(self):
+        from cutlass_offload.build.result import BuildResult
+        return BuildResult(library=None, plan=self.plan, strategy="sharded", seconds=0.0, jobs=1)
+
+    def library(self):
+        return None, []
+
+
+@pytest.fixture
+def cpu_run(monkeypatch):
+    real_available = torch.cuda.is_available
+
+    def available():          # "a GPU" for runtime.main's check only
+        return inspect.stack()[1].filename.endswith("runtime.py") or real_available()
+    monkeypatch.setattr(torch.cuda, "is_available", available)
+    for name, value in (("synchronize", lambda *a: None), ("empty_cache", lambda: None),
+                        ("get_device_name", lambda *a: "CPU")):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+
+    def wall_ms(fn, reps, warmup=1):
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) / reps * 1e3
+    monkeypatch.setattr(runtime, "events_ms", wall_ms)
+    monkeypatch.setattr(runtime, "_graph_or_reason", lambda fn, calls, reps: (None, "CPU"))
+    monkeypatch.setattr(runtime, "measure_peaks", lambda reps: {"tflops": 1.0, "gbps": 1.0})
+    monkeypatch.setattr(runtime, "host_overheads", lambda groups, rows: [])
+
+    def load_model(name, dtype, batch=None, seq=None):
+        if name != "five":
+            raise ValueError(f"unknown model {name!r}")
+        torch.manual_seed(0)
+        return FiveKinds().eval(), five_kinds_inputs(batch or 4)
+    monkeypatch.setattr(runtime, "load_model", load_model)
+    regions_on_cpu(monkeypatch)
+    monkeypatch.setattr(api, "_PendingBuild", _NoBuild)
+    monkeypatch.setattr(api, "_warm_inputs", lambda inputs, options, spec:
+                        tuple(inputs) if spec.resolved() == "inductor" else None)
+    monkeypatch.setattr(glue, "inductor_available", lambda: True)
+    real_compile = co.compile
+
+    def compile_sm90(model, inputs, **kw):
+        return real_compile(model, inputs, arch="sm_90a", allow_tf32=True, **kw)
+    compile_sm90.__signature__ = inspect.signature(real_compile)
+    monkeypatch.setattr(co, "compile", compile_sm90)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+ARGS = ["--no-anchors", "--quick", "--reps", "1", "--max-autotune-models", "none"]
+
+
+def test_steps_budget_and_resume(cpu_run, tmp_path):
+    out = tmp_path / "r.json"
+    # a budget spent by the first step (which always starts): stops before the next, JSON kept
+    rc = runtime.main(["five", "unknown-model", "--json", str(out), "--budget-s", "0.000001"] + ARGS)
+    assert rc == 3
+    saved = json.loads(out.read_text())
+    assert saved["incomplete"] == "five: ours"
+    five = saved["models"][0]
+    assert "eager" in five and "ours_inductor" not in five
+    eager_s = five["step_s"]["eager"]
+    # resume: the eager step is kept (not run again), the rest runs
+    rc = runtime.main(["five", "unknown-model", "--json", str(out), "--resume"] + ARGS)
+    assert rc == 0
+    saved = json.loads(out.read_text())
+    five, unknown = saved["models"]
+    assert five["step_s"]["eager"] == eager_s             # kept from the first run
+    assert set(five["step_s"]) == {"eager", "ours_inductor", "ours_inductor_ro", "heuristic"}
+    oi, oro, h = five["ours_inductor"], five["ours_inductor_ro"], five["heuristic"]
+    assert oi["glue"] == "inductor" and oi["compiled_during_compile"] is True
+    assert oro["mode"] == "reduce-overhead" and oro["compiled_during_compile"] is False
+    for v in (oi, oro, h):
+        assert v["rel_err_fp32_fresh"] < 1e-5 and v["rel_err_fp32_batch2"] < 1e-5
+    assert five["second_batch"] == 2 and h["regions"] == 7 and five["tuned"] == "not run (--quick)"
+    assert five["done_when"]["verdict"] == "incomplete: no torch.compile, torch.compile reduce-overhead"
+    assert unknown["error"].startswith("ValueError")
