@@ -544,6 +544,10 @@ def parse_args(argv=None):
     p.add_argument("--grid", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--write-table", default=None, metavar="FILE")
     p.add_argument("--json", default=None)
+    p.add_argument("--write-pytorch-faster", default=None, metavar="FILE",
+                   help="write the conv/attention problems PyTorch ran faster (select/pytorch_faster.py)")
+    p.add_argument("--from-results", default=None, metavar="JSON",
+                   help="with --write-pytorch-faster: take the rows of an earlier run (no GPU needed)")
     p.add_argument("--remeasure", action=argparse.BooleanOptionalAction, default=True,
                    help="after --write-table, time the heuristic again with the new table")
     p.add_argument("--limit", type=int, default=None, help="first N GEMM problems only (smoke runs)")
@@ -559,8 +563,30 @@ def measure_peak() -> float:
     return 2.0 * n ** 3 / us / 1e6
 
 
+def write_pytorch_faster(rows: list, path: Path, gpu: str, num_sms: int, source: str) -> dict:
+    """select/pytorch_faster.py's list from benchmark rows (atomic write)."""
+    from cutlass_offload.build.toolchain import cutlass_version
+    from cutlass_offload.select import pytorch_faster as pf
+    data = {"gpu": gpu, "num_sms": num_sms, "date": datetime.date.today().isoformat(),
+            "cutlass": cutlass_version(), "source": source, "below": pf.DEFER_BELOW,
+            **pf.entries_from_rows(rows)}
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+    return data
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.write_pytorch_faster and args.from_results:
+        old = json.loads(Path(args.from_results).read_text())
+        data = write_pytorch_faster(old["rows"], Path(args.write_pytorch_faster), old["gpu"],
+                                    old["num_sms"], f"benchmarks/kernels.py run of {old['date'][:10]} "
+                                    f"({Path(args.from_results).name})")
+        print(f"{len(data['conv2d'])} conv2d and {len(data['attention'])} attention problems "
+              f"-> {args.write_pytorch_faster}")
+        return 0
     if not torch.cuda.is_available():
         print("kernels.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -635,6 +661,9 @@ def main(argv=None) -> int:
             save()
         result["seconds"][kind] = time.perf_counter() - t0
     save()
+    if args.write_pytorch_faster:
+        write_pytorch_faster(result["rows"], Path(args.write_pytorch_faster), gpu, sms,
+                             f"benchmarks/kernels.py run of {result['date'][:10]}")
     print_tables(result["rows"], result["summary"])
     print(f"\nJSON: {out_path}")
     return 0

@@ -464,6 +464,8 @@ def bench_anchor(model, inputs, mode, checks, a) -> dict:
 def bench_inductor_glue(compiled, inputs, mode, checks, a) -> dict:
     """Ours with Inductor glue in ``mode``: the first call (Dynamo + Inductor; none
     when compile already ran it), latency, accuracy, region fallbacks."""
+    from cutlass_offload.runtime import fast_call
+    fast_call.load(block=True)            # time the C++ call path, not its build
     g = compiled.inductor
     warm = g is not None and compiled.glue == "inductor" and g.mode == mode and g.first_call_s is not None
     if not warm:

@@ -68,9 +68,13 @@ class CompileOptions:
       the default) or "ray" (each shard a Ray task; needs the ``ray`` extra).
     ray_address: the Ray cluster for executor "ray", as ``ray.init`` takes it
       ("HOST:PORT", "auto", "ray://HOST:10001"); None = RAY_ADDRESS or a local one.
-    tune: profile up to 4 candidate kernels per distinct GEMM problem on the visible
-      GPU and keep the fastest (tune/; results kept in the tuning cache under
-      cache_dir/tuning, so a second compile profiles nothing).
+    tune: profile candidate kernels and launch knobs per distinct GEMM problem on the
+      visible GPU and keep the fastest (tune/: the sm90 search space, or four 2.x
+      configs; results kept in the tuning cache under cache_dir/tuning, so a second
+      compile profiles nothing).
+    pytorch_when_faster: conv2d and attention problems that PyTorch's own kernels
+      (cuDNN, SDPA) were measured to run faster on this target stay in PyTorch, with
+      the times as the reason (select/pytorch_faster.py). Not with ``strict``.
     """
 
     arch: str | None = None
@@ -81,6 +85,7 @@ class CompileOptions:
     executor: str = "local"
     ray_address: str | None = None
     tune: bool = False
+    pytorch_when_faster: bool = True
 
     def __post_init__(self):
         if self.build_strategy not in ("sharded", "single", "per-region"):

@@ -19,7 +19,7 @@ from ..ir import (
     PartitionResult,
     Plan,
 )
-from . import sm80, sm90
+from . import pytorch_faster, sm80, sm90
 from .conv import choose_conv_kernel, pad_channels
 from .group_norm import choose_group_norm_kernel
 from .norm import choose_norm_kernel
@@ -87,12 +87,21 @@ def tuning_id(problem: GemmProblem) -> str:
 
 def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOptions(),
            tuned: dict | None = None) -> Plan:
-    """Choose a kernel per region; regions with no legal kernel become fallbacks.
+    """Choose a kernel per region; regions with no legal kernel become fallbacks, as
+    do conv2d / attention regions PyTorch was measured to run faster
+    (``options.pytorch_when_faster``, select/pytorch_faster.py).
 
     tuned: {tuning_id(problem): (KernelConfig, GemmLaunch)} of profiled GEMM winners (tune/);
     other GEMM problems get the heuristic's choice."""
     regions, kernels, fallbacks = [], [], list(part.fallbacks)
+    num_sms = options.num_sms or DEFAULT_NUM_SMS[arch]
     for r in part.regions:
+        if options.pytorch_when_faster and not options.strict \
+                and isinstance(r, (ConvRegion, AttentionRegion)):
+            why = pytorch_faster.reason(r.problem, arch, num_sms)
+            if why is not None:
+                fallbacks.append(Fallback(r.nodes[0], r.form, why))
+                continue
         try:
             if isinstance(r, NormRegion):
                 k = choose_norm_kernel(r.problem, arch)

@@ -1,0 +1,103 @@
+"""Conv2d and attention problems where PyTorch's own kernel was measured faster.
+
+A region whose problem is listed here stays in PyTorch (a Fallback with the
+measured times as its reason): there cuDNN's conv or the best SDPA backend (cuDNN,
+flash, efficient) beats our kernel on that GPU, and with Inductor glue PyTorch's
+kernel sits in the compiled graph like ours would. The list comes from the kernel
+corpus benchmark (``benchmarks/kernels.py --write-pytorch-faster``: every corpus
+problem whose speedup over the anchor is below ``DEFER_BELOW`` in that run) and
+holds the GPU, its SM count, the date and the CUTLASS version it was measured
+with; it applies only to the SM count it was measured on (the arch sm_90a).
+Shapes it does not list keep our kernel: nothing is extrapolated.
+
+File (JSON): {"gpu", "num_sms", "date", "cutlass", "source", "below", "conv2d":
+[{ConvProblem fields n, c, k, h, w, r, s, pad, stride, dilation, dtype, "ours_us",
+"anchor", "anchor_us"}], "attention": [{AttentionProblem fields batch, heads,
+seq_q, seq_kv, head_dim, head_dim_v, causal, dtype, "ours_us", "anchor",
+"anchor_us"}]}.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+from ..ir import AttentionProblem, ConvProblem
+
+DEFER_BELOW = 0.97      # speedup over PyTorch under which a measured problem stays there
+FILE = Path(__file__).parent / "tables" / "sm90a_h200_pytorch_faster.json"
+
+_CONV_FIELDS = ("n", "c", "k", "h", "w", "r", "s", "pad", "stride", "dilation", "dtype")
+_ATTENTION_FIELDS = ("batch", "heads", "seq_q", "seq_kv", "head_dim", "head_dim_v", "causal", "dtype")
+
+
+def conv_key(p: ConvProblem) -> tuple:
+    """The identity of a conv problem in the table (the batch at its example size)."""
+    d = {f: getattr(p, f) for f in _CONV_FIELDS}
+    d["n"] = p.n if p.n is not None else p.n_hint
+    return tuple(tuple(v) if isinstance(v, (list, tuple)) else v for v in (d[f] for f in _CONV_FIELDS))
+
+
+def attention_key(p: AttentionProblem) -> tuple:
+    """The identity of an attention problem in the table (batch at its example size)."""
+    d = {f: getattr(p, f) for f in _ATTENTION_FIELDS}
+    d["batch"] = p.batch if p.batch is not None else p.batch_hint
+    return tuple(d[f] for f in _ATTENTION_FIELDS)
+
+
+def _entry_key(e: dict, fields) -> tuple:
+    return tuple(tuple(e[f]) if isinstance(e[f], list) else e[f] for f in fields)
+
+
+class PytorchFaster:
+    """The loaded list. ``reason(problem, num_sms)``: why the problem stays in
+    PyTorch, or None when our kernel runs it. Raises KeyError / TypeError for a
+    file of another shape."""
+
+    def __init__(self, data: dict):
+        self.gpu, self.num_sms = data["gpu"], int(data["num_sms"])
+        self.conv = {_entry_key(e, _CONV_FIELDS): e for e in data.get("conv2d", [])}
+        self.attention = {_entry_key(e, _ATTENTION_FIELDS): e for e in data.get("attention", [])}
+
+    def reason(self, problem, num_sms: int) -> str | None:
+        if num_sms != self.num_sms:
+            return None
+        if isinstance(problem, ConvProblem):
+            e = self.conv.get(conv_key(problem))
+        elif isinstance(problem, AttentionProblem):
+            e = self.attention.get(attention_key(problem))
+        else:
+            return None
+        if e is None:
+            return None
+        return (f"PyTorch is faster here: {e['anchor']} {e['anchor_us']:.1f} us against our kernel's "
+                f"{e['ours_us']:.1f} us per call on {self.gpu} (benchmarks/kernels.py)")
+
+
+@functools.cache
+def default() -> PytorchFaster | None:
+    """The packaged list (``FILE``), or None when there is none."""
+    return PytorchFaster(json.loads(FILE.read_text())) if FILE.exists() else None
+
+
+def reason(problem, arch: str, num_sms: int) -> str | None:
+    """Why ``problem`` (a ConvProblem or AttentionProblem) should stay in PyTorch on
+    ``arch`` with ``num_sms`` SMs, or None (also for other arches and kinds)."""
+    table = default() if arch == "sm90a" else None
+    return table.reason(problem, num_sms) if table is not None else None
+
+
+def entries_from_rows(rows: list, below: float = DEFER_BELOW) -> dict:
+    """{"conv2d": [...], "attention": [...]} of benchmark rows (benchmarks/kernels.py)
+    whose heuristic speedup over the anchor is below ``below``."""
+    out = {"conv2d": [], "attention": []}
+    for r in rows:
+        kind = r.get("kind")
+        sp = r.get("heuristic_speedup")
+        if kind not in out or sp is None or sp >= below:
+            continue
+        fields = _CONV_FIELDS if kind == "conv2d" else _ATTENTION_FIELDS
+        e = {f: r[f] for f in fields}
+        e.update(ours_us=r["heuristic_us"], anchor=r.get("anchor", "pytorch"), anchor_us=r["anchor_us"])
+        out[kind].append(e)
+    return out

@@ -1,0 +1,100 @@
+"""select/pytorch_faster.py: conv2d / attention problems PyTorch was measured to
+run faster stay in PyTorch with the times as the reason; nothing else changes."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cutlass_offload.capture import capture
+from cutlass_offload.config import CompileOptions
+from cutlass_offload.ir import AttentionRegion, ConvRegion
+from cutlass_offload.partition import partition
+from cutlass_offload.select import pytorch_faster as pf
+from cutlass_offload.select import select
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+class ConvAttn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 32, 3, padding=1)
+
+    def forward(self, x, q, k, v):
+        return self.conv(x), F.scaled_dot_product_attention(q, k, v)
+
+
+def _part():
+    x = torch.randn(2, 16, 8, 8).half().to(memory_format=torch.channels_last)
+    q, k, v = (torch.randn(2, 4, 64, 32).half() for _ in range(3))
+    model = ConvAttn().half().to(memory_format=torch.channels_last)
+    return partition(capture(model, (x, q, k, v)).graph_module, CompileOptions(arch="sm90a"))
+
+
+def _table(part, tmp_path, num_sms=132, attention=True):
+    rows = []
+    for r in part.regions:
+        if isinstance(r, ConvRegion):
+            p = r.problem
+            rows.append({"kind": "conv2d", "n": p.n, "c": p.c, "k": p.k, "h": p.h, "w": p.w, "r": p.r,
+                         "s": p.s, "pad": list(p.pad), "stride": list(p.stride),
+                         "dilation": list(p.dilation), "dtype": p.dtype, "heuristic_us": 9.0,
+                         "anchor": "cudnn", "anchor_us": 4.5, "heuristic_speedup": 0.5})
+        elif isinstance(r, AttentionRegion) and attention:
+            p = r.problem
+            rows.append({"kind": "attention", "batch": p.batch, "heads": p.heads, "seq_q": p.seq_q,
+                         "seq_kv": p.seq_kv, "head_dim": p.head_dim, "head_dim_v": p.head_dim_v,
+                         "causal": p.causal, "dtype": p.dtype, "heuristic_us": 5.0,
+                         "anchor": "flash", "anchor_us": 6.0, "heuristic_speedup": 1.2})
+    data = {"gpu": "NVIDIA H200", "num_sms": num_sms, **pf.entries_from_rows(rows)}
+    return pf.PytorchFaster(json.loads(json.dumps(data)))     # through JSON, as from the file
+
+
+def test_a_listed_problem_stays_in_pytorch_with_the_times(tmp_path, monkeypatch):
+    part = _part()
+    assert {type(r) for r in part.regions} == {ConvRegion, AttentionRegion}
+    table = _table(part, tmp_path)
+    assert len(table.conv) == 1 and not table.attention           # attention was faster: not listed
+    monkeypatch.setattr(pf, "default", lambda: table)
+    plan = select(part, "sm90a", CompileOptions(arch="sm90a"))
+    assert [type(r) for r in plan.regions] == [AttentionRegion]
+    (fb,) = [f for f in plan.fallbacks if f.op == "conv2d"]
+    assert "cudnn 4.5 us" in fb.reason and "9.0 us" in fb.reason and "H200" in fb.reason
+    # strict compiles, another SM count and another arch keep every region
+    for opts, arch in ((CompileOptions(arch="sm90a", strict=True), "sm90a"),
+                       (CompileOptions(arch="sm90a", num_sms=114), "sm90a"),
+                       (CompileOptions(arch="sm90a", pytorch_when_faster=False), "sm90a"),
+                       (CompileOptions(arch="sm80"), "sm80")):
+        assert len(select(part, arch, opts).regions) == 2
+
+
+def test_the_batch_of_a_dynamic_problem_is_its_example_size(monkeypatch):
+    from dataclasses import replace
+    part = _part()
+    table = _table(part, None)
+    conv = next(r for r in part.regions if isinstance(r, ConvRegion))
+    dynamic = replace(conv.problem, n=None, n_hint=conv.problem.n)
+    assert table.reason(dynamic, 132) is not None
+    assert table.reason(replace(conv.problem, n=4), 132) is None
+
+
+def test_the_packaged_list_loads_and_names_its_gpu():
+    t = pf.default()
+    if t is None:
+        pytest.skip("no list packaged")
+    assert "H200" in t.gpu and t.num_sms == 132 and (t.conv or t.attention)
+
+
+def test_the_benchmark_writes_what_select_reads(tmp_path):
+    import kernels as kb
+    rows = [{"kind": "attention", "batch": 4, "heads": 12, "seq_q": 1500, "seq_kv": 1500, "head_dim": 64,
+             "head_dim_v": 64, "causal": "none", "dtype": "f16", "heuristic_us": 227.0,
+             "anchor": "cudnn", "anchor_us": 84.0, "heuristic_speedup": 84 / 227},
+            {"kind": "gemm", "heuristic_speedup": 0.5}]
+    path = tmp_path / "faster.json"
+    kb.write_pytorch_faster(rows, path, "NVIDIA H200", 132, "test")
+    t = pf.PytorchFaster(json.loads(path.read_text()))
+    assert len(t.attention) == 1 and not t.conv
