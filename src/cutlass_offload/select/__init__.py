@@ -85,6 +85,16 @@ def tuning_id(problem: GemmProblem) -> str:
                        "epilogue": asdict(problem.epilogue)}, sort_keys=True)
 
 
+def _defer_measured(r) -> bool:
+    """Whether PyTorch's op for ``r`` is the one the benchmark timed: a conv, or an
+    attention without a mask folded into the kernel and without a bias (a model's
+    SDPA with an explicit mask tensor runs a slower PyTorch kernel than the
+    is_causal one measured, while ours folds the mask)."""
+    if isinstance(r, ConvRegion):
+        return True
+    return isinstance(r, AttentionRegion) and r.mask is None and r.bias is None
+
+
 def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOptions(),
            tuned: dict | None = None) -> Plan:
     """Choose a kernel per region; regions with no legal kernel become fallbacks, as
@@ -96,8 +106,7 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
     regions, kernels, fallbacks = [], [], list(part.fallbacks)
     num_sms = options.num_sms or DEFAULT_NUM_SMS[arch]
     for r in part.regions:
-        if options.pytorch_when_faster and not options.strict \
-                and isinstance(r, (ConvRegion, AttentionRegion)):
+        if options.pytorch_when_faster and not options.strict and _defer_measured(r):
             why = pytorch_faster.reason(r.problem, arch, num_sms)
             if why is not None:
                 fallbacks.append(Fallback(r.nodes[0], r.form, why))
