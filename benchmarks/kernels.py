@@ -40,7 +40,6 @@ import datetime
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -51,6 +50,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from _timing import graph_ms  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus" / "corpus.json"
@@ -302,26 +303,8 @@ def attention_model(entries, dtype):
 
 def graph_us(fn, calls: int = 10, reps: int = 20) -> float:
     """Device us of one call: ``calls`` calls in one CUDA graph, median of ``reps``
-    replays (after a warm-up call outside the graph)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
+    replays (benchmarks/_timing.py)."""
+    return graph_ms(fn, calls=calls, reps=reps) * 1e3
 
 
 def region_inputs(compiled, inputs) -> list:
