@@ -159,7 +159,6 @@ class _Context:
     def __init__(self, arch, num_sms, device, builder, profiler, report):
         self.arch, self.num_sms, self.device = arch, num_sms, device
         self.builder, self.profiler, self.report = builder, profiler, report
-        self.extra_results = {}      # the last profile's knob variants by problem id
 
 
 def _proxy(problem):
@@ -181,8 +180,8 @@ def _rank(todo, ctx) -> dict:
     for pid, (ptid, proxy) in enumerate(proxies.items()):
         for config in sm90.search_space(proxy, ctx.num_sms):
             jobs.append((str(pid), proxy, _kernel(proxy, ctx.arch, config), False))
-    results, _ = _build_and_profile(jobs, {str(i): p for i, p in enumerate(proxies.values())},
-                                    ctx, knob_search=None, phase="rank")
+    results, _, _ = _build_and_profile(jobs, {str(i): p for i, p in enumerate(proxies.values())},
+                                       ctx, knob_search=None, phase="rank")
     ranking = {}
     for pid, ptid in enumerate(proxies):
         rows = [(c, k) for (p, _, k, _), c in zip(jobs, results) if p == str(pid)]
@@ -211,8 +210,7 @@ def _final(todo, counts, ranking, ctx, done, search):
             knobs = search == "full" and k.config.family == "cutlass3x_sm90"
             jobs.append((str(i), problem, k, knobs))
     knob_search = {"top": KNOB_TOP, "pdl": True} if search == "full" else None
-    results, torch_us = _build_and_profile(jobs, specs, ctx, knob_search, phase="final")
-    extra = ctx.extra_results
+    results, torch_us, extra = _build_and_profile(jobs, specs, ctx, knob_search, phase="final")
     for i, (tid, key, first, start, n) in enumerate(owners):
         rows = results[start:start + n] + extra.get(str(i), [])
         ok = [(c.us, j) for j, c in enumerate(rows) if c.status == "ok" and c.us is not None]
@@ -240,8 +238,8 @@ def _kernel(problem, arch, config) -> GemmKernel:
 def _build_and_profile(jobs, specs, ctx, knob_search, phase) -> tuple:
     """Build one profiling plan of ``jobs`` ((problem id, problem, kernel, search
     knobs?) each) and profile it. Returns ([CandidateResult per job, in order],
-    {problem id: PyTorch us}); knob variants land in ``ctx.extra_results``
-    ({problem id: [CandidateResult]})."""
+    {problem id: PyTorch us}, {problem id: [CandidateResult of its launch-knob
+    variants]})."""
     regions, kernels, tags, owner = [], [], {}, {}
     for j, (pid, problem, k, _) in enumerate(jobs):
         rid = f"{phase}{pid}_{j}"
@@ -280,12 +278,11 @@ def _build_and_profile(jobs, specs, ctx, knob_search, phase) -> tuple:
     for rid, j in owner.items():
         k = jobs[j][2]
         ordered.append(results.get(rid) or CandidateResult(k.name, tags[rid], "not profiled"))
-    ctx.extra_results = {}
+    variants = {}
     for rid, c in results.items():
         if "@" in rid:
-            pid = jobs[owner[rid.split("@")[0]]][0]
-            ctx.extra_results.setdefault(pid, []).append(c)
-    return ordered, torch_us
+            variants.setdefault(jobs[owner[rid.split("@")[0]]][0], []).append(c)
+    return ordered, torch_us, variants
 
 
 def _record(p: TunedProblem, arch, version, gpu, sms) -> dict:
