@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import glob
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ from torch.export.passes import move_to_device_pass
 
 from . import build as build_stage
 from . import integrity
+from .build.cache import remove_stale
 from .capture import Captured, capture, from_exported
 from .config import CompileOptions
 from .errors import CutlassOffloadError, DamagedFileError, DeviceError, DiskFullError
@@ -432,6 +434,9 @@ def save(compiled: CompiledModel, cap: Captured, example_inputs, options: Compil
     if st.f_bavail * st.f_frsize < need:
         raise DiskFullError(out, f"the folder needs about {need / 2**20:.0f} MiB and "
                                  f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB are free; {hint}")
+    # temporary folders of saves killed before they swapped in (an hour untouched:
+    # no save writes that long)
+    remove_stale(out.parent, f".{glob.escape(out.name)}.tmp-*", 3600)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         try:
@@ -467,7 +472,7 @@ def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue) -> No
                 "tuned": compiled.report.tuning.get("winners", {}),
                 "torch": torch.__version__, "glue": (glue or GlueSpec()).to_json()}
     manifest["save_id"] = uuid.uuid4().hex     # tells a loader that the folder changed
-    manifest["files"] = integrity.records(tmp)
+    manifest["files"] = integrity.records(tmp, skip={MANIFEST})
     manifest["checksum"] = _manifest_checksum(manifest)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
 

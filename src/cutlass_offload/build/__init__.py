@@ -433,9 +433,9 @@ _DISK_FULL_LOG = re.compile(r"No space left on device|Disk quota exceeded")
 def _raise_if_disk_full(res: JobResult, staging: Path) -> None:
     """A compile or link that failed because the disk filled is no compile error of
     its kernels (and must not be cached as one): raise DiskFullError instead."""
-    if not res.ok and _DISK_FULL_LOG.search(res.log or ""):
-        line = next((l for l in res.log.splitlines() if _DISK_FULL_LOG.search(l)), "")
-        raise DiskFullError(staging, f"{DISK_FULL_HINT} ({line.strip()[:200]})")
+    m = None if res.ok else _DISK_FULL_LOG.search(res.log or "")
+    if m:                    # the staging folder is removed: name the cache folder it was in
+        raise DiskFullError(staging.parent, f'{res.name} failed with "{m.group(0)}"; {DISK_FULL_HINT}')
 
 
 _LINE = re.compile(rf"{re.escape(SOURCE_NAME)}\((\d+)\)|line (\d+) of \S*{re.escape(SOURCE_NAME)}")

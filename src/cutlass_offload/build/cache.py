@@ -39,6 +39,22 @@ DISK_FULL_HINT = ("free space there, or point CUTLASS_OFFLOAD_CACHE_DIR at a dis
                   "(`cutlass-offload cache clear` empties the cache); nothing was cached")
 
 
+# a staging folder untouched this long belongs to a killed process (no compile runs a day)
+STALE_SECONDS = 24 * 3600
+
+
+def remove_stale(folder: Path, pattern: str, age: float) -> None:
+    """Remove the folders matching ``pattern`` in ``folder`` not modified for ``age``
+    seconds: what processes killed while writing (kill -9, power loss) left behind."""
+    now = time.time()
+    for p in folder.glob(pattern):
+        try:
+            if now - p.stat().st_mtime > age:
+                shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def cache_key(*parts: str) -> str:
     """sha256 over the parts (source text, command, tool versions, ...)."""
     h = hashlib.sha256()
@@ -134,6 +150,7 @@ class BuildCache:
     def staging(self, kind: str) -> Path:
         d = self.root / kind
         d.mkdir(parents=True, exist_ok=True)
+        remove_stale(d, ".staging-*", STALE_SECONDS)
         return Path(tempfile.mkdtemp(prefix=".staging-", dir=d))
 
     def info(self) -> dict:
