@@ -124,9 +124,11 @@ def _flip_in_largest_member(path):
 def test_folders_saved_before_records_still_load_and_refuse_damage(saved, tmp_path, kind, how):
     """No hashes to compare: the cheap checks still keep a truncated library from
     dlopen (SIGBUS) and a broken archive from torch (a bare zipfile traceback)."""
-    out = _copy(saved, tmp_path)
-    _legacy(out)
-    co.load(out)                                 # an intact old folder loads
+    intact = _copy(saved, tmp_path / "intact")
+    _legacy(intact)
+    co.load(intact)                              # an intact old folder loads
+    # damage a copy: truncating the library this process has mapped would SIGBUS it
+    out = _copy(intact, tmp_path)
     if how == "crc":
         _flip_in_largest_member(out / kind)
     else:
