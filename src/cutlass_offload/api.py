@@ -439,6 +439,7 @@ def save(compiled: CompiledModel, cap: Captured, example_inputs, options: Compil
     remove_stale(out.parent, f".{glob.escape(out.name)}.tmp-*", 3600)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
+        tmp.chmod(0o777 & ~_umask())     # mkdtemp's 0700 would become the folder's
         try:
             _write_folder(tmp, compiled, cap, example_inputs, options, glue)
         except OSError as e:
@@ -455,6 +456,18 @@ def save(compiled: CompiledModel, cap: Captured, example_inputs, options: Compil
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (Linux); else 022."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue) -> None:

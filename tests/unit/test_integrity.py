@@ -260,3 +260,13 @@ def test_entries_from_before_records_still_hit_and_truncation_is_caught(fake):
         co.compile(model, x, arch="sm_80")
     assert [c.split()[0] for c in nvcc_calls(fake)[calls:]] == ["compile"]
     assert damaged_entries(fake / "cache") == []
+
+
+def test_the_folder_gets_the_permissions_of_a_new_folder(fake, tmp_path):
+    import os
+    import stat
+    model, x = small_model()
+    co.compile(model, x, arch="sm_80", out_dir=tmp_path / "out")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o777 & ~umask
