@@ -15,8 +15,10 @@ from .errors import CutlassOffloadError
 
 
 def _cmd_compile(a) -> int:
+    from .api import check_out_dir
     from .api import compile as co_compile
     from .models import load_model
+    check_out_dir(a.out)            # before building the model (sd-unet, llama take a while)
     t0 = time.perf_counter()
     model, inputs = load_model(a.model, a.dtype, a.batch, a.seq)
     t_model = time.perf_counter() - t0

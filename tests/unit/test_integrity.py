@@ -150,8 +150,9 @@ def test_elf_check_sees_truncation_anywhere(saved, tmp_path):
 # -- output paths -------------------------------------------------------------------
 
 def test_out_dir_naming_a_file_or_a_foreign_folder_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
-    from cutlass_offload import api
+    from cutlass_offload import api, models
     monkeypatch.setattr(api, "capture", lambda *a, **k: pytest.fail("captured before the check"))
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("model built before the check"))
     model, x = small_model()
     afile = tmp_path / "notes.txt"
     afile.write_text("keep me")
