@@ -4,14 +4,15 @@ kernels built into one shared library. Importing the package has no side effects
     compiled = cutlass_offload.compile(model, (x,), arch="sm_90a")
     y = compiled(x)
 """
-from .api import compile, compile_captured, load, resolve_arch
+from .api import check_folder, compile, compile_captured, load, resolve_arch
 from .capture import capture
 from .config import CompileOptions
 from .backend import backend, make_backend
-from .errors import (CompileError, CutlassOffloadError, DeviceError, KernelLaunchError,
-                     ToolchainError, UnsupportedRegion)
+from .errors import (CompileError, CutlassOffloadError, DamagedFileError, DeviceError,
+                     DiskFullError, KernelLaunchError, ToolchainError, UnsupportedRegion)
 
 __version__ = "0.1.0"
-__all__ = ["compile", "compile_captured", "capture", "CompileOptions", "load", "resolve_arch", "backend", "make_backend", "CompileError",
-           "CutlassOffloadError", "DeviceError", "KernelLaunchError", "ToolchainError",
+__all__ = ["compile", "compile_captured", "capture", "CompileOptions", "load", "check_folder",
+           "resolve_arch", "backend", "make_backend", "CompileError", "CutlassOffloadError",
+           "DamagedFileError", "DeviceError", "DiskFullError", "KernelLaunchError", "ToolchainError",
            "UnsupportedRegion"]

@@ -8,7 +8,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -16,20 +15,24 @@ from .errors import CutlassOffloadError
 
 
 def _cmd_compile(a) -> int:
+    from .api import check_out_dir
     from .api import compile as co_compile
     from .models import load_model
+    check_out_dir(a.out)            # before building the model (sd-unet, llama take a while)
     t0 = time.perf_counter()
     model, inputs = load_model(a.model, a.dtype, a.batch, a.seq)
     t_model = time.perf_counter() - t0
     if a.jobs:
         os.environ["CUTLASS_OFFLOAD_JOBS"] = str(a.jobs)
+    if a.quiet:
+        os.environ["CUTLASS_OFFLOAD_PROGRESS"] = "off"
     compiled = co_compile(model, inputs, arch=a.arch, allow_tf32=a.tf32, dynamic_batch=a.dynamic_batch,
                           out_dir=a.out, strict=a.strict, build_strategy=a.build,
                           executor=a.executor, ray_address=a.ray_address, tune=a.tune,
                           glue=a.glue, mode=a.mode)
     rep = compiled.report
     rep.phases = {"model": t_model, **rep.phases}
-    print(rep.format())
+    print(rep)
     print(f"wrote {a.out}")
     return 0
 
@@ -75,13 +78,10 @@ def _graph_bench(fn):
 
 
 def _cmd_run(a) -> int:
-    from .api import load
+    from .api import check_folder, load
     from .runtime.library import check_device
-    manifest = Path(a.dir) / "manifest.json"
-    if not manifest.is_file():
-        raise CutlassOffloadError(f"{a.dir} is not a complete cutlass-offload output folder "
-                                  "(no manifest.json): run `cutlass-offload compile` first")
-    check_device(json.loads(manifest.read_text())["options"]["arch"])
+    manifest = check_folder(a.dir)          # every file, before anything of it is used
+    check_device(manifest["options"]["arch"])
     compiled, reference, inputs = load(a.dir, device="cuda", glue=a.glue, mode=a.mode)
     compiled.verify(a.verify)
     glue = compiled.inductor
@@ -186,6 +186,9 @@ def main(argv=None) -> int:
     c.add_argument("--ray-address", default=None,
                    help="Ray cluster for --executor ray, as ray.init takes it (default: RAY_ADDRESS "
                         "or a local cluster)")
+    c.add_argument("-q", "--quiet", action="store_true",
+                   help="no build progress (by default: a bar on a terminal, one line per "
+                        "finished unit otherwise, on stderr)")
     c.add_argument("--tune", action="store_true",
                    help="profile a few candidate kernels per distinct GEMM problem on the visible GPU "
                         "and keep the fastest (remembered in the tuning cache)")

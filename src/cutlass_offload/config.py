@@ -9,6 +9,9 @@ Environment variables:
                              for the single strategy's one nvcc; for shards, the cores
                              divided by the CUTLASS units compiling at once)
   CUTLASS_OFFLOAD_VERBOSE    1 prints each compile command
+  CUTLASS_OFFLOAD_PROGRESS   build progress on stderr: auto (a bar on a terminal, one line
+                             per finished unit otherwise; the default), bar, lines, or off
+                             (the CLI's -q)
   CUTLASS_OFFLOAD_JOBS       parallel nvcc processes (default: cores, capped by memory)
   CUTLASS_OFFLOAD_FAST_CALL  0 turns off the C++ call path of offloaded regions
                              (runtime/fast_call.py); every call then maps in Python
@@ -28,6 +31,7 @@ class Knobs:
     cuda_home: str | None
     nvcc_threads: int
     verbose: bool
+    progress: str
     jobs: int
     fast_call: bool
     cxx: str
@@ -46,10 +50,18 @@ def knobs() -> Knobs:
         cuda_home=env.get("CUDA_HOME") or env.get("CUDA_PATH") or None,
         nvcc_threads=int(env.get("CUTLASS_OFFLOAD_NVCC_THREADS", "0")),
         verbose=env.get("CUTLASS_OFFLOAD_VERBOSE", "0") not in ("", "0"),
+        progress=_progress(env.get("CUTLASS_OFFLOAD_PROGRESS", "auto")),
         jobs=int(env.get("CUTLASS_OFFLOAD_JOBS", "0")),
         fast_call=env.get("CUTLASS_OFFLOAD_FAST_CALL", "1") not in ("", "0"),
         cxx=env.get("CXX") or "c++",
     )
+
+
+def _progress(value: str) -> str:
+    value = (value or "auto").strip().lower()
+    if value in ("0", "off", "none", "quiet", "no", "false"):
+        return "off"
+    return value if value in ("auto", "bar", "lines") else "auto"
 
 
 @dataclass(frozen=True)

@@ -46,3 +46,20 @@ class DeviceError(CutlassOffloadError):
 
 class KernelLaunchError(CutlassOffloadError):
     """A launcher returned a failure status other than 'cannot implement'."""
+
+
+class DamagedFileError(CutlassOffloadError):
+    """A file of an output folder or of the build cache is missing, truncated,
+    corrupted or unreadable. Attributes: path (str), the file; fix (str), what to do."""
+
+    def __init__(self, path, problem: str, fix: str):
+        self.path, self.problem, self.fix = str(path), problem, fix
+        super().__init__(f"{self.path} {problem}; {fix}")
+
+
+class DiskFullError(CutlassOffloadError):
+    """A write failed for lack of disk space (ENOSPC). Attribute: path (str)."""
+
+    def __init__(self, path, hint: str):
+        self.path = str(path)
+        super().__init__(f"out of disk space writing {self.path}; {hint}")

@@ -37,10 +37,26 @@ def _note_kind(note: str) -> str:
     m = re.match(r"epilogue stops at \S+: used (\d+) times", note)
     if m:
         return f"epilogue ends at an output used {m.group(1)} times (kept in the region)"
+    m = re.match(r"norm stops at \S+: used (\d+) times", note)
+    if m:
+        return f"norm ends at an output used {m.group(1)} times (kept in the region)"
     m = re.match(r"\S+ not fused: (.*)", note)
     if m:
         return f"next op not fused into the epilogue (stays in PyTorch): {m.group(1)}"
-    return note.split(": ", 1)[-1].strip()
+    m = re.match(r"(?:attn_)?mask \S+ folded: (\w+)(.*)", note)
+    if m:
+        mode = {"top_left": "top-left", "bottom_right": "bottom-right"}.get(m.group(1), m.group(1))
+        return f"causal mask folded into the kernel ({mode} aligned){m.group(2)}"
+    return note.strip()
+
+
+def arch_name(arch: str) -> str:
+    """The target as the user types it: "sm80" -> "sm_80", "sm90a" -> "sm_90a"."""
+    return re.sub(r"^sm_?", "sm_", arch)
+
+
+def _n(count: int, noun: str, plural: str | None = None) -> str:
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
 @dataclass
@@ -72,10 +88,17 @@ class Report:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def __str__(self) -> str:
+        return self.format()
+
+    def _repr_pretty_(self, p, cycle) -> None:       # IPython / Jupyter show the readable form
+        p.text(self.format())
+
     def format(self) -> str:
-        out = [f"target {self.arch}: {len(self.regions)} regions offloaded, "
-               f"{len(self.fallbacks)} offloadable ops left in PyTorch, "
-               f"{len(self.kernels)} distinct kernels"]
+        """The report as a person reads it (``str(report)`` / ``print(report)``)."""
+        out = [f"target {arch_name(self.arch)}: {_n(len(self.regions), 'region')} offloaded, "
+               f"{_n(len(self.fallbacks), 'offloadable op')} left in PyTorch, "
+               f"{_n(len(self.kernels), 'distinct kernel')}"]
         by_form = collections.Counter(r["form"] + ":" + r["epilogue"] for r in self.regions)
         if by_form:
             out.append("offloaded (op:epilogue x count): " +
@@ -84,7 +107,7 @@ class Report:
             out.append(f"  fallback {f['node']} ({f['op']}): {f['reason']}")
         notes = collections.Counter(_note_kind(n) for r in self.regions for n in r["notes"])
         for note, count in notes.most_common():
-            out.append(f"  x{count}: {note}")
+            out.append(f"  {_n(count, 'region')}: {note}")
         out.append("kernels:")
         for k in self.kernels:
             n = len(k["regions"])
@@ -104,11 +127,11 @@ class Report:
         if self.build:
             b = self.build
             compiled = [u for u in b.get("units", []) if not u["cache_hit"]]
-            out.append(f"build ({b['strategy']}, {b['jobs']} jobs): {b['seconds']:.1f} s wall, "
-                       f"{len(compiled)} of {len(b.get('units', []))} units compiled, critical path "
+            out.append(f"build ({b['strategy']}, {_n(b['jobs'], 'job')}): {b['seconds']:.1f} s wall, "
+                       f"{len(compiled)} of {_n(len(b.get('units', [])), 'unit')} compiled, critical path "
                        f"{b['critical_path_seconds']:.1f} s, link {b['link_seconds']:.1f} s")
             for u in sorted(compiled, key=lambda u: -u["seconds"]):
-                out.append(f"  {u['name']:<32} {len(u['kernels']):>3} kernels {u['seconds']:>7.1f} s "
+                out.append(f"  {u['name']:<32} {_n(len(u['kernels']), 'kernel'):>11} {u['seconds']:>7.1f} s "
                            f"{u['peak_rss_mb']:>7.0f} MB peak  {'ok' if u['ok'] else 'FAILED'}"
                            + (f"  [{u['executor']}]" if u.get("executor", "local") != "local" else ""))
             for f in b.get("failures", []):

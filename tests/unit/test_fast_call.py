@@ -148,6 +148,22 @@ def test_failed_build_keeps_the_log_and_publishes_nothing(tmp_path, monkeypatch)
     assert [p for p in root.iterdir() if p.is_dir()] == []       # no half-built folder
 
 
+def test_a_damaged_cached_extension_is_built_again_not_imported(tmp_path, monkeypatch):
+    """A truncated extension in the cache would kill the process with SIGBUS when
+    imported: it is detected (ELF check), named in a warning and rebuilt."""
+    stub = tmp_path / "stub.cpp"
+    stub.write_text('extern "C" int co_stub() { return 1; }\n')
+    monkeypatch.setattr(fast_call, "build_command", lambda source, output, cxx=None: [
+        "c++", "-shared", "-fPIC", str(stub), "-o", str(output)])
+    root = tmp_path / "cache"
+    path = fast_call.build(root)
+    good = path.read_bytes()
+    path.write_bytes(good[:len(good) // 2])
+    with pytest.warns(RuntimeWarning, match=f"{path.name} is truncated.*building it again"):
+        assert fast_call.build(root) == path
+    assert path.read_bytes() == good
+
+
 def test_disabled_by_the_environment(monkeypatch):
     monkeypatch.setenv("CUTLASS_OFFLOAD_FAST_CALL", "0")
     monkeypatch.setattr(fast_call, "_state", {"module": None, "error": None, "thread": None})

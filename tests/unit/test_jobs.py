@@ -58,3 +58,67 @@ def test_interrupted_build_is_not_cached_as_a_failure(tmp_path, monkeypatch):
     failed_entries = [m for m in (tmp_path / "cache").rglob("meta.json")
                       if '"ok": false' in m.read_text()]
     assert not failed_entries
+
+
+def _sleepers(tmp_path, kernels_per_job=(3, 1, 0), seconds=(1.5, 0.2, 0.1)):
+    """Jobs that sleep; the last, without kernels, stands for the launchers."""
+    names = [f"u{i}" for i in range(len(kernels_per_job) - 1)] + ["launchers"]
+    return [Job(name, [sys.executable, "-c", f"import time; time.sleep({s})"],
+                tuple(f"{name}k{j}" for j in range(n)), estimate=s * 10, log_path=tmp_path / f"{name}.log")
+            for name, n, s in zip(names, kernels_per_job, seconds)]
+
+
+def test_piped_progress_is_one_line_per_finished_unit(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CUTLASS_OFFLOAD_PROGRESS", "auto")      # stderr is no terminal here
+    run_jobs(_sleepers(tmp_path), workers=2, desc="compiling shards")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert all(line.startswith("cutlass_offload: compiling shards: ") for line in lines)
+    assert "4 kernels in 2 units (+ launchers), 2 at a time; ETA ~" in lines[0]
+    done = lines[1:]
+    assert len(done) == 3                                       # one per unit, the launchers too
+    # u0 (1.5 s) and u1 run first; the launchers take u1's slot and add no kernel
+    assert [line.split("] ")[0].split("[")[1] for line in done] == ["1/4 kernels", "1/4 kernels",
+                                                                      "4/4 kernels"]
+    assert "u1 compiled in" in done[0] and "launchers compiled in" in done[1]
+    assert all("running u0 (" in line and "ETA ~" in line for line in done[:2])
+    assert "u0 compiled in" in done[2] and "done in" in done[2]
+
+
+def test_progress_bar_counts_kernels_not_the_launchers(tmp_path):
+    import io
+
+    from cutlass_offload.build.jobs import Progress
+    jobs = _sleepers(tmp_path)
+    stream = io.StringIO()
+    p = Progress(jobs, 2, "compiling shards", mode="bar", stream=stream)
+    assert p.bar.total == 4
+    p.started(0)
+    p.started(2)
+    p.finished(2, run_jobs([jobs[2]], 1)[0])
+    assert p.bar.n == 0                                         # the launchers count no kernel
+    p.tick()
+    assert "running u0" in stream.getvalue() and "ETA ~" in stream.getvalue()
+    p.finished(0, run_jobs([jobs[0]], 1)[0])
+    assert p.bar.n == 3
+    p.close()
+    assert "3/4 kernels" in stream.getvalue()
+
+
+def test_quiet_and_kernelless_runs_print_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CUTLASS_OFFLOAD_PROGRESS", "off")       # what compile -q sets
+    run_jobs(_sleepers(tmp_path), workers=2)
+    monkeypatch.setenv("CUTLASS_OFFLOAD_PROGRESS", "lines")
+    run_jobs(_sleepers(tmp_path, (0,), (0.1,)), workers=1)      # the launchers alone: seconds
+    assert capsys.readouterr().err == ""
+
+
+def test_eta_scales_the_estimates_by_what_units_took_here(tmp_path):
+    from cutlass_offload.build.jobs import JobResult, Progress
+    jobs = [Job(f"u{i}", [], (f"k{i}",), estimate=10.0) for i in range(4)]
+    p = Progress(jobs, 2, "x", mode="off")
+    p.factor = 1.0
+    assert p.eta() == pytest.approx(20.0)                       # 4 x 10 s on 2 slots
+    p.started(0)
+    p.finished(0, JobResult("u0", True, 30.0, 0, "", ("k0",)))   # 3x slower here than estimated
+    assert p.factor == pytest.approx(3.0)
+    assert p.eta() == pytest.approx(60.0)                       # 3 x 30 s left on 2 slots

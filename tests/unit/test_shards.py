@@ -88,3 +88,17 @@ def test_few_cores_merge_into_single_strategy_units():
             for i, k in enumerate(kernels(12))]
     two = choose_shards(many, slots=2)
     assert len(two) == 2 and predicted_wall(two, 2) < predicted_wall([many], 2)
+
+
+def test_unit_names_say_what_they_hold(monkeypatch):
+    """A shard of one kind keeps its old name (its cache entries still hit); a
+    mixed one names each family, kind and dtype (issue 20: gpt2 at sm_90a built a
+    unit called shard_sm80_gemm_f16_6k holding sm90 GEMMs, the FMHA and a norm)."""
+    from cutlass_offload import build
+    from cutlass_offload.ir import NormKernel
+    assert build.shard_name(kernels(6, SM80)) == "shard_sm80_gemm_f16_6k"
+    norm = NormKernel("sm90a", "layer_norm", "f16", 8, True, True)
+    mixed = kernels(4) + kernels(1, SM80) + [norm]
+    assert build.shard_name(mixed) == "shard_sm90_gemm_f16_4k+rowwise_layer_norm_f16_1k+sm80_gemm_f16_1k"
+    monkeypatch.setattr(build, "_NAME_MAX", 40)            # names prefix folder names: bounded
+    assert build.shard_name(mixed) == "shard_sm90_gemm_f16_4k+2k_more"

@@ -16,7 +16,6 @@ to compile (sharded, per-region) is isolated: only regions using it fall back.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -25,6 +24,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from .. import integrity
 from ..config import knobs
 from ..emit import (
     TranslationUnit,
@@ -35,10 +35,10 @@ from ..emit import (
     emit_region_unit,
     emit_unit,
 )
-from ..errors import CompileError
+from ..errors import CompileError, DiskFullError
 from ..ir import Fallback, Plan
 from . import toolchain
-from .cache import BuildCache, cache_key
+from .cache import DISK_FULL_HINT, BuildCache, cache_key
 from .executor import CompileTask, LocalExecutor, ToolchainId, make_executor
 from .jobs import Job, JobResult, run_job, run_jobs
 from .result import BuildResult, UnitReport
@@ -61,23 +61,30 @@ def build(plan: Plan, strategy: str = "sharded", cache: BuildCache | None = None
 
     Raises ToolchainError without nvcc/CUTLASS; CompileError when nvcc fails on
     the whole library (single strategy), on the launchers or at link time, with the
-    command, the log and the kept source. In the other strategies a failing kernel
-    only removes its regions from the returned plan.
+    command, the log and the kept source; DiskFullError when the cache's disk fills
+    (nothing of it is cached). In the other strategies a failing kernel only
+    removes its regions from the returned plan.
     """
     if executor is None or isinstance(executor, str):
         executor = make_executor(executor or "local")
-    b = _Builder(plan, cache or BuildCache(), jobs, executor)
-    t0 = time.perf_counter()
-    if strategy == "single":
-        result = b.single()
-    elif strategy == "per-region":
-        # one after another, as TVM did; an explicit ``jobs`` compiles the modules
-        # side by side (benchmarks/compile_time.py times each module that way)
-        result = b.per_region(workers=jobs or 1)
-    elif strategy == "sharded":
-        result = b.sharded()
-    else:
+    if strategy not in ("single", "per-region", "sharded"):
         raise ValueError(f"unknown build strategy {strategy!r}")
+    cache = cache or BuildCache()
+    b = _Builder(plan, cache, jobs, executor)
+    t0 = time.perf_counter()
+    try:
+        if strategy == "single":
+            result = b.single()
+        elif strategy == "per-region":
+            # one after another, as TVM did; an explicit ``jobs`` compiles the modules
+            # side by side (benchmarks/compile_time.py times each module that way)
+            result = b.per_region(workers=jobs or 1)
+        else:
+            result = b.sharded()
+    except OSError as e:
+        if integrity.is_disk_full(e):      # e.g. a staging folder, a log, an index file
+            raise integrity.disk_full(e, cache.root, DISK_FULL_HINT) from e
+        raise
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -144,6 +151,7 @@ class _Builder:
                 job.log_path = staging / "nvcc.log"
                 # only "run nvcc on this source" is pluggable: lock, lookup and publish stay here
                 res, job.cmd = self.executor.compile(task, staging)
+                _raise_if_disk_full(res, staging)
                 if res.killed:             # transient: report, but never cache as a failure
                     keep = self.cache.root / "failed" / f"{prefix}.{key[:16]}"
                     shutil.rmtree(keep, ignore_errors=True)
@@ -216,10 +224,7 @@ class _Builder:
         for i, shard in enumerate(shards if shards is not None else choose_shards(todo, self.jobs)):
             tu = emit_unit([self.sources[k.name] for k in shard],
                            f"shard {i}: {len(shard)} kernels for {self.plan.arch}")
-            fam = {"cutlass3x_sm90": "sm90", "rowwise_norm": "rowwise",
-                   "nhwc_group_norm": "nhwc"}.get(shard[0].config.family, "sm80")
-            kind = {"conv2d_fprop": "conv"}.get(shard[0].kind, shard[0].kind)   # gemm, layer_norm, ...
-            prefix = f"shard_{fam}_{kind}_{shard[0].dtype}_{len(shard)}k"
+            prefix = shard_name(shard)
             report, job = self._object_job(prefix, prefix, tu)
             if report:
                 units.append(report)
@@ -256,7 +261,8 @@ class _Builder:
                 continue
             for k in u.kernels:
                 tu = emit_unit([self.sources[k]], f"{k} alone (isolating a failed shard)")
-                report, job = self._object_job("alone", "alone", tu)
+                # the cache prefix stays "alone" (entries of earlier versions still hit)
+                report, job = self._object_job(f"alone_{k}", "alone", tu)
                 if report is None:
                     pending.append(job)
                 elif report.ok:
@@ -311,6 +317,7 @@ class _Builder:
                     knobs().nvcc_threads),
                     src.kernels, log_path=staging / "nvcc.log")
                 res = run_jobs([job], 1, "compiling one unit")[0]
+                _raise_if_disk_full(res, staging)
                 if res.killed:
                     raise CompileError(f"nvcc was killed: {res.log.strip().splitlines()[-1]}",
                                        command=job.cmd, log_path=job.log_path,
@@ -366,6 +373,7 @@ class _Builder:
                         job = Job("link", cmd, log_path=staging / "link.log")
                         res = run_job(job)
                         link_seconds = res.seconds
+                        _raise_if_disk_full(res, staging)
                         if not res.ok:
                             raise CompileError(f"linking failed: {res.log.strip()[:300]}", command=cmd,
                                                log_path=job.log_path, source_path=objs[0])
@@ -378,20 +386,56 @@ class _Builder:
         return BuildResult(d / LIB_NAME, plan, strategy, 0.0, self.jobs, units, link_seconds, failures)
 
 
+_NAME_MAX = 150      # the unit name prefixes a cache folder's name (255 bytes at most)
+
+
+def shard_name(kernels) -> str:
+    """A unit's name, saying what it holds: ``shard_<family>_<kind>_<dtype>_<n>k``
+    per (family, kind, dtype) present, joined by "+", most kernels first, e.g.
+    ``shard_sm90_gemm_f16_4k+sm90_attention_f16_1k+rowwise_layer_norm_f16_1k``.
+    Families: sm90 (CUTLASS 3.x), sm80 (2.x, also on sm_90a), rowwise (norms), nhwc
+    (group norm). A shard of one kind keeps the name earlier versions gave it (the
+    name prefixes its cache entry, so those entries still hit)."""
+    counts = {}
+    for k in kernels:
+        fam = {"cutlass3x_sm90": "sm90", "rowwise_norm": "rowwise",
+               "nhwc_group_norm": "nhwc"}.get(k.config.family, "sm80")
+        kind = {"conv2d_fprop": "conv"}.get(k.kind, k.kind)       # gemm, attention, layer_norm, ...
+        token = f"{fam}_{kind}_{k.dtype}"
+        counts[token] = counts.get(token, 0) + 1
+    tokens = [f"{t}_{n}k" for t, n in sorted(counts.items(), key=lambda tn: (-tn[1], tn[0]))]
+    name = "shard_" + "+".join(tokens)
+    while len(name) > _NAME_MAX and len(tokens) > 1:
+        tokens.pop()
+        rest = sum(counts.values()) - sum(int(t.rsplit("_", 1)[1][:-1]) for t in tokens)
+        name = "shard_" + "+".join(tokens) + f"+{rest}k_more"
+    return name
+
+
 def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _write(path: Path, text: str):
-    """Write a generated file; a full disk becomes a clear CompileError."""
+    """Write a generated file; a full disk becomes a clear DiskFullError."""
     try:
         path.write_text(text)
     except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise CompileError(f"out of disk space writing {path} (free space in the cache "
-                               "folder, or point CUTLASS_OFFLOAD_CACHE_DIR elsewhere)",
-                               command=[], log_path="-", source_path=path) from e
+        if integrity.is_disk_full(e):
+            raise integrity.disk_full(e, path, DISK_FULL_HINT) from e
         raise
+
+
+# what nvcc and its tools print when a write fails for space (strerror of ENOSPC / EDQUOT)
+_DISK_FULL_LOG = re.compile(r"No space left on device|Disk quota exceeded")
+
+
+def _raise_if_disk_full(res: JobResult, staging: Path) -> None:
+    """A compile or link that failed because the disk filled is no compile error of
+    its kernels (and must not be cached as one): raise DiskFullError instead."""
+    m = None if res.ok else _DISK_FULL_LOG.search(res.log or "")
+    if m:                    # the staging folder is removed: name the cache folder it was in
+        raise DiskFullError(staging.parent, f'{res.name} failed with "{m.group(0)}"; {DISK_FULL_HINT}')
 
 
 _LINE = re.compile(rf"{re.escape(SOURCE_NAME)}\((\d+)\)|line (\d+) of \S*{re.escape(SOURCE_NAME)}")

@@ -5,6 +5,11 @@ An entry is a folder ``<root>/<kind>/<prefix>.<hash16>/`` holding the artifact a
 folder without it (a killed build) is ignored and rebuilt. Writers build in a
 private temporary folder, then rename it into place under a per-key file lock
 (double-checked), so concurrent processes never see half an entry.
+
+The metadata records the size and sha256 of every file of the entry; a lookup
+checks them, so an entry damaged afterwards (a truncated or corrupted object or
+library, a full disk, a stray write) is a miss with a warning naming it, and is
+rebuilt instead of linked or loaded.
 """
 from __future__ import annotations
 
@@ -14,13 +19,40 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 from filelock import FileLock
 
+from .. import integrity
 from ..config import knobs
 
 META = "meta.json"
+_warned = set()        # (entry, problem): each damaged entry is named once per process
+
+
+class DamagedCacheEntryWarning(UserWarning):
+    """A build cache entry failed its size / sha256 check and is rebuilt."""
+
+
+DISK_FULL_HINT = ("free space there, or point CUTLASS_OFFLOAD_CACHE_DIR at a disk with room "
+                  "(`cutlass-offload cache clear` empties the cache); nothing was cached")
+
+
+# a staging folder untouched this long belongs to a killed process (no compile runs a day)
+STALE_SECONDS = 24 * 3600
+
+
+def remove_stale(folder: Path, pattern: str, age: float) -> None:
+    """Remove the folders matching ``pattern`` in ``folder`` not modified for ``age``
+    seconds: what processes killed while writing (kill -9, power loss) left behind."""
+    now = time.time()
+    for p in folder.glob(pattern):
+        try:
+            if now - p.stat().st_mtime > age:
+                shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def cache_key(*parts: str) -> str:
@@ -40,18 +72,45 @@ class BuildCache:
         return self.root / kind / f"{prefix}.{key[:16]}"
 
     def lookup(self, kind: str, prefix: str, key: str, artifact: str):
-        """The committed entry folder, or None. An entry whose meta is missing or
-        corrupt, or whose artifact size differs from the recorded one, is a miss."""
+        """(entry folder, meta) of the committed entry, or None. An entry whose meta
+        is missing or corrupt (a build killed before it committed) is a miss; one
+        whose files differ from their recorded size or sha256 is a miss with a
+        DamagedCacheEntryWarning naming it (its rebuild replaces it)."""
         d = self.entry_dir(kind, prefix, key)
         try:
             meta = json.loads((d / META).read_text())
-            if meta.get("key") != key:
-                return None
-            if meta.get("ok", True) and (d / artifact).stat().st_size != meta.get("size"):
-                return None
-            return d, meta
         except (OSError, ValueError):
             return None
+        if not isinstance(meta, dict) or meta.get("key") != key:
+            return None
+        why = self._damage(d, meta, artifact)
+        if why is not None:
+            if (str(d), why) not in _warned:
+                _warned.add((str(d), why))
+                warnings.warn(f"cutlass_offload: build cache entry {d} is damaged ({why}); it is not "
+                              "used and is compiled again", DamagedCacheEntryWarning, stacklevel=3)
+            return None
+        return d, meta
+
+    @staticmethod
+    def _damage(d: Path, meta: dict, artifact: str) -> str | None:
+        files = meta.get("files")
+        if isinstance(files, dict):
+            if meta.get("ok", True) and artifact not in files:
+                return f"{artifact} is not recorded"
+            for name, rec in files.items():
+                why = integrity.problem(d / name, rec if isinstance(rec, dict) else {})
+                if why is not None:
+                    return f"{name} {why}"
+            return None
+        # an entry written before files were recorded: its artifact's size, and an
+        # ELF check (a truncated object or library passes no further than this)
+        if not meta.get("ok", True):
+            return None
+        why = integrity.problem(d / artifact, {"size": meta.get("size", -1)})
+        if why is None and artifact.endswith((".o", ".so")):
+            why = integrity.elf_problem(d / artifact)
+        return None if why is None else f"{artifact} {why}"
 
     def lock(self, kind: str, prefix: str, key: str) -> FileLock:
         d = self.root / kind
@@ -60,22 +119,38 @@ class BuildCache:
 
     def publish(self, kind: str, prefix: str, key: str, staging: Path, artifact: str | None,
                 meta: dict) -> Path:
-        """Move a finished staging folder into place (caller holds the lock)."""
+        """Move a finished staging folder into place (caller holds the lock), with
+        the size and sha256 of each of its files in the meta.
+
+        Raises DiskFullError when the disk fills meanwhile; then no entry is left
+        (the caller removes the staging folder).
+        """
         final = self.entry_dir(kind, prefix, key)
         meta = dict(meta, key=key, created=time.time())
-        if artifact:
-            meta["size"] = (staging / artifact).stat().st_size
-        tmp_meta = staging / (META + ".tmp")
-        tmp_meta.write_text(json.dumps(meta, indent=1))
-        if final.exists():
-            shutil.rmtree(final)          # a half entry left by a killed build
-        os.replace(staging, final)
-        os.replace(final / (META + ".tmp"), final / META)
+        moved = False
+        try:
+            meta["files"] = integrity.records(staging)
+            if artifact:
+                meta["size"] = meta["files"][artifact]["size"]     # read by older versions
+            tmp_meta = staging / (META + ".tmp")
+            tmp_meta.write_text(json.dumps(meta, indent=1))
+            if final.exists():
+                shutil.rmtree(final)          # a half or damaged entry
+            os.replace(staging, final)
+            moved = True
+            os.replace(final / (META + ".tmp"), final / META)
+        except OSError as e:
+            if moved:                         # not committed: leave no half entry
+                shutil.rmtree(final, ignore_errors=True)
+            if integrity.is_disk_full(e):
+                raise integrity.disk_full(e, final, DISK_FULL_HINT) from e
+            raise
         return final
 
     def staging(self, kind: str) -> Path:
         d = self.root / kind
         d.mkdir(parents=True, exist_ok=True)
+        remove_stale(d, ".staging-*", STALE_SECONDS)
         return Path(tempfile.mkdtemp(prefix=".staging-", dir=d))
 
     def info(self) -> dict:

@@ -1,11 +1,13 @@
-"""Run compile jobs in parallel (threads waiting on nvcc processes), with a
-progress bar and per-job wall time and peak memory."""
+"""Run compile jobs in parallel (threads waiting on nvcc processes), with progress
+(a bar on a terminal, lines otherwise) and per-job wall time and peak memory."""
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,33 +73,182 @@ def was_killed(returncode: int, log: str) -> bool:
 def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None) -> list:
     """Run jobs, longest estimate first, at most ``workers`` at once.
 
-    Returns JobResults in the order of ``jobs``. The bar counts kernels done out of
-    kernels total, with elapsed time and ETA (tqdm; hidden when stderr is no TTY).
+    Returns JobResults in the order of ``jobs``. Progress (``Progress``) counts
+    kernels: a job weighs as many kernels as it compiles (the launchers, none).
+    An exception of ``runner`` is raised after the jobs already running end.
     """
     if not jobs:
         return []
     order = sorted(range(len(jobs)), key=lambda i: -jobs[i].estimate)
-    total = sum(max(1, len(j.kernels)) for j in jobs)
     results = [None] * len(jobs)
-    bar = _bar(total, desc)
+    progress = Progress(jobs, workers, desc)
+    run = runner or run_job
+
+    def started(i):
+        progress.started(i)
+        return run(jobs[i])
     try:
         with ThreadPoolExecutor(max(1, workers)) as pool:
-            futures = {pool.submit(runner or run_job, jobs[i]): i for i in order}
-            for f in as_completed(futures):
-                i = futures[f]
-                results[i] = f.result()
-                if bar is not None:
-                    bar.update(max(1, len(jobs[i].kernels)))
-                    bar.set_postfix_str(f"{jobs[i].name} {results[i].seconds:.0f}s")
+            futures = {pool.submit(started, i): i for i in order}
+            waiting = set(futures)
+            while waiting:
+                done, waiting = wait(waiting, timeout=progress.tick_seconds, return_when=FIRST_COMPLETED)
+                for f in done:
+                    i = futures[f]
+                    results[i] = f.result()
+                    progress.finished(i, results[i])
+                if not done:
+                    progress.tick()
     finally:
-        if bar is not None:
-            bar.close()
+        progress.close()
     return results
 
 
-def _bar(total, desc):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc=desc, unit="kernel", disable=None, dynamic_ncols=True)
+def progress_mode() -> str:
+    """"bar" (a terminal), "lines" (a pipe, a file, a notebook) or "off", from
+    CUTLASS_OFFLOAD_PROGRESS (auto / bar / lines / off; the CLI's -q sets off)."""
+    mode = knobs().progress
+    if mode == "auto":
+        try:
+            return "bar" if sys.stderr.isatty() else "lines"
+        except (AttributeError, ValueError):         # replaced or closed stderr
+            return "lines"
+    return mode
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+
+
+class Progress:
+    """What one ``run_jobs`` call shows on stderr while it runs.
+
+    On a terminal a tqdm bar of kernels done out of kernels total; otherwise one
+    line when it starts, one per finished unit and one a minute while none
+    finishes. Both name the unit running longest and an ETA: the jobs' estimates
+    (build/shards.py's cost model, seconds on a 16-core host; twice that on fewer
+    than 8 cores until a unit has finished here, then scaled by the measured
+    seconds per estimated second) placed on the worker slots longest first.
+    Silent when no job compiles a kernel (the launchers alone take seconds).
+    """
+
+    HEARTBEAT = 60.0
+
+    def __init__(self, jobs: list, workers: int, desc: str, mode: str | None = None, stream=None):
+        self.jobs, self.workers, self.desc = jobs, max(1, workers), desc
+        self.total = sum(len(j.kernels) for j in jobs)
+        self.mode = "off" if self.total == 0 else (mode or progress_mode())
+        self.stream = stream or sys.stderr
+        self.done_kernels = 0
+        self.t0 = time.perf_counter()
+        self._last_line = self.t0
+        self._running = {}            # job index -> start time
+        self._finished = set()
+        self._measured = [0.0, 0.0]   # seconds, estimate of units compiled here
+        self._lock = threading.Lock()
+        self.factor = 1.0 if (os.cpu_count() or 1) >= 8 else 2.0
+        self.tick_seconds = 1.0 if self.mode == "bar" else 5.0
+        self.bar = None
+        if self.mode == "bar":
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                self.mode = "lines"
+            else:
+                self.bar = tqdm(total=self.total, desc=desc, unit="kernel", file=self.stream,
+                                dynamic_ncols=True,
+                                bar_format="{desc}: {n_fmt}/{total_fmt} kernels |{bar}| {elapsed}{postfix}")
+        if self.mode == "lines":
+            units = sum(1 for j in jobs if j.kernels)
+            extra = [j.name for j in jobs if not j.kernels]
+            self._line(f"{self.total} kernel{'s' if self.total != 1 else ''} in {units} "
+                       f"unit{'s' if units != 1 else ''}" + (f" (+ {', '.join(extra)})" if extra else "")
+                       + f", {min(self.workers, len(jobs))} at a time; ETA ~{_duration(self.eta())}")
+
+    def started(self, i: int) -> None:
+        with self._lock:
+            self._running[i] = time.perf_counter()
+
+    def finished(self, i: int, result) -> None:
+        with self._lock:
+            self._running.pop(i, None)
+            self._finished.add(i)
+            # the launchers (no kernels, seconds) say nothing of how long kernels take
+            if (result is not None and result.ok and result.seconds > 0 and self.jobs[i].kernels
+                    and self.jobs[i].estimate > 0):
+                self._measured[0] += result.seconds
+                self._measured[1] += self.jobs[i].estimate
+                self.factor = self._measured[0] / self._measured[1]
+        self.done_kernels += len(self.jobs[i].kernels)
+        name = self.jobs[i].name
+        if result is None:
+            what = f"{name} ended"
+        elif result.ok and result.seconds == 0:
+            what = f"{name} found in the cache (built by another process)"
+        elif result.ok:
+            what = f"{name} compiled in {_duration(result.seconds)}"
+        else:
+            what = f"{name} {'killed' if result.killed else 'FAILED'} after {_duration(result.seconds)}"
+        if self.bar is not None:
+            self.bar.update(len(self.jobs[i].kernels))
+            self._postfix()
+        elif self.mode == "lines":
+            left = self.running_text()
+            tail = (f"; {left}; ETA ~{_duration(self.eta())}" if left
+                    else f"; done in {_duration(time.perf_counter() - self.t0)}"
+                    if len(self._finished) == len(self.jobs) else "")
+            self._line(f"[{self.done_kernels}/{self.total} kernels] {what}{tail}")
+
+    def tick(self) -> None:
+        if self.bar is not None:
+            self._postfix()
+        elif self.mode == "lines" and time.perf_counter() - self._last_line >= self.HEARTBEAT:
+            self._line(f"[{self.done_kernels}/{self.total} kernels] still {self.running_text()}; "
+                       f"ETA ~{_duration(self.eta())}")
+
+    def running_text(self) -> str:
+        """"running NAME (63 s)" for the unit running longest ("and N more")."""
+        now = time.perf_counter()
+        with self._lock:
+            running = sorted(self._running.items(), key=lambda kv: kv[1])
+        if not running:
+            return ""
+        i, t = running[0]
+        more = f" and {len(running) - 1} more" if len(running) > 1 else ""
+        return f"running {self.jobs[i].name} ({_duration(now - t)}){more}"
+
+    def eta(self) -> float:
+        """Seconds until every job has ended, predicted (see the class doc)."""
+        now = time.perf_counter()
+        with self._lock:
+            f = self.factor
+            slots = [max(self.jobs[i].estimate * f - (now - t), 0.1 * self.jobs[i].estimate * f)
+                     for i, t in self._running.items()]
+            queued = sorted((self.jobs[i].estimate * f for i in range(len(self.jobs))
+                             if i not in self._running and i not in self._finished), reverse=True)
+        slots += [0.0] * max(0, self.workers - len(slots))
+        for cost in queued:
+            j = min(range(len(slots)), key=slots.__getitem__)
+            slots[j] += cost
+        return max(slots, default=0.0)
+
+    def _postfix(self) -> None:
+        left = self.running_text()
+        self.bar.set_postfix_str(f"{left}, ETA ~{_duration(self.eta())}" if left else "", refresh=True)
+
+    def _line(self, text: str) -> None:
+        self._last_line = time.perf_counter()
+        try:
+            print(f"cutlass_offload: {self.desc}: {text}", file=self.stream, flush=True)
+        except (OSError, ValueError):        # a closed pipe must not fail the build
+            pass
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

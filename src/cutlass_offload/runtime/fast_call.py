@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ..config import knobs
+from ..integrity import elf_problem
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fast_call.cpp"
 MODULE_NAME = "_co_fast_call"
@@ -98,10 +99,15 @@ def build(root: Path | None = None) -> Path:
     key = cache_key()
     path = _library_path(root, key)
     if path.exists():
-        return path
-    with FileLock(str(root / f"{key}.lock")):
-        if path.exists():                     # another process built it meanwhile
+        why = elf_problem(path)          # a truncated extension would SIGBUS the import
+        if why is None:
             return path
+        warnings.warn(f"cutlass_offload: the cached C++ call path {path} {why}; building it again",
+                      RuntimeWarning, stacklevel=2)
+    with FileLock(str(root / f"{key}.lock")):
+        if path.exists() and elf_problem(path) is None:    # another process built it meanwhile
+            return path
+        shutil.rmtree(root / key, ignore_errors=True)      # a damaged one
         for stale in root.glob(f".{key}.*"):  # left by a process that exited mid-build
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))

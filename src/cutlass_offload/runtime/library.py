@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from ..emit.attention import ARGS_FIELDS as ATTENTION_ARGS_FIELDS
-from ..errors import DeviceError
+from ..errors import DamagedFileError, DeviceError
+from ..integrity import elf_problem
 from ..ir import DECOMPOSITIONS, RASTER_ORDERS
 
 
@@ -96,10 +97,20 @@ def check_device(arch: str, device=None) -> None:
 
 
 class Library:
-    """A loaded libcutlass_offload.so: region launchers by symbol."""
+    """A loaded libcutlass_offload.so: region launchers by symbol.
+
+    Raises DamagedFileError, before the dynamic loader sees the file, when it is
+    not a complete ELF file (dlopen maps a truncated library and the process dies
+    with SIGBUS on the first page past its end); OSError when dlopen refuses it.
+    Callers that hold a recorded hash check it first (api.load, the build cache).
+    """
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        why = elf_problem(self.path)
+        if why is not None:
+            raise DamagedFileError(self.path, why, "compile the model again (the library was damaged "
+                                   "after it was built)")
         self._dll = ctypes.CDLL(str(self.path))
         info = self._dll.co_library_info
         info.restype = ctypes.c_char_p

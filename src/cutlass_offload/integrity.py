@@ -1,0 +1,168 @@
+"""File integrity: sizes and sha256 of the files of output folders and cache
+entries, checked before a file is used; a cheap ELF sanity check before a shared
+library is handed to the dynamic loader.
+
+A truncated shared library is not an error for ``dlopen``: it maps the file and
+the process dies with SIGBUS when a mapped page lies past the end of the file.
+So every file is compared with its recorded size and hash first, and a library
+whose record is missing (folders and cache entries written before records
+existed) at least has its ELF headers checked against its size.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import struct
+import threading
+from pathlib import Path
+
+from .errors import DamagedFileError, DiskFullError
+
+_CHUNK = 1 << 20
+# (dev, inode, size, mtime_ns, ctime_ns) -> sha256: a file is hashed once per
+# process while it is unchanged (a warm rebuild looks the same objects up often)
+_digests: dict = {}
+_digests_lock = threading.Lock()
+
+
+def sha256_file(path) -> str:
+    """Hex sha256 of a file's bytes. Raises OSError."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        with _digests_lock:
+            hit = _digests.get(ident)
+        if hit is not None:
+            return hit
+        h = hashlib.sha256()
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            h.update(block)
+        digest = h.hexdigest()
+    with _digests_lock:
+        if len(_digests) > 4096:
+            _digests.clear()
+        _digests[ident] = digest
+    return digest
+
+
+def record(path) -> dict:
+    """{"size", "sha256"} of a file, as manifests and cache metadata store it."""
+    return {"size": os.stat(path).st_size, "sha256": sha256_file(path)}
+
+
+def records(folder: Path, skip=()) -> dict:
+    """record() of every regular file under ``folder`` by its relative POSIX path
+    (names in ``skip`` left out)."""
+    folder = Path(folder)
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_file() and not p.is_symlink() and rel not in skip:
+            out[rel] = record(p)
+    return out
+
+
+def problem(path, rec: dict) -> str | None:
+    """What is wrong with ``path`` against its record (a phrase: "is missing",
+    "is truncated (10 of 300 bytes)", ...), or None when size and hash match."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return "is missing"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    want = rec.get("size")
+    if want is not None and size != want:
+        if size == 0:
+            return f"is empty (0 of {want} bytes)"
+        if size < want:
+            return f"is truncated ({size} of {want} bytes)"
+        return f"has {size} bytes where {want} were written"
+    if rec.get("sha256") is not None:
+        try:
+            digest = sha256_file(path)
+        except OSError as e:
+            return f"cannot be read ({e.strerror or e})"
+        if digest != rec["sha256"]:
+            return "is corrupted (its sha256 differs from the one recorded when it was written)"
+    return None
+
+
+def check(path, rec: dict, fix: str) -> None:
+    """Raise DamagedFileError (naming ``path`` and ``fix``) unless ``path`` matches
+    its record."""
+    why = problem(path, rec)
+    if why is not None:
+        raise DamagedFileError(path, why, fix)
+
+
+_PT_LOAD, _SHT_NOBITS = 1, 8
+
+
+def elf_problem(path) -> str | None:
+    """Why ``path`` is not a complete ELF file (a phrase), or None. Checks what a
+    truncation breaks, without reading the whole file: the header, and that the
+    program and section header tables and every loadable segment lie inside it."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            hdr = f.read(64)
+            if size == 0:
+                return "is empty"
+            if len(hdr) < 52 or hdr[:4] != b"\x7fELF" or hdr[4] not in (1, 2) or hdr[5] not in (1, 2):
+                return "is not an ELF shared library (bad header)"
+            e = "<" if hdr[5] == 1 else ">"
+            wide = hdr[4] == 2
+            if wide and len(hdr) < 64:
+                return f"is truncated ({size} bytes: not even an ELF header)"
+            if wide:
+                phoff, shoff = struct.unpack_from(e + "QQ", hdr, 32)
+                phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", hdr, 54)
+            else:
+                phoff, shoff = struct.unpack_from(e + "II", hdr, 28)
+                phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", hdr, 42)
+            for what, off, n, ent in (("program headers", phoff, phnum, phentsize),
+                                      ("section headers", shoff, max(shnum, 1 if shoff else 0), shentsize)):
+                if n and off + n * ent > size:
+                    return f"is truncated ({size} bytes; its {what} end at byte {off + n * ent})"
+            if phnum:
+                f.seek(phoff)
+                table = f.read(phnum * phentsize)
+                for i in range(phnum):
+                    if wide:
+                        p_type, = struct.unpack_from(e + "I", table, i * phentsize)
+                        p_offset, = struct.unpack_from(e + "Q", table, i * phentsize + 8)
+                        p_filesz, = struct.unpack_from(e + "Q", table, i * phentsize + 32)
+                    else:
+                        p_type, p_offset = struct.unpack_from(e + "II", table, i * phentsize)
+                        p_filesz, = struct.unpack_from(e + "I", table, i * phentsize + 16)
+                    if p_type == _PT_LOAD and p_offset + p_filesz > size:
+                        return (f"is truncated ({size} bytes; a loadable segment ends at byte "
+                                f"{p_offset + p_filesz})")
+            if shnum and shentsize:
+                f.seek(shoff)
+                table = f.read(shnum * shentsize)
+                for i in range(shnum):
+                    if wide:
+                        sh_type, = struct.unpack_from(e + "I", table, i * shentsize + 4)
+                        sh_offset, sh_size = struct.unpack_from(e + "QQ", table, i * shentsize + 24)
+                    else:
+                        sh_type, = struct.unpack_from(e + "I", table, i * shentsize + 4)
+                        sh_offset, sh_size = struct.unpack_from(e + "II", table, i * shentsize + 16)
+                    if sh_type != _SHT_NOBITS and sh_offset + sh_size > size:
+                        return f"is truncated ({size} bytes; a section ends at byte {sh_offset + sh_size})"
+    except FileNotFoundError:
+        return "is missing"
+    except (OSError, struct.error) as err:
+        return f"cannot be read ({getattr(err, 'strerror', None) or err})"
+    return None
+
+
+def is_disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(e: OSError, path, hint: str) -> DiskFullError:
+    """The DiskFullError for an ENOSPC / EDQUOT ``e`` raised while writing ``path``."""
+    return DiskFullError(getattr(e, "filename", None) or path, hint)
