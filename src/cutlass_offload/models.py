@@ -2,7 +2,7 @@
 downloaded), and the ``package.module:factory`` loader.
 
 The five "zoo" architectures (``llama``, ``whisper-encoder``, ``convnext-tiny``,
-``efficientnet-b0``, ``vae-decoder``; shared/zoo/README.md) take keyword overrides of
+``efficientnet-b0``, ``vae-decoder``: the team's zoo list of real architectures) take keyword overrides of
 their config (e.g. ``num_hidden_layers=1``) so tests can build a small one. The timm
 ones need ``timm`` and a ``torchvision`` built for the installed torch, imported only
 when such a model is asked for.
@@ -162,7 +162,7 @@ def resnet50(batch=8, seq=224):
     return _randomize_bn(model), (torch.randn(batch, 3, seq, seq),)
 
 
-# ----------------------------------------------------------------- the zoo (shared/zoo)
+# ----------------------------------------------------------------- the zoo
 
 def llama(batch=4, seq=512, **config):
     """TinyLlama-1.1B's architecture cut to 16 layers (transformers LlamaForCausalLM:
