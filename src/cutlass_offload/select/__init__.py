@@ -121,7 +121,7 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
             elif isinstance(r, ConvRegion):
                 # C not a multiple of 8: zero-padded channels let a TMA kernel run it
                 r = replace(r, problem=pad_channels(r.problem, arch))
-                k = choose_conv_kernel(r.problem, arch, options.num_sms or DEFAULT_NUM_SMS[arch])
+                k = choose_conv_kernel(r.problem, arch, num_sms)
             else:
                 k = choose_kernel(r.problem, arch, options.num_sms, tuned)
         except ValueError as e:

@@ -43,7 +43,8 @@ to 256x128 (N = 96 and 192 included), cooperative and ping-pong schedules, clust
 1x1, 2x1, 1x2 and 2x2, 128-deep K tiles for small tiles, and stream-K kernels
 whose splits and decomposition are run-time knobs (``launch_variants``), as are
 raster order, swizzle and PDL for every kernel (ir.GemmLaunch): trying a knob costs
-no compile. ``COMPILE_SECONDS`` is what one more config costs to build.
+no compile. What each config costs to build shows in the build report (seconds per
+unit and the kernels it holds).
 """
 from __future__ import annotations
 
@@ -116,10 +117,6 @@ MAX_CANDIDATES = 4       # configs a --tune profiles per problem when not search
 # Launch knobs for shapes the table does not cover: CUTLASS's defaults.
 DEFAULT_LAUNCH = GemmLaunch()
 NEAREST_MAX_RATIO = 2.0  # a table entry stands in for shapes within 2x in each of M, N, K
-# Seconds one more 3.x GEMM config x epilogue adds to a build on the 16-core H200 host
-# when compiled beside others of its family (README: a 20-kernel unit took 86.8 s, a
-# one-kernel unit 42-57 s); a config alone in its unit costs a whole unit.
-COMPILE_SECONDS = 7.0
 TABLES = Path(__file__).parent / "tables"
 
 
