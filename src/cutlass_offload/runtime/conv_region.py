@@ -24,7 +24,7 @@ import torch
 from ..ir import ConvKernel, ConvRegion
 from .library import CoConvArgs
 from .ops import channels_last_strides
-from .region import RegionModule
+from .region import RegionModule, unpooled_empty
 
 
 def nhwc(t: torch.Tensor):
@@ -197,5 +197,10 @@ class ConvRegionModule(RegionModule):
         wp = padded_nhwc(w, self._c_kernel)
         self.channel_pad_copies += 1
         if self.filter_constant and not (w.is_cuda and torch.cuda.is_current_stream_capturing()):
-            self._filter_cache = (w, _version(w), wp)
+            # kept across calls: outside any CUDA graph pool (Inductor's graph trees
+            # warm up with this thread's allocations routed to theirs)
+            kept = unpooled_empty(wp.shape, wp.dtype, wp.device)     # contiguous, as wp
+            kept.copy_(wp)
+            self._filter_cache = (w, _version(w), kept)
+            return kept
         return wp

@@ -4,6 +4,7 @@ workspace, and verify mode. Subclasses map PyTorch tensors onto their C ABI."""
 from __future__ import annotations
 
 import ctypes
+import threading
 import warnings
 
 import torch
@@ -48,6 +49,37 @@ def disagreement(out: torch.Tensor, ref: torch.Tensor, tol: float) -> str | None
     return None
 
 
+def unpooled_empty(shape, dtype, device) -> torch.Tensor:
+    """An uninitialized tensor that no CUDA graph memory pool owns, for buffers a
+    region keeps across calls (workspaces, prepacked filters).
+
+    The caching allocator routes a thread's allocations to a graph's private pool
+    while Inductor's CUDA graph trees warm up or record a graph on that thread
+    (``_cuda_beginAllocateCurrentThreadToPool``), and the trees then refuse a
+    pool allocation that outlives the call without being an output. So the
+    buffer is allocated by a helper thread, then marked as used on the caller's
+    current stream. Not during a capture (no cudaMalloc then): callers use a
+    per-call temporary instead.
+    """
+    if torch.device(device).type != "cuda":
+        return torch.empty(shape, dtype=dtype, device=device)
+    box = []
+
+    def alloc():
+        try:
+            box.append(torch.empty(shape, dtype=dtype, device=device))
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            box.append(e)
+
+    t = threading.Thread(target=alloc, name="cutlass_offload-buffer")
+    t.start()
+    t.join()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    box[0].record_stream(torch.cuda.current_stream(device))
+    return box[0]
+
+
 def current_stream(index):
     """cudaStream_t of the current stream: the raw getter Inductor uses when it
     exists (a few us cheaper per call), else the public API."""
@@ -80,6 +112,7 @@ class RegionModule(torch.nn.Module):
         self._library_getter = library_getter
         self._fn = None
         self._ws = None
+        self._ws_retired = []        # workspaces replaced by larger ones (see _workspace)
         self._ws_shape, self._ws_need = None, 0
         self.fallback_calls = 0
         self._calls = 0              # calls through forward's Python path
@@ -226,13 +259,10 @@ class RegionModule(torch.nn.Module):
         key = self._ws_key(args)
         if key != self._ws_shape:        # workspace size depends on the problem size only
             self._ws_shape, self._ws_need = key, self._ws_fn(ctypes.byref(args))
-        need = self._ws_need
+        need, ws = self._ws_need, None
         if need > 0:
-            if self._ws is None or self._ws.numel() < need:
-                self._ws = torch.empty(need, dtype=torch.uint8, device=a.device)
-                if self._fast is not None:
-                    self._fast.set_workspace(self._ws)
-            args.workspace, args.workspace_bytes = self._ws.data_ptr(), self._ws.numel()
+            ws = self._workspace(need, a.device)     # held until the launch
+            args.workspace, args.workspace_bytes = ws.data_ptr(), ws.numel()
         else:
             args.workspace, args.workspace_bytes = None, 0
         status = self._fn(ctypes.byref(args), current_stream(a.device.index))
@@ -248,6 +278,26 @@ class RegionModule(torch.nn.Module):
             return self.fallback(*xs)
         raise KernelLaunchError(f"{self.region.name} ({self.kernel.name}): "
                                 f"{STATUS_NAMES.get(status, status)}")
+
+    def _workspace(self, need: int, device) -> torch.Tensor:
+        """A workspace of at least ``need`` bytes for this launch.
+
+        The region's reused buffer, grown to the next power of two and allocated
+        outside any CUDA graph memory pool (``unpooled_empty``). While a graph is
+        being captured a too-small buffer is not replaced: the launch gets a
+        per-call temporary from the graph's pool. A replaced buffer is kept alive, not
+        freed: a graph captured earlier still launches with its address.
+        """
+        if self._ws is not None and self._ws.numel() >= need:
+            return self._ws
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return torch.empty(need, dtype=torch.uint8, device=device)
+        if self._ws is not None:
+            self._ws_retired.append(self._ws)
+        self._ws = unpooled_empty(1 << (need - 1).bit_length(), torch.uint8, device)
+        if self._fast is not None:
+            self._fast.set_workspace(self._ws)
+        return self._ws
 
     def _verified(self, out, xs):
         """First call in verify mode: compare with the PyTorch subgraph (see
