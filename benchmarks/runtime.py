@@ -12,9 +12,10 @@ own (``--resume`` skips the steps a partial JSON already holds):
 * ``torch.compile`` anchors, each with its compile time (the first call) and
   relative error: ``default``, ``reduce-overhead`` (Inductor's CUDA graphs) and
   ``max-autotune`` (for ``--max-autotune-models``, default bert-base and llama);
-* ours, compiled once here (``--dynamic-batch`` on by default, glue "inductor":
-  the library builds while Inductor compiles the glue) or loaded from
-  ``--from`` folders:
+* ours, compiled here (``--dynamic-batch`` on by default; glue "inductor": the
+  library builds while Inductor compiles the glue, layer / RMS norms left to
+  Inductor; then again with glue "eager", every norm a region, the kernels
+  from the cache) or loaded from ``--from`` folders:
   ``ours_inductor`` (Inductor glue, plain calls), ``ours_inductor_ro`` (Inductor
   glue in mode "reduce-overhead"), and ``heuristic`` (eager glue: plain, the
   whole forward captured in a CUDA graph, ``CompiledModel.cuda_graphed()``, the
@@ -636,6 +637,14 @@ def bench_model(name, a, peaks, res=None, save=lambda: None, budget=None) -> dic
             step("ours_inductor", lambda: bench_inductor_glue(compiled, inputs, None, checks, a))
             step("ours_inductor_ro", lambda: bench_inductor_glue(
                 compiled, inputs, "reduce-overhead", checks, a))
+            if "heuristic" not in res and a.from_tpl is None:
+                # eager glue partitions apart: every norm is a region there (offload_norms
+                # "auto"), while Inductor glue leaves layer / RMS norms to Inductor
+                del compiled, exported
+                torch._dynamo.reset()
+                _free()
+                compiled, exported, source, setup_s = _load_or_compile(
+                    name, None, model, inputs, False, a, glue="eager")
         step("heuristic", lambda: _eager_variant("heuristic", compiled, exported, source, setup_s,
                                                  inputs, ref, checks, a, peaks, cache, ref_graph=res))
         del compiled, exported, cache

@@ -25,7 +25,7 @@ from . import build as build_stage
 from . import integrity
 from .build.cache import remove_stale
 from .capture import Captured, capture, from_exported
-from .config import CompileOptions
+from .config import CompileOptions, resolve_norms
 from .errors import CutlassOffloadError, DamagedFileError, DeviceError, DiskFullError
 from .ir import Fallback, Plan
 from .partition import partition
@@ -83,7 +83,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
             verify: bool = False, executor: str = "local",
             ray_address: str | None = None, tune: bool = False,
             glue: str = "auto", mode: str | None = None,
-            options: dict | None = None) -> CompiledModel:
+            options: dict | None = None, offload_norms: str = "auto") -> CompiledModel:
     """Offload ``model``'s GEMM, conv2d, attention and norm regions to CUTLASS kernels
     in one shared library.
 
@@ -112,6 +112,9 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
       folder; ``load`` may override it.
     mode, options: torch.compile's, for the Inductor glue ("reduce-overhead" runs
       the forward in Inductor's CUDA graphs; "max-autotune").
+    offload_norms: which norms become regions ("all", "group", "none"); "auto"
+      (the default) leaves layer / RMS norms to Inductor when the glue is Inductor
+      (it fuses them with their neighbours; see CompileOptions), else "all".
     With Inductor glue and CUDA example inputs on a GPU of ``arch``, the library
     is built in a background thread while the first call (Dynamo + Inductor's
     compile of the glue) runs on the example inputs; its regions wait for the
@@ -125,9 +128,10 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     """
     inductor_options = options
     glue_spec = GlueSpec(glue, mode, inductor_options)        # ValueError before any work
-    options = CompileOptions(arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict,
-                             num_sms=num_sms, build_strategy=build_strategy, executor=executor,
-                             ray_address=ray_address, tune=tune)
+    options = resolve_norms(CompileOptions(
+        arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict, num_sms=num_sms,
+        build_strategy=build_strategy, executor=executor, ray_address=ray_address, tune=tune,
+        offload_norms=offload_norms), glue_spec.resolved())
     _executor(options)      # a missing Ray extra fails now, not after the capture
     if out_dir is not None:
         check_out_dir(out_dir)      # and a path we must not replace, before any work
@@ -202,8 +206,9 @@ def compile_captured(cap: Captured, options: CompileOptions, phases: _Phases | N
     is "eager" here (the building block for tests and tools that call a model with
     many shapes); the Inductor glue is compiled on the first call.
     """
-    return _compile_graph(cap.graph_module, options, phases or _Phases(),
-                          glue=GlueSpec(glue, mode, inductor_options))
+    spec = GlueSpec(glue, mode, inductor_options)
+    return _compile_graph(cap.graph_module, resolve_norms(options, spec.resolved()),
+                          phases or _Phases(), glue=spec)
 
 
 def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=None,

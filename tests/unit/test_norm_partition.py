@@ -291,3 +291,46 @@ def test_aot_autograd_forms_of_the_torch_compile_backend():
     assert ln.eps == 1e-12 and llama.eps == 1e-6 and abs(rms.eps - 1e-6) < 1e-12
     assert all(p.weight for p in (ln, llama, rms)) and ln.bias
     assert part.regions[0].nodes[-1].startswith("getitem")
+
+
+class _Norms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+        self.ln = nn.LayerNorm(64)
+        self.gn = nn.GroupNorm(8, 64)
+
+    def forward(self, x, img):
+        return self.ln(self.lin(x) + x), self.gn(img)
+
+
+@pytest.mark.parametrize("choice, kept, offloaded", [
+    ("all", [], ["group_norm", "layer_norm"]),
+    ("auto", [], ["group_norm", "layer_norm"]),          # unresolved: as "all"
+    ("group", ["layer_norm"], ["group_norm"]),
+    ("none", ["group_norm", "layer_norm"], []),
+])
+def test_offload_norms_choices(choice, kept, offloaded):
+    from cutlass_offload.config import CompileOptions
+
+    m = _Norms().to(torch.float16).eval()
+    xs = (torch.randn(2, 8, 64, dtype=torch.float16), torch.randn(2, 64, 4, 4, dtype=torch.float16))
+    part = partition(capture(m, xs).graph_module, CompileOptions(arch="sm80", offload_norms=choice))
+    assert sorted(r.form for r in part.regions if "norm" in r.form) == offloaded
+    by_choice = [f for f in part.fallbacks if "offload_norms" in f.reason]
+    assert sorted(f.op for f in by_choice) == kept
+    assert all("by choice" in f.reason and repr(choice) in f.reason for f in by_choice)
+    assert any(r.form == "linear" for r in part.regions)
+
+
+def test_resolve_norms_by_glue():
+    from cutlass_offload.config import CompileOptions, resolve_norms
+
+    auto = CompileOptions(arch="sm90a")
+    assert resolve_norms(auto, "inductor").offload_norms == "group"
+    assert resolve_norms(auto, "eager").offload_norms == "all"
+    strict = CompileOptions(arch="sm90a", strict=True)
+    assert resolve_norms(strict, "inductor").offload_norms == "all"     # strict: no choices
+    assert resolve_norms(CompileOptions(arch="sm90a", offload_norms="none"), "eager").offload_norms == "none"
+    with pytest.raises(ValueError, match="offload_norms"):
+        CompileOptions(arch="sm90a", offload_norms="some")

@@ -49,6 +49,10 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
         if ops is None:                # not the anchor's pattern after all (a plain rsqrt)
             continue
         if isinstance(ops, (NormOperands, GroupNormOperands)):   # norms: no epilogue growth
+            why = _left_to_glue(ops, options)
+            if why:
+                fallbacks.append(Fallback(node.name, anchor.form, why))
+                continue
             if any(n in taken for n in ops.nodes):
                 fallbacks.append(Fallback(node.name, anchor.form, "overlaps another region"))
                 continue
@@ -73,6 +77,15 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
         if getattr(ops, "pad_node", None) is not None:
             taken.add(ops.pad_node)
     return PartitionResult(tuple(regions), tuple(fallbacks))
+
+
+def _left_to_glue(ops, options) -> str | None:
+    """Why a norm stays in the graph by choice (``options.offload_norms``), or None."""
+    norms = options.offload_norms
+    if norms == "none" or (norms == "group" and isinstance(ops, NormOperands)):
+        return (f"left to the glue by choice (offload_norms={norms!r}): Inductor fuses it with "
+                "its neighbours, which a region would prevent")
+    return None
 
 
 def _attention_pass(gm, options, regions, fallbacks, taken) -> None:
