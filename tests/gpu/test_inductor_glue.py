@@ -73,7 +73,8 @@ def _check(out, ref):
 @pytest.fixture(scope="module")
 def compiled(eager):
     torch._dynamo.reset()
-    m = co.compile(eager, _inputs(), glue="inductor", dynamic_batch=True)
+    # every norm a region here (offload_norms "auto" leaves layer norms to Inductor)
+    m = co.compile(eager, _inputs(), glue="inductor", dynamic_batch=True, offload_norms="all")
     yield m
     torch._dynamo.reset()
 
@@ -138,7 +139,7 @@ def test_kernel_outputs_have_the_fake_impls_strides(compiled):
 
 def test_reduce_overhead_runs_in_inductor_cuda_graphs(eager, reference):
     torch._dynamo.reset()
-    m = co.compile(eager, _inputs(), glue="inductor", mode="reduce-overhead")
+    m = co.compile(eager, _inputs(), glue="inductor", mode="reduce-overhead", offload_norms="all")
     assert m.inductor.cuda_graphs
     with torch.no_grad():
         outs = []
@@ -166,7 +167,10 @@ def test_torch_compile_backend_with_mode(eager, reference):
             _check(out, reference(*x))
     c = be.compiled[0]
     kinds = {r.form for r in c.plan.regions}
-    assert {"addmm", "layer_norm", "sdpa", "conv2d", "group_norm"} <= kinds, kinds
+    assert {"addmm", "sdpa", "conv2d", "group_norm"} <= kinds, kinds
+    # offload_norms "auto" under Inductor: the layer norm is Inductor's, by choice
+    assert "layer_norm" not in kinds
+    assert [f.op for f in c.plan.fallbacks if "by choice" in f.reason] == ["layer_norm"]
     assert sum(m.fallback_calls for m in c.region_modules()) == 0
     torch._dynamo.reset()
 
@@ -200,4 +204,42 @@ def test_load_saved_folder_without_building(eager, reference, tmp_path, monkeypa
         poison_allocator()
         _check(m(*x), reference(*x))
     assert sum(r.fallback_calls for r in m.region_modules()) == 0
+    torch._dynamo.reset()
+
+
+class HeadDim40Attention(nn.Module):
+    def forward(self, x):
+        b, s, d = x.shape
+        q = x.view(b, s, d // 40, 40).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q.sin(), q.cos()).transpose(1, 2).reshape(b, s, d)
+
+
+def test_reduce_overhead_from_the_first_call_with_a_workspace():
+    """A region with a workspace (the sm90 FMHA's log-sum-exp rows) compiled straight
+    into reduce-overhead: Inductor's CUDA graph trees warm up and record with this
+    thread's allocations routed to their pool and refuse a pool allocation that
+    outlives the call; the region keeps its workspace outside the pool."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the sm90 FMHA needs an sm_90 GPU")
+    from cutlass_offload.api import compile_captured
+    from cutlass_offload.capture import capture
+    from cutlass_offload.config import CompileOptions
+
+    torch._dynamo.reset()
+    model = HeadDim40Attention()
+    x0 = torch.randn(2, 1024, 320, device="cuda").to(H)
+    m = compile_captured(capture(model, (x0,)), CompileOptions(arch="sm90a", pytorch_when_faster=False),
+                         glue="inductor", mode="reduce-overhead")
+    assert [r.form for r in m.plan.regions] == ["sdpa"]
+    with torch.no_grad():
+        outs = []
+        for seed in range(5):                     # warm-up, record, then replays
+            x = torch.randn(2, 1024, 320, generator=torch.Generator("cuda").manual_seed(seed),
+                            device="cuda").to(H)
+            poison_allocator()
+            outs.append((m(x).clone(), model(x.float())))
+        for out, ref in outs:
+            assert rel_err(out, ref) < TOLERANCE[H], rel_err(out, ref)
+    (mod,) = m.region_modules()
+    assert mod._ws_need > 0 and mod.fallback_calls == 0
     torch._dynamo.reset()

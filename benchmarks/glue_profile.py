@@ -1,0 +1,210 @@
+"""Where a forward's GPU time goes: torch.compile against ours with Inductor glue,
+kernel by kernel (issue 15 / 16: "the profile that shows it").
+
+Per model: torch.compile(model, mode=M) and ours compiled with glue "inductor" in
+the same mode (``ours``: the default options, layer / RMS norms left to Inductor;
+``--variants`` adds ``norms_all``: every norm a region), each checked against a
+float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
+ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
+``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
+kernels inside CUDA graph replays too). Kernel time is summed per forward by class
+(our CUTLASS kernels, cuBLAS, cuDNN conv, attention, Triton, eager elementwise,
+copies, other) and the heaviest kernels are listed, so a gap between two variants
+shows up as the class and the kernels that make it. Prints tables, writes JSON
+(``--json``, default $OUT/glue_profile.json); needs a CUDA GPU (exit 2 without).
+
+    python benchmarks/glue_profile.py llama convnext-tiny [--mode reduce-overhead]
+        [--variants torch_compile,ours,norms_all] [--reps 20] [--profile-reps 5]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from _timing import events_ms
+from runtime import _fp32_reference, fresh_inputs, rel_err
+
+from cutlass_offload.api import compile_captured, resolve_arch
+from cutlass_offload.capture import capture
+from cutlass_offload.config import CompileOptions
+from cutlass_offload.models import load_model
+
+VARIANTS = ("torch_compile", "ours", "norms_all")
+# Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
+# nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
+# and the hand-written ones in namespaces co_*; then the kind by substring.
+OURS = ("cutlass::device_kernel", "_ZN7cutlass13device_kernel", "cutlass::Kernel2<cutlass::",
+        "cutlass::Kernel<cutlass::", "co_", "attention_kernel_batched")
+KINDS = (("attention", ("fmha", "attention", "flash", "sdpa")),
+         ("conv", ("conv", "fprop", "implicit", "depthwise", "winograd")),
+         ("norm", ("norm",)),
+         ("gemm", ("gemm", "nvjet", "gemv", "cublas", "cutlass")))
+OTHERS = (("triton", ("triton",)),
+          ("copy", ("copy", "memcpy", "memset", "nchwtonhwc", "nhwctonchw")),
+          ("eager elementwise", ("at::native", "elementwise", "reduce_kernel")))
+
+
+def classify(name: str) -> str:
+    """'ours <kind>' for our kernels, else 'pytorch <kind>' / copy / triton / ..."""
+    low = name.lower()
+    ours = any(name.startswith(k) or f" {k}" in name or f"<{k}" in name for k in OURS)
+    if not ours:
+        for cls, keys in OTHERS:
+            if any(k in low for k in keys):
+                return cls
+    for kind, keys in KINDS:
+        if any(k in low for k in keys):
+            return f"{'ours' if ours else 'pytorch'} {kind}"
+    return "ours other" if ours else "other"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("models", nargs="+")
+    p.add_argument("--mode", default="reduce-overhead", choices=["default", "reduce-overhead"])
+    p.add_argument("--variants", default=",".join(VARIANTS[:2]))
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--profile-reps", type=int, default=5)
+    p.add_argument("--top", type=int, default=12)
+    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+def kernel_profile(fn, reps: int) -> dict:
+    """Kernel time per forward of ``fn`` (already warm), by class and by kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    by_kernel = collections.defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if getattr(ev, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        dur = getattr(ev, "device_time", None)
+        if dur is None:
+            dur = getattr(ev, "cuda_time", 0.0)
+        k = by_kernel[ev.name]
+        k[0] += 1
+        k[1] += float(dur)
+    classes = collections.defaultdict(lambda: [0.0, 0.0])
+    kernels = []
+    for name, (count, us) in by_kernel.items():
+        c = classes[classify(name)]
+        c[0] += count / reps
+        c[1] += us / reps
+        kernels.append({"name": name, "class": classify(name), "per_forward": count / reps,
+                        "us_per_forward": us / reps})
+    kernels.sort(key=lambda k: -k["us_per_forward"])
+    return {"kernel_us": sum(k["us_per_forward"] for k in kernels),
+            "kernels_per_forward": sum(k["per_forward"] for k in kernels),
+            "classes": {c: {"kernels": n, "us": us} for c, (n, us) in
+                        sorted(classes.items(), key=lambda kv: -kv[1][1])},
+            "top": kernels[:40]}
+
+
+def run_variant(variant, model, inputs, check, a) -> dict:
+    torch._dynamo.reset()
+    mode = None if a.mode == "default" else a.mode
+    t0 = time.perf_counter()
+    if variant == "torch_compile":
+        fn = torch.compile(model, mode=mode)
+    else:
+        options = CompileOptions(arch=resolve_arch(None),
+                                 offload_norms="all" if variant == "norms_all" else "auto")
+        cap = capture(model, inputs)
+        fn = compile_captured(cap, options, glue="inductor", mode=mode)
+    with torch.no_grad():
+        fn(*inputs)
+        torch.cuda.synchronize()
+        res = {"variant": variant, "setup_s": time.perf_counter() - t0}
+        if variant != "torch_compile":
+            res["regions"] = len(fn.plan.regions)
+            res["glue_failed"] = fn.inductor.failed if fn.inductor else None
+        fresh, ref = check
+        res["rel_err_fp32_fresh"] = rel_err(fn(*fresh), ref)
+        res["ms"] = events_ms(lambda: fn(*inputs), a.reps)
+        res["profile"] = kernel_profile(lambda: fn(*inputs), a.profile_reps)
+    fn = None
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+    return res
+
+
+def print_model(name, rows, top) -> None:
+    print(f"\n== {name}")
+    classes = []
+    for r in rows:
+        for c in r["profile"]["classes"]:
+            if c not in classes:
+                classes.append(c)
+    head = ["variant", "ms/forward", "vs torch.compile", "rel. err", "kernel us", "kernels"] + classes
+    base = next((r["ms"] for r in rows if r["variant"] == "torch_compile"), None)
+    print(" | ".join(head))
+    for r in rows:
+        p = r["profile"]
+        cells = [r["variant"], f"{r['ms']:.3f}", f"{r['ms'] / base:.2f}" if base else "-",
+                 f"{r['rel_err_fp32_fresh']:.1e}", f"{p['kernel_us']:.0f}", f"{p['kernels_per_forward']:.0f}"]
+        for c in classes:
+            v = p["classes"].get(c)
+            cells.append(f"{v['us']:.0f} ({v['kernels']:.0f})" if v else "-")
+        print(" | ".join(cells))
+    for r in rows:
+        print(f"-- {name} / {r['variant']}: heaviest kernels (us per forward, calls)")
+        for k in r["profile"]["top"][:top]:
+            print(f"   {k['us_per_forward']:9.1f} {k['per_forward']:5.0f}  {k['class']:<18} {k['name'][:110]}")
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("glue_profile: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    variants = [v for v in a.variants.split(",") if v]
+    bad = sorted(set(variants) - set(VARIANTS))
+    if bad:
+        raise SystemExit(f"unknown variants {bad}: choose from {VARIANTS}")
+    out = Path(a.json or Path(os.environ.get("OUT", ".")) / "glue_profile.json")
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "mode": a.mode,
+              "date": time.strftime("%Y-%m-%d"), "models": {}}
+    for name in a.models:
+        model, inputs = load_model(name, dtype=a.dtype)
+        model = model.cuda().eval()
+        inputs = tuple(x.cuda() if isinstance(x, torch.Tensor) else x for x in inputs)
+        fresh = fresh_inputs(inputs, 1234)
+        with torch.no_grad():
+            check = (fresh, _fp32_reference(model)(*fresh))
+        rows = []
+        for v in variants:
+            try:
+                rows.append(run_variant(v, model, inputs, check, a))
+            except Exception as e:  # noqa: BLE001 - recorded; the other variants still run
+                print(f"{name} / {v}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                result["models"].setdefault(name, {})[v] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        result["models"].setdefault(name, {}).update({r["variant"]: r for r in rows})
+        print_model(name, rows, a.top)
+        out.write_text(json.dumps(result, indent=1))
+        del model, inputs
+        gc.collect()
+        torch.cuda.empty_cache()
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
