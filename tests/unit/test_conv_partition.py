@@ -224,3 +224,27 @@ def test_contiguous_before_a_conv_is_dropped_so_nhwc_needs_no_copy():
     xs[mod._ibias] = m.proj.bias.detach()
     xs[mod._ic] = h.contiguous(memory_format=torch.channels_last)
     assert mod._map(tuple(xs)) is not None and mod.layout_conversions == 0
+
+
+def test_depthwise_and_grouped_convs_stay_in_pytorch_with_reasons():
+    import torch.nn as nn
+
+    from cutlass_offload.capture import capture
+    from cutlass_offload.config import CompileOptions
+    from cutlass_offload.partition import partition
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+            self.gr = nn.Conv2d(32, 64, 3, padding=1, groups=4)
+
+        def forward(self, x):
+            return self.gr(self.dw(x))
+
+    x = torch.randn(2, 32, 8, 8, dtype=torch.float16)
+    part = partition(capture(M().half(), (x,)).graph_module, CompileOptions(arch="sm90a"))
+    assert part.regions == ()
+    dw, gr = (f.reason for f in part.fallbacks)
+    assert dw.startswith("depthwise convolution (groups=32)") and "faster" in dw
+    assert gr.startswith("grouped convolution (groups=4)")
