@@ -4,7 +4,8 @@ kernels built into one shared library. Importing the package has no side effects
     compiled = cutlass_offload.compile(model, (x,), arch="sm_90a")
     y = compiled(x)
 """
-from .api import check_folder, compile, compile_captured, load, resolve_arch
+from .api import compile, compile_captured, load, resolve_arch
+from .folder import check_folder
 from .capture import capture
 from .config import CompileOptions
 from .backend import backend, make_backend

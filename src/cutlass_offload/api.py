@@ -1,43 +1,33 @@
-"""Public entry points: ``compile`` (torch.export path), ``load``, ``backend``
-(torch.compile path). ``compile`` is the pipeline stages called in order."""
+"""Public entry points: ``compile`` (torch.export path) and ``load`` (an output
+folder); ``backend`` (the torch.compile path) is backend.py. Both run the pipeline
+stages in order; an output folder's format, writing and checks are folder.py."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
-import glob
-import hashlib
 import json
 import os
-import shutil
-import tempfile
 import threading
 import time
-import uuid
-import zipfile
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch.export.passes import move_to_device_pass
 
 from . import build as build_stage
-from . import integrity
-from .build.cache import remove_stale
 from .capture import Captured, capture, from_exported
 from .config import CompileOptions, resolve_norms
-from .errors import CutlassOffloadError, DamagedFileError, DeviceError, DiskFullError
+from .errors import CutlassOffloadError, DamagedFileError, DeviceError
+# the output folder's format (folder.py); check_folder is re-exported for the CLI
+from .folder import MANIFEST, _checked, _fingerprint, check_folder, check_out_dir, save  # noqa: F401
 from .ir import Fallback, Plan
 from .partition import partition
 from .report import Report
 from .runtime import fast_call
 from .runtime.compiled_model import CompiledModel, offload
+from .runtime.glue import GlueSpec
 from .select import select
 
-MANIFEST = "manifest.json"
-# 2: the manifest records every file's size and sha256 ("files") and its own
-# checksum; folders without them (format 1) still load, with cheaper checks
-FOLDER_FORMAT = 2
 # sm_90 is accepted for sm_90a: on Hopper only the arch-specific target has wgmma/TMA
 ARCH_ALIASES = {"sm90a": "sm90a", "sm_90a": "sm90a", "sm90": "sm90a", "sm_90": "sm90a",
                 "sm80": "sm80", "sm_80": "sm80"}
@@ -105,7 +95,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
       manifest.json records each file's size and sha256. An existing output folder
       there is replaced; an existing file or a non-empty folder of anything else is
       refused before any work.
-    glue: how the ops that are not offloaded run (glue.py): "inductor" (the graph,
+    glue: how the ops that are not offloaded run (runtime/glue.py): "inductor" (the graph,
       regions as opaque custom ops, compiled by torch.compile's Inductor into fused
       kernels), "eager" (one PyTorch kernel per op), or "auto" (the default:
       Inductor when a CUDA GPU and Triton are present, else eager). Saved with the
@@ -147,35 +137,6 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
             save(compiled, cap, example_inputs, options, out_dir, glue_spec)
         compiled.report.phases = dict(phases.seconds)
     return compiled
-
-
-class GlueSpec:
-    """A glue choice as the user gave it: glue ("auto" / "inductor" / "eager"), mode
-    and options (torch.compile's). Raises ValueError for an unknown one."""
-
-    def __init__(self, glue: str | None = "auto", mode: str | None = None, options: dict | None = None):
-        from .glue import check_glue_args
-        check_glue_args(glue, mode, options)
-        self.glue, self.mode, self.options = glue or "auto", mode, dict(options or {})
-
-    def resolved(self) -> str:
-        from .glue import resolve_glue
-        return resolve_glue(self.glue)
-
-    def apply(self, compiled: CompiledModel) -> CompiledModel:
-        compiled.set_glue(self.glue, self.mode, self.options)
-        if compiled.report is not None:
-            compiled.report.glue = {"requested": self.glue, "glue": compiled.glue, "mode": self.mode,
-                                    "options": self.options}
-        return compiled
-
-    def to_json(self) -> dict:
-        """For the manifest. Raises ValueError when an option value is not JSON."""
-        try:
-            json.dumps(self.options)
-        except TypeError as e:
-            raise ValueError(f"Inductor options must be JSON values to be saved: {e}") from None
-        return {"glue": self.glue, "mode": self.mode, "options": self.options}
 
 
 def _warm_inputs(example_inputs, options: CompileOptions, glue: GlueSpec):
@@ -358,248 +319,6 @@ def _restrict(plan: Plan, names) -> Plan:
             for r in plan.regions if r.name not in keep]
     return replace(plan, regions=tuple(r for r, _ in pairs), kernels=tuple(k for _, k in pairs),
                    fallbacks=plan.fallbacks + tuple(gone))
-
-
-def _fingerprint(plan) -> list:
-    return [[r.name, k.name] for r, k in zip(plan.regions, plan.kernels)]
-
-
-def check_out_dir(out_dir) -> None:
-    """Raise CutlassOffloadError (nothing written) when ``out_dir`` is an existing
-    file, or an existing non-empty folder that is not a cutlass-offload output
-    folder (no manifest.json): saving would replace it."""
-    out = Path(out_dir)
-    if not os.path.lexists(out):
-        return
-    if not out.is_dir() or out.is_symlink():
-        raise CutlassOffloadError(f"{out} exists and is not a folder; an output folder would replace "
-                                  "it: pass another out_dir (--out), or remove it first")
-    if (out / MANIFEST).is_file():
-        return                      # an earlier compile's folder, damaged or not: replaced
-    if any(out.iterdir()):
-        raise CutlassOffloadError(f"{out} is a folder that is not empty and not a cutlass-offload "
-                                  "output folder (no manifest.json); an output folder would replace "
-                                  "it: pass another out_dir (--out), or an empty or new folder")
-
-
-def _fix(out: Path) -> str:
-    return (f"the output folder {out} is damaged: compile the model again into it "
-            f"(cutlass-offload compile MODEL --out {out})")
-
-
-def _manifest_checksum(manifest: dict) -> str:
-    body = {k: v for k, v in manifest.items() if k != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def _bytes_to_save(compiled: CompiledModel, cap: Captured, example_inputs) -> int:
-    """About what the folder's files take: tensors (weights, constants, inputs), the
-    library and its sources."""
-    seen, n = set(), 0
-    ep = cap.exported
-    tensors = [*ep.state_dict.values(), *ep.constants.values(), *example_inputs]
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                n += storage.nbytes()
-    paths = [compiled.library_path] if compiled.library_path else []
-    paths += [u.get("source") for u in (compiled.report.build or {}).get("units", [])]
-    for p in paths:
-        with contextlib.suppress(OSError, TypeError):
-            n += os.path.getsize(p)
-    return n
-
-
-_MARGIN = 16 << 20
-
-
-def save(compiled: CompiledModel, cap: Captured, example_inputs, options: CompileOptions, out_dir,
-         glue: GlueSpec | None = None):
-    """Write the artifacts of a compile to out_dir, atomically (rename into place),
-    with every file's size and sha256 in manifest.json (written last).
-    ``glue``: the glue choice saved for ``load`` (default: "auto").
-
-    Raises CutlassOffloadError for an out_dir that may not be replaced
-    (``check_out_dir``), DiskFullError when the disk has no room for the folder
-    (checked first: torch's archive writer aborts the process when a write fails
-    at its end); out_dir is unchanged then.
-    """
-    out = Path(out_dir)
-    check_out_dir(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise CutlassOffloadError(f"cannot create {out}: a part of {out.parent} is a file, not a "
-                                  "folder; pass another out_dir (--out)") from None
-    hint = f"free space there, or pass another out_dir (--out); {out} was not changed"
-    need = _bytes_to_save(compiled, cap, example_inputs) + _MARGIN
-    st = os.statvfs(out.parent)
-    if st.f_bavail * st.f_frsize < need:
-        raise DiskFullError(out, f"the folder needs about {need / 2**20:.0f} MiB and "
-                                 f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB are free; {hint}")
-    # temporary folders of saves killed before they swapped in (an hour untouched:
-    # no save writes that long)
-    remove_stale(out.parent, f".{glob.escape(out.name)}.tmp-*", 3600)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        tmp.chmod(0o777 & ~_umask())     # mkdtemp's 0700 would become the folder's
-        try:
-            _write_folder(tmp, compiled, cap, example_inputs, options, glue)
-        except OSError as e:
-            if integrity.is_disk_full(e):
-                raise integrity.disk_full(e, out, hint) from e
-            raise
-        except RuntimeError as e:          # torch's writers report a failed write so
-            st = os.statvfs(tmp)
-            if st.f_bavail * st.f_frsize < _MARGIN:
-                raise DiskFullError(out, f"{hint} ({str(e).splitlines()[0][:200]})") from e
-            raise
-        check_out_dir(out)             # still ours to replace (another process may have written)
-        _swap_into_place(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _umask() -> int:
-    """This process's umask, read without changing it (Linux); else 022."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
-
-
-def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue) -> None:
-    torch.export.save(cap.exported, str(tmp / "model.pt2"))
-    torch.save(tuple(example_inputs), tmp / "inputs.pt")
-    if compiled.library_path:
-        shutil.copy2(compiled.library_path, tmp / build_stage.LIB_NAME)
-        (tmp / "src").mkdir()
-        for unit in compiled.report.build.get("units", []):   # every source, for inspection
-            if unit.get("source") and os.path.exists(unit["source"]):
-                shutil.copy2(unit["source"], tmp / "src" / f"{unit['name']}.{Path(unit['source']).parent.name.split('.')[-1]}.cu")
-    (tmp / "report.json").write_text(json.dumps(compiled.report.to_dict(), indent=1))
-    manifest = {"format": FOLDER_FORMAT, "options": asdict(options),
-                "fingerprint": _fingerprint(compiled.plan),
-                "tuned": compiled.report.tuning.get("winners", {}),
-                "torch": torch.__version__, "glue": (glue or GlueSpec()).to_json()}
-    manifest["save_id"] = uuid.uuid4().hex     # tells a loader that the folder changed
-    manifest["files"] = integrity.records(tmp, skip={MANIFEST})
-    manifest["checksum"] = _manifest_checksum(manifest)
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-
-
-def _swap_into_place(new: Path, out: Path) -> None:
-    """Make ``new`` the folder ``out``; afterwards ``new`` holds the old one, if any.
-
-    Linux: one renameat2(RENAME_EXCHANGE), so ``out`` is never missing for a process
-    loading it (man 2 rename). Elsewhere: the old folder is renamed aside first (a
-    short window where ``out`` is absent; ``load`` retries).
-    """
-    for _ in range(3):
-        if out.exists() and _rename_exchange(new, out):
-            return
-        if out.exists():
-            aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, aside / "old")
-            os.replace(new, out)
-            os.replace(aside / "old", new)
-            aside.rmdir()
-            return
-        try:
-            os.replace(new, out)
-            return
-        except OSError as e:
-            # another process's folder appeared at out meanwhile: exchange with it
-            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
-    os.replace(new, out)
-
-
-def _rename_exchange(a: Path, b: Path) -> bool:
-    libc = ctypes.CDLL(None, use_errno=True)
-    fn = getattr(libc, "renameat2", None)
-    if fn is None:
-        return False
-    at_fdcwd, rename_exchange = -100, 2           # <fcntl.h>, <linux/fs.h>
-    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-
-
-def check_folder(out_dir) -> dict:
-    """Check every file of an output folder before anything of it is used; return
-    its manifest.
-
-    Folders saved since manifests record files: each file's size and sha256 (the
-    library is hashed before the dynamic loader sees it), and the manifest's own
-    checksum. Folders saved before (no "files" in the manifest) still load, with
-    the checks that cost no record: the manifest and report parse, model.pt2 and
-    inputs.pt are whole zip archives (their CRCs), the library's ELF headers and
-    segments lie inside the file (a truncated library would kill the process with
-    SIGBUS in dlopen).
-    Raises CutlassOffloadError when out_dir is no output folder (no manifest.json),
-    DamagedFileError naming the first damaged file and the fix.
-    """
-    out = Path(out_dir)
-    path = out / MANIFEST
-    if not path.is_file():
-        raise CutlassOffloadError(f"{out} is not a complete cutlass-offload output folder "
-                                  "(no manifest.json): run `cutlass-offload compile` first")
-    return _checked(out, path.read_text(errors="replace"))
-
-
-def _checked(out: Path, text: str) -> dict:
-    """The manifest parsed from ``text`` after checking it and the folder's files."""
-    path = out / MANIFEST
-    try:
-        manifest = json.loads(text)
-    except ValueError as e:
-        raise DamagedFileError(path, "is empty" if not text.strip() else f"is not valid JSON ({e})",
-                               _fix(out)) from None
-    if not isinstance(manifest, dict):
-        raise DamagedFileError(path, "is not a JSON object", _fix(out))
-    if "checksum" in manifest and manifest["checksum"] != _manifest_checksum(manifest):
-        raise DamagedFileError(path, "is corrupted (its checksum does not match its content)", _fix(out))
-    missing = [k for k in ("options", "fingerprint") if k not in manifest]
-    if missing:
-        raise DamagedFileError(path, f"lacks {', '.join(missing)}", _fix(out))
-    files = manifest.get("files")
-    if isinstance(files, dict):
-        for name in (build_stage.LIB_NAME, "model.pt2", "inputs.pt", "report.json"):
-            if name in files:        # the files load uses first, then the sources
-                integrity.check(out / name, files[name], _fix(out))
-        for name, rec in files.items():
-            integrity.check(out / name, rec if isinstance(rec, dict) else {}, _fix(out))
-        return manifest
-    # a folder saved before files were recorded (format 1)
-    for name in ("model.pt2", "inputs.pt"):
-        p = out / name
-        try:
-            with zipfile.ZipFile(p) as z:
-                bad = z.testzip()
-        except FileNotFoundError:
-            raise DamagedFileError(p, "is missing", _fix(out)) from None
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-            raise DamagedFileError(p, f"is not a complete archive ({e})", _fix(out)) from None
-        if bad is not None:
-            raise DamagedFileError(p, f"is corrupted (its record {bad} fails its CRC)", _fix(out))
-    try:
-        json.loads((out / "report.json").read_text())
-    except FileNotFoundError:
-        raise DamagedFileError(out / "report.json", "is missing", _fix(out)) from None
-    except ValueError as e:
-        raise DamagedFileError(out / "report.json", f"is not valid JSON ({e})", _fix(out)) from None
-    lib = out / build_stage.LIB_NAME
-    if manifest["fingerprint"] or lib.exists():
-        why = integrity.elf_problem(lib)
-        if why is not None:
-            raise DamagedFileError(lib, why, _fix(out))
-    return manifest
 
 
 def load(out_dir, device=None, glue: str | None = None, mode: str | None = None,

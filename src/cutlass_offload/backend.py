@@ -81,12 +81,12 @@ def make_backend(arch: str | None = None, allow_tf32: bool = False, strict: bool
     (those passed to torch.compile win). Raises ValueError for an unknown glue,
     mode or option; DeviceError when ``arch`` is None and no GPU is visible.
     """
-    from .glue import check_glue_args
+    from .runtime.glue import check_glue_args
     check_glue_args(glue, mode, options)
 
     def _backend(gm, example_inputs, mode=mode, options=options):
         from .api import resolve_arch
-        from .glue import check_glue_args, resolve_glue
+        from .runtime.glue import check_glue_args, resolve_glue
         check_glue_args(glue, mode, options)
         copts = CompileOptions(arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict)
         if resolve_glue(glue) == "eager":
@@ -133,7 +133,7 @@ def _needs_grad(example_inputs) -> bool:
 def _inductor(gm, example_inputs, copts, mode, options, record):
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-    from .glue import mode_options
+    from .runtime.glue import mode_options
     patches = mode_options(mode, options)
     if _needs_grad(example_inputs):
         warnings.warn("cutlass_offload backend: this graph needs gradients (call the model under "
@@ -170,7 +170,7 @@ def offload_for_inductor(aten_gm, inputs, copts: CompileOptions, record: list):
     alive) to ``record``. Raises CutlassOffloadError when ``copts.strict`` and an
     offloadable op falls back."""
     from .api import _check_strict, _PendingBuild
-    from .glue import ops_graph
+    from .runtime.glue import ops_graph
     from .partition import partition
     from .partition.aot_forms import op_counts, restore, to_composite
     from .partition.canonicalize import canonicalize

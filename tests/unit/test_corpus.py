@@ -53,7 +53,7 @@ def test_collect_lists_offloaded_problems_and_pytorch_ops(monkeypatch):
     assert (gemm["problem"]["m"], gemm["problem"]["n"], gemm["problem"]["k"]) == (62, 32, 16)
     assert gemm["flops"] == 2 * 62 * 32 * 16
     ops = {e["shape"].get("spatial_dims", "attn"): e for e in entries["pytorch"]}
-    assert ops[2]["shape"]["groups"] == 16 and "grouped" in ops[2]["reason"]
+    assert ops[2]["shape"]["groups"] == 16 and "depthwise" in ops[2]["reason"]
     assert ops[2]["args"][0] == {"shape": [2, 16, 8, 8], "stride": [1024, 64, 8, 1],
                                  "dtype": "float16"}
     assert ops[1]["target"] == "aten.conv1d.default" and "no partitioner anchor" in ops[1]["reason"]

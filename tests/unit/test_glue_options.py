@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import cutlass_offload as co
-from cutlass_offload import cli, glue
+from cutlass_offload import cli
+from cutlass_offload.runtime import glue
 from cutlass_offload.api import GlueSpec
 from cutlass_offload.errors import CutlassOffloadError
 from cutlass_offload.runtime.compiled_model import LazyLibrary

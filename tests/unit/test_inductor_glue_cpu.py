@@ -9,7 +9,8 @@ import torch
 from torch._dynamo.utils import counters
 
 import cutlass_offload as co
-from cutlass_offload import api, glue
+from cutlass_offload import api
+from cutlass_offload.runtime import glue
 from cutlass_offload.runtime import ops
 from glue_helpers import FiveKinds, assert_close, five_kinds_inputs, offloaded, regions_on_cpu
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import cutlass_offload as co
-from cutlass_offload import api, glue
+from cutlass_offload import api
+from cutlass_offload.runtime import glue
 from glue_helpers import FiveKinds, five_kinds_inputs, regions_on_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

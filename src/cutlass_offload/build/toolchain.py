@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
-import importlib.util
 import os
 import re
 import shutil
@@ -13,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ..config import knobs
+from ..cutlass_source import cutlass_root  # noqa: F401 - re-exported
 from ..errors import ToolchainError
 
 GENCODE = {"sm90a": "-gencode=arch=compute_90a,code=sm_90a",
@@ -53,19 +53,6 @@ def nvcc_version(nvcc: str) -> str:
         raise ToolchainError(f"{nvcc} --version failed: {e}") from e
     m = re.search(r"^Build .*$", out, re.M) or re.search(r"release [\d.]+", out)
     return m.group(0) if m else out.strip()
-
-
-@functools.lru_cache(maxsize=None)
-def cutlass_root() -> Path:
-    """cutlass_library/source from the nvidia-cutlass wheel (never vendored)."""
-    # find_spec, not import: cutlass_library's own imports are not needed for headers
-    spec = importlib.util.find_spec("cutlass_library")
-    if spec is None or not spec.submodule_search_locations:
-        raise ToolchainError("the nvidia-cutlass wheel is not installed (pip install nvidia-cutlass)")
-    root = Path(list(spec.submodule_search_locations)[0]) / "source"
-    if not (root / "include" / "cutlass" / "cutlass.h").is_file():
-        raise ToolchainError(f"CUTLASS headers not found under {root}")
-    return root
 
 
 def include_dirs() -> tuple:

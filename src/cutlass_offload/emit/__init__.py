@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..abi import WORKSPACE_SUFFIX, region_symbol  # noqa: F401 - region_symbol re-exported
 from ..ir import KernelSource, Plan
 
 
@@ -66,10 +67,6 @@ def emit_kernels(plan: Plan) -> dict:
     return sources
 
 
-def region_symbol(region_name: str) -> str:
-    return f"co_{region_name}"
-
-
 def _prelude() -> list:
     """prelude.h inlined (a TU is self-contained); its include guard is for headers only."""
     return [l for l in (TEMPLATES / "prelude.h").read_text().splitlines() if l != "#pragma once"]
@@ -96,7 +93,7 @@ def _launchers(plan: Plan, regions=None) -> tuple:
             f'extern "C" int {sym}(const {args}* args, cudaStream_t stream) {{',
             f"  return {kernel.name}::run(*args, stream);",
             "}",
-            f'extern "C" int64_t {sym}_workspace(const {args}* args) {{',
+            f'extern "C" int64_t {sym}{WORKSPACE_SUFFIX}(const {args}* args) {{',
             f"  return {kernel.name}::workspace_size(*args);",
             "}",
         ]

@@ -104,57 +104,28 @@ when present, still wins (``include_flags``; build/toolchain.py adds it).
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from string import Template
 from typing import Optional
 
-from ..ir import (ATTENTION_ALIGNED_ACCESS, ATTENTION_BIASES, ATTENTION_DTYPES, ATTENTION_LAYOUTS,
-                  ATTENTION_UNALIGNED_ACCESS, BIAS_BROADCAST_DIMS, CAUSAL, CAUSAL_CODE,  # noqa: F401
-                  AttentionKernel, AttentionProblem, KernelConfig, KernelSource)
-from . import attention_sm90
-
-FAMILY = "cutlass2x_sm80"
-ARCHS = ("sm80", "sm90a")
-DTYPES = ATTENTION_DTYPES
-BIASES = ATTENTION_BIASES
-LAYOUTS = ATTENTION_LAYOUTS
+from .. import abi
+from ..cutlass_source import cutlass_root
+from ..families.attention import (  # noqa: F401 - the family's rules, re-exported
+    _ALIGNED_ACCESS, _BYTES, _GRID_MAX, _UNALIGNED_ACCESS, ARCHS, BIASES, DTYPES, FAMILY, LAYOUTS,
+    MAX_HEAD_DIM, TILES, _check, _tile_for, choose, config_for, refusal, supports, workspace_bytes)
+from ..ir import (BIAS_BROADCAST_DIMS, CAUSAL, CAUSAL_CODE, AttentionProblem,  # noqa: F401
+                  AttentionKernel, KernelSource)
+from . import attention_sm90  # noqa: F401
 
 _ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32": "float"}
-_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
-# Q/K/V access width in elements: aligned kernel (16 bytes) / not aligned (kMinimumAlignment).
-_ALIGNED_ACCESS = ATTENTION_ALIGNED_ACCESS
-_UNALIGNED_ACCESS = ATTENTION_UNALIGNED_ACCESS
 _OUTPUT_ACCESS = 4        # epilogue LinearCombination<float, 128 / 32>
-# (kQueriesPerBlock, kKeysPerBlock, kMaxK), PyTorch's sm80 forward kernels.
-TILES = ((64, 64, 64), (64, 128, 128), (32, 128, 65536))
-MAX_HEAD_DIM = 65536
-_GRID_MAX = 65535
 
 TEMPLATES = Path(__file__).parent / "templates"
 COMPAT_DIR = TEMPLATES / "compat"
 KERNEL_HEADER = "41_fused_multi_head_attention/kernel_forward.h"
 
-# Field order of struct CoAttentionArgs (templates/prelude.h), for a ctypes mirror:
-# "ptr" -> c_void_p, "i64" -> c_int64, "f32" -> c_float, "i32" -> c_int32.
-ARGS_FIELDS = (
-    ("q", "ptr"), ("k", "ptr"), ("v", "ptr"), ("bias", "ptr"), ("out", "ptr"),
-    ("batch", "i64"), ("heads", "i64"), ("seq_q", "i64"), ("seq_kv", "i64"),
-    ("head_dim", "i64"), ("head_dim_v", "i64"),
-    ("q_stride_batch", "i64"), ("q_stride_seq", "i64"), ("q_stride_head", "i64"),
-    ("k_stride_batch", "i64"), ("k_stride_seq", "i64"), ("k_stride_head", "i64"),
-    ("v_stride_batch", "i64"), ("v_stride_seq", "i64"), ("v_stride_head", "i64"),
-    ("out_stride_batch", "i64"), ("out_stride_seq", "i64"), ("out_stride_head", "i64"),
-    ("bias_stride_batch", "i64"), ("bias_stride_head", "i64"), ("bias_stride_query", "i64"),
-    ("bias_kv_capacity", "i64"),
-    ("scale", "f32"), ("causal", "i32"),
-    ("workspace", "ptr"), ("workspace_bytes", "i64"),
-)
-
-
-def _check(value, allowed, what):
-    if value not in allowed:
-        raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
+# Field order of struct CoAttentionArgs (templates/prelude.h): the C ABI module's
+ARGS_FIELDS = abi.ARGS_FIELDS["CoAttentionArgs"]
 
 
 # ---------------------------------------------------------------------------
@@ -168,7 +139,6 @@ def extra_include_dirs() -> tuple:
     own relative includes resolve from there; the example's generic folder names
     such as ``gemm/`` stay off the search path). struct CoAttentionArgs is in
     prelude.h. Raises ToolchainError without the wheel."""
-    from ..build.toolchain import cutlass_root
     examples = cutlass_root() / "examples"
     return (str(examples),)
 
@@ -212,97 +182,6 @@ def include_flags(compat_dir: Optional[str] = None) -> list:
             raise ValueError(f"-Xcompiler splits on commas: {compat_dir!r}")
         flags.append(f"-Xcompiler=-idirafter,{compat_dir}")
     return flags
-
-
-# ---------------------------------------------------------------------------
-# Kernel choice
-# ---------------------------------------------------------------------------
-
-def config_for(dtype: str, tile: tuple) -> KernelConfig:
-    """The KernelConfig describing AttentionKernel tile ``tile`` for ``dtype``."""
-    _check(dtype, DTYPES, "dtype")
-    _check(tuple(tile), TILES, "attention tile (kQueriesPerBlock, kKeysPerBlock, kMaxK)")
-    return KernelConfig(family=FAMILY, tile=tuple(tile), warp=(32, 32, 32),
-                        instruction=(16, 8, 8), stages=4 if _BYTES[dtype] == 2 else 3)
-
-
-def _tile_for(max_head_dim: int) -> tuple:
-    for tile in TILES:
-        if max_head_dim <= tile[2]:
-            return tile
-    raise ValueError(f"head dim {max_head_dim} exceeds {MAX_HEAD_DIM}")
-
-
-def refusal(problem: AttentionProblem, arch: str = "sm80") -> Optional[str]:
-    """Why no AttentionKernel can run ``problem`` on ``arch``, or None if one can."""
-    if arch not in ARCHS:
-        return f"attention kernels target {ARCHS}, not {arch!r}"
-    p = problem
-    if not (math.isfinite(p.scale) and p.scale > 0):
-        return (f"scale {p.scale!r}: the kernel takes only finite scales > 0 (its row max "
-                f"ignores -0.0 logits, so a zero query row with scale <= 0 gives NaN); "
-                f"for a negative scale negate Q and pass -scale")
-    for what, d in (("head_dim", p.head_dim), ("head_dim_v", p.head_dim_v)):
-        if d > MAX_HEAD_DIM:
-            return f"{what}={d} exceeds the kernel's kMaxK bound {MAX_HEAD_DIM}"
-        if d % _UNALIGNED_ACCESS:
-            return (f"{what}={d} is not a multiple of 4: even the not-aligned kernel moves "
-                    f"Q/K/V/output in 4-element vectors predicated on their first element, "
-                    f"so a partial vector would read or write past the head; pad the head "
-                    f"dim to a multiple of 8 (as PyTorch's SDPA does)")
-    if p.align < _UNALIGNED_ACCESS:
-        return (f"Q/K/V pointers or strides are only {p.align}-element aligned; the kernel "
-                f"needs multiples of 4 elements")
-    if p.batch is not None and p.batch > _GRID_MAX:
-        return f"batch {p.batch} exceeds the grid's z limit {_GRID_MAX}"
-    if p.heads > _GRID_MAX:
-        return f"{p.heads} heads exceed the grid's y limit {_GRID_MAX}"
-    for what, n in (("seq_q", p.seq_q), ("seq_kv", p.seq_kv)):
-        if n is not None and n > 2**31 - 1:
-            return f"{what}={n} does not fit the kernel's int32 sizes"
-    if p.seq_kv == 0 and (p.seq_q or 0) > 0:
-        return "seq_kv = 0: softmax over no keys"
-    if p.causal == "bottom_right" and p.seq_q is not None and p.seq_kv is not None \
-            and p.seq_q > p.seq_kv:
-        return (f"bottom-right causal with seq_q={p.seq_q} > seq_kv={p.seq_kv}: the first "
-                f"rows see no key (the kernel computes seq_kv - seq_q in uint32)")
-    return None
-
-
-def supports(problem: AttentionProblem, arch: str = "sm80") -> bool:
-    """True if ``choose(problem, arch)`` returns a kernel."""
-    return refusal(problem, arch) is None
-
-
-def choose(problem: AttentionProblem, arch: str = "sm80"):
-    """The kernel for ``problem`` on ``arch``: on sm90a the Hopper kernel
-    (``attention_sm90.choose``, an AttentionKernelSm90) when it supports the problem;
-    otherwise the AttentionKernel (PyTorch's sm80 dispatch order: the first of 64x64
-    k64, 64x128 k128, 32x128 k65536 whose kMaxK covers both head dims), aligned when
-    the head dims and ``problem.align`` allow 16-byte accesses (f32: always), not
-    aligned (4 elements) otherwise. Raises ValueError with the reason when no kernel
-    can run it (see ``refusal``)."""
-    reason = refusal(problem, arch)
-    if reason:
-        raise ValueError(reason)
-    if arch == "sm90a" and attention_sm90.supports(problem, arch):
-        return attention_sm90.choose(problem, arch)
-    tile = _tile_for(max(problem.head_dim, problem.head_dim_v))
-    wide = _ALIGNED_ACCESS[problem.dtype]
-    aligned = (problem.dtype == "f32" or
-               (problem.align >= wide and problem.head_dim % wide == 0
-                and problem.head_dim_v % wide == 0))
-    return AttentionKernel(arch=arch, dtype=problem.dtype, config=config_for(problem.dtype, tile),
-                           aligned=aligned, supports_bias=problem.bias != "none")
-
-
-def workspace_bytes(kernel, batch: int, heads: int, seq_q: int, head_dim_v: int) -> int:
-    """What the emitted ``workspace_size`` returns for a supported call (0 for "rf"
-    kernels and f32): the fp32 output accumulator, packed BMHK; for a Hopper kernel
-    the fp32 log-sum-exp rows (``attention_sm90.workspace_bytes``)."""
-    if kernel.config.family == attention_sm90.FAMILY:
-        return attention_sm90.workspace_bytes(batch, heads, seq_q)
-    return batch * seq_q * heads * head_dim_v * 4 if kernel.needs_workspace else 0
 
 
 # ---------------------------------------------------------------------------

@@ -90,24 +90,16 @@ from __future__ import annotations
 
 from string import Template
 
-from ..ir import CONV_ITERATORS, ConvKernel, KernelConfig, KernelSource
-from .epilogue_sm80 import (BYTES, EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FAMILY,
+from ..families.sm80 import FEW_CHANNELS_BELOW as _FEW_CHANNELS_BELOW  # noqa: F401
+from ..families.sm80 import ITERATORS as _ITERATOR
+from ..families.sm80 import choose_iterator, conv_configs  # noqa: F401 - re-exported
+from ..ir import CONV_ITERATORS, ConvKernel, KernelSource
+from .epilogue_sm80 import (EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FAMILY,
                             INCLUDE_PLAIN_EPILOGUE, INCLUDE_RESIDUAL_EPILOGUE, INCLUDES_COMMON,
                             KERNEL, check_alignments, check_smem, check_warp_tiling, cp_async_ok,
-                            epilogue_values, known_configs, semantics, shape_values)
+                            epilogue_values, semantics, shape_values)
 
-_ITERATOR = {
-    "optimized": "kOptimized",
-    "analytic": "kAnalytic",
-    "few_channels": "kFewChannels",
-    "fixed_channels": "kFixedChannels",
-}
 _STRIDE_SUPPORT = {"strided": "kStrided", "unity": "kUnity"}
-
-# Below this many input channels a 32-wide K tile of the optimized/analytic
-# iterators (one filter position per tile) is mostly padding; the few/fixed
-# channels iterators pack several filter positions into one tile instead.
-_FEW_CHANNELS_BELOW = 16
 
 _INCLUDES_PLAIN = INCLUDES_COMMON + (
     INCLUDE_PLAIN_EPILOGUE,
@@ -403,42 +395,4 @@ def emit(kernel: ConvKernel) -> KernelSource:
     return KernelSource(name=kernel.name, includes=includes, code=code, args_type="CoConvArgs")
 
 
-# ---------------------------------------------------------------------------
-# Known-good configurations and iterator choice
-# ---------------------------------------------------------------------------
-
-def legal_configs(dtype: str, align_a: int, align_b: int, align_c: int,
-                  iterator: str = "optimized") -> list[KernelConfig]:
-    """Return up to 4 configs, largest tile first, legal for this dtype/alignment.
-
-    Sub-4-byte operand accesses (16-bit types with align 1) get 2-stage configs
-    only. The list does not depend on ``iterator`` (checked, for the caller's
-    sake): every iterator accepts every config returned (tile K 32 is a
-    multiple of any channel count fixed_channels takes). Raises ValueError if
-    the dtype, an alignment or the iterator is not supported.
-    """
-    if iterator not in _ITERATOR:
-        raise ValueError(f"iterator must be one of {CONV_ITERATORS}, got {iterator!r}")
-    check_alignments(dtype, align_a=align_a, align_b=align_b, align_c=align_c)
-    return known_configs(dtype, align_a, align_b)
-
-
-def choose_iterator(dtype: str, c: int, align_a: int) -> str:
-    """The activation iterator algorithm for C input channels read ``align_a`` at a time.
-
-    * C >= 16: "optimized" when an access is cp.async-able (>= 4 bytes), else
-      "analytic" (e.g. f16 with odd C; it then runs with stages = 2).
-    * C < 16: "fixed_channels" when C == align_a (C = 1, 2, 4, 8; one access is
-      one filter position), else "few_channels" (C = 3, 9, ...); both pack
-      several filter positions into one K tile instead of padding C to 32.
-
-    The kernel also needs align_b == align_a for fixed_channels; ConvProblem
-    derives both from C, so they are equal. Raises ValueError for an unknown
-    dtype, an illegal alignment or a C the alignment does not divide.
-    """
-    check_alignments(dtype, align_a=align_a)
-    if c < 1 or c % align_a:
-        raise ValueError(f"align_a={align_a} must divide C={c}")
-    if c < _FEW_CHANNELS_BELOW:
-        return "fixed_channels" if c == align_a else "few_channels"
-    return "optimized" if align_a * BYTES[dtype] >= 4 else "analytic"
+legal_configs = conv_configs     # families/sm80.py (select reads it from there)

@@ -47,12 +47,7 @@ How the conv maps onto the GEMM (all paths under cutlass_library/source/include)
   P (the im2col traversal extent is (H + upper_corner - lower_corner - 1) / stride
   + 1, copy_traits_sm90_im2col.hpp). run() then checks that CUTLASS's P, Q equal
   the caller's.
-* TMA im2col limits (sm90_implicit_gemm_gmma_ss_warpspecialized.hpp can_implement,
-  and cuTensorMapEncodeIm2col): padding in [0, 256]; corners -pad and
-  upper - (R-1)*dil in [-128, 127]; filter offsets (R-1)*dil < 255; traversal
-  stride <= 8 (CUTLASS does not check the stride, and under NDEBUG a failed
-  descriptor encode is silent, so run() checks it); 16-byte aligned base
-  pointers and channel strides (C % 8 == 0, K % 8 == 0 for 16-bit types).
+* TMA im2col limits: families/conv_sm90.py (``supports``).
 
 The epilogue ``y = post(residual_op(activation(acc + bias), residual))`` is an
 EVT computed in fp32, built as in gemm_sm90.py (same functors); a plain
@@ -66,33 +61,11 @@ from __future__ import annotations
 
 import string
 
-from ..ir import ConvKernel, ConvProblem, GemmEpilogue, KernelConfig, KernelSource
+from ..families.conv_sm90 import (  # noqa: F401 - the family's rules, re-exported
+    _MAX_ACC_PER_THREAD, CANDIDATES, EPILOGUE_SCHEDULE, FAMILY, KERNEL_SCHEDULE, make_config,
+    supports)
+from ..ir import ConvKernel, GemmEpilogue, KernelSource
 from .evt_sm90 import ELEMENT, evt, is_plain, row_broadcast, semantics, src_fetch
-
-FAMILY = "cutlass3x_sm90"
-
-# The one sm90 conv kernel schedule in CUTLASS 4.2 (see the module docstring)
-# and the epilogue schedule it must be paired with.
-KERNEL_SCHEDULE = "KernelImplicitTmaWarpSpecializedSm90"
-EPILOGUE_SCHEDULE = "TmaWarpSpecialized"
-
-# Largest first: (tile, cluster, kernel schedule). 128x128 with a 2x1 cluster
-# (the filter tile is multicast to the two CTAs along M: every M tile reads the
-# same filter) for big layers; 128x64 for the many 64-channel layers (no half-
-# empty N tile); 64x64 for small spatial extents. All keep the accumulator at
-# <= 128 fp32 registers per thread (one consumer warpgroup holds the tile).
-CANDIDATES = (
-    ((128, 128, 64), (2, 1, 1), KERNEL_SCHEDULE),
-    ((128, 64, 64), (2, 1, 1), KERNEL_SCHEDULE),
-    ((64, 64, 64), (1, 1, 1), KERNEL_SCHEDULE),
-)
-
-# TMA im2col limits for 2 spatial dims (see the module docstring)
-_MAX_PADDING = 256
-_CORNER_LIMIT = 1 << (16 // 2 - 1)      # corners in [-128, 127]
-_OFFSET_LIMIT = (1 << (16 // 2)) - 1    # (R-1)*dil < 255
-_MAX_TRAVERSAL_STRIDE = 8
-_MAX_ACC_PER_THREAD = 128               # fp32 accumulators per consumer thread
 
 INCLUDES = (
     "cute/tensor.hpp",
@@ -302,46 +275,6 @@ int run(const CoConvArgs& args, cudaStream_t stream) {
 def _reads_source(ep: GemmEpilogue) -> bool:
     """True when the full NPQK residual is the epilogue's C operand."""
     return ep.residual != "none" and not ep.residual_broadcast
-
-
-def _upper_pad(out: int, size: int, filt: int, lower: int, stride: int, dil: int) -> int:
-    """Mirror of co_upper_pad in the C++ (clamped at 0)."""
-    return max(0, (out - 1) * stride + dil * (filt - 1) + 1 - size - lower)
-
-
-def _im2col_ok(size: int, filt: int, lower: int, out: int, stride: int, dil: int) -> bool:
-    """One spatial dim within the TMA im2col limits (module docstring)."""
-    upper = _upper_pad(out, size, filt, lower, stride, dil)
-    reach = (filt - 1) * dil
-    return (1 <= stride <= _MAX_TRAVERSAL_STRIDE
-            and lower <= min(_MAX_PADDING, _CORNER_LIMIT) and upper <= _MAX_PADDING
-            and -_CORNER_LIMIT <= upper - reach <= _CORNER_LIMIT - 1
-            and reach < _OFFSET_LIMIT)
-
-
-def supports(problem: ConvProblem) -> bool:
-    """True when a cutlass3x_sm90 conv kernel can run this problem class at all:
-    f16/bf16, the kernel's C (``c_kernel``: C plus any zero-padded channels) and
-    K multiples of 8 (TMA 16-byte strides), and padding, stride and dilation
-    within the TMA im2col limits. Sizes checked only at run time:
-    N*P*Q <= INT32_MAX."""
-    if problem.dtype not in ("f16", "bf16") or problem.tf32:
-        return False
-    if (problem.align_a, problem.align_b, problem.align_c) != (8, 8, 8):
-        return False
-    if problem.c_kernel % 8 or problem.k % 8:
-        return False
-    top, _, left, _ = problem.pad
-    return (_im2col_ok(problem.h, problem.r, top, problem.p, problem.stride[0], problem.dilation[0])
-            and _im2col_ok(problem.w, problem.s, left, problem.q, problem.stride[1],
-                           problem.dilation[1]))
-
-
-def make_config(tile: tuple, cluster: tuple, kernel_schedule: str = KERNEL_SCHEDULE,
-                stages: int = 0) -> KernelConfig:
-    """A KernelConfig for this family (e.g. from one CANDIDATES entry)."""
-    return KernelConfig(FAMILY, tuple(tile), stages, cluster=tuple(cluster),
-                        kernel_schedule=kernel_schedule, epilogue_schedule=EPILOGUE_SCHEDULE)
 
 
 def validate(kernel: ConvKernel) -> None:

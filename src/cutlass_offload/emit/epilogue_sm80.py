@@ -26,15 +26,13 @@ the checks specific to it. See the emitters' docstrings for the rules.
 """
 from __future__ import annotations
 
-from ..ir import GemmEpilogue, KernelConfig
+from ..families.sm80 import (  # noqa: F401 - the family's rules, re-exported for the emitters
+    ALIGNMENTS, BYTES, FAMILY, INSTRUCTION, SMEM_LIMIT, check_alignments, check_smem,
+    check_warp_tiling, config, cp_async_ok, known_configs)
+from ..ir import GemmEpilogue
 
-FAMILY = "cutlass2x_sm80"
 
 ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32": "float"}
-BYTES = {"f16": 2, "bf16": 2, "f32": 4}
-INSTRUCTION = {"f16": (16, 8, 16), "bf16": (16, 8, 16), "f32": (16, 8, 8)}
-ALIGNMENTS = {"f16": (1, 2, 4, 8), "bf16": (1, 2, 4, 8), "f32": (1, 2, 4)}
-
 THREAD = "cutlass::epilogue::thread::"
 ACTIVATION = {
     "identity": THREAD + "Identity",
@@ -47,9 +45,6 @@ ACTIVATION = {
 HEAVY = ("gelu_erf", "gelu_tanh", "silu", "sigmoid")
 BINARY = {"add": "cutlass::plus", "mul": "cutlass::multiplies"}
 POST = {"identity": THREAD + "Identity", "relu": THREAD + "ReLu"}
-
-# Largest opt-in dynamic shared memory per block on sm_80 (A100); H100 allows more.
-SMEM_LIMIT = 163 * 1024
 
 INCLUDES_COMMON = (
     "cutlass/cutlass.h",
@@ -121,48 +116,6 @@ ${launcher}
 # Validation
 # ---------------------------------------------------------------------------
 
-def check_alignments(dtype: str, why: str = " (at most 16 bytes per access)", **aligns) -> None:
-    """Raise ValueError for an unknown dtype or an alignment (elements) it does not allow."""
-    if dtype not in ELEMENT:
-        raise ValueError(f"unsupported dtype {dtype!r}")
-    allowed = ALIGNMENTS[dtype]
-    for what, a in aligns.items():
-        if a not in allowed:
-            raise ValueError(f"{what}={a} is not legal for {dtype}: allowed {allowed}{why}")
-
-
-def cp_async_ok(dtype: str, align_a: int, align_b: int) -> bool:
-    """cp.async copies 4, 8 or 16 bytes: the multistage mainloop needs that much."""
-    return min(align_a, align_b) * BYTES[dtype] >= 4
-
-
-def check_warp_tiling(cfg: KernelConfig, dtype: str) -> None:
-    """Instruction shape for the dtype, warp tiling of the threadblock, warp count."""
-    if tuple(cfg.instruction) != INSTRUCTION[dtype]:
-        raise ValueError(f"{dtype} needs instruction shape {INSTRUCTION[dtype]}, "
-                         f"got {tuple(cfg.instruction)}")
-    tm, tn, tk = cfg.tile
-    wm, wn, wk = cfg.warp
-    im, in_, ik = cfg.instruction
-    if tm % wm or tn % wn or wk != tk:
-        raise ValueError(f"warp {cfg.warp} must tile the threadblock {cfg.tile} in M and N "
-                         f"and have the same K")
-    if wm % im or wn % in_ or wk % ik:
-        raise ValueError(f"warp {cfg.warp} must be a multiple of instruction {cfg.instruction}")
-    warps = (tm // wm) * (tn // wn)
-    if warps not in (1, 2, 4, 8):
-        raise ValueError(f"{warps} warps per threadblock; use 1, 2, 4 or 8")
-
-
-def check_smem(cfg: KernelConfig, dtype: str) -> None:
-    """The mainloop's shared memory must fit in what an sm_80 block may use."""
-    tm, tn, tk = cfg.tile
-    smem = cfg.stages * (tm + tn) * tk * BYTES[dtype]
-    if smem > SMEM_LIMIT:
-        raise ValueError(f"mainloop needs {smem} bytes of shared memory, more than the "
-                         f"{SMEM_LIMIT} bytes an sm_80 block may use")
-
-
 # ---------------------------------------------------------------------------
 # Substitution values
 # ---------------------------------------------------------------------------
@@ -213,35 +166,3 @@ def epilogue_values(ep: GemmEpilogue) -> dict:
 # ---------------------------------------------------------------------------
 # Known-good configurations
 # ---------------------------------------------------------------------------
-
-def config(tile, warp, stages, instruction) -> KernelConfig:
-    return KernelConfig(family=FAMILY, tile=tile, warp=warp, stages=stages,
-                        instruction=instruction)
-
-
-def known_configs(dtype: str, align_a: int, align_b: int) -> list[KernelConfig]:
-    """Up to 4 configs, largest tile first, for a checked dtype and operand alignment.
-
-    Sub-4-byte operand accesses (16-bit types with align 1) get 2-stage
-    (register-staged) configs only; TF32 gets stages >= 3 only.
-    """
-    inst = INSTRUCTION[dtype]
-    if dtype == "f32":
-        return [
-            config((128, 128, 32), (64, 64, 32), 3, inst),
-            config((128, 64, 32), (64, 32, 32), 3, inst),
-            config((64, 64, 32), (32, 32, 32), 4, inst),
-        ]
-    if not cp_async_ok(dtype, align_a, align_b):
-        return [
-            config((128, 128, 32), (64, 64, 32), 2, inst),
-            config((128, 64, 32), (64, 32, 32), 2, inst),
-            config((64, 128, 32), (32, 64, 32), 2, inst),
-            config((64, 64, 32), (32, 32, 32), 2, inst),
-        ]
-    return [
-        config((128, 256, 32), (64, 64, 32), 3, inst),
-        config((128, 128, 32), (64, 64, 32), 4, inst),
-        config((128, 64, 32), (64, 32, 32), 4, inst),
-        config((64, 64, 32), (32, 32, 32), 5, inst),
-    ]

@@ -38,11 +38,12 @@ from __future__ import annotations
 
 from string import Template
 
-from ..ir import GemmKernel, KernelConfig, KernelSource
+from ..families.sm80 import gemm_configs
+from ..ir import GemmKernel, KernelSource
 from .epilogue_sm80 import (EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FAMILY, INCLUDE_PLAIN_EPILOGUE,
                             INCLUDE_RESIDUAL_EPILOGUE, INCLUDES_COMMON, KERNEL, check_alignments,
                             check_smem, check_warp_tiling, cp_async_ok, epilogue_values,
-                            known_configs, semantics, shape_values)
+                            semantics, shape_values)
 
 _LAYOUT_B = {"col": "cutlass::layout::ColumnMajor", "row": "cutlass::layout::RowMajor"}
 
@@ -268,10 +269,5 @@ def emit(kernel: GemmKernel) -> KernelSource:
 # Known-good configurations
 # ---------------------------------------------------------------------------
 
-def legal_configs(dtype: str, align_a: int, align_b: int, align_c: int) -> list[KernelConfig]:
-    """Return up to 4 configs, largest tile first, that compile for this dtype/alignment.
 
-    Raises ValueError if the dtype or an alignment is not supported at all.
-    """
-    check_alignments(dtype, "", align_a=align_a, align_b=align_b, align_c=align_c)
-    return known_configs(dtype, align_a, align_b)
+legal_configs = gemm_configs     # families/sm80.py (select reads it from there)

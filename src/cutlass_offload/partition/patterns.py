@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import attention as ATT
+from . import attention_forms as ATT
 from . import checks as C
 from . import conv as V
 from . import group_norm as GN

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import CAUSAL_CODE, AttentionKernel, AttentionRegion
+from ..masks import mask_pattern
 from .library import CoAttentionArgs
 from .ops import contiguous_strides
 from .region import RegionModule
@@ -119,7 +120,6 @@ class AttentionRegionModule(RegionModule):
         if ok is None:
             if mask.is_cuda and torch.cuda.is_current_stream_capturing():
                 return False
-            from ..partition.attention import mask_pattern
             found = mask_pattern(mask, self.region.mask_kind, seq_q, seq_kv)
             ok = found is not None and found[0] == self._p.causal and not (
                 found[1] and found[0] == "bottom_right" and seq_q > seq_kv)

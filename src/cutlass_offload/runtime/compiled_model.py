@@ -187,7 +187,7 @@ class CompiledModel(torch.nn.Module):
     Glue (``set_glue``): "eager" runs ``graph_module`` as it is, every op not
     offloaded as its own PyTorch kernel; "inductor" runs it through
     torch.compile(backend="inductor") with the regions as opaque custom ops
-    (glue.py), compiled on the first call; "auto" is Inductor where a GPU and
+    (runtime/glue.py), compiled on the first call; "auto" is Inductor where a GPU and
     Triton are present (eager if Inductor then fails to compile), else eager.
     """
 
@@ -208,7 +208,7 @@ class CompiledModel(torch.nn.Module):
         only; "reduce-overhead" = Inductor's CUDA graphs). Nothing is compiled until
         the next call. Returns self. Raises ValueError for an unknown glue, mode or
         option, or mode / options with eager glue."""
-        from ..glue import InductorGlue, check_glue_args, resolve_glue
+        from .glue import InductorGlue, check_glue_args, resolve_glue
         check_glue_args(glue, mode, options)
         chosen = resolve_glue(glue)
         self.__dict__["_glue"] = None if chosen == "eager" else InductorGlue(

@@ -7,22 +7,24 @@ from pathlib import Path
 
 import torch
 
-from ..emit.attention import ARGS_FIELDS as ATTENTION_ARGS_FIELDS
+from .. import abi
+from ..abi import CO_CANNOT_IMPLEMENT, CO_OK, STATUS_NAMES  # noqa: F401 - re-exported
 from ..errors import DamagedFileError, DeviceError
 from ..integrity import elf_problem
 from ..ir import DECOMPOSITIONS, RASTER_ORDERS
 
+_CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "f32": ctypes.c_float, "i32": ctypes.c_int32}
+
+
+def _fields(struct: str) -> list:
+    """ctypes ``_fields_`` of one C ABI struct (abi.ARGS_FIELDS, prelude.h's order)."""
+    return [(name, _CTYPES[kind]) for name, kind in abi.ARGS_FIELDS[struct]]
+
 
 class CoGemmArgs(ctypes.Structure):
-    """Mirror of ``struct CoGemmArgs`` in emit/templates/prelude.h (same field order)."""
+    """Mirror of ``struct CoGemmArgs`` in emit/templates/prelude.h."""
 
-    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("bias", ctypes.c_void_p),
-                ("c", ctypes.c_void_p), ("d", ctypes.c_void_p)] + [
-        (f, ctypes.c_int64) for f in (
-            "m", "n", "k", "l", "lda", "ldb", "ldc", "ldd",
-            "batch_stride_a", "batch_stride_b", "batch_stride_c", "batch_stride_d")] + [
-        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)] + [
-        (f, ctypes.c_int32) for f in ("raster_order", "swizzle", "splits", "decomposition", "pdl")]
+    _fields_ = _fields("CoGemmArgs")
 
     def set_launch(self, launch) -> None:
         """Copy an ir.GemmLaunch into the launch knob fields (codes as in prelude.h)."""
@@ -34,50 +36,32 @@ class CoGemmArgs(ctypes.Structure):
 
 
 class CoConvArgs(ctypes.Structure):
-    """Mirror of ``struct CoConvArgs`` in emit/templates/prelude.h (same field order)."""
+    """Mirror of ``struct CoConvArgs`` in emit/templates/prelude.h."""
 
-    _fields_ = [("x", ctypes.c_void_p), ("filter", ctypes.c_void_p), ("bias", ctypes.c_void_p),
-                ("residual", ctypes.c_void_p), ("y", ctypes.c_void_p)] + [
-        (f, ctypes.c_int64) for f in (
-            "n", "h", "w", "c", "k", "r", "s", "p", "q",
-            "pad_h", "pad_w", "stride_h", "stride_w", "dilation_h", "dilation_w")] + [
-        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
+    _fields_ = _fields("CoConvArgs")
 
 
 class CoNormArgs(ctypes.Structure):
-    """Mirror of ``struct CoNormArgs`` in emit/templates/prelude.h (same field order)."""
+    """Mirror of ``struct CoNormArgs`` in emit/templates/prelude.h."""
 
-    _fields_ = [("input", ctypes.c_void_p), ("weight", ctypes.c_void_p), ("bias", ctypes.c_void_p),
-                ("output", ctypes.c_void_p), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
-                ("eps", ctypes.c_float), ("workspace", ctypes.c_void_p),
-                ("workspace_bytes", ctypes.c_int64)]
+    _fields_ = _fields("CoNormArgs")
 
 
 class CoGroupNormArgs(ctypes.Structure):
-    """Mirror of ``struct CoGroupNormArgs`` in emit/templates/prelude.h (same field order)."""
+    """Mirror of ``struct CoGroupNormArgs`` in emit/templates/prelude.h."""
 
-    _fields_ = [("input", ctypes.c_void_p), ("weight", ctypes.c_void_p), ("bias", ctypes.c_void_p),
-                ("output", ctypes.c_void_p)] + [
-        (f, ctypes.c_int64) for f in ("n", "h", "w", "c", "groups")] + [
-        ("eps", ctypes.c_float), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)]
-
-
-_CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "f32": ctypes.c_float, "i32": ctypes.c_int32}
+    _fields_ = _fields("CoGroupNormArgs")
 
 
 class CoAttentionArgs(ctypes.Structure):
-    """Mirror of ``struct CoAttentionArgs`` in emit/templates/prelude.h (field order
-    from emit/attention.py ARGS_FIELDS)."""
+    """Mirror of ``struct CoAttentionArgs`` in emit/templates/prelude.h."""
 
-    _fields_ = [(name, _CTYPES[kind]) for name, kind in ATTENTION_ARGS_FIELDS]
+    _fields_ = _fields("CoAttentionArgs")
 
 
 ARGS_TYPES = {"CoGemmArgs": CoGemmArgs, "CoConvArgs": CoConvArgs, "CoNormArgs": CoNormArgs,
               "CoGroupNormArgs": CoGroupNormArgs, "CoAttentionArgs": CoAttentionArgs}
-
-CO_OK, CO_CANNOT_IMPLEMENT = 0, 1
-STATUS_NAMES = {0: "ok", 1: "cannot implement", 2: "workspace too small",
-                3: "initialize failed", 4: "launch failed"}
+assert set(ARGS_TYPES) == set(abi.ARGS_FIELDS)
 
 # Which compute capabilities can run a library built for an arch: sm_90a code runs
 # only on 9.0; sm_80 SASS runs on 8.x (CUDA binary compatibility within a major).
@@ -121,7 +105,7 @@ class Library:
         run = getattr(self._dll, symbol)
         run.argtypes = [ctypes.POINTER(args_type), ctypes.c_void_p]
         run.restype = ctypes.c_int
-        ws = getattr(self._dll, symbol + "_workspace")
+        ws = getattr(self._dll, symbol + abi.WORKSPACE_SUFFIX)
         ws.argtypes = [ctypes.POINTER(args_type)]
         ws.restype = ctypes.c_int64
         return run, ws

@@ -10,6 +10,7 @@ import warnings
 import torch
 from torch.nn.modules import module as _nn_module
 
+from ..abi import region_symbol
 from ..errors import DeviceError, KernelLaunchError
 from . import fast_call
 from .library import ARGS_TYPES, CO_CANNOT_IMPLEMENT, CO_OK, STATUS_NAMES, check_device
@@ -136,7 +137,8 @@ class RegionModule(torch.nn.Module):
     def _bind(self, device):
         lib = self._library_getter()
         check_device(self.kernel.arch, device)
-        self._fn, self._ws_fn = lib.launcher(f"co_{self.region.name}", ARGS_TYPES[self.kernel.args_type])
+        self._fn, self._ws_fn = lib.launcher(region_symbol(self.region.name),
+                                             ARGS_TYPES[self.kernel.args_type])
 
     # -- the C++ call path ----------------------------------------------------------
     def _fast_operands(self):

@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict, replace
 
 from ..config import CompileOptions
-from ..emit import attention  # the sm80 kernel, for sm_80 and sm_90a
+from ..families import attention  # the sm80 kernel, for sm_80 and sm_90a (or the Hopper one)
 from ..ir import (
     AttentionRegion,
     ConvRegion,

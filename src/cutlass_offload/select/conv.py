@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..emit import conv_sm80, conv_sm90
+from ..families import conv_sm90, sm80
 from ..ir import ConvKernel, ConvProblem, KernelConfig
 
 _BYTES = {"f16": 2, "bf16": 2, "f32": 4}
@@ -47,7 +47,7 @@ def _sm90_config(problem: ConvProblem, num_sms: int) -> KernelConfig:
 
 
 def _sm80_config(problem: ConvProblem, num_sms: int, iterator: str) -> KernelConfig:
-    configs = conv_sm80.legal_configs(problem.dtype, problem.align_a, problem.align_b,
+    configs = sm80.conv_configs(problem.dtype, problem.align_a, problem.align_b,
                                       problem.align_c, iterator)
     if not configs:
         raise ValueError(f"no CUTLASS 2.x conv config for {problem}")
@@ -78,7 +78,7 @@ def choose_conv_kernel(problem: ConvProblem, arch: str, num_sms: int) -> ConvKer
                   align_c=problem.align_c, epilogue=problem.epilogue)
     if arch == "sm90a" and conv_sm90.supports(problem):
         return ConvKernel(config=_sm90_config(problem, num_sms), iterator="", **common)
-    iterator = conv_sm80.choose_iterator(problem.dtype, problem.c_kernel, problem.align_a)
+    iterator = sm80.choose_iterator(problem.dtype, problem.c_kernel, problem.align_a)
     if iterator in ("few_channels", "fixed_channels"):
         # Those iterators leave filter positions r >= R unmasked on the activation
         # side of the last K tile (zeros only on the filter side), so an inf/NaN

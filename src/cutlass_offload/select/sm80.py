@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from ..emit.gemm_sm80 import legal_configs
+from ..families.sm80 import gemm_configs
 from ..ir import GemmProblem, KernelConfig
 
 
@@ -21,7 +21,7 @@ def _index(problem: GemmProblem, num_sms: int, configs) -> int:
 
 
 def _legal(problem: GemmProblem) -> list:
-    configs = legal_configs(problem.dtype, problem.align_a, problem.align_b, problem.align_c)
+    configs = gemm_configs(problem.dtype, problem.align_a, problem.align_b, problem.align_c)
     if not configs:
         raise ValueError(f"no CUTLASS 2.x config for {problem}")
     return configs

@@ -53,7 +53,7 @@ import json
 import math
 from pathlib import Path
 
-from ..ir import GemmLaunch, GemmProblem, KernelConfig
+from ..ir import GemmLaunch, GemmProblem, KernelConfig, config_from_dict
 
 COOP = "KernelTmaWarpSpecializedCooperative"
 PINGPONG = "KernelTmaWarpSpecializedPingpong"
@@ -169,7 +169,6 @@ class Table:
     """
 
     def __init__(self, data: dict):
-        from ..tune.result import config_from_dict
         self.gpu, self.num_sms = data["gpu"], int(data["num_sms"])
         self.meta = {k: v for k, v in data.items() if k != "entries"}
         self.entries = {}

@@ -39,7 +39,7 @@ import warnings
 from dataclasses import asdict, replace
 
 from .. import build as build_stage
-from ..emit import region_symbol
+from ..abi import region_symbol
 from ..errors import CutlassOffloadError, DeviceError
 from ..ir import GemmEpilogue, GemmKernel, GemmRegion, Plan
 from ..select import DEFAULT_NUM_SMS, candidate_kernels, choose_kernel, sm90, tuning_id

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from ..ir import KernelConfig
+from ..ir import KernelConfig, config_from_dict, config_to_dict  # noqa: F401 - re-exported
 
 STATUSES = (
     "ok",                  # ran, matched the float32 reference, timed
@@ -20,21 +20,6 @@ STATUSES = (
     "crashed",             # the profiling process died or hung on this candidate
     "not profiled",        # the profiler itself could not run (no result is cached)
 )
-
-
-def config_to_dict(config: KernelConfig) -> dict:
-    """A KernelConfig as JSON-able data (tuples become lists)."""
-    return asdict(config)
-
-
-def config_from_dict(d: dict) -> KernelConfig:
-    """The KernelConfig ``config_to_dict`` wrote. Raises ValueError (KernelConfig's
-    own validation) or TypeError for data of another shape."""
-    d = dict(d)
-    for f in ("tile", "warp", "instruction", "cluster"):
-        if f in d:
-            d[f] = tuple(d[f])
-    return KernelConfig(**d)
 
 
 def choice_to_dict(config: dict, launch: dict | None) -> dict:

@@ -22,6 +22,8 @@ graph, a warning and eager glue for good).
 """
 from __future__ import annotations
 
+import json
+
 import threading
 import time
 import warnings
@@ -119,8 +121,8 @@ def ops_graph(gm: fx.GraphModule) -> OpsGraph:
     region's registered key. torch.export's in-graph input guard (``_guards_fn``)
     is left out: CompiledModel checks each input signature once before the call.
     ``gm`` is not modified."""
-    from .runtime.ops import input_kinds, register, region_op
-    from .runtime.region import RegionModule
+    from .ops import input_kinds, register, region_op
+    from .region import RegionModule
     op = region_op()
     graph = fx.Graph()
     graph._codegen = gm.graph._codegen       # the pytree in/out handling of exported modules
@@ -281,3 +283,30 @@ def check_glue_args(glue: str | None, mode: str | None, options: dict | None) ->
 
 __all__ = ["GLUES", "InductorGlue", "OpsGraph", "check_glue_args", "dynamic_dims", "inductor_available",
            "mode_options", "ops_graph", "resolve_glue", "uses_cuda_graphs"]
+
+
+class GlueSpec:
+    """A glue choice as the user gave it: glue ("auto" / "inductor" / "eager"), mode
+    and options (torch.compile's). Raises ValueError for an unknown one."""
+
+    def __init__(self, glue: str | None = "auto", mode: str | None = None, options: dict | None = None):
+        check_glue_args(glue, mode, options)
+        self.glue, self.mode, self.options = glue or "auto", mode, dict(options or {})
+
+    def resolved(self) -> str:
+        return resolve_glue(self.glue)
+
+    def apply(self, compiled):
+        compiled.set_glue(self.glue, self.mode, self.options)
+        if compiled.report is not None:
+            compiled.report.glue = {"requested": self.glue, "glue": compiled.glue, "mode": self.mode,
+                                    "options": self.options}
+        return compiled
+
+    def to_json(self) -> dict:
+        """For the manifest. Raises ValueError when an option value is not JSON."""
+        try:
+            json.dumps(self.options)
+        except TypeError as e:
+            raise ValueError(f"Inductor options must be JSON values to be saved: {e}") from None
+        return {"glue": self.glue, "mode": self.mode, "options": self.options}

@@ -1,0 +1,164 @@
+"""The vocabulary every region kind shares: dtypes, epilogue ops, layouts, archs,
+kernel families, the fused epilogue, the kernel configuration and the emitted
+kernel source.
+
+* ``KernelConfig``: tile shape, warp shape, stages, cluster, schedule.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass
+
+DTYPES = ("f16", "bf16", "f32")
+ACTIVATIONS = ("identity", "relu", "gelu_erf", "gelu_tanh", "silu", "sigmoid")
+RESIDUAL_OPS = ("none", "add", "mul")
+POST_ACTIVATIONS = ("identity", "relu")
+LAYOUTS = ("row", "col")
+ARCHS = ("sm80", "sm90a")
+FAMILIES = ("cutlass2x_sm80", "cutlass3x_sm90", "rowwise_norm", "nhwc_group_norm")
+TILE_SCHEDULERS = ("persistent", "stream_k")
+
+_SHORT = {
+    "identity": "id", "relu": "relu", "gelu_erf": "gelu", "gelu_tanh": "gelutanh",
+    "silu": "silu", "sigmoid": "sigmoid", "add": "add", "mul": "mul",
+}
+
+
+def _check(value, allowed, what):
+    if value not in allowed:
+        raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GemmEpilogue:
+    """D = post(residual_op(activation(acc + bias), C)), computed in fp32.
+
+    bias: a per-output-column vector of shape (N,), broadcast over rows and batch.
+    residual: "add" or "mul" with a full-shape source C of shape (L, M, N), or, with
+      residual_broadcast, a vector of shape (N,) broadcast over rows (a per-channel
+      tensor such as (1, K, 1, 1) after a conv), applied after the activation.
+    post_activation: only "relu" after a residual (ResNet/TVM residual block form).
+    """
+
+    bias: bool = False
+    activation: str = "identity"
+    residual: str = "none"
+    post_activation: str = "identity"
+    residual_broadcast: bool = False
+
+    def __post_init__(self):
+        _check(self.activation, ACTIVATIONS, "activation")
+        _check(self.residual, RESIDUAL_OPS, "residual")
+        _check(self.post_activation, POST_ACTIVATIONS, "post_activation")
+        if self.post_activation != "identity" and self.residual == "none":
+            raise ValueError("post_activation needs a residual; fold it into activation")
+        if self.residual_broadcast and self.residual == "none":
+            raise ValueError("residual_broadcast needs a residual")
+
+    @property
+    def tag(self) -> str:
+        parts = ["bias"] if self.bias else []
+        if self.activation != "identity":
+            parts.append(_SHORT[self.activation])
+        if self.residual != "none":
+            parts.append(("resvec" if self.residual_broadcast else "res") + _SHORT[self.residual])
+        if self.post_activation != "identity":
+            parts.append(_SHORT[self.post_activation])
+        return "_".join(parts) or "plain"
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """How a kernel computes: the tuning choice.
+
+    tile: threadblock (CTA) tile (M, N, K) in elements.
+    warp: warp tile (M, N, K) for CUTLASS 2.x; unused (0, 0, 0) for 3.x.
+    instruction: MMA instruction shape for 2.x, e.g. (16, 8, 16).
+    stages: software pipeline depth; 0 = let the 3.x collective builder choose.
+    cluster: thread block cluster shape (3.x only), (1, 1, 1) for 2.x.
+    kernel_schedule / epilogue_schedule: 3.x schedule tags (C++ type names
+    without namespace), e.g. "KernelTmaWarpSpecializedCooperative".
+    tile_scheduler: how output tiles map onto CTAs (3.x GEMMs only): "persistent"
+    (CUTLASS's default persistent data-parallel scheduler) or "stream_k"
+    (``cutlass::gemm::StreamKScheduler``, cooperative schedule only; its default
+    heuristic decomposition picks data-parallel, split-K or stream-K per problem
+    and needs a workspace).
+    """
+
+    family: str
+    tile: tuple
+    stages: int
+    warp: tuple = (0, 0, 0)
+    instruction: tuple = (0, 0, 0)
+    cluster: tuple = (1, 1, 1)
+    kernel_schedule: str = ""
+    epilogue_schedule: str = ""
+    tile_scheduler: str = "persistent"
+
+    def __post_init__(self):
+        _check(self.family, FAMILIES, "family")
+        _check(self.tile_scheduler, TILE_SCHEDULERS, "tile_scheduler")
+        if len(self.tile) != 3 or len(self.cluster) != 3:
+            raise ValueError("tile and cluster are (M, N, K) triples")
+        if self.tile_scheduler != "persistent" and self.family != "cutlass3x_sm90":
+            raise ValueError(f"tile_scheduler {self.tile_scheduler!r} is for CUTLASS 3.x kernels only")
+        if self.family == "cutlass2x_sm80" and (len(self.warp) != 3 or 0 in self.warp):
+            raise ValueError("a CUTLASS 2.x config needs a warp shape")
+
+    @property
+    def tag(self) -> str:
+        t = "x".join(map(str, self.tile))
+        if self.family == "cutlass3x_sm90":
+            c = "x".join(map(str, self.cluster))
+            sched = {"KernelTmaWarpSpecializedCooperative": "coop",
+                     "KernelTmaWarpSpecializedPingpong": "pingpong",
+                     "KernelTmaWarpSpecialized": "ws",
+                     "KernelImplicitTmaWarpSpecializedSm90": "ws"}.get(self.kernel_schedule, "auto")
+            return (f"{t}_c{c}_{sched}" + (f"_s{self.stages}" if self.stages else "")
+                    + ("_streamk" if self.tile_scheduler == "stream_k" else ""))
+        w = "x".join(map(str, self.warp))
+        return f"{t}_w{w}_s{self.stages}"
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """C++ for one kernel: its includes (collected once per TU) and its code.
+
+    code defines ``namespace <name> { int64_t workspace_size(const Args&);
+    int run(const Args&, cudaStream_t); }`` where Args is ``args_type``
+    (CoGemmArgs, CoConvArgs, CoNormArgs; emit/templates/prelude.h).
+    """
+
+    name: str
+    includes: tuple
+    code: str
+    args_type: str = "CoGemmArgs"
+    defines: tuple = ()      # macros the TU must define before its includes
+
+
+def replace(obj, **changes):
+    return dataclasses.replace(obj, **changes)
+
+
+class _Region:
+    """What every region has: ``nodes`` (FX node names in graph order) whose last one
+    is the region's output."""
+
+    @property
+    def output(self) -> str:
+        return self.nodes[-1]
+
+
+def config_to_dict(config: KernelConfig) -> dict:
+    """A KernelConfig as JSON-able data (tuples become lists)."""
+    return asdict(config)
+
+
+def config_from_dict(d: dict) -> KernelConfig:
+    """The KernelConfig ``config_to_dict`` wrote. Raises ValueError (KernelConfig's
+    own validation) or TypeError for data of another shape."""
+    d = dict(d)
+    for f in ("tile", "warp", "instruction", "cluster"):
+        if f in d:
+            d[f] = tuple(d[f])
+    return KernelConfig(**d)

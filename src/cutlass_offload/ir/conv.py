@@ -1,0 +1,160 @@
+"""conv2d fprop regions (implicit GEMM, NHWC): the problem, the kernel and the region."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .common import ARCHS, DTYPES, GemmEpilogue, KernelConfig, _check, _Region
+
+CONV_ITERATORS = ("optimized", "analytic", "few_channels", "fixed_channels")
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """What one conv2d fprop region computes, as an implicit GEMM in NHWC:
+
+    y(N, P, Q, K) = epilogue(conv2d(x(N, H, W, C), w(K, R, S, C))), fp32 accumulation.
+    The implicit GEMM has M = N * P * Q, N_gemm = K, K_gemm = R * S * C, so the
+    GemmEpilogue applies with "column" = output channel: bias (K,), residual
+    (N, P, Q, K) or, with residual_broadcast, a per-channel (K,) vector.
+
+    pad: (top, bottom, left, right) in pixels; asymmetric padding is allowed (the
+    kernel takes the top/left padding and P, Q; reads past the bottom/right edge
+    are masked to zero).
+    n: batch, ``None`` when dynamic (n_hint = the example's batch, for tile choice).
+    align_a / align_b: elements, the largest of 8/4/2/1 dividing the kernel's C
+    (``c_kernel``; 16-bit types); align_c: the same for K. groups: always 1
+    (grouped convs stay in PyTorch).
+    pad_c: zero input channels appended for the kernel (0 = none). The kernel runs
+    C' = c + pad_c channels: the region module zero-pads the filter (once per
+    constant weight) and copies each call's input into an NHWC buffer with C'
+    channels; zero channels add nothing, so the result is the C-channel conv's.
+    Set by select (select/conv.py ``pad_channels``) where it lets an sm90a TMA
+    kernel run a conv whose C is not a multiple of 8 (a network's RGB stem).
+    """
+
+    c: int
+    k: int
+    h: int
+    w: int
+    r: int
+    s: int
+    dtype: str
+    align_a: int
+    align_b: int
+    align_c: int
+    pad: tuple = (0, 0, 0, 0)
+    stride: tuple = (1, 1)
+    dilation: tuple = (1, 1)
+    epilogue: GemmEpilogue = GemmEpilogue()
+    n: Optional[int] = None
+    n_hint: int = 1
+    tf32: bool = False
+    pad_c: int = 0
+
+    def __post_init__(self):
+        _check(self.dtype, DTYPES, "dtype")
+        for a in (self.align_a, self.align_b, self.align_c):
+            _check(a, (1, 2, 4, 8), "alignment")
+        if self.pad_c < 0:
+            raise ValueError(f"pad_c must be >= 0, got {self.pad_c}")
+        if min(self.c, self.k, self.h, self.w, self.r, self.s) < 1:
+            raise ValueError(f"conv extents must be positive: {self}")
+        if len(self.pad) != 4 or min(self.pad) < 0:
+            raise ValueError(f"pad is (top, bottom, left, right) >= 0, got {self.pad}")
+        if min(self.stride) < 1 or min(self.dilation) < 1:
+            raise ValueError("stride and dilation must be >= 1")
+        if self.p < 1 or self.q < 1:
+            raise ValueError(f"empty conv output ({self.p} x {self.q})")
+        if self.dtype == "f32" and not self.tf32:
+            raise ValueError("fp32 convs run only as TF32, which must be opted in")
+
+    @property
+    def p(self) -> int:
+        """Output height (PyTorch's formula, torch.nn.Conv2d docs)."""
+        top, bottom = self.pad[0], self.pad[1]
+        return (self.h + top + bottom - self.dilation[0] * (self.r - 1) - 1) // self.stride[0] + 1
+
+    @property
+    def q(self) -> int:
+        left, right = self.pad[2], self.pad[3]
+        return (self.w + left + right - self.dilation[1] * (self.s - 1) - 1) // self.stride[1] + 1
+
+    @property
+    def unit_stride(self) -> bool:
+        return tuple(self.stride) == (1, 1)
+
+    @property
+    def c_kernel(self) -> int:
+        """Input channels the kernel runs: C plus the zero channels of ``pad_c``."""
+        return self.c + self.pad_c
+
+
+@dataclass(frozen=True)
+class ConvKernel:
+    """One distinct conv2d fprop kernel instantiation (NHWC x KRSC -> NHWC).
+
+    iterator: CUTLASS 2.x activation iterator algorithm ("optimized", "analytic",
+    "few_channels", "fixed_channels"); "" for 3.x (TMA im2col).
+    stride_support: "strided" or "unity" (2.x only; unity kernels need stride 1).
+    Problem sizes, padding, stride and dilation are runtime arguments.
+    """
+
+    arch: str
+    dtype: str
+    align_a: int
+    align_b: int
+    align_c: int
+    epilogue: GemmEpilogue
+    config: KernelConfig
+    iterator: str = "optimized"
+    stride_support: str = "strided"
+    accumulate: str = "f32"
+
+    def __post_init__(self):
+        _check(self.arch, ARCHS, "arch")
+        _check(self.dtype, DTYPES, "dtype")
+        _check(self.stride_support, ("strided", "unity"), "stride_support")
+        if self.config.family == "cutlass3x_sm90":
+            if self.arch != "sm90a":
+                raise ValueError("CUTLASS 3.x sm90 kernels need the sm90a target")
+            if self.iterator:
+                raise ValueError("3.x conv kernels have no 2.x iterator algorithm")
+        else:
+            _check(self.iterator, CONV_ITERATORS, "iterator")
+
+    kind = "conv2d_fprop"
+    args_type = "CoConvArgs"
+    layout_a = "nhwc"
+    layout_b = "krsc"
+
+    @property
+    def name(self) -> str:
+        fam = self.config.family
+        it = f"_{self.iterator}" if self.iterator else ""
+        unity = "_unity" if self.stride_support == "unity" else ""
+        return (f"{fam}_conv2d_fprop_{self.dtype}_nhwc_{self.config.tag}{it}{unity}"
+                f"_align{self.align_a}{self.align_b}{self.align_c}_{self.epilogue.tag}")
+
+
+@dataclass(frozen=True)
+class ConvRegion(_Region):
+    """A conv2d fprop subgraph to offload: the conv + its fused epilogue.
+
+    nodes: FX node names in graph order (a leading zero ``constant_pad_nd`` folded
+    into the conv's padding comes first); the last one is the region's output.
+    x, w, bias, c: input node names by role; the graph is NCHW (PyTorch's logical
+    layout) and the region module maps the tensors onto NHWC / KRSC.
+    c: the residual: (N, K, P, Q), or a per-channel (K,)-sized tensor when
+    ``problem.epilogue.residual_broadcast``.
+    """
+
+    name: str
+    nodes: tuple
+    x: str
+    w: str
+    problem: ConvProblem
+    bias: Optional[str] = None
+    c: Optional[str] = None
+    notes: tuple = ()
+    form: str = "conv2d"

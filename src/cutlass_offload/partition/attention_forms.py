@@ -1,0 +1,406 @@
+"""The readers of the attention forms (see partition/attention.py for what is
+matched and why a form stays in PyTorch): ``sdpa_operands`` for
+``aten.scaled_dot_product_attention``, ``softmax_operands`` / ``_read_softmax_form``
+for the hand-written ``softmax(q @ k^T * scale [+ bias]) @ v``. Each returns the
+AttentionOperands that partition/attention.make_attention_region turns into a region.
+
+Also here: the compile-time evaluation of a mask computed in the graph
+(``constant_value``) and its fold into the kernel's causal argument (``_fold_mask``,
+through masks.mask_pattern), and the layout of the region's output (``_absorb_output``).
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Optional
+
+import torch
+import torch.fx as fx
+
+from ..errors import UnsupportedRegion
+from ..masks import mask_pattern
+from .attention import (_MATMULS, AttentionOperands, _arg, _call, _cast_of, _checks,
+                        _is_heads_transpose, _is_last_two_transpose, _logits_source, _number,
+                        _scaled, _tensor, _users)
+from .graph_utils import aten, hint_int, same_shape, static_int, val
+
+_SAME_SHAPE_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+_MAX_FOLD_NODES = 512            # a mask computed by more ops is not evaluated
+_MAX_FOLD_ELEMENTS = 1 << 26
+
+
+# -------------------------------------------------------------- compile-time masks
+
+_FOLDS = weakref.WeakKeyDictionary()      # graph -> {mask node: (value, symbolic) | None}
+
+
+# ops whose value is not a function of their arguments (uninitialized memory)
+_UNINITIALIZED = ("empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided")
+
+
+def _pure(target) -> bool:
+    if isinstance(target, torch._ops.OpOverload):
+        if target._schema.is_mutable or target.overloadpacket.__name__ in _UNINITIALIZED:
+            return False
+        return torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ())
+    return getattr(target, "__module__", None) in ("_operator", "operator") or target is math.sqrt
+
+
+def _attr(gm, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def constant_value(node: fx.Node):
+    """(tensor, symbolic) when ``node``'s value is computable from the graph's constants
+    and input sizes (``symbolic``: it depends on dynamic sizes and was evaluated at
+    the example sizes), else None."""
+    graph = node.graph
+    memo = _FOLDS.setdefault(graph, {})
+    if node in memo:
+        return memo[node]
+    memo[node] = result = _evaluate(node)
+    return result
+
+
+def _evaluate(node):
+    stack, anc, symbolic = [node], set(), False
+    while stack:
+        n = stack.pop()
+        if n in anc:
+            continue
+        if n.op == "get_attr":
+            anc.add(n)
+            continue
+        if n.op != "call_function":
+            return None                           # a graph input: data-dependent
+        if n.target is aten.sym_size.int:         # a size of an input: its example value
+            anc.add(n)
+            symbolic = True
+            continue
+        if not _pure(n.target):
+            return None
+        anc.add(n)
+        if len(anc) > _MAX_FOLD_NODES:
+            return None
+        stack.extend(n.all_input_nodes)
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    gm = node.graph.owning_module
+    env = {}
+    try:
+        with torch.no_grad():
+            for n in sorted(anc, key=order.__getitem__):
+                if n.op == "get_attr":
+                    env[n] = _attr(gm, n.target)
+                elif n.target is aten.sym_size.int:
+                    env[n] = hint_int(val(n), default=-1)
+                    if env[n] < 0:
+                        return None
+                else:
+                    args = fx.node.map_arg(n.args, env.__getitem__)
+                    kwargs = fx.node.map_arg(n.kwargs, env.__getitem__)
+                    env[n] = n.target(*args, **kwargs)
+                    if isinstance(env[n], torch.Tensor) and env[n].numel() > _MAX_FOLD_ELEMENTS:
+                        return None
+    except Exception:                   # noqa: BLE001 (not evaluable: the mask is a bias)
+        return None
+    out = env[node]
+    if not isinstance(out, torch.Tensor) or out.dim() < 1:
+        return None
+    return out, symbolic
+
+
+def _fold_mask(mask: fx.Node, kind: str, seq_q, seq_kv):
+    """(causal, symbolic) when ``mask`` folds into the kernel's causal argument."""
+    got = constant_value(mask)
+    if got is None:
+        return None
+    value, symbolic = got
+    lq, lk = hint_int(seq_q, -1), hint_int(seq_kv, -1)
+    if lq < 1 or lk < 1:
+        return None
+    try:
+        found = mask_pattern(value, kind, lq, lk)
+    except RuntimeError:
+        return None
+    if found is None:
+        return None
+    pattern, soft = found
+    if soft and pattern == "bottom_right":
+        # finfo.min masks rows with no key softly (PyTorch averages them): exact only
+        # while every row sees a key, i.e. seq_q <= seq_kv, provably
+        sq, sk = static_int(seq_q), static_int(seq_kv)
+        if sq is None or sk is None or sq > sk:
+            return None
+    return pattern, symbolic
+
+
+# ------------------------------------------------------------------ output layout
+
+def _view_ok(shape, strides, target) -> bool:
+    """A ``view`` to ``target`` works on a tensor of this shape and these strides."""
+    if any(static_int(x) is None for x in list(shape) + list(target)):
+        return False
+    try:
+        torch.empty_strided(tuple(shape), tuple(strides), device="meta").view(tuple(target))
+        return True
+    except RuntimeError:
+        return False
+
+
+def _absorb_output(out: fx.Node, rank: int):
+    """(region output, extra nodes, out_layout): a transpose of the (B, H, L, Ev)
+    output to (B, L, H, Ev) (after reshapes to its own shape, before a
+    ``contiguous``) joins the region, which then returns the BMHK tensor."""
+    if rank != 4:
+        return out, [], "strided"
+    x, extra = out, []
+    while True:
+        users = _users(x)
+        if len(users) != 1:
+            break
+        u = users[0]
+        if _call(u, *_SAME_SHAPE_VIEWS) and same_shape(val(u).shape, val(x).shape):
+            extra.append(u)
+            x = u
+            continue
+        if _is_heads_transpose(u):
+            extra.append(u)
+            users = _users(u)
+            if len(users) == 1 and (_call(users[0], aten.contiguous.default) or (
+                    _call(users[0], aten.clone.default)
+                    and users[0].kwargs.get("memory_format") in (None, torch.contiguous_format))):
+                extra.append(users[0])
+                return users[0], extra, "bmhk"
+            return u, extra, "bmhk"
+        break
+    # not transposed back: (B, H, L, Ev) strided over a BMHK buffer; a view that
+    # needs other strides gets a contiguous copy
+    v = val(out)
+    shape = tuple(v.shape)
+    strides = None
+    if all(static_int(d) is not None for d in shape):
+        b, h, l, e = shape
+        strides = (l * h * e, e, h * e, 1)
+    for u in out.users:
+        if _call(u, aten.view.default, aten._unsafe_view.default):
+            if strides is None or not _view_ok(shape, strides, u.args[1]):
+                return out, [], "contiguous"
+    return out, [], "strided"
+
+
+# --------------------------------------------------------------------------- SDPA
+
+def sdpa_operands(node, options) -> AttentionOperands:
+    """aten.scaled_dot_product_attention.default."""
+    q, k, v = node.args[:3]
+    mask = _arg(node, 3, "attn_mask")
+    dropout = _arg(node, 4, "dropout_p")
+    is_causal = _arg(node, 5, "is_causal")
+    scale = node.kwargs.get("scale", None)
+    enable_gqa = node.kwargs.get("enable_gqa", False)
+    if _number(dropout) is None or _number(dropout) != 0.0:
+        raise UnsupportedRegion(f"dropout_p={dropout} (attention dropout runs in PyTorch)")
+    if not isinstance(is_causal, bool):
+        raise UnsupportedRegion(f"is_causal={is_causal!r} is not a constant")
+    qv = _tensor(q, "q")
+    e = static_int(qv.shape[-1])
+    if scale is None:
+        if e is None:
+            raise UnsupportedRegion("dynamic head dim")
+        scale = 1.0 / math.sqrt(e)
+    elif _number(scale) is None:
+        raise UnsupportedRegion(f"scale {scale!r} is not a constant number")
+    ops = AttentionOperands("sdpa", q, k, v, [node], node, float(scale),
+                            causal="top_left" if is_causal else "none")
+    if mask is not None:
+        mv = _tensor(mask, "attn_mask")
+        kind = "bool_keep" if mv.dtype == torch.bool else "float"
+        if is_causal:
+            raise UnsupportedRegion("attn_mask together with is_causal=True")
+        lk = _tensor(k, "k").shape[-2]
+        folded = _fold_mask(mask, kind, qv.shape[-2], lk)
+        if folded is not None:
+            ops.causal, ops.mask_check = folded
+            ops.mask, ops.mask_kind = mask, kind
+            ops.notes.append(f"attn_mask {mask.name} folded: {folded[0]}"
+                             + (" (checked once per shape)" if folded[1] else ""))
+        else:
+            ops.bias, ops.bias_kind = mask, kind
+    ops.output, extra, ops.out_layout = _absorb_output(node, qv.dim())
+    ops.nodes += extra
+    ops.enable_gqa = enable_gqa is True
+    return ops
+
+
+# ---------------------------------------------------------------- hand-written form
+
+def _single_user(n) -> Optional[fx.Node]:
+    users = _users(n)
+    return users[0] if len(users) == 1 and len(n.users) == len(users) + len(_checks(n)) else None
+
+
+def softmax_operands(node, options) -> Optional[AttentionOperands]:
+    """The hand-written attention around a softmax over the last axis; None when this
+    softmax is not between a q @ k^T and a p @ v matmul."""
+    x = node.args[0]
+    xv = val(x)
+    if not isinstance(xv, torch.Tensor) or xv.dim() not in (3, 4):
+        return None
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if not isinstance(dim, int) or dim % xv.dim() != xv.dim() - 1:
+        return None
+    # -- logits, walked back from the softmax to the q @ k^T matmul
+    chain, cur = [], x
+    while isinstance(cur, fx.Node) and not _call(cur, *_MATMULS) and len(chain) < 12:
+        chain.append(cur)
+        cur = _logits_source(cur)
+    if not _call(cur, *_MATMULS):
+        return None
+    mm = cur
+    # -- probabilities, walked forward from the softmax to the p @ v matmul
+    tail, p = [], node
+    nxt = _single_user(p)
+    while nxt is not None and len(tail) < 3 and not _call(nxt, *_MATMULS):
+        tail.append(nxt)
+        p, nxt = nxt, _single_user(nxt)
+    if nxt is None or not _call(nxt, *_MATMULS) or nxt.args[0] is not p:
+        return None
+    pv = nxt
+    # from here on it is attention: refusals become fallbacks with a reason
+    return _read_softmax_form(node, mm, list(reversed(chain)), tail, pv)
+
+
+def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
+    what = "hand-written attention"
+    rank = val(mm).dim()
+    a, b = mm.args[0], mm.args[1]
+    nodes = [mm, softmax, pv]
+    scale = 1.0
+    # q side: q [* c]
+    sc = _scaled(a)
+    if sc is not None and _single_user(a) is mm and a is not b:
+        nodes.append(a)
+        a, f = sc
+        scale *= f
+    # k side: k.transpose(-1, -2) [* c], (k * c).transpose(-1, -2), or K^T as given
+    k, k_transposed, consumer = b, True, mm
+    for _ in range(3):
+        if not isinstance(k, fx.Node) or k is a or _single_user(k) is not consumer:
+            break
+        sc = _scaled(k)
+        if sc is not None:
+            nodes.append(k)
+            consumer, (k, f) = k, sc
+            scale *= f
+            continue
+        if k_transposed and _is_last_two_transpose(k, rank):
+            nodes.append(k)
+            consumer, k, k_transposed = k, k.args[0], False
+            continue
+        break
+    q = a
+    # logits: [casts | scalings | number shifts]* then at most one bias
+    add_bias = fill = fill_value = None   # one additive bias, one masked_fill(mask, -inf)
+    dtype_in = val(q).dtype
+    for n in chain:
+        c = _cast_of(n)
+        if c is not None:
+            if c[1] != torch.float32 and c[1] != dtype_in:
+                raise UnsupportedRegion(f"{what}: logits cast to {c[1]}")
+            nodes.append(n)
+            continue
+        src = [x for x in n.args if isinstance(x, fx.Node) and (x is mm or x in nodes)]
+        if len(src) != 1:
+            raise UnsupportedRegion(f"{what}: {n.name} ({n.target}) combines the logits with "
+                                    "another tensor")
+        s = src[0]
+        sc = _scaled(n)
+        if sc is not None and sc[0] is s:
+            if add_bias is not None or fill is not None:
+                raise UnsupportedRegion(f"{what}: the logits are scaled after the mask "
+                                        "(the kernel scales before adding it)")
+            scale *= sc[1]
+            nodes.append(n)
+            continue
+        if _call(n, aten.add.Tensor, aten.add.Scalar) and len(n.args) == 2:
+            if n.kwargs.get("alpha", 1) != 1:
+                raise UnsupportedRegion(f"{what}: add with alpha")
+            other = n.args[1] if n.args[0] is s else n.args[0]
+            if _number(other) is not None:        # softmax is shift-invariant
+                nodes.append(n)
+                continue
+            if add_bias is not None:
+                raise UnsupportedRegion(f"{what}: more than one bias is added to the logits")
+            add_bias = other
+            nodes.append(n)
+            continue
+        if _call(n, aten.masked_fill.Scalar) and n.args[0] is s and len(n.args) == 3:
+            value = _number(n.args[2])
+            if value is None or not (value == -math.inf
+                                     or value == torch.finfo(val(s).dtype).min):
+                raise UnsupportedRegion(f"{what}: masked_fill with {n.args[2]!r} (only -inf or "
+                                        "finfo.min mask the kernel's way)")
+            if fill is not None:
+                raise UnsupportedRegion(f"{what}: more than one masked_fill on the logits")
+            fill, fill_value = n.args[1], value
+            nodes.append(n)
+            continue
+        raise UnsupportedRegion(f"{what}: {n.target} between q @ k^T and the softmax")
+    # softmax and what follows it: a cast back to the input dtype
+    for n in tail:
+        c = _cast_of(n)
+        if c is not None and c[1] == dtype_in:
+            nodes.append(n)
+            continue
+        if _call(n, aten.dropout.default, aten.native_dropout.default):
+            raise UnsupportedRegion(f"{what}: dropout (p={n.args[1]}) on the probabilities")
+        raise UnsupportedRegion(f"{what}: {n.target} between the softmax and p @ v")
+    if val(pv.args[0]).dtype != dtype_in:
+        raise UnsupportedRegion(f"{what}: p @ v in {val(pv.args[0]).dtype} on {dtype_in} inputs")
+    for n, w in ((mm, "q @ k^T"), (pv, "p @ v")):
+        if val(n).dim() != rank or val(n.args[0]).dim() != rank or val(n.args[1]).dim() != rank:
+            raise UnsupportedRegion(f"{what}: {w} is not a rank-{rank} batched matmul")
+    if val(mm).dtype != dtype_in:
+        raise UnsupportedRegion(f"{what}: q @ k^T in {val(mm).dtype}")
+    ops = AttentionOperands("softmax_attention", q, k, pv.args[1], nodes, pv, scale,
+                            k_transposed=k_transposed)
+    lq, lk = val(mm).shape[-2], val(mm).shape[-1]
+    folded_fill = None
+    if fill is not None:
+        if not isinstance(fill, fx.Node) or _tensor(fill, "the mask").dtype != torch.bool:
+            raise UnsupportedRegion(f"{what}: masked_fill with a mask that is not boolean")
+        folded_fill = _fold_mask(fill, "bool_masked", lq, lk)
+        if folded_fill is not None and fill_value != -math.inf and folded_fill[0] == "bottom_right" \
+                and not (static_int(lq) is not None and static_int(lk) is not None
+                         and static_int(lq) <= static_int(lk)):
+            folded_fill = None            # finfo.min fills rows with no key softly
+        if folded_fill is not None:
+            ops.causal, ops.mask_check = folded_fill
+            ops.mask, ops.mask_kind = fill, "bool_masked"
+            ops.notes.append(f"mask {fill.name} folded: {folded_fill[0]}"
+                             + (" (checked once per shape)" if folded_fill[1] else ""))
+        elif fill_value != -math.inf:
+            raise UnsupportedRegion(f"{what}: masked_fill with finfo.min and a mask that is not a "
+                                    "compile-time causal pattern (rows with no key would differ)")
+        elif add_bias is not None:
+            raise UnsupportedRegion(f"{what}: a bias and a boolean mask that is not a "
+                                    "compile-time causal pattern (the kernel takes one bias)")
+        else:
+            ops.bias, ops.bias_kind = fill, "bool_masked"
+    if add_bias is not None:
+        if not isinstance(add_bias, fx.Node):
+            raise UnsupportedRegion(f"{what}: the bias is not a tensor")
+        folded = _fold_mask(add_bias, "float", lq, lk) if folded_fill is None else None
+        if folded is not None:
+            ops.causal, ops.mask_check = folded
+            ops.mask, ops.mask_kind = add_bias, "float"
+            ops.notes.append(f"mask {add_bias.name} folded: {folded[0]}"
+                             + (" (checked once per shape)" if folded[1] else ""))
+        else:
+            ops.bias, ops.bias_kind = add_bias, "float"
+    ops.output, extra, ops.out_layout = _absorb_output(pv, rank)
+    ops.nodes += extra
+    return ops

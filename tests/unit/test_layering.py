@@ -1,0 +1,63 @@
+"""The house rules of src/cutlass_offload (issue 18), checked on the source: which
+stage may import which, no import cycle between the package's top-level modules and
+subpackages, and no source file over 600 lines."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "src" / "cutlass_offload"
+MAX_LINES = 600
+
+
+def _imports():
+    """{top-level unit: {top-level units it imports}} for every relative import
+    (module level or inside functions); a unit is a subpackage or a module."""
+    edges = {}
+    for f in ROOT.rglob("*.py"):
+        rel = f.relative_to(ROOT)
+        me = rel.parts[0].removesuffix(".py")
+        pkg = list(rel.parent.parts)
+        for node in ast.walk(ast.parse(f.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level):
+                continue
+            target = pkg[: len(pkg) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+            names = [target[0]] if target else [a.name for a in node.names]
+            edges.setdefault(me, set()).update(n for n in names if n != me)
+    return edges
+
+
+def _reaches(edges, a):
+    seen, todo = set(), [a]
+    while todo:
+        for b in edges.get(todo.pop(), ()):
+            if b not in seen:
+                seen.add(b)
+                todo.append(b)
+    return seen
+
+
+@pytest.mark.parametrize("stage, forbidden", [
+    ("select", {"emit", "partition", "runtime", "build"}),
+    ("runtime", {"emit", "partition", "select", "build"}),
+    ("families", {"emit", "select", "partition", "runtime", "build"}),
+    ("abi", {"emit", "select", "partition", "runtime", "build"}),
+    ("masks", {"emit", "select", "partition", "runtime", "build"}),
+    ("ir", {"emit", "select", "partition", "runtime", "build", "families"}),
+])
+def test_stage_imports(stage, forbidden):
+    assert not (_imports().get(stage, set()) & forbidden)
+
+
+def test_no_import_cycle():
+    edges = _imports()
+    units = set(edges) | {u for v in edges.values() for u in v}
+    cycles = sorted({tuple(sorted((a, b))) for a in units for b in units
+                     if a < b and b in _reaches(edges, a) and a in _reaches(edges, b)})
+    assert cycles == []
+
+
+def test_no_source_file_over_600_lines():
+    long = {str(f.relative_to(ROOT)): n for f in ROOT.rglob("*.py")
+            if (n := len(f.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
