@@ -5,31 +5,11 @@ import collections
 import re
 from dataclasses import asdict, dataclass, field
 
-from .ir import AttentionProblem, ConvProblem, GroupNormProblem, NormProblem, Plan
+from .ir import Plan
 
 
 def _shape(problem) -> dict:
-    if isinstance(problem, AttentionProblem):
-        p = problem
-        return {"attention": {"batch_hint": p.batch_hint, "heads": p.heads, "seq_q": p.seq_q,
-                              "seq_kv": p.seq_kv, "head_dim": p.head_dim,
-                              "head_dim_v": p.head_dim_v, "scale": p.scale, "causal": p.causal,
-                              "bias": p.bias, "bias_broadcast": list(p.bias_broadcast),
-                              "align": p.align}}
-    if isinstance(problem, GroupNormProblem):
-        p = problem
-        return {"group_norm": {"n_hint": p.n_hint, "c": p.c, "h": p.h, "w": p.w, "groups": p.groups,
-                               "eps": p.eps, "weight": p.weight, "bias": p.bias, "silu": p.silu}}
-    if isinstance(problem, NormProblem):
-        p = problem
-        return {"norm": {"kind": p.kind, "rows_hint": p.rows_hint, "cols": p.cols, "eps": p.eps,
-                         "weight": p.weight, "bias": p.bias}}
-    if isinstance(problem, ConvProblem):
-        p = problem
-        return {"conv": {"n_hint": p.n_hint, "c": p.c, "h": p.h, "w": p.w, "k": p.k, "r": p.r,
-                         "s": p.s, "pad": list(p.pad), "stride": list(p.stride),
-                         "dilation": list(p.dilation), **({"pad_c": p.pad_c} if p.pad_c else {})}}
-    return {"n": problem.n, "k": problem.k, "m_hint": problem.m_hint}
+    return problem.summary()
 
 
 def _note_kind(note: str) -> str:

@@ -61,3 +61,16 @@ def test_no_source_file_over_600_lines():
     long = {str(f.relative_to(ROOT)): n for f in ROOT.rglob("*.py")
             if (n := len(f.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_one_row_per_region_kind():
+    """select's choosers and the runtime's modules each have exactly one row per
+    region kind of the IR."""
+    from cutlass_offload import ir
+    from cutlass_offload.runtime.compiled_model import MODULES
+    from cutlass_offload.select import CHOOSERS
+
+    kinds = {c for c in vars(ir).values()
+             if isinstance(c, type) and issubclass(c, ir.common._Region) and c is not ir.common._Region}
+    assert set(CHOOSERS) == kinds == set(MODULES)
+    assert all(hasattr(MODULES[k], "operand_nodes") for k in kinds)

@@ -103,6 +103,15 @@ class AttentionProblem:
             parts.append("bias")
         return AttentionVariant("_".join(parts) or "plain")
 
+    def summary(self) -> dict:
+        """The problem as the report shows it (JSON-able)."""
+        p = self
+        return {"attention": {"batch_hint": p.batch_hint, "heads": p.heads, "seq_q": p.seq_q,
+                              "seq_kv": p.seq_kv, "head_dim": p.head_dim,
+                              "head_dim_v": p.head_dim_v, "scale": p.scale, "causal": p.causal,
+                              "bias": p.bias, "bias_broadcast": list(p.bias_broadcast),
+                              "align": p.align}}
+
 
 @dataclass(frozen=True)
 class AttentionVariant:

@@ -89,6 +89,13 @@ class ConvProblem:
         """Input channels the kernel runs: C plus the zero channels of ``pad_c``."""
         return self.c + self.pad_c
 
+    def summary(self) -> dict:
+        """The problem as the report shows it (JSON-able)."""
+        p = self
+        return {"conv": {"n_hint": p.n_hint, "c": p.c, "h": p.h, "w": p.w, "k": p.k, "r": p.r,
+                         "s": p.s, "pad": list(p.pad), "stride": list(p.stride),
+                         "dilation": list(p.dilation), **({"pad_c": p.pad_c} if p.pad_c else {})}}
+
 
 @dataclass(frozen=True)
 class ConvKernel:

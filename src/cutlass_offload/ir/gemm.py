@@ -57,6 +57,10 @@ class GemmProblem:
         if self.dtype == "f32" and not self.tf32:
             raise ValueError("fp32 GEMMs run only as TF32, which must be opted in")
 
+    def summary(self) -> dict:
+        """The problem as the report shows it (JSON-able)."""
+        return {"n": self.n, "k": self.k, "m_hint": self.m_hint}
+
 
 RASTER_ORDERS = ("heuristic", "along_m", "along_n")
 DECOMPOSITIONS = ("heuristic", "data_parallel", "split_k", "stream_k")

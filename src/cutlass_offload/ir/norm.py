@@ -49,6 +49,12 @@ class NormProblem:
         if self.bias and self.kind == "rms_norm":
             raise ValueError("rms_norm has no bias")
 
+    def summary(self) -> dict:
+        """The problem as the report shows it (JSON-able)."""
+        p = self
+        return {"norm": {"kind": p.kind, "rows_hint": p.rows_hint, "cols": p.cols, "eps": p.eps,
+                         "weight": p.weight, "bias": p.bias}}
+
 
 @dataclass(frozen=True)
 class NormKernel:
@@ -150,6 +156,12 @@ class GroupNormProblem:
     @property
     def epilogue(self) -> GemmEpilogue:
         return GemmEpilogue(activation="silu" if self.silu else "identity")
+
+    def summary(self) -> dict:
+        """The problem as the report shows it (JSON-able)."""
+        p = self
+        return {"group_norm": {"n_hint": p.n_hint, "c": p.c, "h": p.h, "w": p.w, "groups": p.groups,
+                               "eps": p.eps, "weight": p.weight, "bias": p.bias, "silu": p.silu}}
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,11 @@ class AttentionRegionModule(RegionModule):
     this shape, or a pointer / stride is not aligned to the kernel's accesses.
     """
 
+    @staticmethod
+    def operand_nodes(region) -> tuple:
+        return (("q", region.q), ("k", region.k), ("v", region.v), ("bias", region.bias),
+                ("mask", region.mask))
+
     def __init__(self, region: AttentionRegion, kernel: AttentionKernel,
                  fallback: torch.fx.GraphModule, roles: dict, library_getter):
         super().__init__(region, kernel, fallback, library_getter)

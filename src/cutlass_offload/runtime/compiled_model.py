@@ -8,8 +8,9 @@ import torch
 import torch.fx as fx
 from torch.export._unlift import _check_input_constraints_pre_hook
 
+from ..abi import region_symbol
 from ..errors import CutlassOffloadError
-from ..ir import AttentionRegion, ConvRegion, GroupNormRegion, NormRegion, Plan
+from ..ir import AttentionRegion, ConvRegion, GemmRegion, GroupNormRegion, NormRegion, Plan
 from .attention_region import AttentionRegionModule
 from .conv_region import ConvRegionModule
 from .gemm_region import GemmRegionModule
@@ -64,7 +65,7 @@ class _WithoutDropped:
     launchers that refuse every call (the region module then runs PyTorch)."""
 
     def __init__(self, lib: Library, dropped):
-        self._lib, self._dropped = lib, {f"co_{name}" for name in dropped}
+        self._lib, self._dropped = lib, {region_symbol(name) for name in dropped}
 
     def launcher(self, symbol: str, args_type=None):
         if symbol in self._dropped:
@@ -73,6 +74,13 @@ class _WithoutDropped:
 
     def __getattr__(self, name):
         return getattr(self._lib, name)
+
+
+# One row per region kind: the module that runs it (its ``operand_nodes`` name the
+# region's inputs by role; ``attach`` does any one-time work on the graph).
+MODULES = {GemmRegion: GemmRegionModule, ConvRegion: ConvRegionModule,
+           AttentionRegion: AttentionRegionModule, NormRegion: NormRegionModule,
+           GroupNormRegion: GroupNormRegionModule}
 
 
 def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
@@ -93,28 +101,10 @@ def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
     for i, (region, kernel) in enumerate(zip(plan.regions, plan.kernels)):
         nodes = [by_name[name] for name in region.nodes]
         sub, inputs = _extract(gm, nodes)
-        if isinstance(region, NormRegion):
-            named = (("x", region.x), ("weight", region.weight), ("bias", region.bias))
-            cls = NormRegionModule
-        elif isinstance(region, GroupNormRegion):
-            named = (("x", region.x), ("weight", region.weight), ("bias", region.bias))
-            cls = GroupNormRegionModule
-        elif isinstance(region, AttentionRegion):
-            named = (("q", region.q), ("k", region.k), ("v", region.v), ("bias", region.bias),
-                     ("mask", region.mask))
-            cls = AttentionRegionModule
-        elif isinstance(region, ConvRegion):
-            _prepack_weight(gm, by_name[region.w])
-            named = (("x", region.x), ("w", region.w), ("bias", region.bias), ("c", region.c))
-            cls = ConvRegionModule
-        else:
-            named = (("a", region.a), ("b", region.b), ("bias", region.bias), ("c", region.c))
-            cls = GemmRegionModule
-        roles = {role: inputs.index(by_name[name]) for role, name in named if name}
+        cls = MODULES[type(region)]
+        roles = {role: inputs.index(by_name[name]) for role, name in cls.operand_nodes(region) if name}
         module = cls(region, kernel, sub, roles, lib)
-        if isinstance(region, ConvRegion):
-            # a constant weight's zero-padded copy (problem.pad_c) is made once, not per call
-            module.filter_constant = by_name[region.w].op == "get_attr"
+        module.attach(gm, by_name)
         target = f"region_{i}"
         gm.add_submodule(target, module)
         out = nodes[-1]
@@ -128,28 +118,6 @@ def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
     graph.lint()
     gm.recompile()
     return gm
-
-
-def _prepack_weight(gm: fx.GraphModule, node: fx.Node) -> None:
-    """A conv weight held by the module (get_attr) becomes channels_last (KRSC in
-    memory) once, instead of a copy per call. The user's model keeps its own
-    tensor: the attribute is replaced, not modified."""
-    if node.op != "get_attr":
-        return
-    owner, _, name = node.target.rpartition(".")
-    mod = gm.get_submodule(owner) if owner else gm
-    t = getattr(mod, name)
-    if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.is_contiguous(memory_format=torch.channels_last):
-        return
-    packed = t.detach().contiguous(memory_format=torch.channels_last)
-    if isinstance(t, torch.nn.Parameter):
-        packed = torch.nn.Parameter(packed, requires_grad=t.requires_grad)
-    if name in getattr(mod, "_parameters", {}):
-        mod._parameters[name] = packed
-    elif name in getattr(mod, "_buffers", {}):
-        mod._buffers[name] = packed
-    else:
-        setattr(mod, name, packed)
 
 
 def _extract(gm: fx.GraphModule, nodes: list):

@@ -20,6 +20,7 @@ weight that is a graph input is padded on every call, counted like the input.
 from __future__ import annotations
 
 import torch
+import torch.fx as fx
 
 from ..ir import ConvKernel, ConvRegion
 from .library import CoConvArgs
@@ -57,7 +58,7 @@ class ConvRegionModule(RegionModule):
 
     Input x: (N, C, H, W) of the region's dtype, any memory format (channels_last
     avoids a copy); weight (K, C, R, S) (prepack it to channels_last once: see
-    compiled_model.prepack_conv_weights); bias (K,) or (1, K, 1, 1); residual of
+    ``attach``: prepack_weight); bias (K,) or (1, K, 1, 1); residual of
     the output's shape, or per-channel when the kernel broadcasts it. Output:
     (N, K, P, Q) in channels_last memory format.
     """
@@ -82,6 +83,17 @@ class ConvRegionModule(RegionModule):
                                if i is not None)
 
     _out_field = "y"
+
+    @staticmethod
+    def operand_nodes(region: ConvRegion) -> tuple:
+        return (("x", region.x), ("w", region.w), ("bias", region.bias), ("c", region.c))
+
+    def attach(self, gm, by_name) -> None:
+        """A weight the graph holds is prepacked to channels_last once, and its
+        zero-padded copy (problem.pad_c) then made once, not per call."""
+        w = by_name[self.region.w]
+        prepack_weight(gm, w)
+        self.filter_constant = w.op == "get_attr"
 
     def output_strides(self, shape) -> tuple:
         """The strides of this module's (N, K, P, Q) output: channels_last (NHWC memory)."""
@@ -204,3 +216,25 @@ class ConvRegionModule(RegionModule):
             self._filter_cache = (w, _version(w), kept)
             return kept
         return wp
+
+
+def prepack_weight(gm: fx.GraphModule, node: fx.Node) -> None:
+    """A conv weight held by the module (get_attr) becomes channels_last (KRSC in
+    memory) once, instead of a copy per call. The user's model keeps its own
+    tensor: the attribute is replaced, not modified."""
+    if node.op != "get_attr":
+        return
+    owner, _, name = node.target.rpartition(".")
+    mod = gm.get_submodule(owner) if owner else gm
+    t = getattr(mod, name)
+    if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.is_contiguous(memory_format=torch.channels_last):
+        return
+    packed = t.detach().contiguous(memory_format=torch.channels_last)
+    if isinstance(t, torch.nn.Parameter):
+        packed = torch.nn.Parameter(packed, requires_grad=t.requires_grad)
+    if name in getattr(mod, "_parameters", {}):
+        mod._parameters[name] = packed
+    elif name in getattr(mod, "_buffers", {}):
+        mod._buffers[name] = packed
+    else:
+        setattr(mod, name, packed)

@@ -23,6 +23,10 @@ def _strip(dims) -> tuple:
 class GemmRegionModule(RegionModule):
     """A GEMM region: ``roles`` maps "a", "b", "bias", "c" to input positions."""
 
+    @staticmethod
+    def operand_nodes(region) -> tuple:
+        return (("a", region.a), ("b", region.b), ("bias", region.bias), ("c", region.c))
+
     def __init__(self, region: GemmRegion, kernel: GemmKernel, fallback: torch.fx.GraphModule,
                  roles: dict, library_getter):
         super().__init__(region, kernel, fallback, library_getter)

@@ -20,6 +20,10 @@ class AffineNormModule(RegionModule):
 
     _features = 0
 
+    @staticmethod
+    def operand_nodes(region) -> tuple:
+        return (("x", region.x), ("weight", region.weight), ("bias", region.bias))
+
     def _map_affine(self, xs, x, args, keep) -> bool:
         """Point ``args.weight`` / ``args.bias`` at the parameters (contiguous, aligned
         to the kernel's vector, of x's dtype and device; copied if not contiguous);

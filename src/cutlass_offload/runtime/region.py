@@ -134,6 +134,15 @@ class RegionModule(torch.nn.Module):
         """Calls of this region so far (kernel or fallback, either call path)."""
         return self._calls + (self._fast.calls if self._fast is not None else 0)
 
+    @staticmethod
+    def operand_nodes(region) -> tuple:
+        """((role, graph node name or None), ...): the region's inputs by role."""
+        raise NotImplementedError
+
+    def attach(self, gm, by_name) -> None:
+        """One-time work on the graph ``gm`` this module is offloaded into (nodes by
+        name in ``by_name``); none by default."""
+
     def _bind(self, device):
         lib = self._library_getter()
         check_device(self.kernel.arch, device)

@@ -13,6 +13,7 @@ from ..ir import (
     GemmKernel,
     GemmLaunch,
     GemmProblem,
+    GemmRegion,
     GroupNormRegion,
     KernelConfig,
     NormRegion,
@@ -95,6 +96,35 @@ def _defer_measured(r) -> bool:
     return isinstance(r, AttentionRegion) and r.mask is None and r.bias is None
 
 
+# One row per region kind: (region, arch, num_sms, options, tuned GEMM winners) ->
+# (region, kernel); the region comes back changed where the choice changes what it
+# runs (a conv's zero-padded channels). ValueError: no kernel, the region falls back.
+def _gemm(r, arch, num_sms, options, tuned):
+    return r, choose_kernel(r.problem, arch, options.num_sms, tuned)
+
+
+def _conv(r, arch, num_sms, options, tuned):
+    # C not a multiple of 8: zero-padded channels let a TMA kernel run it
+    r = replace(r, problem=pad_channels(r.problem, arch))
+    return r, choose_conv_kernel(r.problem, arch, num_sms)
+
+
+def _attention(r, arch, num_sms, options, tuned):
+    return r, attention.choose(r.kernel_problem, arch)
+
+
+def _norm(r, arch, num_sms, options, tuned):
+    return r, choose_norm_kernel(r.problem, arch)
+
+
+def _group_norm(r, arch, num_sms, options, tuned):
+    return r, choose_group_norm_kernel(r.problem, arch)
+
+
+CHOOSERS = {GemmRegion: _gemm, ConvRegion: _conv, AttentionRegion: _attention,
+            NormRegion: _norm, GroupNormRegion: _group_norm}
+
+
 def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOptions(),
            tuned: dict | None = None) -> Plan:
     """Choose a kernel per region; regions with no legal kernel become fallbacks, as
@@ -112,18 +142,7 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
                 fallbacks.append(Fallback(r.nodes[0], r.form, why))
                 continue
         try:
-            if isinstance(r, NormRegion):
-                k = choose_norm_kernel(r.problem, arch)
-            elif isinstance(r, GroupNormRegion):
-                k = choose_group_norm_kernel(r.problem, arch)
-            elif isinstance(r, AttentionRegion):
-                k = attention.choose(r.kernel_problem, arch)
-            elif isinstance(r, ConvRegion):
-                # C not a multiple of 8: zero-padded channels let a TMA kernel run it
-                r = replace(r, problem=pad_channels(r.problem, arch))
-                k = choose_conv_kernel(r.problem, arch, num_sms)
-            else:
-                k = choose_kernel(r.problem, arch, options.num_sms, tuned)
+            r, k = CHOOSERS[type(r)](r, arch, num_sms, options, tuned)
         except ValueError as e:
             fallbacks.append(Fallback(r.nodes[0], r.form, f"no kernel: {e}"))
             continue
