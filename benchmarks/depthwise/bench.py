@@ -18,8 +18,13 @@ correct (rel. error 2.5e-4) but 2.3x to 155x slower than cuDNN (7x7 at 56 x 56 x
 14.2 ms against 91 us), so depthwise convs stay in PyTorch.
 """
 import ctypes, json, os, sys
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _timing import graph_ms  # noqa: E402
 
 lib = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libdw.so"))
 lib.dw_run.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
@@ -33,22 +38,8 @@ CASES = [  # (variant, R, stride, N, H, C)
 ]
 
 
-def graph_us(fn, calls=20, reps=50):
-    s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay(); torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(reps):
-        a.record(); g.replay(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2] * 1000 / calls
+def graph_us(fn):
+    return graph_ms(fn) * 1000         # per call, CUDA-graph replays (benchmarks/_timing.py)
 
 
 rows = []

@@ -227,23 +227,6 @@ def test_unit_with_several_kernels():
 
 # --- ABI ---------------------------------------------------------------------
 
-def test_args_fields_match_header():
-    text = (at.TEMPLATES / "prelude.h").read_text()
-    body = re.search(r"struct CoAttentionArgs \{(.*?)\};", text, re.DOTALL).group(1)
-    kinds = {"const void*": "ptr", "void*": "ptr", "int64_t": "i64", "float": "f32",
-             "int32_t": "i32"}
-    fields = []
-    for decl in body.split(";"):
-        decl = decl.strip()
-        if not decl:
-            continue
-        m = re.match(r"(const void\*|void\*|int64_t|float|int32_t)\s+(.*)", decl, re.DOTALL)
-        fields += [(n.strip(), kinds[m.group(1)]) for n in m.group(2).split(",")]
-    assert tuple(fields) == at.ARGS_FIELDS
-    from cutlass_offload.runtime.library import CoAttentionArgs
-    assert [f[0] for f in CoAttentionArgs._fields_] == [f for f, _ in at.ARGS_FIELDS]
-
-
 def test_include_dirs_and_compat_headers(tmp_path):
     from pathlib import Path
     (examples,) = at.extra_include_dirs()
