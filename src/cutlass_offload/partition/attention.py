@@ -418,3 +418,14 @@ def make_attention_region(index: int, ops: AttentionOperands) -> AttentionRegion
         mask=ops.mask.name if ops.mask is not None else None, mask_kind=ops.mask_kind,
         mask_check=ops.mask_check, k_transposed=ops.k_transposed, negate=negate,
         out_layout=ops.out_layout, rank=rank, notes=tuple(ops.notes))
+
+
+def make_attention(index, node, ops: AttentionOperands, options, taken) -> tuple:
+    """(AttentionRegion, its nodes) for a matched attention; UnsupportedRegion when
+    it overlaps another region (its q @ k^T / p @ v matmuls are claimed first: the
+    attention rows match in the first pass)."""
+    if any(n in taken for n in ops.nodes):
+        raise UnsupportedRegion("overlaps another region")
+    region = make_attention_region(index, ops)
+    by_name = {n.name: n for n in node.graph.nodes}
+    return region, [by_name[n] for n in region.nodes]

@@ -13,7 +13,9 @@ from typing import Optional
 import torch.fx as fx
 
 from ..errors import UnsupportedRegion
-from .graph_utils import aten, hint_int, static_int, tensor_dtype, val
+from ..ir import ConvProblem, ConvRegion, GemmEpilogue
+from .epilogue import grow_epilogue
+from .graph_utils import aten, hint_int, max_alignment, static_int, tensor_dtype, val
 
 
 @dataclass
@@ -161,3 +163,30 @@ def convolution_operands(node, options) -> ConvOperands:
 
 def batch_hint(ops: ConvOperands) -> int:
     return hint_int(ops.batch)
+
+
+def make_conv_region(index, node, ops: ConvOperands, options, taken) -> tuple:
+    """(ConvRegion, the nodes it takes: a folded zero pad too) for a matched conv
+    anchor ``node``; ValueError for an impossible problem (an empty output)."""
+    state = grow_epilogue(node, ops, taken)
+    region = _make_conv_region(index, node, ops, state)
+    return region, list(state.nodes) + ([ops.pad_node] if ops.pad_node is not None else [])
+
+
+def _make_conv_region(index, anchor, ops: ConvOperands, state) -> ConvRegion:
+    dtype = ops.dtype
+    epilogue = GemmEpilogue(bias=state.bias, activation=state.activation,
+                            residual=state.residual, post_activation=state.post_activation,
+                            residual_broadcast=state.residual_broadcast)
+    problem = ConvProblem(
+        c=ops.c_in, k=ops.n, h=ops.h, w=ops.w, r=ops.r, s=ops.s, dtype=dtype,
+        align_a=max_alignment(ops.c_in, dtype), align_b=max_alignment(ops.c_in, dtype),
+        align_c=max_alignment(ops.n, dtype), pad=ops.pad, stride=ops.stride,
+        dilation=ops.dilation, epilogue=epilogue, n=static_int(ops.batch),
+        n_hint=max(1, batch_hint(ops)), tf32=dtype == "f32")
+    nodes = ([ops.pad_node] if ops.pad_node is not None else []) + list(state.nodes)
+    return ConvRegion(
+        name=f"region{index}_conv2d_{epilogue.tag}", nodes=tuple(n.name for n in nodes),
+        x=ops.a.name, w=ops.b.name, problem=problem,
+        bias=ops.bias.name if ops.bias is not None else None,
+        c=state.c.name if state.c is not None else None, notes=tuple(state.notes))

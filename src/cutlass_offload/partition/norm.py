@@ -341,3 +341,25 @@ def make_norm_region(index: int, ops: NormOperands) -> NormRegion:
                       nodes=tuple(n.name for n in ops.nodes), x=ops.x.name, problem=problem,
                       weight=ops.weight.name if ops.weight is not None else None,
                       bias=ops.bias.name if ops.bias is not None else None, notes=tuple(ops.notes))
+
+
+def left_to_glue(group: bool, options) -> str | None:
+    """Why a norm stays in the graph by choice (``options.offload_norms``), or None.
+    ``group``: a group norm (kept as a region under "group")."""
+    norms = options.offload_norms
+    if norms == "none" or (norms == "group" and not group):
+        return (f"left to the glue by choice (offload_norms={norms!r}): Inductor fuses it with "
+                "its neighbours, which a region would prevent")
+    return None
+
+
+def make_norm(index, node, ops: NormOperands, options, taken) -> tuple:
+    """(NormRegion, its nodes) for a matched norm (no epilogue growth);
+    UnsupportedRegion when it is left to the glue or overlaps another region,
+    ValueError for an impossible problem."""
+    why = left_to_glue(False, options)
+    if why:
+        raise UnsupportedRegion(why)
+    if any(n in taken for n in ops.nodes):
+        raise UnsupportedRegion("overlaps another region")
+    return make_norm_region(index, ops), ops.nodes

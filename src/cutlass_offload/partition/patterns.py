@@ -1,18 +1,22 @@
-"""The pattern table for the GEMM family: anchors and epilogue stages, as data.
+"""The pattern table: one row per anchor op, as data.
 
-An anchor row names an ATen op and the function that reads its operands (or
-raises UnsupportedRegion with a reason). An epilogue stage row names the ops it
-accepts after the current region output and the checks (small named predicates,
-see checks.py) that must all hold. Adding a pattern is one row plus a test.
+A row names an ATen op, the function that reads its operands (None: not this
+pattern after all; UnsupportedRegion: a refusal with its reason) and the region
+maker of its kind (the kind's module: gemm.py, conv.py, norm.py, group_norm.py,
+attention.py), which grows what the region takes (a GEMM's epilogue: epilogue.py
+and its stage table) and returns the region. Adding a pattern is one row plus a
+test; adding a region kind is its modules plus rows here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+from . import attention as A
 from . import attention_forms as ATT
 from . import checks as C
 from . import conv as V
+from . import gemm as G
 from . import group_norm as GN
 from . import norm as NORM
 from .graph_utils import aten
@@ -22,56 +26,36 @@ from .graph_utils import aten
 class Anchor:
     form: str
     target: object
-    operands: Callable        # (node, options) -> checks.Operands
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str                 # which GemmEpilogue field it fills
-    targets: tuple
-    check: Callable           # (EpilogueState, node) -> str | None (reason to refuse)
+    operands: Callable        # (node, options) -> operands, or None: not this pattern after all
+    make: Callable            # (index, node, operands, options, taken) -> (region, nodes taken)
+    first: bool = False       # matched in a pass before the others (attention owns its matmuls)
 
 
 ANCHORS = (
-    Anchor("linear", aten.linear.default, C.linear_operands),
-    Anchor("matmul", aten.matmul.default, C.matmul_operands),
-    Anchor("mm", aten.mm.default, C.mm_operands),
-    Anchor("addmm", aten.addmm.default, C.addmm_operands),
-    Anchor("bmm", aten.bmm.default, C.bmm_operands),
-    Anchor("conv2d", aten.conv2d.default, V.conv2d_operands),
-    Anchor("conv2d", aten.conv2d.padding, V.conv2d_operands),
-    Anchor("conv2d", aten.convolution.default, V.convolution_operands),
+    # attention (attention_forms.py), matched in a pass of its own BEFORE the rows
+    # below, so the GEMM anchors do not claim the matmuls of a hand-written attention;
+    # the softmax rows return None for a softmax not between q @ k^T and p @ v
+    Anchor("sdpa", aten.scaled_dot_product_attention.default, ATT.sdpa_operands,
+           A.make_attention, first=True),
+    Anchor("softmax_attention", aten.softmax.int, ATT.softmax_operands, A.make_attention, first=True),
+    Anchor("softmax_attention", aten._softmax.default, ATT.softmax_operands, A.make_attention,
+           first=True),
+    Anchor("linear", aten.linear.default, C.linear_operands, G.make_gemm_region),
+    Anchor("matmul", aten.matmul.default, C.matmul_operands, G.make_gemm_region),
+    Anchor("mm", aten.mm.default, C.mm_operands, G.make_gemm_region),
+    Anchor("addmm", aten.addmm.default, C.addmm_operands, G.make_gemm_region),
+    Anchor("bmm", aten.bmm.default, C.bmm_operands, G.make_gemm_region),
+    Anchor("conv2d", aten.conv2d.default, V.conv2d_operands, V.make_conv_region),
+    Anchor("conv2d", aten.conv2d.padding, V.conv2d_operands, V.make_conv_region),
+    Anchor("conv2d", aten.convolution.default, V.convolution_operands, V.make_conv_region),
     # norms (partition/norm.py): no epilogue; the rsqrt row returns None for an rsqrt
     # that is not the statistic of a written-out RMS norm
-    Anchor("layer_norm", aten.layer_norm.default, NORM.layer_norm_operands),
-    Anchor("layer_norm", aten.native_layer_norm.default, NORM.native_layer_norm_operands),
-    Anchor("rms_norm", aten.rsqrt.default, NORM.rsqrt_rms_operands),
+    Anchor("layer_norm", aten.layer_norm.default, NORM.layer_norm_operands, NORM.make_norm),
+    Anchor("layer_norm", aten.native_layer_norm.default, NORM.native_layer_norm_operands, NORM.make_norm),
+    Anchor("rms_norm", aten.rsqrt.default, NORM.rsqrt_rms_operands, NORM.make_norm),
     # group_norm (partition/group_norm.py), with the silu that is its only user
-    Anchor("group_norm", aten.group_norm.default, GN.group_norm_operands),
-) + ((Anchor("rms_norm", aten.rms_norm.default, NORM.rms_norm_operands),)
+    Anchor("group_norm", aten.group_norm.default, GN.group_norm_operands, GN.make_group_norm),
+) + ((Anchor("rms_norm", aten.rms_norm.default, NORM.rms_norm_operands, NORM.make_norm),)
      if hasattr(aten, "rms_norm") else ())
 
-EPILOGUE_STAGES = (
-    Stage("bias", (aten.add.Tensor,),
-          C.all_of(C.no_bias_yet, C.no_activation_yet, C.no_residual_yet, C.alpha_is_one,
-                   C.other_is_column_vector, C.other_same_dtype)),
-    Stage("activation", (aten.relu.default, aten.gelu.default, aten.silu.default, aten.sigmoid.default),
-          C.all_of(C.no_activation_yet, C.no_residual_yet)),
-    Stage("residual", (aten.add.Tensor, aten.mul.Tensor),
-          C.all_of(C.no_residual_yet, C.alpha_is_one, C.other_is_full_shape, C.other_same_dtype,
-                   C.other_independent_of_gemm)),
-    Stage("post_activation", (aten.relu.default,),
-          C.all_of(C.has_residual, C.no_post_activation_yet)),
-)
-
 ANCHOR_BY_TARGET = {a.target: a for a in ANCHORS}
-
-# attention (partition/attention.py): matched in a pass of its own BEFORE the anchors
-# above, so the GEMM anchors do not claim the matmuls of a hand-written attention;
-# the softmax rows return None for a softmax that is not between q @ k^T and p @ v
-ATTENTION_ANCHORS = (
-    Anchor("sdpa", aten.scaled_dot_product_attention.default, ATT.sdpa_operands),
-    Anchor("softmax_attention", aten.softmax.int, ATT.softmax_operands),
-    Anchor("softmax_attention", aten._softmax.default, ATT.softmax_operands),
-)
-ATTENTION_BY_TARGET = {a.target: a for a in ATTENTION_ANCHORS}

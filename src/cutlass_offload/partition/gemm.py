@@ -1,0 +1,46 @@
+"""The GEMM region maker: an anchor's operands (checks.py) plus its grown epilogue
+(epilogue.py) become a GemmRegion with its GemmProblem."""
+from __future__ import annotations
+
+import math
+
+from ..ir import GemmEpilogue, GemmProblem, GemmRegion
+from .checks import m_hint
+from .epilogue import grow_epilogue
+from .graph_utils import max_alignment, static_int, val
+
+
+def make_gemm_region(index, node, ops, options, taken) -> tuple:
+    """(GemmRegion, the nodes it takes) for a matched GEMM anchor ``node``; ValueError
+    for an impossible problem."""
+    state = grow_epilogue(node, ops, taken)
+    return _make_region(index, node, ops, state), state.nodes
+
+
+def _make_region(index, anchor, ops, state) -> GemmRegion:
+    dtype = ops.dtype
+    epilogue = GemmEpilogue(bias=state.bias, activation=state.activation,
+                            residual=state.residual, post_activation=state.post_activation)
+    m_dims = ops.m_dims
+    m_static = [static_int(d) for d in m_dims]
+    m = None if any(s is None for s in m_static) else int(math.prod(m_static))
+    batch = None
+    if ops.batch_mode == "fold":
+        batch = 1
+    elif all(static_int(d) is not None for d in ops.batch_dims):
+        batch = int(math.prod(static_int(d) for d in ops.batch_dims))
+    layout_b = "col" if ops.b_nk else ("row" if static_int(val(ops.b).stride(-1)) == 1 else "col")
+    align_b = max_alignment(ops.k if layout_b == "col" else ops.n, dtype)
+    problem = GemmProblem(
+        n=ops.n, k=ops.k, dtype=dtype, layout_b=layout_b,
+        align_a=max_alignment(ops.k, dtype), align_b=align_b, align_c=max_alignment(ops.n, dtype),
+        epilogue=epilogue, m=m, m_hint=max(1, m_hint(m_dims)), batch=batch,
+        batch_hint=max(1, m_hint(ops.batch_dims)) if ops.batch_mode != "fold" else 1,
+        a_batch_broadcast=ops.batch_mode == "a_broadcast", tf32=dtype == "f32")
+    name = f"region{index}_{ops.form}_{epilogue.tag}"
+    return GemmRegion(
+        name=name, form=ops.form, nodes=tuple(n.name for n in state.nodes),
+        a=ops.a.name, b=ops.b.name, problem=problem,
+        bias=ops.bias.name if ops.bias is not None else None,
+        c=state.c.name if state.c is not None else None,
+        b_nk=ops.b_nk, batch_mode=ops.batch_mode, notes=tuple(state.notes))
