@@ -12,24 +12,6 @@ def _shape(problem) -> dict:
     return problem.summary()
 
 
-def _note_kind(note: str) -> str:
-    """A region note without its node names, so equal notes count together."""
-    m = re.match(r"epilogue stops at \S+: used (\d+) times", note)
-    if m:
-        return f"epilogue ends at an output used {m.group(1)} times (kept in the region)"
-    m = re.match(r"norm stops at \S+: used (\d+) times", note)
-    if m:
-        return f"norm ends at an output used {m.group(1)} times (kept in the region)"
-    m = re.match(r"\S+ not fused: (.*)", note)
-    if m:
-        return f"next op not fused into the epilogue (stays in PyTorch): {m.group(1)}"
-    m = re.match(r"(?:attn_)?mask \S+ folded: (\w+)(.*)", note)
-    if m:
-        mode = {"top_left": "top-left", "bottom_right": "bottom-right"}.get(m.group(1), m.group(1))
-        return f"causal mask folded into the kernel ({mode} aligned){m.group(2)}"
-    return note.strip()
-
-
 def arch_name(arch: str) -> str:
     """The target as the user types it: "sm80" -> "sm_80", "sm90a" -> "sm_90a"."""
     return re.sub(r"^sm_?", "sm_", arch)
@@ -42,7 +24,7 @@ def _n(count: int, noun: str, plural: str | None = None) -> str:
 @dataclass
 class Report:
     arch: str
-    regions: list = field(default_factory=list)      # dicts: name, form, nodes, kernel, notes
+    regions: list = field(default_factory=list)      # dicts: name, form, nodes, kernel, notes, note_summaries
     fallbacks: list = field(default_factory=list)    # dicts: node, op, reason
     kernels: list = field(default_factory=list)      # dicts: name, family, regions
     phases: dict = field(default_factory=dict)       # phase -> seconds
@@ -59,7 +41,8 @@ class Report:
             arch=plan.arch,
             regions=[{"name": r.name, "form": r.form, "nodes": list(r.nodes), "kernel": k.name,
                       "epilogue": r.problem.epilogue.tag, **_shape(r.problem),
-                      "notes": list(r.notes)}
+                      "notes": [str(n) for n in r.notes],
+                      "note_summaries": [getattr(n, "summary", str(n)) for n in r.notes]}
                      for r, k in zip(plan.regions, plan.kernels)],
             fallbacks=[asdict(f) for f in plan.fallbacks],
             kernels=[{"name": k.name, "family": k.config.family, "regions": users[k.name]}
@@ -85,7 +68,9 @@ class Report:
                        ", ".join(f"{k} x{v}" for k, v in sorted(by_form.items())))
         for f in self.fallbacks:
             out.append(f"  fallback {f['node']} ({f['op']}): {f['reason']}")
-        notes = collections.Counter(_note_kind(n) for r in self.regions for n in r["notes"])
+        # equal notes of different regions count together: their summaries (ir.Note)
+        # leave the node names out; a report saved before summaries shows its texts
+        notes = collections.Counter(n for r in self.regions for n in r.get("note_summaries", r["notes"]))
         for note, count in notes.most_common():
             out.append(f"  {_n(count, 'region')}: {note}")
         out.append("kernels:")

@@ -1,12 +1,15 @@
 """The report a person reads (issue 20): str(report), the target as typed, plurals,
 notes in words."""
-from cutlass_offload.report import Report, _note_kind
+from cutlass_offload.ir import Note, note_mask_folded, note_not_fused, note_stops
+from cutlass_offload.report import Report
 
 
 def _report(**kw):
     base = dict(arch="sm80",
                 regions=[{"name": "region0_sdpa", "form": "sdpa", "epilogue": "none",
-                          "notes": ["attn_mask mask_1 folded: top_left"]}],
+                          "notes": ["attn_mask mask_1 folded: top_left"],
+                          "note_summaries": [note_mask_folded("attn_mask", "mask_1", "top_left",
+                                                              False).summary]}],
                 kernels=[{"name": "k0", "family": "cutlass2x_sm80", "regions": ["region0_sdpa"]}])
     base.update(kw)
     return Report(**base)
@@ -31,9 +34,18 @@ def test_counts_and_targets_read_as_typed():
 
 
 def test_notes_keep_their_meaning_without_node_names():
-    assert _note_kind("mask where_3 folded: bottom_right (checked once per shape)") == \
+    folded = note_mask_folded("mask", "where_3", "bottom_right", True)
+    assert folded == "mask where_3 folded: bottom_right (checked once per shape)"
+    assert folded.summary == \
         "causal mask folded into the kernel (bottom-right aligned) (checked once per shape)"
-    assert _note_kind("norm stops at add_7: used 3 times") == \
-        "norm ends at an output used 3 times (kept in the region)"
-    assert _note_kind("negative scale -0.125: runs as 0.125 on -q (or -k)") == \
-        "negative scale -0.125: runs as 0.125 on -q (or -k)"
+    assert note_stops("norm", "add_7", 3).summary == "norm ends at an output used 3 times (kept in the region)"
+    assert note_not_fused("gelu_2", "used twice").summary == \
+        "next op not fused into the epilogue (stays in PyTorch): used twice"
+    plain = Note("negative scale -0.125: runs as 0.125 on -q (or -k)")
+    assert plain.summary == plain
+
+
+def test_a_report_saved_before_summaries_shows_its_note_texts():
+    rep = Report(arch="sm80", regions=[{"name": "r", "form": "sdpa", "epilogue": "none",
+                                        "notes": ["attn_mask mask_1 folded: top_left"]}])
+    assert "  1 region: attn_mask mask_1 folded: top_left" in str(rep)

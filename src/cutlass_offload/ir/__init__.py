@@ -48,8 +48,12 @@ from .common import (
     GemmEpilogue,
     KernelConfig,
     KernelSource,
+    Note,
     config_from_dict,
     config_to_dict,
+    note_mask_folded,
+    note_not_fused,
+    note_stops,
     replace,
 )
 from .conv import CONV_ITERATORS, ConvKernel, ConvProblem, ConvRegion
@@ -112,6 +116,10 @@ __all__ = [
     "GroupNormRegion",
     "KernelConfig",
     "KernelSource",
+    "Note",
+    "note_mask_folded",
+    "note_not_fused",
+    "note_stops",
     "config_from_dict",
     "config_to_dict",
     "NormKernel",

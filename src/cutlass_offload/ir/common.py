@@ -162,3 +162,36 @@ def config_from_dict(d: dict) -> KernelConfig:
         if f in d:
             d[f] = tuple(d[f])
     return KernelConfig(**d)
+
+
+class Note(str):
+    """A region note: the text (the str itself, with the node names a reader can
+    find in the graph) and ``summary``, the same without node names, by which the
+    report counts equal notes across regions."""
+
+    summary: str
+
+    def __new__(cls, text: str, summary: str | None = None):
+        note = super().__new__(cls, text)
+        note.summary = summary if summary is not None else text
+        return note
+
+
+def note_stops(what: str, node: str, uses: int) -> Note:
+    """A norm or epilogue that ends at an output used elsewhere too."""
+    return Note(f"{what} stops at {node}: used {uses} times",
+                f"{what} ends at an output used {uses} times (kept in the region)")
+
+
+def note_not_fused(node: str, why: str) -> Note:
+    """The op after the region that did not join it."""
+    return Note(f"{node} not fused: {why}",
+                f"next op not fused into the epilogue (stays in PyTorch): {why}")
+
+
+def note_mask_folded(label: str, node: str, causal: str, checked: bool) -> Note:
+    """A compile-time mask folded into the attention kernel's causal mode."""
+    rest = " (checked once per shape)" if checked else ""
+    words = {"top_left": "top-left", "bottom_right": "bottom-right"}.get(causal, causal)
+    return Note(f"{label} {node} folded: {causal}{rest}",
+                f"causal mask folded into the kernel ({words} aligned){rest}")

@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import UnsupportedRegion
+from ..ir import note_mask_folded
 from ..masks import mask_pattern
 from .attention import (_MATMULS, AttentionOperands, _arg, _call, _cast_of, _checks,
                         _is_heads_transpose, _is_last_two_transpose, _logits_source, _number,
@@ -225,8 +226,7 @@ def sdpa_operands(node, options) -> AttentionOperands:
         if folded is not None:
             ops.causal, ops.mask_check = folded
             ops.mask, ops.mask_kind = mask, kind
-            ops.notes.append(f"attn_mask {mask.name} folded: {folded[0]}"
-                             + (" (checked once per shape)" if folded[1] else ""))
+            ops.notes.append(note_mask_folded("attn_mask", mask.name, folded[0], bool(folded[1])))
         else:
             ops.bias, ops.bias_kind = mask, kind
     ops.output, extra, ops.out_layout = _absorb_output(node, qv.dim())
@@ -380,8 +380,7 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
         if folded_fill is not None:
             ops.causal, ops.mask_check = folded_fill
             ops.mask, ops.mask_kind = fill, "bool_masked"
-            ops.notes.append(f"mask {fill.name} folded: {folded_fill[0]}"
-                             + (" (checked once per shape)" if folded_fill[1] else ""))
+            ops.notes.append(note_mask_folded("mask", fill.name, folded_fill[0], bool(folded_fill[1])))
         elif fill_value != -math.inf:
             raise UnsupportedRegion(f"{what}: masked_fill with finfo.min and a mask that is not a "
                                     "compile-time causal pattern (rows with no key would differ)")
@@ -397,8 +396,7 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
         if folded is not None:
             ops.causal, ops.mask_check = folded
             ops.mask, ops.mask_kind = add_bias, "float"
-            ops.notes.append(f"mask {add_bias.name} folded: {folded[0]}"
-                             + (" (checked once per shape)" if folded[1] else ""))
+            ops.notes.append(note_mask_folded("mask", add_bias.name, folded[0], bool(folded[1])))
         else:
             ops.bias, ops.bias_kind = add_bias, "float"
     ops.output, extra, ops.out_layout = _absorb_output(pv, rank)

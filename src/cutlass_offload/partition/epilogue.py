@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch.fx as fx
 
+from ..ir import note_not_fused, note_stops
 from . import checks as C
 from .checks import ACTIVATION_NAMES, EpilogueState
 from .graph_utils import aten, same_shape, val
@@ -48,7 +49,7 @@ def grow_epilogue(anchor: fx.Node, ops, taken) -> EpilogueState:
         users = list(state.out.users)
         if len(users) != 1:
             if len(users) > 1:
-                notes.append(f"epilogue stops at {state.out.name}: used {len(users)} times")
+                notes.append(note_stops("epilogue", state.out.name, len(users)))
             break
         u = users[0]
         if u.op != "call_function" or u in taken:
@@ -56,7 +57,7 @@ def grow_epilogue(anchor: fx.Node, ops, taken) -> EpilogueState:
         stage, refusal = _match_stage(state, u)
         if stage is None:
             if refusal:
-                notes.append(f"{u.name} not fused: {refusal}")
+                notes.append(note_not_fused(u.name, refusal))
             break
         _apply(stage, state, u)
     state.notes = notes

@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import UnsupportedRegion
-from ..ir import GroupNormProblem, GroupNormRegion
+from ..ir import GroupNormProblem, GroupNormRegion, note_not_fused
 from .graph_utils import aten, hint_int, max_alignment, static_int, tensor_dtype, val
 from .norm import _arg, _eps, _vector, left_to_glue
 
@@ -79,7 +79,7 @@ def group_norm_operands(node, options) -> GroupNormOperands:
         silu = True
     elif len(users) > 1 and any(_is_silu(u) for u in users):
         silu_node = next(u for u in users if _is_silu(u))
-        notes.append(f"{silu_node.name} not fused: the group_norm output is used {len(users)} times")
+        notes.append(note_not_fused(silu_node.name, f"the group_norm output is used {len(users)} times"))
     n = static_int(n_dim)
     return GroupNormOperands(x=x, dtype=dtype, n=n, n_hint=max(1, hint_int(n_dim)), c=c, h=h, w=w,
                              groups=groups, eps=eps, nodes=nodes, weight=weight, bias=bias,

@@ -39,7 +39,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import UnsupportedRegion
-from ..ir import NormProblem, NormRegion
+from ..ir import NormProblem, NormRegion, note_not_fused, note_stops
 from .graph_utils import DTYPE_NAMES, aten, hint_int, max_alignment, static_int, tensor_dtype, val
 
 _ASSERT = getattr(aten, "_assert_tensor_metadata", None)
@@ -297,7 +297,7 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
                 raise UnsupportedRegion(f"weight * y is {val(wmul).dtype}")
         except UnsupportedRegion as e:
             weight = None
-            notes.append(f"{wmul.name} not fused: {e}")
+            notes.append(note_not_fused(wmul.name, str(e)))
         if weight is not None:
             out = wmul
             inner.append(out)
@@ -306,11 +306,11 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
                 out = last
                 inner.append(out)
             if val(out).dtype != xdt:                  # the weight made it fp32 for good
-                notes.append(f"{wmul.name} not fused: weight * y stays {val(out).dtype}")
+                notes.append(note_not_fused(wmul.name, f"weight * y stays {val(out).dtype}"))
                 weight, (out, keep) = None, plain
                 del inner[keep:]
     elif len(nxt) > 1:
-        notes.append(f"norm stops at {out.name}: used {len(nxt)} times")
+        notes.append(note_stops("norm", out.name, len(nxt)))
     if val(out).dtype != xdt:
         raise UnsupportedRegion(f"{what}: the result is {val(out).dtype}, the input {xdt}")
     # metadata checks on intermediates join the region; the output's stay outside
