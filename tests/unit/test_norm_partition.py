@@ -334,3 +334,14 @@ def test_resolve_norms_by_glue():
     assert resolve_norms(CompileOptions(arch="sm90a", offload_norms="none"), "eager").offload_norms == "none"
     with pytest.raises(ValueError, match="offload_norms"):
         CompileOptions(arch="sm90a", offload_norms="some")
+
+
+def test_norm_header_matches_the_emitter():
+    """templates/rowwise_norm.cuh is inlined as is; its register cache size is the
+    one the emitter documents and sizes with."""
+    import re
+
+    from cutlass_offload.emit import norm as emit_norm
+    text = (emit_norm.Path(emit_norm.__file__).parent / "templates" / "rowwise_norm.cuh").read_text()
+    assert int(re.search(r"constexpr int kCachedVectors = (\d+);", text).group(1)) == emit_norm.CACHED_VECTORS
+    assert emit_norm._COMMON == text
