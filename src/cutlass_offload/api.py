@@ -15,6 +15,7 @@ import torch
 from torch.export.passes import move_to_device_pass
 
 from . import build as build_stage
+from . import target
 from .capture import Captured, capture, from_exported
 from .config import CompileOptions, resolve_norms
 from .errors import CutlassOffloadError, DamagedFileError, DeviceError
@@ -28,9 +29,7 @@ from .runtime.compiled_model import CompiledModel, offload
 from .runtime.glue import GlueSpec
 from .select import select
 
-# sm_90 is accepted for sm_90a: on Hopper only the arch-specific target has wgmma/TMA
-ARCH_ALIASES = {"sm90a": "sm90a", "sm_90a": "sm90a", "sm90": "sm90a", "sm_90": "sm90a",
-                "sm80": "sm80", "sm_80": "sm80"}
+ARCH_ALIASES = target.ALIASES      # names a user may type (target.py)
 
 
 def resolve_arch(arch: str | None) -> str:
@@ -48,10 +47,9 @@ def resolve_arch(arch: str | None) -> str:
         raise DeviceError("no GPU visible to pick the target from: pass --arch sm_90a or sm_80 "
                           "(arch='sm_90a' from Python)")
     major, minor = torch.cuda.get_device_capability()
-    if (major, minor) == (9, 0):
-        return "sm90a"
-    if major == 8:
-        return "sm80"
+    arch = target.for_capability((major, minor))
+    if arch is not None:
+        return arch
     raise DeviceError(f"GPU sm_{major}{minor} is not a supported target (sm_80/sm_90a)")
 
 

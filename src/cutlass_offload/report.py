@@ -6,6 +6,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from .ir import Plan
+from .target import TARGETS
 
 
 def _shape(problem) -> dict:
@@ -14,7 +15,8 @@ def _shape(problem) -> dict:
 
 def arch_name(arch: str) -> str:
     """The target as the user types it: "sm80" -> "sm_80", "sm90a" -> "sm_90a"."""
-    return re.sub(r"^sm_?", "sm_", arch)
+    t = TARGETS.get(arch)
+    return t.name if t is not None else re.sub(r"^sm_?", "sm_", arch)
 
 
 def _n(count: int, noun: str, plural: str | None = None) -> str:

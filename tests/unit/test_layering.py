@@ -43,6 +43,7 @@ def _reaches(edges, a):
     ("families", {"emit", "select", "partition", "runtime", "build"}),
     ("abi", {"emit", "select", "partition", "runtime", "build"}),
     ("masks", {"emit", "select", "partition", "runtime", "build"}),
+    ("target", {"emit", "select", "partition", "runtime", "build", "ir", "api"}),
     ("ir", {"emit", "select", "partition", "runtime", "build", "families"}),
 ])
 def test_stage_imports(stage, forbidden):
@@ -74,3 +75,18 @@ def test_one_row_per_region_kind():
              if isinstance(c, type) and issubclass(c, ir.common._Region) and c is not ir.common._Region}
     assert set(CHOOSERS) == kinds == set(MODULES)
     assert all(hasattr(MODULES[k], "operand_nodes") for k in kinds)
+
+
+def test_targets_are_one_row_each():
+    from cutlass_offload import target
+    from cutlass_offload.api import resolve_arch
+    from cutlass_offload.build.toolchain import GENCODE
+    from cutlass_offload.ir import ARCHS
+    from cutlass_offload.report import arch_name
+    from cutlass_offload.select import DEFAULT_NUM_SMS
+
+    assert set(GENCODE) == set(DEFAULT_NUM_SMS) == set(ARCHS) == set(target.TARGETS)
+    assert resolve_arch("sm_90") == "sm90a" and resolve_arch("sm_80") == "sm80"
+    assert arch_name("sm90a") == "sm_90a"
+    assert target.for_capability((9, 0)) == "sm90a" and target.for_capability((8, 6)) == "sm80"
+    assert target.for_capability((10, 0)) is None

@@ -14,9 +14,9 @@ from pathlib import Path
 from ..config import knobs
 from ..cutlass_source import cutlass_root  # noqa: F401 - re-exported
 from ..errors import ToolchainError
+from ..target import TARGETS
 
-GENCODE = {"sm90a": "-gencode=arch=compute_90a,code=sm_90a",
-           "sm80": "-gencode=arch=compute_80,code=sm_80"}
+GENCODE = {arch: t.gencode for arch, t in TARGETS.items()}
 BASE_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
               "-Xcompiler=-fPIC", "-Xcompiler=-Wno-psabi", "-lineinfo")
 

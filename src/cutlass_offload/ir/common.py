@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass
 
+from ..target import TARGETS
+
 DTYPES = ("f16", "bf16", "f32")
 ACTIVATIONS = ("identity", "relu", "gelu_erf", "gelu_tanh", "silu", "sigmoid")
 RESIDUAL_OPS = ("none", "add", "mul")
 POST_ACTIVATIONS = ("identity", "relu")
 LAYOUTS = ("row", "col")
-ARCHS = ("sm80", "sm90a")
+ARCHS = tuple(sorted(TARGETS))     # ("sm80", "sm90a"): target.py
 FAMILIES = ("cutlass2x_sm80", "cutlass3x_sm90", "rowwise_norm", "nhwc_group_norm")
 TILE_SCHEDULERS = ("persistent", "stream_k")
 

@@ -11,6 +11,7 @@ from .. import abi
 from ..abi import CO_CANNOT_IMPLEMENT, CO_OK, STATUS_NAMES  # noqa: F401 - re-exported
 from ..errors import DamagedFileError, DeviceError
 from ..integrity import elf_problem
+from ..target import TARGETS
 from ..ir import DECOMPOSITIONS, RASTER_ORDERS
 
 _CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "f32": ctypes.c_float, "i32": ctypes.c_int32}
@@ -63,9 +64,6 @@ ARGS_TYPES = {"CoGemmArgs": CoGemmArgs, "CoConvArgs": CoConvArgs, "CoNormArgs": 
               "CoGroupNormArgs": CoGroupNormArgs, "CoAttentionArgs": CoAttentionArgs}
 assert set(ARGS_TYPES) == set(abi.ARGS_FIELDS)
 
-# Which compute capabilities can run a library built for an arch: sm_90a code runs
-# only on 9.0; sm_80 SASS runs on 8.x (CUDA binary compatibility within a major).
-_RUNS_ON = {"sm90a": lambda cc: cc == (9, 0), "sm80": lambda cc: cc[0] == 8}
 
 
 def check_device(arch: str, device=None) -> None:
@@ -74,7 +72,7 @@ def check_device(arch: str, device=None) -> None:
         raise DeviceError(f"this compiled model runs CUTLASS kernels built for {arch} and needs "
                           "a CUDA GPU; none is visible (torch.cuda.is_available() is False)")
     cc = torch.cuda.get_device_capability(device)
-    if not _RUNS_ON[arch](cc):
+    if not TARGETS[arch].runs_on(cc):
         name = torch.cuda.get_device_name(device)
         raise DeviceError(f"the library was built for {arch} but the GPU is {name} "
                           f"(sm_{cc[0]}{cc[1]}); recompile with the matching --arch")

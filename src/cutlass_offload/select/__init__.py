@@ -5,6 +5,7 @@ import json
 from dataclasses import asdict, replace
 
 from ..config import CompileOptions
+from ..target import TARGETS
 from ..families import attention  # the sm80 kernel, for sm_80 and sm_90a (or the Hopper one)
 from ..ir import (
     AttentionRegion,
@@ -25,7 +26,7 @@ from .conv import choose_conv_kernel, pad_channels
 from .group_norm import choose_group_norm_kernel
 from .norm import choose_norm_kernel
 
-DEFAULT_NUM_SMS = {"sm90a": 132, "sm80": 108}  # H100/H200 SXM, A100 (vendor datasheets)
+DEFAULT_NUM_SMS = {arch: t.num_sms for arch, t in TARGETS.items()}   # target.py
 
 
 def _kernel(problem: GemmProblem, arch: str, config, launch=GemmLaunch()) -> GemmKernel:
