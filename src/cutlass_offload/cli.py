@@ -12,6 +12,7 @@ import time
 import torch
 
 from .errors import CutlassOffloadError
+from .prebuild import DEFAULT_EPILOGUES
 
 
 def _cmd_compile(a) -> int:
@@ -139,6 +140,37 @@ def _cmd_run(a) -> int:
     return 1 if bad else 0
 
 
+_DTYPES = {"fp16": "f16", "bf16": "bf16"}
+
+
+def _cmd_prebuild(a) -> int:
+    from .api import resolve_arch
+    from .build.executor import make_executor
+    from .prebuild import prebuild, prebuild_kernels
+    arch = resolve_arch(a.arch)
+    dtypes = [_DTYPES[d] for d in a.dtype.split(",")] if a.dtype else list(_DTYPES.values())
+    kernels = prebuild_kernels(arch, dtypes, [t for t in a.epilogues.split(",") if t],
+                               [x for x in a.layouts.split(",") if x])
+    if a.list:
+        for k in kernels:
+            print(k.name)
+        print(f"{len(kernels)} kernels")
+        return 0
+    if a.jobs:
+        os.environ["CUTLASS_OFFLOAD_JOBS"] = str(a.jobs)
+    if a.quiet:
+        os.environ["CUTLASS_OFFLOAD_PROGRESS"] = "off"
+    t0 = time.perf_counter()
+    res = prebuild(arch, kernels, executor=make_executor(a.executor, a.ray_address))
+    info = res.to_dict()
+    units = info.get("units", [])
+    hits = sum(1 for u in units if u.get("cache_hit"))
+    failed = [u["name"] for u in units if not u.get("ok", True)]
+    print(f"prebuilt {len(kernels)} kernels for {arch} in {time.perf_counter() - t0:.1f} s: "
+          f"{len(units)} units ({hits} already cached)" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
 def _cmd_cache(a) -> int:
     from .build.cache import BuildCache
     cache = BuildCache()
@@ -205,10 +237,25 @@ def main(argv=None) -> int:
                    help="check each region against PyTorch on its first call; fall back where it disagrees")
     _glue_args(r, default=None, saved=" (default: the folder's, saved by compile)")
     r.set_defaults(fn=_cmd_run)
+    b = sub.add_parser("prebuild", help="compile the GEMM kernels a target's heuristic can choose into "
+                                         "the cache, so later compiles build only their launchers")
+    b.add_argument("--arch", default=None, help="sm_90a or sm_80 (default: the visible GPU)")
+    b.add_argument("--dtype", default="fp16,bf16", help="comma-separated: fp16, bf16")
+    b.add_argument("--epilogues", default=None,
+                   help="comma-separated epilogue tags (default: " + ",".join(DEFAULT_EPILOGUES) + ")")
+    b.add_argument("--layouts", default="col", help="B layouts: col (a Linear weight), row")
+    b.add_argument("--list", action="store_true", help="print the kernels and build nothing")
+    b.add_argument("--jobs", type=int, default=0, help="parallel nvcc processes")
+    b.add_argument("--executor", default="local", choices=["local", "ray"])
+    b.add_argument("--ray-address", default=None)
+    b.add_argument("-q", "--quiet", action="store_true", help="no build progress")
+    b.set_defaults(fn=_cmd_prebuild)
     k = sub.add_parser("cache", help="inspect or clear the build cache")
     k.add_argument("action", choices=["info", "clear"])
     k.set_defaults(fn=_cmd_cache)
     a = p.parse_args(argv)
+    if a.cmd == "prebuild" and a.epilogues is None:
+        a.epilogues = ",".join(DEFAULT_EPILOGUES)
     try:
         return a.fn(a)
     except (CutlassOffloadError, ValueError, ImportError) as e:   # one clear line for the user

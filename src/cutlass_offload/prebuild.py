@@ -1,0 +1,93 @@
+"""Prebuild: fill the kernel cache before any model needs it (issue 17).
+
+``prebuild_kernels`` lists the GEMM kernels a target's heuristic can choose for
+16-byte-aligned problems: on sm_90a every config of the learned table
+(select/tables) and of the shape rules (select/sm90.CONFIGS), on sm_80 the known
+2.x configs (families/sm80.py); each for the given dtypes, epilogues and B
+layouts. ``prebuild`` compiles them through the ordinary sharded build (local, or
+Ray with ``executor``) into the content-addressed cache (``$CUTLASS_OFFLOAD_CACHE_DIR``,
+which several machines may share): a later compile whose kernels are all there
+compiles only its launchers. The launch knobs of sm90 kernels are run-time
+arguments, so one object serves every raster order, swizzle and PDL choice.
+
+The regions built here are stand-ins (one per kernel, named ``prebuild<i>``); the
+library they link into is cached like any other and not used.
+"""
+from __future__ import annotations
+
+from itertools import product
+
+from . import build as build_stage
+from .families import sm80 as sm80_family
+from .ir import ACTIVATIONS, GemmEpilogue, GemmKernel, GemmProblem, GemmRegion, Plan
+from .select import sm90
+
+# The epilogues of the built-in and zoo models' GEMMs (benchmarks/corpus): plain,
+# bias, bias + relu / gelu (erf, tanh) / silu, bias + residual add, residual add,
+# SiLU gate * up (llama).
+DEFAULT_EPILOGUES = ("plain", "bias", "bias_relu", "bias_gelu", "bias_gelutanh", "bias_silu",
+                     "bias_resadd", "resadd", "silu_resmul")
+
+
+def known_epilogues() -> dict:
+    """{tag: GemmEpilogue} of every epilogue a GEMM region can carry (full-shape
+    residuals only; the post activation only after a residual)."""
+    out = {}
+    for bias, act, res in product((False, True), ACTIVATIONS, ("none", "add", "mul")):
+        for post in (("identity", "relu") if res != "none" else ("identity",)):
+            ep = GemmEpilogue(bias=bias, activation=act, residual=res, post_activation=post)
+            out[ep.tag] = ep
+    return out
+
+
+def epilogues(tags) -> list:
+    """GemmEpilogues for ``tags`` (GemmEpilogue.tag spellings, e.g. "bias_gelu").
+    Raises ValueError naming an unknown tag and the known ones."""
+    known = known_epilogues()
+    bad = [t for t in tags if t not in known]
+    if bad:
+        raise ValueError(f"unknown epilogue {bad[0]!r}; known: {', '.join(sorted(known))}")
+    return [known[t] for t in tags]
+
+
+def _configs(arch: str, dtype: str) -> list:
+    if arch == "sm90a":
+        table = sm90.default_table()
+        seen = list(dict.fromkeys(list(sm90.CONFIGS.values()) +
+                                  ([c for c, _ in table.entries.values()] if table else [])))
+        return [c for c in seen if c.family == "cutlass3x_sm90"]
+    return sm80_family.gemm_configs(dtype, 8, 8, 8)
+
+
+def prebuild_kernels(arch: str, dtypes=("f16", "bf16"), epilogue_tags=DEFAULT_EPILOGUES,
+                     layouts=("col",)) -> list:
+    """The distinct GemmKernels to prebuild for ``arch`` ("sm90a" / "sm80"), 8-element
+    aligned operands. ValueError for an unknown epilogue tag, dtype or layout."""
+    kernels = {}
+    for dtype, ep, layout in product(dtypes, epilogues(epilogue_tags), layouts):
+        for config in _configs(arch, dtype):
+            k = GemmKernel(arch=arch, dtype=dtype, layout_b=layout, align_a=8, align_b=8,
+                           align_c=8, epilogue=ep, config=config)
+            kernels.setdefault(k.name, k)
+    return list(kernels.values())
+
+
+def stand_in_plan(arch: str, kernels) -> Plan:
+    """A Plan of one stand-in region per kernel (what the build needs: names and kernels)."""
+    regions = []
+    for i, k in enumerate(kernels):
+        ep = k.epilogue
+        problem = GemmProblem(n=64, k=64, dtype=k.dtype, layout_b=k.layout_b, align_a=k.align_a,
+                              align_b=k.align_b, align_c=k.align_c, epilogue=ep)
+        regions.append(GemmRegion(name=f"prebuild{i}", form="linear", nodes=(f"prebuild{i}",), a="a",
+                                  b="b", problem=problem, bias="bias" if ep.bias else None,
+                                  c="c" if ep.residual != "none" else None,
+                                  b_nk=k.layout_b == "col"))
+    return Plan(arch=arch, regions=tuple(regions), kernels=tuple(kernels), fallbacks=())
+
+
+def prebuild(arch: str, kernels, executor=None):
+    """Compile ``kernels`` into the cache (sharded build). Returns the build's
+    result (build/result.py: units, seconds, cache hits); a kernel that fails to
+    compile is reported there and cached as failed, the others are kept."""
+    return build_stage.build(stand_in_plan(arch, kernels), "sharded", executor=executor)

@@ -1,0 +1,45 @@
+"""cutlass-offload prebuild (issue 17): the kernels a target's heuristic can choose,
+compiled into the cache ahead of a model, so the model's compile builds only its
+launchers. The fake nvcc (tests/fake_nvcc.py) logs every compile; no CUDA."""
+import pytest
+
+import cutlass_offload as co
+from cutlass_offload import cli
+from cutlass_offload.prebuild import epilogues, known_epilogues, prebuild, prebuild_kernels
+from fault_helpers import fake_env, nvcc_calls, small_model
+
+
+def test_kernel_list():
+    ks = prebuild_kernels("sm80", ["f16"], ["bias", "bias_relu"])
+    assert len(ks) == 8 and len({k.name for k in ks}) == 8          # 4 configs x 2 epilogues
+    assert {k.epilogue.tag for k in ks} == {"bias", "bias_relu"}
+    sm90 = prebuild_kernels("sm90a", ["f16", "bf16"], ["plain"], ["col", "row"])
+    assert all(k.config.family == "cutlass3x_sm90" for k in sm90)
+    assert {k.dtype for k in sm90} == {"f16", "bf16"} and {k.layout_b for k in sm90} == {"col", "row"}
+    # every tag names its own epilogue
+    assert all(ep.tag == tag for tag, ep in known_epilogues().items())
+    with pytest.raises(ValueError, match="unknown epilogue 'bias_tanh'"):
+        epilogues(["bias_tanh"])
+
+
+def test_a_model_whose_kernels_are_prebuilt_compiles_only_its_launchers(tmp_path, monkeypatch):
+    for k, v in fake_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    res = prebuild("sm80", prebuild_kernels("sm80", ["f16"], ["bias", "bias_relu"]))
+    assert all(u["ok"] for u in res.to_dict()["units"])
+    before = nvcc_calls(tmp_path)
+    model, inputs = small_model()
+    compiled = co.compile(model, inputs, arch="sm_80", glue="eager")
+    new = nvcc_calls(tmp_path)[len(before):]
+    assert len(compiled.plan.kernels) == 2
+    # the launchers' object and the library's link: no kernel was compiled again
+    assert [c.split()[0] for c in new] == ["compile", "link"], new
+    units = compiled.report.build["units"]
+    assert [u["name"] for u in units if not u["cache_hit"]] == ["launchers"], units
+
+
+def test_cli_lists_without_building(capsys):
+    assert cli.main(["prebuild", "--arch", "sm_80", "--dtype", "fp16", "--epilogues", "bias", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "4 kernels" and all(l.startswith("cutlass2x_sm80_gemm_f16") for l in out[:-1])
+    assert cli.main(["prebuild", "--arch", "sm_80", "--epilogues", "nope", "--list"]) == 2
