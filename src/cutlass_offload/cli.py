@@ -200,12 +200,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="cutlass-offload", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="offload a model's GEMMs, convs, attention and norms and build the library (no GPU needed)")
-    c.add_argument("model", help="bert-base, gpt2, sd-unet, resnet50, mlp, or package.module:factory")
+    from .models import BUILTIN, DEFAULT_SIZES
+    c.add_argument("model", help=", ".join(BUILTIN) + ", or package.module:factory (a function "
+                   "returning (model, example_inputs))")
     c.add_argument("--out", required=True, help="output folder")
     c.add_argument("--arch", default=None, help="sm_90a or sm_80 (default: the visible GPU)")
     c.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
-    c.add_argument("--batch", type=int, default=None, help="default: 8 (sd-unet: 2)")
-    c.add_argument("--seq", type=int, default=None, help="default: 128 (sd-unet: 77 text tokens; resnet50: 224 pixels)")
+    sizes = "; ".join(f"{m}: {b} x {q}" for m, (b, q) in DEFAULT_SIZES.items())
+    c.add_argument("--batch", type=int, default=None, help=f"default: 8 ({sizes})")
+    c.add_argument("--seq", type=int, default=None,
+                   help=f"default: 128 ({sizes}); tokens, mel frames (whisper-encoder), image side "
+                        "(resnet50, convnext-tiny, efficientnet-b0) or latent side (vae-decoder)")
     c.add_argument("--dynamic-batch", action="store_true", help="export with a dynamic batch dim")
     c.add_argument("--tf32", action="store_true", help="allow fp32 GEMMs and convs to run as TF32")
     c.add_argument("--strict", action="store_true", help="error instead of falling back")
