@@ -21,7 +21,7 @@ import torch.fx as fx
 from ..errors import UnsupportedRegion
 from ..ir import GroupNormProblem, GroupNormRegion, note_not_fused
 from .graph_utils import aten, hint_int, max_alignment, static_int, tensor_dtype, val
-from .norm import _arg, _eps, _vector, left_to_glue
+from .norm import _arg, _eps, _vector, norm_maker
 
 MAX_VECTOR_COLUMNS = 512     # vectors across one group that one thread block holds (emit/group_norm.py)
 
@@ -104,12 +104,5 @@ def make_group_norm_region(index: int, ops: GroupNormOperands) -> GroupNormRegio
         bias=ops.bias.name if ops.bias is not None else None, notes=tuple(ops.notes))
 
 
-def make_group_norm(index, node, ops: GroupNormOperands, options, taken) -> tuple:
-    """(GroupNormRegion, its nodes) for a matched group norm (with the SiLU it owns);
-    UnsupportedRegion / ValueError as norm.make_norm."""
-    why = left_to_glue(True, options)
-    if why:
-        raise UnsupportedRegion(why)
-    if any(n in taken for n in ops.nodes):
-        raise UnsupportedRegion("overlaps another region")
-    return make_group_norm_region(index, ops), ops.nodes
+# with the SiLU it owns; see norm.norm_maker
+make_group_norm = norm_maker(True, make_group_norm_region)

@@ -353,13 +353,20 @@ def left_to_glue(group: bool, options) -> str | None:
     return None
 
 
-def make_norm(index, node, ops: NormOperands, options, taken) -> tuple:
-    """(NormRegion, its nodes) for a matched norm (no epilogue growth);
-    UnsupportedRegion when it is left to the glue or overlaps another region,
-    ValueError for an impossible problem."""
-    why = left_to_glue(False, options)
-    if why:
-        raise UnsupportedRegion(why)
-    if any(n in taken for n in ops.nodes):
-        raise UnsupportedRegion("overlaps another region")
-    return make_norm_region(index, ops), ops.nodes
+def norm_maker(group: bool, make_region):
+    """The pattern table's region maker of a norm kind (no epilogue growth):
+    (index, node, operands, options, taken) -> (region, its nodes). Raises
+    UnsupportedRegion when the norm is left to the glue (``left_to_glue``) or
+    overlaps another region, ValueError (from ``make_region``) for an impossible
+    problem."""
+    def make(index, node, ops, options, taken) -> tuple:
+        why = left_to_glue(group, options)
+        if why:
+            raise UnsupportedRegion(why)
+        if any(n in taken for n in ops.nodes):
+            raise UnsupportedRegion("overlaps another region")
+        return make_region(index, ops), ops.nodes
+    return make
+
+
+make_norm = norm_maker(False, make_norm_region)
