@@ -19,7 +19,9 @@ Environment variables:
 """
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,6 +37,7 @@ class Knobs:
     jobs: int
     fast_call: bool
     cxx: str
+    host_launchers: bool
 
 
 def knobs() -> Knobs:
@@ -54,6 +57,7 @@ def knobs() -> Knobs:
         jobs=int(env.get("CUTLASS_OFFLOAD_JOBS", "0")),
         fast_call=env.get("CUTLASS_OFFLOAD_FAST_CALL", "1") not in ("", "0"),
         cxx=env.get("CXX") or "c++",
+        host_launchers=env.get("CUTLASS_OFFLOAD_HOST_LAUNCHERS", "1") not in ("", "0"),
     )
 
 
@@ -131,3 +135,14 @@ def resolve_norms(options: CompileOptions, glue: str) -> CompileOptions:
     if options.offload_norms != "auto":
         return options
     return replace(options, offload_norms="group" if glue == "inductor" and not options.strict else "all")
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_identity(cxx: str) -> str:
+    """The first line of ``cxx --version`` ("unknown" when it cannot run): part of
+    the cache key of whatever that compiler builds."""
+    try:
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False,
+                              timeout=60).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "unknown"

@@ -122,3 +122,31 @@ def test_eta_scales_the_estimates_by_what_units_took_here(tmp_path):
     p.finished(0, JobResult("u0", True, 30.0, 0, "", ("k0",)))   # 3x slower here than estimated
     assert p.factor == pytest.approx(3.0)
     assert p.eta() == pytest.approx(60.0)                       # 3 x 30 s left on 2 slots
+
+
+def test_cuda_include_dir_from_nvcc_dryrun_or_beside_it(tmp_path):
+    """The launchers' host compile finds cuda_runtime.h through nvcc (a wrapper script
+    included) or beside it; a stand-in without headers gives None (nvcc then compiles)."""
+    from cutlass_offload.build import toolchain
+
+    toolkit = tmp_path / "cuda"
+    (toolkit / "targets" / "x86_64-linux" / "include").mkdir(parents=True)
+    (toolkit / "targets" / "x86_64-linux" / "include" / "cuda_runtime.h").write_text("")
+    (toolkit / "bin").mkdir()
+    real = toolkit / "bin" / "nvcc"
+    real.write_text(f'#!/bin/sh\necho \'#$ INCLUDES="-I{toolkit}/bin/../targets/x86_64-linux/include"\' >&2\n')
+    real.chmod(0o755)
+    wrapper = tmp_path / "bin" / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    toolchain.cuda_include_dir.cache_clear()
+    found = toolchain.cuda_include_dir(str(wrapper))
+    assert found is not None and (toolchain.Path(found) / "cuda_runtime.h").is_file()
+    bare = tmp_path / "bare" / "bin" / "nvcc"
+    bare.parent.mkdir(parents=True)
+    bare.write_text("#!/bin/sh\nexit 1\n")
+    bare.chmod(0o755)
+    assert toolchain.cuda_include_dir(str(bare)) is None
+    cmd = toolchain.host_compile_command("c++", found, "u.cu", "u.o")
+    assert cmd[:3] == ["c++", "-x", "c++"] and ["-I", found] == cmd[cmd.index("-I"):cmd.index("-I") + 2]

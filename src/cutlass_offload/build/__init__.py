@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import integrity
-from ..config import knobs
+from ..config import compiler_identity, knobs
 from ..emit import (
     TranslationUnit,
     emit_info_unit,
@@ -100,9 +100,19 @@ class _Builder:
         self._threads = 1              # nvcc -t of the CUTLASS units of the current _run
         self.sources = emit_kernels(plan)
         self.kernels = {k.name: k for k in plan.kernels}
+        # with the local executor, units without CUTLASS (the launchers) go to the host
+        # compiler when nvcc's CUDA headers are found; else (a stand-in nvcc, a bare
+        # wheel, a Ray build: the executor's compile; CUTLASS_OFFLOAD_HOST_LAUNCHERS=0)
+        # to nvcc as before
+        include = (toolchain.cuda_include_dir(self.nvcc)
+                   if knobs().host_launchers and isinstance(self.executor, LocalExecutor) else None)
+        self.host = (knobs().cxx, include, compiler_identity(knobs().cxx)) if include else None
 
     # -- keys ------------------------------------------------------------------
     def _unit_key(self, tu: TranslationUnit, cutlass=True) -> str:
+        if not cutlass and self.host is not None:
+            cmd = toolchain.host_compile_command("c++", "", UNIT_NAME, OBJ_NAME)
+            return cache_key(tu.text, toolchain.flags_signature(cmd), self.host[2], *self.versions)
         cmd = toolchain.compile_command("nvcc", self.plan.arch, UNIT_NAME, OBJ_NAME, cutlass)
         return cache_key(tu.text, toolchain.flags_signature(cmd), *self.versions)
 
@@ -149,8 +159,16 @@ class _Builder:
                                         peak_memory(kernels), tu.kernels, job.estimate,
                                         self._threads if cutlass else 1)
                 job.log_path = staging / "nvcc.log"
-                # only "run nvcc on this source" is pluggable: lock, lookup and publish stay here
-                res, job.cmd = self.executor.compile(task, staging)
+                if not cutlass and self.host is not None:
+                    # host code only: compiled here, whatever the executor (well under a second)
+                    cxx, include, _ = self.host
+                    job.cmd = toolchain.host_compile_command(cxx, include, str(staging / UNIT_NAME),
+                                                             str(staging / OBJ_NAME))
+                    res = run_job(Job(job.name, job.cmd, tu.kernels, log_path=job.log_path))
+                    res.executor = "local (host compiler)"
+                else:
+                    # only "run nvcc on this source" is pluggable: lock, lookup and publish stay here
+                    res, job.cmd = self.executor.compile(task, staging)
                 _raise_if_disk_full(res, staging)
                 if res.killed:             # transient: report, but never cache as a failure
                     keep = self.cache.root / "failed" / f"{prefix}.{key[:16]}"

@@ -125,6 +125,39 @@ def nvcc_command(nvcc: str, arch: str, source: str, output: str, threads: int = 
             + [source, "-o", output])
 
 
+@functools.lru_cache(maxsize=None)
+def cuda_include_dir(nvcc: str) -> str | None:
+    """The CUDA toolkit's include folder (the one holding cuda_runtime.h) that
+    ``nvcc`` compiles against: the ``INCLUDES`` of its ``--dryrun`` (which sees
+    through wrapper scripts), else ``<toolkit>/include`` beside the executable; None
+    when there is none (a wheel's nvcc without the runtime headers beside it, a
+    stand-in): the caller then compiles with nvcc."""
+    candidates = []
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True,
+                             text=True, check=False, timeout=60)
+        candidates += re.findall(r'INCLUDES="?-I"?([^" ]+)', out.stdout + out.stderr)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    top = Path(nvcc).resolve().parent.parent
+    candidates += [str(top / "include"), *map(str, sorted(top.glob("targets/*/include")))]
+    for d in candidates:
+        if (Path(d) / "cuda_runtime.h").is_file():
+            return str(Path(d))
+    return None
+
+
+HOST_FLAGS = ("-x", "c++", "-std=c++17", "-O2", "-fPIC", "-w")
+
+
+def host_compile_command(cxx: str, include_dir: str, source: str, output: str) -> list:
+    """The host C++ compiler's -c of a unit without device code (the region
+    launchers, the library info): it only calls the kernels' ``run`` functions and
+    the CUDA runtime, so nvcc's device and cudafe passes are not needed (about 0.1 s
+    against nvcc's 1.8 s on 2 cores)."""
+    return [cxx, *HOST_FLAGS, "-I", include_dir, "-c", source, "-o", output]
+
+
 def compile_command(nvcc: str, arch: str, source: str, output: str, cutlass: bool = True,
                     threads: int = 1) -> list:
     """nvcc -c: one translation unit to a relocatable object (position independent).

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import knobs
+from ..config import compiler_identity, knobs
 from ..integrity import elf_problem
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fast_call.cpp"
@@ -47,14 +47,6 @@ _state = {"module": None, "error": None, "thread": None}
 
 def _compiler() -> str:
     return knobs().cxx
-
-
-def _compiler_identity(cxx: str) -> str:
-    try:
-        return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False,
-                              timeout=60).stdout.splitlines()[0]
-    except (OSError, IndexError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def build_command(source: Path, output: Path, cxx: str | None = None) -> list:
@@ -77,7 +69,7 @@ def cache_key(cxx: str | None = None) -> str:
     h = hashlib.sha256(SOURCE.read_bytes())
     for part in (torch.__version__, getattr(torch.version, "git_version", ""), str(torch.version.cuda),
                  str(torch.compiled_with_cxx11_abi()), sys.version,
-                 _compiler_identity(cxx or _compiler())):
+                 compiler_identity(cxx or _compiler())):
         h.update(b"\0" + part.encode())
     return h.hexdigest()[:24]
 
