@@ -1,0 +1,34 @@
+"""benchmarks/glue_profile.py without a GPU: kernel names sorted into classes (ours
+against PyTorch's cuBLAS / cuDNN / SDPA, Triton, copies), and the no-GPU exit."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import glue_profile as gp  # noqa: E402
+
+
+def test_kernel_classes():
+    cases = {
+        "_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalIN4cute5tupleIJiiiiEEE": "ours gemm",
+        "_ZN7cutlass13device_kernelINS_4conv6kernel13ConvUniversalINS1_16ConvProblemShape": "ours conv",
+        "void cutlass::device_kernel<cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<x>>": "ours attention",
+        "void co_rowwise_norm::rowwise_norm_kernel<cutlass::half_t, 8, false, true, true>(...)": "ours norm",
+        "nvjet_sm90_hsh_176x128_64x5_1x2_h_bz_TNN": "pytorch gemm",
+        "void cutlass::Kernel2<cutlass_80_wmma_tensorop_f16_s161616gemm_f16_32x32_128x2_tn_align2>(x)":
+            "pytorch gemm",
+        "sm90_xmma_depthwise_convolution_fprop_tiling_f16f16_f32f32_f32_nhwckrsc_nhwc": "pytorch conv",
+        "conv2d_c1_k1_nhwc_specialized": "pytorch conv",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7": "pytorch attention",
+        "triton_poi_fused__to_copy_add_mul_3": "triton",
+        "Memset (Device)": "copy",
+        "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl<x>>": "eager elementwise",
+    }
+    for name, cls in cases.items():
+        assert gp.classify(name) == cls, name
+
+
+def test_needs_a_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(gp.torch.cuda, "is_available", lambda: False)
+    assert gp.main(["mlp"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
