@@ -12,7 +12,6 @@ import time
 import torch
 
 from .errors import CutlassOffloadError
-from .prebuild import DEFAULT_EPILOGUES
 
 
 def _cmd_compile(a) -> int:
@@ -148,7 +147,10 @@ def _cmd_prebuild(a) -> int:
     from .build.executor import make_executor
     from .prebuild import prebuild, prebuild_kernels
     arch = resolve_arch(a.arch)
-    dtypes = [_DTYPES[d] for d in a.dtype.split(",")] if a.dtype else list(_DTYPES.values())
+    bad = [d for d in a.dtype.split(",") if d not in _DTYPES]
+    if bad:
+        raise ValueError(f"unknown dtype {bad[0]!r}: prebuild takes {', '.join(_DTYPES)}")
+    dtypes = [_DTYPES[d] for d in a.dtype.split(",")]
     kernels = prebuild_kernels(arch, dtypes, [t for t in a.epilogues.split(",") if t],
                                [x for x in a.layouts.split(",") if x])
     if a.list:
@@ -242,11 +244,12 @@ def main(argv=None) -> int:
                    help="check each region against PyTorch on its first call; fall back where it disagrees")
     _glue_args(r, default=None, saved=" (default: the folder's, saved by compile)")
     r.set_defaults(fn=_cmd_run)
+    from .prebuild import DEFAULT_EPILOGUES
     b = sub.add_parser("prebuild", help="compile the GEMM kernels a target's heuristic can choose into "
                                          "the cache, so later compiles build only their launchers")
     b.add_argument("--arch", default=None, help="sm_90a or sm_80 (default: the visible GPU)")
     b.add_argument("--dtype", default="fp16,bf16", help="comma-separated: fp16, bf16")
-    b.add_argument("--epilogues", default=None,
+    b.add_argument("--epilogues", default=",".join(DEFAULT_EPILOGUES),
                    help="comma-separated epilogue tags (default: " + ",".join(DEFAULT_EPILOGUES) + ")")
     b.add_argument("--layouts", default="col", help="B layouts: col (a Linear weight), row")
     b.add_argument("--list", action="store_true", help="print the kernels and build nothing")
@@ -259,8 +262,6 @@ def main(argv=None) -> int:
     k.add_argument("action", choices=["info", "clear"])
     k.set_defaults(fn=_cmd_cache)
     a = p.parse_args(argv)
-    if a.cmd == "prebuild" and a.epilogues is None:
-        a.epilogues = ",".join(DEFAULT_EPILOGUES)
     try:
         return a.fn(a)
     except (CutlassOffloadError, ValueError, ImportError) as e:   # one clear line for the user

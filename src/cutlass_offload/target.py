@@ -20,15 +20,14 @@ class Target:
     gencode: str                # nvcc flag
     num_sms: int                # default SM count for tile choice without a GPU
     runs_on: Callable           # (major, minor) -> bool
-    capability: tuple           # (major, minor) the visible GPU must have to pick it
 
 
 TARGETS = {
     # sm_90 is accepted for sm_90a: on Hopper only the arch-specific target has wgmma/TMA
     "sm90a": Target("sm90a", "sm_90a", ("sm90a", "sm_90a", "sm90", "sm_90"),
-                    "-gencode=arch=compute_90a,code=sm_90a", 132, lambda cc: tuple(cc) == (9, 0), (9, 0)),
+                    "-gencode=arch=compute_90a,code=sm_90a", 132, lambda cc: tuple(cc) == (9, 0)),
     "sm80": Target("sm80", "sm_80", ("sm80", "sm_80"),
-                   "-gencode=arch=compute_80,code=sm_80", 108, lambda cc: cc[0] == 8, (8, 0)),
+                   "-gencode=arch=compute_80,code=sm_80", 108, lambda cc: cc[0] == 8),
 }
 
 ALIASES = {alias: t.arch for t in TARGETS.values() for alias in t.aliases}

@@ -154,19 +154,19 @@ class _Builder:
             staging = self.cache.staging("obj")
             try:
                 _write(staging / UNIT_NAME, tu.text)
-                kernels = [self._kernel(k) for k in tu.kernels]
-                task = CompileTask.make(job.name, tu.text, self.plan.arch, cutlass, self.identity,
-                                        peak_memory(kernels), tu.kernels, job.estimate,
-                                        self._threads if cutlass else 1)
                 job.log_path = staging / "nvcc.log"
                 if not cutlass and self.host is not None:
-                    # host code only: compiled here, whatever the executor (well under a second)
+                    # host code only (the launchers): the host compiler, well under a second
                     cxx, include, _ = self.host
                     job.cmd = toolchain.host_compile_command(cxx, include, str(staging / UNIT_NAME),
                                                              str(staging / OBJ_NAME))
                     res = run_job(Job(job.name, job.cmd, tu.kernels, log_path=job.log_path))
                     res.executor = "local (host compiler)"
                 else:
+                    kernels = [self._kernel(k) for k in tu.kernels]
+                    task = CompileTask.make(job.name, tu.text, self.plan.arch, cutlass, self.identity,
+                                            peak_memory(kernels), tu.kernels, job.estimate,
+                                            self._threads if cutlass else 1)
                     # only "run nvcc on this source" is pluggable: lock, lookup and publish stay here
                     res, job.cmd = self.executor.compile(task, staging)
                 _raise_if_disk_full(res, staging)

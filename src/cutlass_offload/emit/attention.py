@@ -110,12 +110,10 @@ from typing import Optional
 
 from .. import abi
 from ..cutlass_source import cutlass_root
-from ..families.attention import (  # noqa: F401 - the family's rules, re-exported
-    _ALIGNED_ACCESS, _BYTES, _GRID_MAX, _UNALIGNED_ACCESS, ARCHS, BIASES, DTYPES, FAMILY, LAYOUTS,
-    MAX_HEAD_DIM, TILES, _check, _tile_for, choose, config_for, refusal, supports, workspace_bytes)
+from ..families.attention import (  # noqa: F401 - choose / supports / workspace_bytes re-exported
+    DTYPES, FAMILY, TILES, choose, config_for, supports, workspace_bytes)
 from ..ir import (BIAS_BROADCAST_DIMS, CAUSAL, CAUSAL_CODE, AttentionProblem,  # noqa: F401
                   AttentionKernel, KernelSource)
-from . import attention_sm90  # noqa: F401
 
 _ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32": "float"}
 _OUTPUT_ACCESS = 4        # epilogue LinearCombination<float, 128 / 32>

@@ -58,9 +58,8 @@ from __future__ import annotations
 
 from string import Template
 
-from ..families.attention_sm90 import (  # noqa: F401 - the family's rules, re-exported
-    _GRID_MAX, _INT32_MAX, ACCESS, ARCH, DTYPES, FAMILY, MAX_HEAD_DIM, SCHEDULE, STAGES, TILES,
-    choose, config_for, head_tile, refusal, supports, workspace_bytes)
+from ..families.attention_sm90 import (  # noqa: F401 - the choice re-exported
+    FAMILY, SCHEDULE, STAGES, TILES, choose, config_for, head_tile, refusal, supports, workspace_bytes)
 from ..ir import AttentionKernelSm90, KernelSource
 
 _ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}

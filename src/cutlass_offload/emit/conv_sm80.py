@@ -90,7 +90,6 @@ from __future__ import annotations
 
 from string import Template
 
-from ..families.sm80 import FEW_CHANNELS_BELOW as _FEW_CHANNELS_BELOW  # noqa: F401
 from ..families.sm80 import ITERATORS as _ITERATOR
 from ..families.sm80 import choose_iterator, conv_configs  # noqa: F401 - re-exported
 from ..ir import CONV_ITERATORS, ConvKernel, KernelSource

@@ -10,6 +10,7 @@ from typing import Optional
 
 from ..ir import (ATTENTION_ALIGNED_ACCESS, ATTENTION_BIASES, ATTENTION_DTYPES, ATTENTION_LAYOUTS,
                   ATTENTION_UNALIGNED_ACCESS, AttentionKernel, AttentionProblem, KernelConfig)
+from ..ir.common import _check
 from . import attention_sm90
 
 FAMILY = "cutlass2x_sm80"
@@ -26,11 +27,6 @@ _UNALIGNED_ACCESS = ATTENTION_UNALIGNED_ACCESS
 TILES = ((64, 64, 64), (64, 128, 128), (32, 128, 65536))
 MAX_HEAD_DIM = 65536
 _GRID_MAX = 65535
-
-
-def _check(value, allowed, what):
-    if value not in allowed:
-        raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
 
 
 def config_for(dtype: str, tile: tuple) -> KernelConfig:

@@ -36,12 +36,13 @@ def nhwc(t: torch.Tensor):
     return v.contiguous(), True
 
 
-def padded_nhwc(t: torch.Tensor, channels: int) -> torch.Tensor:
+def padded_nhwc(t: torch.Tensor, channels: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """A fresh contiguous (N, H, W, channels) copy of the 4-D NCHW tensor ``t``
-    (any memory format; ``channels`` >= its C), zeros in channels C and up. Also
-    pads a (K, C, R, S) filter to KRSC."""
+    (any memory format; ``channels`` >= its C), zeros in channels C and up, written
+    into ``out`` when given (contiguous, of that shape and t's dtype). Also pads a
+    (K, C, R, S) filter to KRSC."""
     n, c, h, w = t.shape
-    out = t.new_empty((n, h, w, channels))
+    out = t.new_empty((n, h, w, channels)) if out is None else out
     out.narrow(3, c, channels - c).zero_()      # only the pad channels: the copy fills the rest
     out.narrow(3, 0, c).copy_(t.permute(0, 2, 3, 1))
     return out
@@ -206,16 +207,15 @@ class ConvRegionModule(RegionModule):
         if (hit is not None and hit[0].data_ptr() == w.data_ptr() and hit[0].device == w.device
                 and hit[0].stride() == w.stride() and hit[1] == _version(w)):
             return hit[2]
-        wp = padded_nhwc(w, self._c_kernel)
         self.channel_pad_copies += 1
         if self.filter_constant and not (w.is_cuda and torch.cuda.is_current_stream_capturing()):
             # kept across calls: outside any CUDA graph pool (Inductor's graph trees
             # warm up with this thread's allocations routed to theirs)
-            kept = unpooled_empty(wp.shape, wp.dtype, wp.device)     # contiguous, as wp
-            kept.copy_(wp)
-            self._filter_cache = (w, _version(w), kept)
-            return kept
-        return wp
+            k, _, r, s = w.shape
+            wp = padded_nhwc(w, self._c_kernel, unpooled_empty((k, r, s, self._c_kernel), w.dtype, w.device))
+            self._filter_cache = (w, _version(w), wp)
+            return wp
+        return padded_nhwc(w, self._c_kernel)
 
 
 def prepack_weight(gm: fx.GraphModule, node: fx.Node) -> None:
