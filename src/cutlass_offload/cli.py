@@ -248,10 +248,10 @@ def main(argv=None) -> int:
     b = sub.add_parser("prebuild", help="compile the GEMM kernels a target's heuristic can choose into "
                                          "the cache, so later compiles build only their launchers")
     b.add_argument("--arch", default=None, help="sm_90a or sm_80 (default: the visible GPU)")
-    b.add_argument("--dtype", default="fp16,bf16", help="comma-separated: fp16, bf16")
+    b.add_argument("--dtype", default="fp16,bf16", help="comma-separated: fp16, bf16 (default: both)")
     b.add_argument("--epilogues", default=",".join(DEFAULT_EPILOGUES),
                    help="comma-separated epilogue tags (default: " + ",".join(DEFAULT_EPILOGUES) + ")")
-    b.add_argument("--layouts", default="col", help="B layouts: col (a Linear weight), row")
+    b.add_argument("--layouts", default="col", help="B layouts: col (a Linear weight; the default), row")
     b.add_argument("--list", action="store_true", help="print the kernels and build nothing")
     b.add_argument("--jobs", type=int, default=0, help="parallel nvcc processes")
     b.add_argument("--executor", default="local", choices=["local", "ray"])
