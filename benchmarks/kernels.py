@@ -19,7 +19,13 @@ the anchor a user would call instead, on one GPU, in one run.
   CUDA graph, median replay.
 * attention: one synthetic model of the corpus's SDPA problems, compiled; each
   region against ``F.scaled_dot_product_attention`` under each backend PyTorch
-  has (flash, cuDNN, efficient, math), the fastest counted.
+  has (flash, cuDNN, efficient, math), the fastest counted. With ``--search
+  full`` (first dtype only) every Hopper config of the problem's search space
+  is timed too (_attention_search.py: tuned = the fastest that matches SDPA);
+  ``--write-attention-table FILE`` writes the winners per problem class
+  (families/attention_sm90_table.json) and times the heuristic again with them.
+* conv2d and attention regions are compiled with ``pytorch_when_faster`` off:
+  the benchmark times our kernel even where select would leave PyTorch's.
 
 Ratios are speedups: anchor time / our time (> 1: ours faster). Per kind and
 dtype: geomean, minimum, how many below the issue's floors; the worst ten; TFLOP/s
@@ -29,7 +35,8 @@ with GPU, date and CUTLASS version). JSON to ``--json`` (default
 ``$OUT/kernels.json``, else ``benchmarks/results/kernels.json``).
 
     python benchmarks/kernels.py [--kinds gemm,conv,attention] [--dtypes fp16,bf16]
-        [--search full|heuristic] [--grid/--no-grid] [--write-table FILE] [--json FILE]
+        [--search full|heuristic] [--grid/--no-grid] [--write-table FILE]
+        [--write-attention-table FILE] [--json FILE]
 
 Needs a CUDA GPU (sm_90) and nvcc (exits 2 without a GPU).
 """
@@ -328,21 +335,17 @@ def _rel_err(out, ref) -> float:
 
 
 def bench_model_regions(kind, entries, model, inputs, firsts, anchors) -> list:
-    """Compile ``model`` (sm_90a, heuristic kernels), then time each region against
+    """Compile ``model`` (sm_90a, heuristic kernels, none left to PyTorch for being
+    measured slower), then time each region against
     ``anchors(module, xs)`` ({name: callable}); one row per entry, in entry order
     (a branch is found by its first input: the conv's x, the attention's q)."""
-    import cutlass_offload as co
+    from _attention_search import branch_regions, compile_regions
     model = model.cuda()
     inputs = tuple(x.cuda() for x in inputs)
     t0 = time.perf_counter()
-    compiled = co.compile(model, inputs, arch="sm_90a")
+    compiled = compile_regions(model, inputs)
     build_s = time.perf_counter() - t0
-    branch_of = {inputs[i].data_ptr(): b for b, i in enumerate(firsts)}
-    found = {}
-    for m, xs in region_inputs(compiled, inputs):
-        for x in xs:
-            if isinstance(x, torch.Tensor) and x.data_ptr() in branch_of:
-                found.setdefault(branch_of[x.data_ptr()], (m, xs))
+    found = branch_regions(compiled, inputs, firsts, region_inputs)
     reasons = "; ".join(sorted({f.reason for f in compiled.plan.fallbacks}))[:300]
     rows = []
     for i, e in enumerate(entries):
@@ -526,6 +529,9 @@ def parse_args(argv=None):
     p.add_argument("--search", default="full", choices=["full", "heuristic"])
     p.add_argument("--grid", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--write-table", default=None, metavar="FILE")
+    p.add_argument("--write-attention-table", default=None, metavar="FILE",
+                   help="with --search full: the Hopper attention winners per problem class "
+                        "(families/attention_sm90_table.json), then the heuristic timed again")
     p.add_argument("--json", default=None)
     p.add_argument("--write-pytorch-faster", default=None, metavar="FILE",
                    help="write the conv/attention problems PyTorch ran faster (select/pytorch_faster.py)")
@@ -640,9 +646,34 @@ def main(argv=None) -> int:
             rows = bench_model_regions(key, entries, *build(entries, dt), anchors)
             for r in rows:
                 r["dtype"] = dt
+            if kind == "attention" and args.search == "full" and dt == dtypes[0]:
+                import _attention_search
+                result["attention_search"] = _attention_search.search(
+                    rows, *build(entries, dt)[:3], region_inputs=region_inputs, graph_us=graph_us,
+                    rel_err=_rel_err)
+                for r in rows:
+                    add_speedups(r)
             result["rows"] += rows
             save()
         result["seconds"][kind] = time.perf_counter() - t0
+        if kind == "attention" and args.write_attention_table and args.search == "full":
+            import _attention_search
+            from cutlass_offload.families import attention_sm90_table as table
+            n = _attention_search.write_table(result["rows"], Path(args.write_attention_table), gpu, sms)
+            print(f"attention table: {n} classes -> {args.write_attention_table}", flush=True)
+            table.TABLE_FILE = Path(args.write_attention_table)
+            table._rows.cache_clear()
+            t1 = time.perf_counter()
+            old = [r for r in result["rows"] if r["kind"] == "attention"]
+            for dt in dtypes:
+                again = bench_model_regions(key, entries, *build(entries, dt), anchors)
+                for row, new_row in zip([r for r in old if r["dtype"] == dt], again):
+                    row["old_heuristic_us"], row["old_heuristic"] = row.get("heuristic_us"), row.get("kernel")
+                    row["heuristic_us"], row["kernel"] = new_row.get("heuristic_us"), new_row.get("kernel")
+                    row["anchor_us"] = min(row.get("anchor_us") or 1e30, new_row.get("anchor_us") or 1e30)
+                    add_speedups(row)
+            result["seconds"]["attention_remeasure"] = time.perf_counter() - t1
+            save()
     save()
     if args.write_pytorch_faster:
         write_pytorch_faster(result["rows"], Path(args.write_pytorch_faster), gpu, sms,

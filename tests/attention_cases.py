@@ -261,9 +261,9 @@ def emulate(mod, args, keep, out):
     if a.causal == 2 and sq > skv:
         return False
     if k.config.family == "cutlass3x_sm90":
-        # emit/attention_sm90.py's run: one head dim up to the tile, seq_q % 8, no
-        # bias, the compiled mask (CausalFusion is top-left and sees no key past seq_kv)
-        if e != ev or e > k.head_tile or sq % 8 or a.bias:
+        # emit/attention_sm90.py's run: one head dim up to the tile, no bias, the
+        # compiled mask (CausalFusion is top-left and sees no key past seq_kv)
+        if e != ev or e > k.head_tile or a.bias:
             return False
         if (a.causal != 0) != k.causal or (a.causal == 1 and sq > skv) or (
                 a.causal == 2 and sq != skv):

@@ -155,7 +155,7 @@ def _warm_inputs(example_inputs, options: CompileOptions, glue: GlueSpec):
 
 def compile_captured(cap: Captured, options: CompileOptions, phases: _Phases | None = None,
                      glue: str = "eager", mode: str | None = None,
-                     inductor_options: dict | None = None) -> CompiledModel:
+                     inductor_options: dict | None = None, tuned: dict | None = None) -> CompiledModel:
     """The stages after capture: partition, select, emit, build, load.
 
     Thread-safe for different ``cap`` objects (torch.export itself is not: capture
@@ -164,10 +164,12 @@ def compile_captured(cap: Captured, options: CompileOptions, phases: _Phases | N
     inductor_options: as ``compile`` takes glue / mode / options, but the default
     is "eager" here (the building block for tests and tools that call a model with
     many shapes); the Inductor glue is compiled on the first call.
+    tuned: kernel choices to use instead of the heuristic's (select.select's
+    ``tuned``: GEMM winners, Hopper attention configs), e.g. a search's candidates.
     """
     spec = GlueSpec(glue, mode, inductor_options)
     return _compile_graph(cap.graph_module, resolve_norms(options, spec.resolved()),
-                          phases or _Phases(), glue=spec)
+                          phases or _Phases(), glue=spec, tuned=tuned)
 
 
 def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=None,

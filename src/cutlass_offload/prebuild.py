@@ -19,7 +19,9 @@ from itertools import product
 
 from . import build as build_stage
 from .families import sm80 as sm80_family
-from .ir import ACTIVATIONS, GemmEpilogue, GemmKernel, GemmProblem, GemmRegion, Plan
+from .families import attention_sm90
+from .ir import (ACTIVATIONS, AttentionKernelSm90, AttentionProblem, AttentionRegion, GemmEpilogue,
+                 GemmKernel, GemmProblem, GemmRegion, Plan)
 from .select import sm90
 
 # The epilogues of the built-in and zoo models' GEMMs (benchmarks/corpus): plain,
@@ -72,10 +74,30 @@ def prebuild_kernels(arch: str, dtypes=("f16", "bf16"), epilogue_tags=DEFAULT_EP
     return list(kernels.values())
 
 
+def attention_kernels(dtypes=("f16", "bf16"), causal=(False, True)) -> list:
+    """Every Hopper attention kernel (families/attention_sm90.CONFIGS x dtypes x
+    causal); what a search of attention tiles times (benchmarks/kernels.py)."""
+    return [AttentionKernelSm90(arch="sm90a", dtype=d, config=c, causal=m)
+            for c in attention_sm90.CONFIGS for d in dtypes for m in causal]
+
+
+def _attention_stand_in(i: int, k: AttentionKernelSm90) -> AttentionRegion:
+    d = k.head_tile
+    problem = AttentionProblem(heads=1, seq_q=128, seq_kv=128, head_dim=d, head_dim_v=d,
+                               dtype=k.dtype, scale=d ** -0.5,
+                               causal="top_left" if k.causal else "none")
+    return AttentionRegion(name=f"prebuild{i}", form="sdpa", nodes=(f"prebuild{i}",),
+                           q="q", k="k", v="v", problem=problem)
+
+
 def stand_in_plan(arch: str, kernels) -> Plan:
-    """A Plan of one stand-in region per kernel (what the build needs: names and kernels)."""
+    """A Plan of one stand-in region per kernel (what the build needs: names and
+    kernels); GemmKernels and Hopper attention kernels."""
     regions = []
     for i, k in enumerate(kernels):
+        if isinstance(k, AttentionKernelSm90):
+            regions.append(_attention_stand_in(i, k))
+            continue
         ep = k.epilogue
         problem = GemmProblem(n=64, k=64, dtype=k.dtype, layout_b=k.layout_b, align_a=k.align_a,
                               align_b=k.align_b, align_c=k.align_c, epilogue=ep)

@@ -5,6 +5,7 @@ import pytest
 from cutlass_offload.build import shards
 from cutlass_offload.emit import attention as at
 from cutlass_offload.emit import attention_sm90 as h
+from cutlass_offload.families import attention_sm90 as fam
 from cutlass_offload.emit import emit_kernel, emit_unit
 from cutlass_offload.ir import AttentionKernelSm90, AttentionRegion, KernelConfig
 
@@ -56,7 +57,6 @@ def test_causal_masks_that_match_the_top_left_fusion(causal, seq_q, seq_kv):
     ({"align": 4}, "16-byte"),
     ({"seq_q": None}, "dynamic"),
     ({"seq_kv": None}, "dynamic"),
-    ({"seq_q": 20}, "not a multiple of 8"),
     ({"causal": "top_left", "seq_q": 136, "seq_kv": 128}, "past seq_kv"),
     ({"causal": "bottom_right", "seq_q": 64, "seq_kv": 128}, "top-left"),
 ])
@@ -66,6 +66,77 @@ def test_unsupported_problems_fall_to_the_sm80_kernel(kw, why):
     assert not h.supports(p) and at.supports(p, "sm90a")
     k = at.choose(p, "sm90a")
     assert k.config.family == "cutlass2x_sm80" and k.arch == "sm90a"
+
+
+@pytest.mark.parametrize("seq_q", [1, 13, 20, 77, 1500])
+def test_any_query_length_runs_on_the_hopper_kernel(seq_q):
+    """Whisper's 1500 frames: TMA zero-fills Q past seq_q, the O store clips and the
+    log-sum-exp store is predicated, so no multiple of 8 is needed."""
+    p = problem(64, seq_q, 1500)
+    assert h.refusal(p, "sm90a") is None
+    assert at.choose(p, "sm90a").config.family == "cutlass3x_sm90"
+
+
+def test_configs_fit_shared_memory_and_hold_the_examples():
+    example = {(128, 64, 32), (128, 64, 64), (128, 128, 128), (128, 64, 256)}
+    tiles = {(c.tile, c.kernel_schedule) for c in fam.CONFIGS}
+    assert {(t, fam.COOPERATIVE) for t in example} <= tiles
+    assert ((128, 128, 64), fam.PINGPONG) in tiles and ((128, 64, 48), fam.COOPERATIVE) in tiles
+    for c in fam.CONFIGS:
+        q, kv, d = c.tile
+        assert q == 128 and kv in (64, 128) and d in fam.HEAD_TILES and d % 16 == 0
+        assert fam.smem_bytes(kv, d, c.stages, c.kernel_schedule) <= fam.SMEM_LIMIT
+        assert c.stages in (4, 5)
+    # 256 x 128 x 5 stages would need 384 KiB: not a config
+    assert not any(c.tile == (128, 128, 256) for c in fam.CONFIGS)
+    assert len({AttentionKernelSm90(arch="sm90a", dtype="f16", config=c).name for c in fam.CONFIGS}) \
+        == len(fam.CONFIGS)
+
+
+def test_a_given_config_is_used_and_checked():
+    cfg = fam.config_for(64, 128, fam.PINGPONG)
+    k = at.choose(problem(64), "sm90a", cfg)
+    assert k.config == cfg and k.name == "cutlass3x_sm90_fmha_fwd_f16_128x128x64_s5_pingpong"
+    with pytest.raises(ValueError, match="cannot run head dim"):
+        fam.choose(problem(80), "sm90a", cfg)
+    with pytest.raises(ValueError, match="no Hopper attention config"):
+        fam.config_for(48, 256)
+    # the sm80 kernel ignores a Hopper config
+    assert at.choose(problem(64, bias="add"), "sm90a", cfg).config.family == "cutlass2x_sm80"
+
+
+@pytest.mark.parametrize("head_dim,heads", [(40, {48, 64}), (64, {64}), (80, {80, 128}),
+                                            (160, {160, 256}), (256, {256})])
+def test_search_space_starts_with_the_default(head_dim, heads):
+    space = fam.search_space(problem(head_dim))
+    assert space[0] == fam.config_for(fam.head_tile(head_dim))
+    assert {c.tile[2] for c in space} == heads
+    assert len(set(space)) == len(space)
+
+
+def test_learned_table_rows_choose_the_config(monkeypatch, tmp_path):
+    from cutlass_offload.families import attention_sm90_table as t
+    f = tmp_path / "table.json"
+    f.write_text('{"rows": {"%s": {"head": 48, "block_kv": 128, "schedule": "%s"}}}'
+                 % (t.class_key(40, False, 4096, 77), fam.COOPERATIVE))
+    monkeypatch.setattr(t, "TABLE_FILE", f)
+    t._rows.cache_clear()
+    try:
+        assert at.choose(problem(40, 3000, 100), "sm90a").config.tile == (128, 128, 48)
+        assert at.choose(problem(40, 3000, 300), "sm90a").config == fam.config_for(64)   # another class
+        # a class is head dim, mask and length buckets: the dtype is not part of it
+        assert at.choose(problem(40, 2049, 65, dtype="bf16"), "sm90a").config.tile == (128, 128, 48)
+        f.write_text("{not json")
+        t._rows.cache_clear()
+        with pytest.warns(UserWarning, match="unreadable"):
+            assert at.choose(problem(40, 3000, 100), "sm90a").config == fam.config_for(64)
+    finally:
+        t._rows.cache_clear()
+
+
+def test_length_buckets():
+    from cutlass_offload.families.attention_sm90_table import bucket
+    assert [bucket(n) for n in (1, 2, 3, 77, 128, 1500, 4096)] == [1, 2, 4, 128, 128, 2048, 4096]
 
 
 def test_sm80_target_never_gets_the_hopper_kernel():
@@ -95,7 +166,7 @@ def test_names_distinct_and_checked():
           for d in (32, 64, 128, 256) for dt in ("f16", "bf16") for c in ("none", "top_left")}
     assert len(ks) == 16
     assert at.choose(problem(40), "sm90a").name == "cutlass3x_sm90_fmha_fwd_f16_128x64x64_s5_coop"
-    bad = KernelConfig(family="cutlass3x_sm90", tile=(128, 128, 64), stages=5,
+    bad = KernelConfig(family="cutlass3x_sm90", tile=(128, 256, 64), stages=5,
                        kernel_schedule="KernelTmaWarpSpecializedCooperative")
     with pytest.raises(ValueError, match="Hopper attention configs"):
         h.check(AttentionKernelSm90(arch="sm90a", dtype="f16", config=bad))
@@ -138,7 +209,7 @@ def test_scale_is_the_regions_not_the_hard_coded_one():
 def test_run_checks_and_never_allocates():
     code = emit_kernel(at.choose(problem(64, causal="top_left"), "sm90a")).code
     for needle in ("CO_WORKSPACE_TOO_SMALL", "CO_CANNOT_IMPLEMENT", "prepare_smem()",
-                   "CO_LAUNCH_FAILED", "a.head_dim % kAlign || a.seq_q % kAlign",
+                   "CO_LAUNCH_FAILED", "if (a.head_dim % kAlign) return false;",
                    "a.head_dim != a.head_dim_v", "if (a.bias != nullptr) return false;",
                    "(a.causal == 1 && a.seq_q <= a.seq_kv) || (a.causal == 2 && a.seq_q == a.seq_kv)",
                    "static_cast<float*>(a.workspace)",

@@ -17,12 +17,17 @@ What the example supports, read from its code (CUTLASS 4.2):
   stays on the sm80 kernel.
 * Head dims: ``can_implement`` (fmha_collective_tma_warpspecialized.hpp) needs D <=
   the tile's head extent and D % 8 == 0 (16-byte TMA rows), and seq_q % 8 == 0.
+  The last one is not needed and not checked here: Q is read by TMA (rows past
+  seq_q are zero-filled), O's TMA store clips them and the log-sum-exp store is
+  predicated on seq_q (fmha_epilogue.hpp), so Whisper's 1500 queries run in place.
   A D below the tile's head extent is zero-filled by the TMA loads (the dot
   products are unchanged) and clipped by the TMA store of O, so the UNet's head
   dims 40 / 80 / 160 run on the 64 / 128 / 256 tiles with no copy (the comment in
-  ResidualFusion::before_softmax says the same). Tiles are the example's forward
-  instantiations: 128x64x32, 128x64x64, 128x128x128, 128x64x256 (BlockQ x BlockKV
-  x head), K/V pipeline depth 5 (the kStagesKV default).
+  ResidualFusion::before_softmax says the same). Configs (families/attention_sm90.py
+  CONFIGS): BlockQ 128 x BlockKV 64 or 128 x head tile (the example's 32 / 64 /
+  128 / 256, and 48 / 80 / 96 / 160, exact fits of common head dims), K/V
+  pipeline depth 5 (the kStagesKV default; 4 where 5 do not fit), cooperative or
+  ping-pong (persistent, Q on its own pipeline: the builder's mapping).
 * Scale: ``to_underlying_arguments`` hard-codes 1/sqrt(D) into
   ``Params::scale_softmax`` / ``scale_softmax_log2``; the softmax reads only those
   two fields (fmha_collective_softmax.hpp: exp2(scale_log2 * s - scale_log2 *
@@ -50,7 +55,8 @@ What the example supports, read from its code (CUTLASS 4.2):
   strides (H*Q, Q), unpredicated on the pointer): it goes to the region's
   workspace (``workspace_size`` = batch * heads * seq_q * 4 bytes), reused across
   calls (runtime/region.py), never a per-call cudaMalloc.
-* Launch: grid (ceil(seq_q / 128), batch, heads) (IndividualTileScheduler), 384
+* Launch: grid (ceil(seq_q / 128), batch, heads) (IndividualTileScheduler) for the
+  cooperative kernel, one CTA per SM for the persistent ping-pong one, 384
   threads, ``Kernel::SharedStorageSize`` bytes of dynamic shared memory (raised
   once per device).
 """
@@ -59,7 +65,8 @@ from __future__ import annotations
 from string import Template
 
 from ..families.attention_sm90 import (  # noqa: F401 - the choice re-exported
-    FAMILY, SCHEDULE, STAGES, TILES, choose, config_for, head_tile, refusal, supports, workspace_bytes)
+    CONFIGS, FAMILY, PINGPONG, SCHEDULE, STAGES, choose, config_for, head_tile, refusal, supports,
+    workspace_bytes)
 from ..ir import AttentionKernelSm90, KernelSource
 
 _ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
@@ -74,9 +81,10 @@ def check(kernel: AttentionKernelSm90) -> None:
     (TypeError if it is not an AttentionKernelSm90)."""
     if not isinstance(kernel, AttentionKernelSm90):
         raise TypeError(f"not a Hopper attention kernel: {kernel!r}")
-    if kernel.config != config_for(kernel.config.tile[2]) or kernel.config.tile not in TILES.values():
-        raise ValueError(f"Hopper attention configs are {sorted(TILES.values())} with "
-                         f"stages {STAGES} and {SCHEDULE}; got {kernel.config}")
+    if kernel.config not in CONFIGS:
+        raise ValueError(f"Hopper attention configs are families/attention_sm90.CONFIGS "
+                         f"({len(CONFIGS)}: BlockQ x BlockKV x head, stages, schedule); "
+                         f"got {kernel.config}")
 
 
 _KERNEL = """\
@@ -129,7 +137,7 @@ static bool supported(const CoAttentionArgs& a) {
   if (a.batch < 0 || a.heads < 0 || a.seq_q < 0 || a.seq_kv < 1) return false;
   if (a.batch > kGridMax || a.heads > kGridMax || !fits32(a.seq_q) || !fits32(a.seq_kv)) return false;
   if (a.head_dim != a.head_dim_v || a.head_dim < 1 || a.head_dim > kHeadTile) return false;
-  if (a.head_dim % kAlign || a.seq_q % kAlign) return false;       // can_implement
+  if (a.head_dim % kAlign) return false;      // can_implement's seq_q % 8: not needed (docstring)
   if (!(a.scale > 0.0f) || !(a.scale < INFINITY)) return false;
   if (a.bias != nullptr) return false;
   if (kCausal) {
@@ -149,6 +157,24 @@ static bool supported(const CoAttentionArgs& a) {
   return true;
 }
 
+// SM count of the device current at the first call, cached so that later calls
+// (e.g. under CUDA graph capture) do no device query; only the persistent
+// (ping-pong) kernel's tile scheduler reads it.
+static inline const cutlass::KernelHardwareInfo& hardware_info() {
+  static const cutlass::KernelHardwareInfo info = [] {
+    cutlass::KernelHardwareInfo hw;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+      device = 0;
+      (void)cudaGetLastError();
+    }
+    hw.device_id = device;
+    hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+    return hw;
+  }();
+  return info;
+}
+
 static typename Kernel::Params make_params(const CoAttentionArgs& a) {
   using cute::_1;
   const ProblemShape problem{int(a.batch), int(a.heads), int(a.seq_q), int(a.seq_kv),
@@ -156,7 +182,7 @@ static typename Kernel::Params make_params(const CoAttentionArgs& a) {
   auto stride = [](int64_t seq, int64_t batch, int64_t head) {
     return StrideQKVO{int(seq), _1{}, cute::make_tuple(int(batch), int(head))};
   };
-  cutlass::KernelHardwareInfo hw_info;          // the individual tile scheduler needs no SM count
+  cutlass::KernelHardwareInfo hw_info = hardware_info();   // the persistent scheduler's grid
   typename Kernel::Arguments args{
       problem,
       {static_cast<const Element*>(a.q), stride(a.q_stride_seq, a.q_stride_batch, a.q_stride_head),

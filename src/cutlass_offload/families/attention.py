@@ -85,19 +85,21 @@ def supports(problem: AttentionProblem, arch: str = "sm80") -> bool:
     return refusal(problem, arch) is None
 
 
-def choose(problem: AttentionProblem, arch: str = "sm80"):
+def choose(problem: AttentionProblem, arch: str = "sm80", config: KernelConfig | None = None):
     """The kernel for ``problem`` on ``arch``: on sm90a the Hopper kernel
     (``attention_sm90.choose``, an AttentionKernelSm90) when it supports the problem;
     otherwise the AttentionKernel (PyTorch's sm80 dispatch order: the first of 64x64
     k64, 64x128 k128, 32x128 k65536 whose kMaxK covers both head dims), aligned when
     the head dims and ``problem.align`` allow 16-byte accesses (f32: always), not
     aligned (4 elements) otherwise. Raises ValueError with the reason when no kernel
-    can run it (see ``refusal``)."""
+    can run it (see ``refusal``). ``config``: a Hopper config to use instead of the
+    learned choice (attention_sm90.choose; ignored when the Hopper kernel cannot run
+    the problem)."""
     reason = refusal(problem, arch)
     if reason:
         raise ValueError(reason)
     if arch == "sm90a" and attention_sm90.supports(problem, arch):
-        return attention_sm90.choose(problem, arch)
+        return attention_sm90.choose(problem, arch, config)
     tile = _tile_for(max(problem.head_dim, problem.head_dim_v))
     wide = _ALIGNED_ACCESS[problem.dtype]
     aligned = (problem.dtype == "f32" or

@@ -11,22 +11,70 @@ from ..ir import AttentionKernelSm90, AttentionProblem, KernelConfig
 FAMILY = "cutlass3x_sm90"
 ARCH = "sm90a"
 DTYPES = ("f16", "bf16")
-SCHEDULE = "KernelTmaWarpSpecializedCooperative"
+COOPERATIVE = "KernelTmaWarpSpecializedCooperative"
+# FmhaBuilder maps ping-pong to the cooperative kernel, persistent, with Q loaded by
+# its own pipeline (fmha_kernel_builder.hpp): the FlashAttention-3 ping-pong.
+PINGPONG = "KernelTmaWarpSpecializedPingpong"
+SCHEDULE = COOPERATIVE       # the example's forward default
+SCHEDULE_TAGS = {COOPERATIVE: "coop", PINGPONG: "pingpong"}
 STAGES = 5                   # kStagesKV default (fmha_collective_tma_warpspecialized.hpp)
 ACCESS = 8                   # elements per 16-byte TMA row (f16 / bf16)
-# head tile -> (BlockQ, BlockKV, head tile): the example's forward kernels (88_hopper_fmha.cu
-# run_fwd_32 / 64 / 128 / 256, KernelCooperative)
-TILES = {32: (128, 64, 32), 64: (128, 64, 64), 128: (128, 128, 128), 256: (128, 64, 256)}
+BLOCK_Q = 128                # two consumer warpgroups of 64 query rows
+# Shared memory: Q (BlockQ x head) plus kStagesKV K-or-V tiles (K and V share the
+# stages: the mainloop's SharedStorage union), 2-byte elements; the H100 / H200
+# opt-in limit is 227 KiB (CUDA C++ Programming Guide, compute capability 9.0 table).
+SMEM_LIMIT = 227 * 1024
+# Head tiles: the example's 32 / 64 / 128 / 256 (88_hopper_fmha.cu run_fwd_*) and the
+# exact fits of head dims 40 / 80 / 160 (48, 80, 160; 96 for 96): QK^T takes the head
+# as its K extent, a multiple of 16 for 16-bit wgmma; PV takes it as N.
+HEAD_TILES = (32, 48, 64, 80, 96, 128, 160, 256)
+# Head tiles whose kernels have run on an H200 against a float64 reference
+# (tests/gpu/test_attention_sm90.py); the others are built only when a caller asks.
+VERIFIED_HEAD_TILES = (32, 64, 128, 256)
 MAX_HEAD_DIM = 256
 _GRID_MAX = 65535            # grid y = batch, z = heads
 _INT32_MAX = 2**31 - 1
-_INT32_MAX = 2**31 - 1
 
 
-def head_tile(head_dim: int) -> int:
-    """The smallest of the example's head tiles (32, 64, 128, 256) holding ``head_dim``.
-    Raises ValueError above 256."""
-    for d in sorted(TILES):
+def smem_bytes(block_kv: int, head: int, stages: int = STAGES, schedule: str = COOPERATIVE) -> int:
+    """Shared memory of the kernel's tiles in bytes (f16 / bf16): Q (BlockQ x head) and
+    ``stages`` K-or-V tiles (K and V share the stages: the mainloop's SharedStorage
+    union); the persistent ping-pong kernel also keeps each warpgroup's 64 x head
+    output tile apart (fmha_kernel_tma_warpspecialized.hpp TensorStorageStruct),
+    the cooperative one reuses the mainloop's. Barriers not counted."""
+    tiles = 2 * (BLOCK_Q * head + stages * block_kv * head)
+    return tiles + (2 * BLOCK_Q * head if schedule == PINGPONG else 0)
+
+
+def _configs() -> tuple:
+    """Every legal (BlockQ, BlockKV, head) x schedule: BlockKV 64 or 128, five K/V
+    stages (four where five do not fit), ping-pong for the head tiles the example
+    runs it on (64, 128)."""
+    out = []
+    room = SMEM_LIMIT - 2 * 1024            # the pipelines' barriers
+    for head in HEAD_TILES:
+        for block_kv in (64, 128):
+            for schedule in (COOPERATIVE, PINGPONG):
+                if schedule == PINGPONG and head not in (64, 128):
+                    continue
+                stages = next((s for s in (STAGES, 4)
+                               if smem_bytes(block_kv, head, s, schedule) <= room), None)
+                if stages is not None:
+                    out.append(KernelConfig(family=FAMILY, tile=(BLOCK_Q, block_kv, head),
+                                            stages=stages, kernel_schedule=schedule))
+    return tuple(out)
+
+
+CONFIGS = _configs()
+# The example's forward instantiation per head tile (88_hopper_fmha.cu run_fwd_32 / 64 /
+# 128 / 256, KernelCooperative): the choice when the learned table has no row.
+DEFAULT_BLOCK_KV = {32: 64, 48: 64, 64: 64, 80: 128, 96: 128, 128: 128, 160: 64, 256: 64}
+
+
+def head_tile(head_dim: int, verified_only: bool = True) -> int:
+    """The smallest head tile holding ``head_dim`` (of VERIFIED_HEAD_TILES, or of
+    HEAD_TILES). Raises ValueError above 256."""
+    for d in (VERIFIED_HEAD_TILES if verified_only else HEAD_TILES):
         if head_dim <= d:
             return d
     raise ValueError(f"head dim {head_dim} exceeds the Hopper kernel's {MAX_HEAD_DIM}")
@@ -52,10 +100,11 @@ def refusal(problem: AttentionProblem, arch: str = ARCH) -> str | None:
         return f"Q/K/V only {p.align}-element aligned: TMA needs 16-byte pointers and strides"
     if not (math.isfinite(p.scale) and p.scale > 0):
         return f"scale {p.scale!r}: the softmax takes its row max before scaling (needs scale > 0)"
+    # seq_q needs no multiple of 8 (the example's can_implement asks for one): Q is
+    # read by TMA, zero-filled past seq_q; O's TMA store clips the last tile's rows
+    # and the log-sum-exp store is predicated on seq_q (fmha_epilogue.hpp).
     if p.seq_q is None or p.seq_kv is None:
-        return "a dynamic sequence length: the Hopper kernel needs seq_q % 8 == 0 (checked statically)"
-    if p.seq_q % ACCESS:
-        return f"seq_q {p.seq_q} is not a multiple of 8 (the example's can_implement)"
+        return "a dynamic sequence length: the choice of tile and mask is made per static shape"
     if p.seq_kv < 1 or max(p.seq_q, p.seq_kv) > _INT32_MAX:
         return f"seq_kv {p.seq_kv}: out of the kernel's range"
     if p.causal == "top_left" and p.seq_q > p.seq_kv:
@@ -73,27 +122,75 @@ def supports(problem: AttentionProblem, arch: str = ARCH) -> bool:
     return refusal(problem, arch) is None
 
 
-def config_for(head_dim_tile: int) -> KernelConfig:
-    """The KernelConfig of the Hopper kernel whose head tile is ``head_dim_tile``."""
-    if head_dim_tile not in TILES:
-        raise ValueError(f"head tile must be one of {tuple(TILES)}, got {head_dim_tile}")
-    return KernelConfig(family=FAMILY, tile=TILES[head_dim_tile], stages=STAGES,
-                        kernel_schedule=SCHEDULE)
+def config_for(head_dim_tile: int, block_kv: int | None = None,
+               schedule: str = COOPERATIVE) -> KernelConfig:
+    """The KernelConfig of the Hopper kernel with head tile ``head_dim_tile``, keys per
+    mainloop step ``block_kv`` (default: the example's, DEFAULT_BLOCK_KV) and
+    ``schedule`` (COOPERATIVE or PINGPONG). Raises ValueError for a config not in
+    CONFIGS."""
+    if head_dim_tile not in HEAD_TILES:
+        raise ValueError(f"head tile must be one of {HEAD_TILES}, got {head_dim_tile}")
+    block_kv = block_kv or DEFAULT_BLOCK_KV[head_dim_tile]
+    for c in CONFIGS:
+        if c.tile == (BLOCK_Q, block_kv, head_dim_tile) and c.kernel_schedule == schedule:
+            return c
+    raise ValueError(f"no Hopper attention config {BLOCK_Q}x{block_kv}x{head_dim_tile} "
+                     f"{schedule}; legal: {[(c.tile, c.kernel_schedule) for c in CONFIGS]}")
 
 
-def choose(problem: AttentionProblem, arch: str = ARCH) -> AttentionKernelSm90:
-    """The Hopper kernel for ``problem``: the smallest head tile holding its head dim,
-    the causal fusion for a causal mask. Raises ValueError with the reason when it
-    cannot run it (``refusal``)."""
+def candidates(problem: AttentionProblem, verified_only: bool = True) -> tuple:
+    """The configs that can run ``problem`` (legal, head tile >= its head dim), the
+    smallest head tile that holds it first; what a search times (benchmarks/kernels.py)."""
+    heads = VERIFIED_HEAD_TILES if verified_only else HEAD_TILES
+    fits = [c for c in CONFIGS if c.tile[2] in heads and c.tile[2] >= problem.head_dim]
+    smallest = min(c.tile[2] for c in fits)
+    return tuple(sorted(fits, key=lambda c: (c.tile[2] != smallest, c.tile[2],
+                                             c.tile[1], c.kernel_schedule != COOPERATIVE)))
+
+
+def choose(problem: AttentionProblem, arch: str = ARCH,
+           config: KernelConfig | None = None) -> AttentionKernelSm90:
+    """The Hopper kernel for ``problem``: ``config`` when given (a profiled winner;
+    ValueError unless it is in CONFIGS and holds the head dim), else the learned
+    table's row for the problem (families/attention_sm90_table.py), else the example's
+    instantiation for the smallest verified head tile; the causal fusion for a
+    causal mask. Raises ValueError with the reason when it cannot run it
+    (``refusal``)."""
     reason = refusal(problem, arch)
     if reason:
         raise ValueError(reason)
-    return AttentionKernelSm90(arch=arch, dtype=problem.dtype,
-                               config=config_for(head_tile(problem.head_dim)),
+    if config is None:
+        config = learned_choice(problem) or config_for(head_tile(problem.head_dim))
+    elif config not in CONFIGS or config.tile[2] < problem.head_dim:
+        raise ValueError(f"{config} cannot run head dim {problem.head_dim} (legal: CONFIGS)")
+    return AttentionKernelSm90(arch=arch, dtype=problem.dtype, config=config,
                                causal=problem.causal != "none")
+
+
+def learned_choice(problem: AttentionProblem) -> KernelConfig | None:
+    """The config the H200 corpus search found fastest for ``problem``'s class (head
+    dim, causal, sequence lengths; families/attention_sm90_table.py), or None."""
+    from .attention_sm90_table import lookup
+    row = lookup(problem.head_dim, problem.causal != "none", problem.seq_q, problem.seq_kv)
+    if row is None:
+        return None
+    head, block_kv, schedule = row
+    return config_for(head, block_kv, schedule)
 
 
 def workspace_bytes(batch: int, heads: int, seq_q: int) -> int:
     """What the emitted ``workspace_size`` returns for a supported call: the fp32
     log-sum-exp of every query row."""
     return batch * heads * seq_q * 4
+
+
+def search_space(problem: AttentionProblem) -> tuple:
+    """The configs a search times for ``problem`` (benchmarks/kernels.py): those of
+    the smallest head tile holding its head dim (of all HEAD_TILES; the next one
+    too when that is not an exact fit) and the default choice's; the default first."""
+    default = config_for(head_tile(problem.head_dim))
+    fits = candidates(problem, verified_only=False)
+    heads = sorted({c.tile[2] for c in fits})
+    heads = heads[:1] if heads[0] == problem.head_dim else heads[:2]
+    rest = [c for c in fits if c.tile[2] in heads and c != default]
+    return (default, *rest)

@@ -200,7 +200,9 @@ class AttentionKernelSm90:
       BlockHead): 128 queries per CTA (64 per consumer warpgroup) x keys per
       mainloop step x the head dim the tile holds (head dims below it are zero-filled
       by TMA and clipped by the TMA store), stages = K/V pipeline depth (kStagesKV,
-      5 by default), kernel_schedule "KernelTmaWarpSpecializedCooperative").
+      5 by default), kernel_schedule "KernelTmaWarpSpecializedCooperative" or
+      "KernelTmaWarpSpecializedPingpong"; families/attention_sm90.CONFIGS lists
+      the legal ones).
     causal: the fusion is a template parameter: True = CausalFusion (top-left),
       False = ResidualFusion (no mask; keys past seq_kv in the last tile masked).
     Q/K/V/O are read and written 16 bytes at a time (TMA): head dim, pointers
@@ -235,7 +237,8 @@ class AttentionKernelSm90:
     @property
     def name(self) -> str:
         q, k, d = self.config.tile
-        return (f"cutlass3x_sm90_fmha_fwd_{self.dtype}_{q}x{k}x{d}_s{self.config.stages}_coop"
+        schedule = "pingpong" if self.config.kernel_schedule.endswith("Pingpong") else "coop"
+        return (f"cutlass3x_sm90_fmha_fwd_{self.dtype}_{q}x{k}x{d}_s{self.config.stages}_{schedule}"
                 + ("_causal" if self.causal else ""))
 
 

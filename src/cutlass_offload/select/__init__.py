@@ -87,6 +87,16 @@ def tuning_id(problem: GemmProblem) -> str:
                        "epilogue": asdict(problem.epilogue)}, sort_keys=True)
 
 
+def attention_tuning_id(problem) -> str:
+    """What a profiled attention choice is about (a Hopper config for one kernel
+    problem): sizes at the example batch, head dims, dtype, mask, as canonical JSON."""
+    batch = problem.batch if problem.batch is not None else problem.batch_hint
+    return json.dumps({"op": "attention", "batch": batch, "heads": problem.heads,
+                       "seq_q": problem.seq_q, "seq_kv": problem.seq_kv, "head_dim": problem.head_dim,
+                       "head_dim_v": problem.head_dim_v, "dtype": problem.dtype,
+                       "causal": problem.causal, "bias": problem.bias}, sort_keys=True)
+
+
 def _defer_measured(r) -> bool:
     """Whether PyTorch's op for ``r`` is the one the benchmark timed: a conv, or an
     attention without a mask folded into the kernel and without a bias (a model's
@@ -111,7 +121,8 @@ def _conv(r, arch, num_sms, options, tuned):
 
 
 def _attention(r, arch, num_sms, options, tuned):
-    return r, attention.choose(r.kernel_problem, arch)
+    return r, attention.choose(r.kernel_problem, arch,
+                               (tuned or {}).get(attention_tuning_id(r.kernel_problem)))
 
 
 def _norm(r, arch, num_sms, options, tuned):
@@ -132,8 +143,10 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
     do conv2d / attention regions PyTorch was measured to run faster
     (``options.pytorch_when_faster``, select/pytorch_faster.py).
 
-    tuned: {tuning_id(problem): (KernelConfig, GemmLaunch)} of profiled GEMM winners (tune/);
-    other GEMM problems get the heuristic's choice."""
+    tuned: {tuning_id(problem): (KernelConfig, GemmLaunch)} of profiled GEMM winners (tune/),
+    and {attention_tuning_id(problem): KernelConfig} of Hopper attention configs (a
+    search's candidates, benchmarks/kernels.py); other problems get the heuristic's
+    choice."""
     regions, kernels, fallbacks = [], [], list(part.fallbacks)
     num_sms = options.num_sms or DEFAULT_NUM_SMS[arch]
     for r in part.regions:
