@@ -19,11 +19,21 @@ def problem(head_dim=64, seq_q=128, seq_kv=128, dtype="f16", **kw):
 
 # --- which problems get the Hopper kernel ---------------------------------------
 
+@pytest.fixture
+def no_table(monkeypatch, tmp_path):
+    """The choice without the learned table: the example's instantiations."""
+    from cutlass_offload.families import attention_sm90_table as t
+    monkeypatch.setattr(t, "TABLE_FILE", tmp_path / "none.json")
+    t._rows.cache_clear()
+    yield
+    t._rows.cache_clear()
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("head_dim,tile", [
     (8, (128, 64, 32)), (32, (128, 64, 32)), (40, (128, 64, 64)), (64, (128, 64, 64)),
     (80, (128, 128, 128)), (128, (128, 128, 128)), (160, (128, 64, 256)), (256, (128, 64, 256))])
-def test_sm90a_takes_supported_problems_with_the_smallest_head_tile(dtype, head_dim, tile):
+def test_sm90a_takes_supported_problems_with_the_smallest_head_tile(dtype, head_dim, tile, no_table):
     k = at.choose(problem(head_dim, dtype=dtype), "sm90a")
     assert isinstance(k, AttentionKernelSm90)
     assert k.config.family == "cutlass3x_sm90" and tuple(k.config.tile) == tile
@@ -37,8 +47,25 @@ def test_sm90a_takes_supported_problems_with_the_smallest_head_tile(dtype, head_
     (4096, 4096, 8, 40), (4096, 77, 8, 40), (1024, 1024, 8, 80), (1024, 77, 8, 80),
     (256, 256, 8, 160), (256, 77, 8, 160), (64, 64, 8, 160), (64, 77, 8, 160)])
 def test_sd_unet_attentions_run_on_the_hopper_kernel(seq_q, seq_kv, heads, head_dim):
-    k = at.choose(problem(head_dim, seq_q, seq_kv, heads=heads, batch=2), "sm90a")
-    assert k.config.family == "cutlass3x_sm90" and k.head_tile == h.head_tile(head_dim)
+    p = problem(head_dim, seq_q, seq_kv, heads=heads, batch=2)
+    k = at.choose(p, "sm90a")
+    assert k.config.family == "cutlass3x_sm90" and k.head_tile >= head_dim
+    assert k.config == (fam.learned_choice(p) or fam.config_for(h.head_tile(head_dim)))
+
+
+def test_packaged_table_rows_are_legal_configs():
+    """Every row of families/attention_sm90_table.json names a config of CONFIGS that
+    holds its head dim, and records where it was measured."""
+    import json
+
+    from cutlass_offload.families import attention_sm90_table as t
+    data = json.loads(t.TABLE_FILE.read_text())
+    assert data["gpu"] and data["date"] and data["cutlass"] and data["rows"]
+    for key, row in data["rows"].items():
+        head_dim = int(key.split("_")[0][1:])
+        cfg = fam.config_for(row["head"], row["block_kv"], row["schedule"])
+        assert cfg in fam.CONFIGS and cfg.tile[2] >= head_dim
+        assert row["us"] < row["default_us"]
 
 
 @pytest.mark.parametrize("causal,seq_q,seq_kv", [
@@ -218,7 +245,7 @@ def test_run_checks_and_never_allocates():
     assert "cudaMalloc" not in code and "new " not in code
 
 
-def test_unit_with_sm80_and_sm90_kernels():
+def test_unit_with_sm80_and_sm90_kernels(no_table):
     kernels = {k.name: k for k in (
         at.choose(problem(40), "sm90a"), at.choose(problem(64), "sm90a"),
         at.choose(problem(160, causal="top_left", seq_q=64, seq_kv=64), "sm90a"),
