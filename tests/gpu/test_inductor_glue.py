@@ -102,6 +102,24 @@ def test_inductor_glue_matches_fp32_on_fresh_inputs(compiled, reference):
     assert compiled.layout_conversions() == 0
 
 
+def test_plain_calls_replay_in_the_cpp_kernel(compiled, reference):
+    """Once a signature is cached, the region op's C++ CUDA kernel (csrc/fast_call.cpp)
+    replays the calls of regions whose inputs are all tensors: their Python call
+    path count stays put while their call count grows; outputs still match."""
+    from cutlass_offload.runtime import ops
+    assert ops._op_state["cpp"] is not None, "the C++ kernel of the region op is not installed"
+    with torch.no_grad():
+        for seed in (3, 4):                       # the first may still cache signatures
+            x = _inputs(seed=seed)
+            before = {m.region.name: (m.calls, m._calls) for m in compiled.region_modules()}
+            out = compiled(*x)
+        _check(out, reference(*x))
+    replayed = [m.region.name for m in compiled.region_modules()
+                if m.calls == before[m.region.name][0] + 1 and m._calls == before[m.region.name][1]]
+    linears = [m.region.name for m in compiled.region_modules() if m.region.form == "linear"]
+    assert set(linears) <= set(replayed), (replayed, linears)
+
+
 def test_second_batch_size_without_recompiling(compiled, reference):
     g0 = counters["stats"]["unique_graphs"]
     with torch.no_grad():

@@ -12,7 +12,13 @@ shapes), split by kind. The op:
   call path, the Python mapping and the PyTorch fallback subgraph all keep
   working; launches on the current CUDA stream; returns a fresh tensor (never an
   alias of an input) with exactly the strides the fake impl promised (a cheap
-  check, and a copy if a fallback produced another layout);
+  check, and a copy if a fallback produced another layout). On CUDA the kernel
+  is C++ when the C++ call path builds (csrc/fast_call.cpp ``install_region_op``):
+  a region whose inputs are exactly ``tensors`` binds its key to its FastCall
+  once a signature is cached, and those calls never enter Python (what keeps
+  Inductor's plain-mode glue from paying ~20 us of Python per region call);
+  everything else is handed to the Python impl. A key whose output needed a
+  stride fix-up here is unbound for good;
 * fake impl: the region's fallback subgraph run on the fake inputs gives the
   output's shape and dtype (symbolic shapes included); its strides are the
   region module's own layout (``RegionModule.output_strides``: channels_last for
@@ -43,6 +49,7 @@ import weakref
 import torch
 
 from ..errors import CutlassOffloadError
+from . import fast_call
 
 NAMESPACE = "cutlass_offload"
 OP_NAME = "region"
@@ -64,11 +71,12 @@ class RegionEntry:
     picking from ``tensors`` or ``ints``.
     """
 
-    __slots__ = ("module", "order", "key", "_strides", "__weakref__")
+    __slots__ = ("module", "order", "key", "_strides", "cpp", "__weakref__")
 
     def __init__(self, module, order, key):
         self.module, self.order, self.key = module, order, key
         self._strides = {}
+        self.cpp = order is None      # the C++ kernel may replay this key (see bind_fast)
 
     def inputs(self, tensors, ints) -> list:
         if self.order is None:
@@ -148,7 +156,34 @@ def register(module, kinds) -> RegionEntry:
             key = f"{base}#{n}"
         entry = RegionEntry(module, None if plain else tuple(order), key)
         _registry[key] = entry
+    if entry.cpp:
+        module._op_keys.append(key)
+        weakref.finalize(entry, _forget, module, key)
+        bind_fast(module)
     return entry
+
+
+def bind_fast(module) -> None:
+    """Bind each C++-eligible op key of ``module`` to its FastCall (when both exist),
+    so the op's C++ CUDA kernel replays those calls (RegionModule._fast_offer calls
+    this once the FastCall is made)."""
+    ext = _op_state["cpp"]
+    if ext is None or module._fast is None:
+        return
+    for key in module._op_keys:
+        ext.bind(key, module._fast)
+
+
+def _unbind(key: str) -> None:
+    ext = _op_state["cpp"]
+    if ext is not None:
+        ext.unbind(key)
+
+
+def _forget(module, key: str) -> None:
+    _unbind(key)
+    if key in module._op_keys:
+        module._op_keys.remove(key)
 
 
 def lookup(key: str) -> RegionEntry:
@@ -168,7 +203,8 @@ def _same_layout(shape, a, b) -> bool:
 
 
 def _run(tensors, ints, key):
-    """The real impl: the region module's call, in the promised layout, fresh."""
+    """The real impl: the region module's call, in the promised layout, fresh (the
+    C++ kernel's fallback on CUDA)."""
     entry = lookup(key)
     mod = entry.module
     before = mod.fallback_calls
@@ -177,6 +213,9 @@ def _run(tensors, ints, key):
     want = entry.strides(shape)
     got = out.stride()
     if got != want and not _same_layout(shape, got, want):
+        if entry.cpp:             # the C++ kernel would return the module's layout as is
+            entry.cpp = False
+            _forget(mod, key)
         return torch.empty_strided(shape, want, dtype=out.dtype, device=out.device).copy_(out)
     if mod.fallback_calls != before and out.numel():
         # PyTorch's subgraph ran: it may hand back a view of an input
@@ -194,7 +233,7 @@ def _fake(tensors, ints, key):
     return out.new_empty_strided(out.shape, entry.module.output_strides(tuple(out.shape)))
 
 
-_op_state = {"lib": None, "op": None}
+_op_state = {"lib": None, "op": None, "cpp": None}
 _define_lock = threading.Lock()
 
 
@@ -216,8 +255,13 @@ def _define():
     lib.define(SCHEMA, tags=(torch.Tag.needs_exact_strides,))
     # backend keys only (no CompositeExplicitAutograd): the fake impl serves Meta and
     # FakeTensor, and a call skips no more of the dispatcher than it must
-    for key in ("CPU", "CUDA"):
-        lib.impl(OP_NAME, _run, key)
+    lib.impl(OP_NAME, _run, "CPU")
+    ext = fast_call.load(block=True)          # None: turned off, or it failed to build
+    if ext is not None and hasattr(ext, "install_region_op"):
+        ext.install_region_op(_run)
+        _op_state["cpp"] = ext
+    else:
+        lib.impl(OP_NAME, _run, "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{OP_NAME}", _fake, lib=lib)
     return lib, getattr(getattr(torch.ops, NAMESPACE), OP_NAME).default
 

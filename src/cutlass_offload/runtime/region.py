@@ -12,7 +12,7 @@ from torch.nn.modules import module as _nn_module
 
 from ..abi import region_symbol
 from ..errors import DeviceError, KernelLaunchError
-from . import fast_call
+from . import fast_call, ops
 from .library import ARGS_TYPES, CO_CANNOT_IMPLEMENT, CO_OK, STATUS_NAMES, check_device
 
 ESIZE = {"f16": 2, "bf16": 2, "f32": 4}
@@ -120,6 +120,7 @@ class RegionModule(torch.nn.Module):
         self._fast = None            # fast_call.FastCall once built, or None
         self._fast_sig = None        # the signature of this call when it is cached
         self._fast_sigs = set()      # signatures offered to the C++ path
+        self._op_keys = []           # region-op keys the op's C++ kernel may replay (ops.py)
         self.verify = False          # compare the first kernel call with the fallback
         self.disabled = None         # reason, once verification failed: PyTorch from then on
         self._direct = {}            # call signature -> (args with sizes, output shape)
@@ -128,6 +129,44 @@ class RegionModule(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.region.name} -> {self.kernel.name}"
+
+    # verify / disabled / forward hooks also switch the C++ replay off (the region
+    # op's C++ kernel calls the FastCall without asking this module); global module
+    # hooks (torch.nn.modules.module.register_module_forward_hook) are not seen there
+    @property
+    def verify(self) -> bool:
+        return self._verify
+
+    @verify.setter
+    def verify(self, on: bool) -> None:
+        self._verify = bool(on)
+        self._sync_fast()
+
+    @property
+    def disabled(self):
+        return self._disabled
+
+    @disabled.setter
+    def disabled(self, reason) -> None:
+        self._disabled = reason
+        self._sync_fast()
+
+    def _sync_fast(self) -> None:
+        fast = self.__dict__.get("_fast")
+        if fast is not None:
+            d = self.__dict__
+            fast.enabled = not (d.get("_verify") or d.get("_disabled") or d.get("_forward_hooks")
+                                or d.get("_forward_pre_hooks"))
+
+    def register_forward_hook(self, *args, **kwargs):
+        handle = super().register_forward_hook(*args, **kwargs)
+        self._sync_fast()
+        return handle
+
+    def register_forward_pre_hook(self, *args, **kwargs):
+        handle = super().register_forward_pre_hook(*args, **kwargs)
+        self._sync_fast()
+        return handle
 
     @property
     def calls(self) -> int:
@@ -182,6 +221,8 @@ class RegionModule(torch.nn.Module):
                                  t.workspace.offset, t.workspace_bytes.offset)
             fc.set_workspace(self._ws)
             self._fast = fc
+            self._sync_fast()
+            ops.bind_fast(self)
         self._fast_sigs.add(sig)
         if out.data_ptr() == getattr(args, self._out_field):
             fc.add(xs, bytes(args), out, self._ws_need)      # False: not a dense allocation
@@ -243,6 +284,9 @@ class RegionModule(torch.nn.Module):
         # a slow host): the C++ path below is then the whole cost of a cached call
         if self._forward_pre_hooks or self._forward_hooks or any(_GLOBAL_HOOKS):
             return super().__call__(*xs)
+        fast = self._fast
+        if fast is not None and not fast.enabled:
+            self._sync_fast()             # hooks removed since: the C++ replay may resume
         return self.forward(*xs)
 
     def forward(self, *xs):

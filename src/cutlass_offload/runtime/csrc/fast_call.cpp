@@ -12,21 +12,35 @@
 // Built against the running PyTorch (runtime/fast_call.py); uses only libc10 /
 // libtorch / libtorch_python, no CUDA headers: the current stream comes from the
 // device guard PyTorch's CUDA library registers (c10::impl::VirtualGuardImpl).
+//
+// It also holds the CUDA kernel of the region op (runtime/ops.py,
+// ``cutlass_offload::region(Tensor[] tensors, SymInt[] ints, str key)``) once
+// ``install_region_op`` is called: a call whose key is bound to a FastCall (a
+// region whose inputs are exactly ``tensors``) replays it without entering Python;
+// anything it declines goes to the Python implementation given at install (with
+// the GIL). So Inductor's compiled glue calls an offloaded region as it calls an
+// aten op: the dispatcher, then C++.
 #include <Python.h>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/library.h>
 
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace py = pybind11;
@@ -178,18 +192,48 @@ class FastCall {
       return py::none();
     }
     std::array<const at::Tensor*, kMaxOperands> ts{};
-    const size_t n_ops = operands_.size();
-    for (size_t i = 0; i < n_ops; ++i) {
+    for (size_t i = 0; i < operands_.size(); ++i) {
       ts[i] = tensor_at(xs, operands_[i].input);
       if (ts[i] == nullptr) {
         return py::none();
       }
     }
+    at::Tensor out = launch(ts);
+    if (!out.defined()) {
+      return py::none();
+    }
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(out)));
+  }
+
+  // The same for the region op's ``tensors`` (the region's inputs in order): an
+  // undefined tensor when declined. Needs no GIL.
+  at::Tensor call_tensors(const std::vector<at::Tensor>& xs) {
+    if (!enabled_ || static_cast<int64_t>(xs.size()) != n_inputs_) {
+      return at::Tensor();
+    }
+    std::array<const at::Tensor*, kMaxOperands> ts{};
+    for (size_t i = 0; i < operands_.size(); ++i) {
+      ts[i] = &xs[operands_[i].input];
+    }
+    return launch(ts);
+  }
+
+  int64_t calls() const { return calls_; }
+  int64_t entries() const { return static_cast<int64_t>(entries_.size()); }
+  int last_status() const { return last_status_; }
+  // False while the region verifies its first call or is disabled: the op's C++
+  // kernel then declines every call (the Python path decides).
+  bool enabled() const { return enabled_; }
+  void set_enabled(bool on) { enabled_ = on; }
+
+ private:
+  at::Tensor launch(const std::array<const at::Tensor*, kMaxOperands>& ts) {
+    const size_t n_ops = operands_.size();
     const Entry* hit = nullptr;
     for (const Entry& e : entries_) {
       bool ok = true;
       for (size_t i = 0; i < n_ops && ok; ++i) {
-        ok = matches(e.operands[i], *ts[i]);
+        ok = ts[i]->defined() && matches(e.operands[i], *ts[i]);
       }
       if (ok) {
         hit = &e;
@@ -197,14 +241,14 @@ class FastCall {
       }
     }
     if (hit == nullptr) {
-      return py::none();
+      return at::Tensor();
     }
     alignas(16) char args[kMaxArgsBytes];
     std::memcpy(args, hit->args.data(), args_bytes_);
     for (size_t i = 0; i < n_ops; ++i) {
       const void* p = ts[i]->data_ptr();
       if (reinterpret_cast<uintptr_t>(p) % operands_[i].align != 0) {
-        return py::none();
+        return at::Tensor();
       }
       put(args, operands_[i].offset, &p, sizeof(p));
     }
@@ -212,7 +256,7 @@ class FastCall {
     int64_t ws_bytes = 0;
     if (hit->workspace_need > 0) {
       if (!workspace_.defined() || workspace_.nbytes() < static_cast<size_t>(hit->workspace_need)) {
-        return py::none();
+        return at::Tensor();
       }
       ws = workspace_.data_ptr();
       ws_bytes = static_cast<int64_t>(workspace_.nbytes());
@@ -224,7 +268,7 @@ class FastCall {
                                        at::TensorOptions().dtype(hit->out_dtype).device(device));
     void* d = out.data_ptr();
     if (reinterpret_cast<uintptr_t>(d) % out_align_ != 0) {
-      return py::none();
+      return at::Tensor();
     }
     put(args, out_offset_, &d, sizeof(d));
     void* stream = nullptr;
@@ -234,17 +278,12 @@ class FastCall {
     }
     last_status_ = run_(args, stream);
     if (last_status_ != kOk) {
-      return py::none();
+      return at::Tensor();
     }
     ++calls_;
-    return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(out)));
+    return out;
   }
 
-  int64_t calls() const { return calls_; }
-  int64_t entries() const { return static_cast<int64_t>(entries_.size()); }
-  int last_status() const { return last_status_; }
-
- private:
   void check_field(int64_t offset, const char* what) const {
     if (offset < 0 || offset + 8 > args_bytes_) {
       throw std::invalid_argument(std::string("FastCall: ") + what + " field outside the args");
@@ -270,13 +309,110 @@ class FastCall {
   at::Tensor workspace_;
   int64_t calls_ = 0;
   int last_status_ = kOk;
+  bool enabled_ = true;
 };
+
+// -- the region op's CUDA kernel -----------------------------------------------------
+
+std::mutex g_bound_mutex;
+std::unordered_map<std::string, std::shared_ptr<FastCall>> g_bound;   // op key -> replay
+// per installed "<namespace>::region" / dispatch key: the Python implementation and
+// the registration (process lifetime: never freed, as the dispatcher may call them
+// until exit)
+std::unordered_map<std::string, py::object*> g_python_run;
+std::unordered_map<std::string, torch::Library*> g_libraries;
+
+void bind(const std::string& key, std::shared_ptr<FastCall> fc) {
+  const std::lock_guard<std::mutex> lock(g_bound_mutex);
+  g_bound[key] = std::move(fc);
+}
+
+void unbind(const std::string& key) {
+  const std::lock_guard<std::mutex> lock(g_bound_mutex);
+  g_bound.erase(key);
+}
+
+bool is_bound(const std::string& key) {
+  const std::lock_guard<std::mutex> lock(g_bound_mutex);
+  return g_bound.count(key) != 0;
+}
+
+std::shared_ptr<FastCall> bound(const std::string& key) {
+  const std::lock_guard<std::mutex> lock(g_bound_mutex);
+  auto it = g_bound.find(key);
+  return it == g_bound.end() ? nullptr : it->second;
+}
+
+// region(Tensor[] tensors, SymInt[] ints, str key) -> Tensor, boxed: the bound
+// FastCall when it takes the call, else the Python implementation.
+void region_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  torch::jit::Stack& s = *stack;
+  const size_t n = s.size();
+  const std::string key = s[n - 1].toStringRef();
+  std::vector<at::Tensor> tensors = s[n - 3].toTensorVector();
+  const c10::ArrayRef<c10::IValue> ints = s[n - 2].toListRef();
+  at::Tensor out;
+  if (ints.empty()) {
+    if (std::shared_ptr<FastCall> fc = bound(key)) {
+      out = fc->call_tensors(tensors);
+    }
+  }
+  if (!out.defined()) {
+    py::object* run = nullptr;
+    {
+      const std::lock_guard<std::mutex> lock(g_bound_mutex);
+      auto it = g_python_run.find(op.operator_name().name);
+      if (it == g_python_run.end()) {
+        throw std::runtime_error("cutlass_offload: no Python implementation for " + op.operator_name().name);
+      }
+      run = it->second;
+    }
+    py::gil_scoped_acquire gil;
+    py::list py_tensors;
+    for (const at::Tensor& t : tensors) {
+      py_tensors.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
+    }
+    py::list py_ints;
+    for (const c10::IValue& v : ints) {
+      py_ints.append(v.isInt() ? v.toInt() : v.toSymInt().guard_int(__FILE__, __LINE__));
+    }
+    py::object r = (*run)(py_tensors, py_ints, key);
+    if (!THPVariable_Check(r.ptr())) {
+      throw std::runtime_error("cutlass_offload::region: the Python implementation returned no tensor");
+    }
+    out = THPVariable_Unpack(r.ptr());
+  }
+  torch::jit::drop(s, 3);
+  torch::jit::push(s, std::move(out));
+}
+
+// Register region_boxed as the kernel of "<ns>::region" for ``dispatch_key`` (once
+// per pair; the op must be defined already). ``run``: the Python implementation,
+// (tensors, ints, key) -> Tensor. False when that pair was installed before.
+bool install_region_op(py::function run, const std::string& ns, const std::string& dispatch_key) {
+  const std::string name = ns + "::region";
+  const std::lock_guard<std::mutex> lock(g_bound_mutex);
+  if (g_libraries.count(name + "/" + dispatch_key)) {
+    return false;
+  }
+  const c10::DispatchKey k = c10::parseDispatchKey(dispatch_key);
+  auto* lib = new torch::Library(torch::Library::IMPL, ns, k, __FILE__, __LINE__);
+  lib->impl("region", torch::CppFunction::makeFromBoxedFunction<&region_boxed>());
+  g_libraries[name + "/" + dispatch_key] = lib;
+  py::object*& slot = g_python_run[name];
+  if (slot == nullptr) {
+    slot = new py::object(std::move(run));
+  } else {
+    *slot = std::move(run);
+  }
+  return true;
+}
 
 }  // namespace
 
 PYBIND11_MODULE(_co_fast_call, m) {
   m.doc() = "cutlass_offload: C++ replay of cached region calls (see runtime/fast_call.py)";
-  py::class_<FastCall>(m, "FastCall")
+  py::class_<FastCall, std::shared_ptr<FastCall>>(m, "FastCall")
       .def(py::init<uintptr_t, int64_t, int64_t, const std::vector<std::tuple<int64_t, int64_t, int64_t>>&,
                     int64_t, int64_t, int64_t, int64_t, int64_t>(),
            py::arg("run"), py::arg("args_bytes"), py::arg("n_inputs"), py::arg("operands"),
@@ -288,5 +424,13 @@ PYBIND11_MODULE(_co_fast_call, m) {
       .def("__call__", &FastCall::call)
       .def_property_readonly("calls", &FastCall::calls)
       .def_property_readonly("entries", &FastCall::entries)
-      .def_property_readonly("last_status", &FastCall::last_status);
+      .def_property_readonly("last_status", &FastCall::last_status)
+      .def_property("enabled", &FastCall::enabled, &FastCall::set_enabled);
+  m.def("install_region_op", &install_region_op, py::arg("run"), py::arg("namespace") = "cutlass_offload",
+        py::arg("dispatch_key") = "CUDA",
+        "register the C++ kernel of <namespace>::region for a dispatch key (once per pair)");
+  m.def("bind", &bind, py::arg("key"), py::arg("fast_call"),
+        "replay calls of the region op's ``key`` with ``fast_call``");
+  m.def("unbind", &unbind, py::arg("key"));
+  m.def("is_bound", &is_bound, py::arg("key"));
 }

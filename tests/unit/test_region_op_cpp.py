@@ -1,0 +1,208 @@
+"""The region op's C++ kernel (csrc/fast_call.cpp ``install_region_op``) without a
+GPU: installed for the CPU key of a test namespace's copy of the op, over CPU
+tensors and a fake launcher. A call whose key is bound to a FastCall with a cached
+signature must reach the launcher without entering Python; every other call (an
+unbound key, ints, another signature, a disabled FastCall, a declined launch)
+must reach the Python implementation with the same arguments, and its result
+and errors must come back unchanged."""
+import ctypes
+
+import pytest
+import torch
+from fast_call_helpers import FakeLauncher, fast_call_module
+
+from cutlass_offload.runtime.library import CO_CANNOT_IMPLEMENT, CoGemmArgs
+from cutlass_offload.runtime.ops import SCHEMA
+
+NS = "co_cpp_region_test"
+H = torch.float16
+
+
+def off(field):
+    return getattr(CoGemmArgs, field).offset
+
+
+class PythonImpl:
+    """The Python implementation: records its calls, returns a marker tensor."""
+
+    def __init__(self):
+        self.calls = []
+        self.error = None
+
+    def __call__(self, tensors, ints, key):
+        self.calls.append((list(tensors), list(ints), key))
+        if self.error:
+            raise self.error
+        return torch.full((2, 2), 7.0)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    ext = fast_call_module()
+    fake = FakeLauncher(tmp_path_factory.mktemp("fake_launcher"))
+    lib = torch.library.Library(NS, "DEF")
+    lib.define(SCHEMA)
+    py = PythonImpl()
+    assert ext.install_region_op(py, namespace=NS, dispatch_key="CPU")
+    assert not ext.install_region_op(py, namespace=NS, dispatch_key="CPU")    # once per pair
+    op = getattr(torch.ops, NS).region.default
+    yield ext, fake, py, op
+    del lib
+
+
+def gemm_fast_call(ext, fake):
+    fc = ext.FastCall(fake.address, ctypes.sizeof(CoGemmArgs), 3,
+                      [(0, off("a"), 16), (1, off("b"), 16), (2, off("bias"), 16)],
+                      off("d"), 16, off("workspace"), off("workspace_bytes"))
+    xs = (torch.randn(8, 64, dtype=H), torch.randn(64, 32, dtype=H), torch.randn(32, dtype=H))
+    assert fc.add(xs, bytes(CoGemmArgs(m=8, n=32, k=64, l=1, lda=64, ldb=32, ldd=32)),
+                  torch.empty(8, 32, dtype=H), 0)
+    return fc
+
+
+def fresh():
+    return [torch.randn(8, 64, dtype=H), torch.randn(64, 32, dtype=H), torch.randn(32, dtype=H)]
+
+
+def test_bound_key_replays_in_cpp(env):
+    ext, fake, py, op = env
+    fc = gemm_fast_call(ext, fake)
+    ext.bind("k_bound", fc)
+    try:
+        assert ext.is_bound("k_bound")
+        before, n_py = fake.count, len(py.calls)
+        ys = fresh()
+        out = op(ys, [], "k_bound")
+        sent = fake.last_args(CoGemmArgs)
+        assert (sent.a, sent.b, sent.bias) == tuple(y.data_ptr() for y in ys)
+        assert sent.d == out.data_ptr() and out.shape == (8, 32) and out.dtype == H
+        assert fake.count == before + 1 and fc.calls == 1 and len(py.calls) == n_py
+    finally:
+        ext.unbind("k_bound")
+    assert not ext.is_bound("k_bound")
+
+
+@pytest.mark.parametrize("why", ["unbound", "ints", "signature", "disabled", "declined"])
+def test_everything_else_goes_to_python(env, why):
+    ext, fake, py, op = env
+    fc = gemm_fast_call(ext, fake)
+    key = f"k_{why}"
+    if why != "unbound":
+        ext.bind(key, fc)
+    ys, ints = fresh(), []
+    if why == "ints":
+        ints = [3, 5]
+    elif why == "signature":
+        ys[0] = torch.randn(9, 64, dtype=H)
+    elif why == "disabled":
+        fc.enabled = False
+    elif why == "declined":
+        fake.set_status(CO_CANNOT_IMPLEMENT)
+    try:
+        n_py = len(py.calls)
+        out = op(ys, ints, key)
+    finally:
+        fake.set_status(0)
+        ext.unbind(key)
+    assert torch.equal(out, torch.full((2, 2), 7.0))
+    assert len(py.calls) == n_py + 1 and fc.calls == 0
+    tensors, got_ints, got_key = py.calls[-1]
+    assert got_key == key and got_ints == ints
+    assert [t.data_ptr() for t in tensors] == [y.data_ptr() for y in ys]
+
+
+def test_python_errors_come_back(env):
+    ext, fake, py, op = env
+    py.error = ValueError("region refused: test")
+    try:
+        with pytest.raises(ValueError, match="region refused: test"):
+            op(fresh(), [], "k_error")
+    finally:
+        py.error = None
+
+
+def test_region_module_binds_its_keys_once_it_has_a_fast_call(env):
+    """ops.register / bind_fast: a plain region's key is bound when its FastCall
+    exists, unbound when its entry dies; verify / disabled switch the replay off."""
+    import gc
+
+    from cutlass_offload.runtime import ops
+
+    ext, fake, _, _ = env
+
+    class Mod:
+        def __init__(self):
+            self._fast, self._op_keys = None, []
+
+    m = Mod()
+    saved = ops._op_state["cpp"]
+    ops._op_state["cpp"] = ext
+    try:
+        entry = ops.RegionEntry(m, None, "k_module")
+        assert entry.cpp
+        m._op_keys.append("k_module")
+        ops.bind_fast(m)                          # no FastCall yet: nothing bound
+        assert not ext.is_bound("k_module")
+        m._fast = gemm_fast_call(ext, fake)
+        ops.bind_fast(m)
+        assert ext.is_bound("k_module")
+        ops._forget(m, "k_module")
+        assert not ext.is_bound("k_module") and m._op_keys == []
+        del entry
+        gc.collect()
+    finally:
+        ops._op_state["cpp"] = saved
+
+
+def test_verify_and_disabled_switch_the_replay_off(env):
+    """A region module's FastCall follows its verify / disabled state (the op's C++
+    kernel calls the FastCall without asking the module)."""
+    import torch.nn.functional as F
+    from test_fast_call import region_modules
+
+    ext, fake, _, _ = env
+
+    def inputs():
+        return (torch.randn(8, 64, dtype=H), torch.randn(32, 64, dtype=H), torch.randn(32, dtype=H))
+    _, mods = region_modules(lambda x, w, b: F.linear(x, w, b), inputs())
+    (mod,) = mods.values()
+    mod._fn, mod._ws, mod._ws_need = fake.fn, None, 0
+    mod.verify = True                     # before the FastCall exists
+    xs = inputs()
+    out, args, _ = mod._map(xs)
+    mod._fast_offer(xs, args, out)
+    assert mod._fast is not None and not mod._fast.enabled
+    mod.verify = False
+    assert mod._fast.enabled
+    mod.disabled = "verification failed: test"
+    assert not mod._fast.enabled and mod.disabled == "verification failed: test"
+    mod.disabled = None
+    assert mod._fast.enabled
+
+
+def test_forward_hooks_switch_the_replay_off_until_removed(env):
+    """A hooked region module must be called (the C++ kernel would skip its hooks);
+    once the hooks are gone, the next Python-path call lets the replay resume."""
+    import torch.nn.functional as F
+    from test_fast_call import region_modules
+
+    ext, fake, _, _ = env
+
+    def inputs():
+        return (torch.randn(8, 64, dtype=H), torch.randn(32, 64, dtype=H), torch.randn(32, dtype=H))
+    _, mods = region_modules(lambda x, w, b: F.linear(x, w, b), inputs())
+    (mod,) = mods.values()
+    mod._fn, mod._ws, mod._ws_need = fake.fn, None, 0
+    xs = inputs()
+    out, args, _ = mod._map(xs)
+    mod._fast_offer(xs, args, out)
+    assert mod._fast.enabled
+    seen = []
+    h = mod.register_forward_hook(lambda m, i, o: seen.append(o))
+    pre = mod.register_forward_pre_hook(lambda m, i: None)
+    assert not mod._fast.enabled
+    h.remove()
+    pre.remove()
+    assert not mod._fast.enabled          # removal is noticed by the next call
+    mod._sync_fast()
+    assert mod._fast.enabled
