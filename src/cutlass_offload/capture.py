@@ -23,16 +23,36 @@ def capture(model: torch.nn.Module, example_inputs: tuple, *, dynamic_batch: boo
     """Export ``model`` (put in eval mode) with ``torch.export.export``.
 
     dynamic_batch: mark dim 0 of every tensor input dynamic (Dim.AUTO), unless an
-    explicit ``dynamic_shapes`` is given. Raises whatever torch.export raises for
-    a model it cannot capture.
+    explicit ``dynamic_shapes`` is given. torch.export specializes a size-1 dim
+    (its 0/1 specialization), so when every tensor input has batch 1 the export
+    traces a batch-2 copy of them (rows repeated) to keep the batch dynamic; if that
+    export fails, the batch-1 one is kept (static batch, as torch.export decides).
+    Raises whatever torch.export raises for a model it cannot capture.
     """
     model = model.eval()
     args = tuple(example_inputs)
     if dynamic_shapes is None and dynamic_batch:
         dynamic_shapes = _batch_dynamic(model, args)
+        doubled = _batch_two(args)
+        if doubled is not None:
+            try:
+                with torch.no_grad():
+                    ep = torch.export.export(model, doubled, dynamic_shapes=dynamic_shapes)
+                return Captured(ep, from_exported(ep))
+            except Exception:  # noqa: BLE001 - the model may depend on batch 1: export it as given
+                pass
     with torch.no_grad():
         ep = torch.export.export(model, args, dynamic_shapes=dynamic_shapes)
     return Captured(ep, from_exported(ep))
+
+
+def _batch_two(args) -> tuple | None:
+    """``args`` with every tensor's dim 0 repeated to 2, when every tensor input has
+    dim 0 of size 1 (a batch of one); None otherwise."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors or any(t.dim() == 0 or t.shape[0] != 1 for t in tensors):
+        return None
+    return tuple(torch.cat([a, a]) if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def _batch_dynamic(model, args) -> tuple:

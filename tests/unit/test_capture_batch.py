@@ -1,0 +1,57 @@
+"""capture(dynamic_batch=True) with a batch of one: torch.export specializes size-1
+dims, so the capture traces a batch-2 copy to keep the batch dynamic; the exported
+program must then match the model at batch 1 and at other batches. A model that
+only works at batch 1 keeps the static batch-1 export."""
+import torch
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+from cutlass_offload.capture import capture
+
+
+class ConvLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1)
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x, scale):
+        return self.lin(self.conv(x).permute(0, 2, 3, 1)) * scale
+
+
+class OnlyBatchOne(torch.nn.Module):
+    def forward(self, x):
+        return x.view(4, 6, 6).sum(0)       # a hard-coded batch of one
+
+
+def _batch_dim(cap):
+    ph = [n for n in cap.graph_module.graph.nodes if n.op == "placeholder"]
+    return ph[0].meta["val"].shape[0]
+
+
+def test_a_batch_of_one_stays_dynamic():
+    torch.manual_seed(0)
+    m = ConvLinear().eval()
+    x, scale = torch.randn(1, 4, 6, 6), torch.randn(1, 1, 1, 8)
+    cap = capture(m, (x, scale), dynamic_batch=True)
+    assert not is_concrete_int(_batch_dim(cap))
+    for b in (1, 3):
+        xb, sb = torch.randn(b, 4, 6, 6), torch.randn(b, 1, 1, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(cap.exported.module()(xb, sb), m(xb, sb))
+
+
+def test_static_when_asked_and_doubled_only_for_a_batch_of_one():
+    from cutlass_offload.capture import _batch_two
+    m = ConvLinear().eval()
+    x = torch.randn(1, 4, 6, 6)
+    assert _batch_dim(capture(m, (x, torch.randn(1, 1, 1, 8)))) == 1      # not asked
+    # another input's dim 0 is not 1, or a scalar tensor: not a batch of one
+    assert _batch_two((x, torch.randn(3, 8))) is None
+    assert _batch_two((x, torch.tensor(2.0))) is None
+    doubled = _batch_two((x, 5))
+    assert doubled[0].shape == (2, 4, 6, 6) and torch.equal(doubled[0][1], x[0]) and doubled[1] == 5
+
+
+def test_a_model_that_needs_batch_one_keeps_the_static_export():
+    cap = capture(OnlyBatchOne(), (torch.randn(1, 4, 6, 6),), dynamic_batch=True)
+    assert _batch_dim(cap) == 1
