@@ -10,7 +10,7 @@ import torch
 from cutlass_offload import models
 from cutlass_offload.capture import capture
 from cutlass_offload.config import CompileOptions
-from cutlass_offload.ir import AttentionRegion, ConvRegion, GemmRegion
+from cutlass_offload.ir import AttentionRegion
 from cutlass_offload.partition import partition
 
 # small builds of each architecture: (batch, seq, config overrides)

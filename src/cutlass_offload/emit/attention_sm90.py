@@ -157,24 +157,6 @@ static bool supported(const CoAttentionArgs& a) {
   return true;
 }
 
-// SM count of the device current at the first call, cached so that later calls
-// (e.g. under CUDA graph capture) do no device query; only the persistent
-// (ping-pong) kernel's tile scheduler reads it.
-static inline const cutlass::KernelHardwareInfo& hardware_info() {
-  static const cutlass::KernelHardwareInfo info = [] {
-    cutlass::KernelHardwareInfo hw;
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) {
-      device = 0;
-      (void)cudaGetLastError();
-    }
-    hw.device_id = device;
-    hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-    return hw;
-  }();
-  return info;
-}
-
 static typename Kernel::Params make_params(const CoAttentionArgs& a) {
   using cute::_1;
   const ProblemShape problem{int(a.batch), int(a.heads), int(a.seq_q), int(a.seq_kv),
@@ -182,7 +164,7 @@ static typename Kernel::Params make_params(const CoAttentionArgs& a) {
   auto stride = [](int64_t seq, int64_t batch, int64_t head) {
     return StrideQKVO{int(seq), _1{}, cute::make_tuple(int(batch), int(head))};
   };
-  cutlass::KernelHardwareInfo hw_info = hardware_info();   // the persistent scheduler's grid
+  cutlass::KernelHardwareInfo hw_info = co_hardware_info<cutlass::KernelHardwareInfo>();   // the persistent scheduler's grid
   typename Kernel::Arguments args{
       problem,
       {static_cast<const Element*>(a.q), stride(a.q_stride_seq, a.q_stride_batch, a.q_stride_head),

@@ -127,23 +127,6 @@ static_assert(cute::is_same_v<typename GemmKernel::StrideB, ${stride_b_type}>,
 static_assert(cute::is_same_v<typename GemmKernel::StrideD, cute::Stride<int64_t, cute::_1, int64_t>>,
               "D: row-major (M, N, L)");
 
-// SM count of the device current at the first call, cached so that later calls
-// (e.g. under CUDA graph capture) do no device query.
-static inline const cutlass::KernelHardwareInfo& hardware_info() {
-  static const cutlass::KernelHardwareInfo info = [] {
-    cutlass::KernelHardwareInfo hw;
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) {
-      device = 0;
-      (void)cudaGetLastError();
-    }
-    hw.device_id = device;
-    hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-    return hw;
-  }();
-  return info;
-}
-
 static inline typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
   typename Gemm::Arguments arguments{
       cutlass::gemm::GemmUniversalMode::kGemm,
@@ -158,7 +141,7 @@ static inline typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
        cute::make_stride(int64_t(args.ldc), cute::_1{}, int64_t(args.batch_stride_c)),
        static_cast<ElementD*>(args.d),
        cute::make_stride(int64_t(args.ldd), cute::_1{}, int64_t(args.batch_stride_d))},
-      hardware_info()};
+      co_hardware_info<cutlass::KernelHardwareInfo>()};
 ${fusion_args}
   // launch knobs (prelude.h): how the tile scheduler walks the output tiles
   arguments.scheduler.max_swizzle_size = args.swizzle > 0 ? args.swizzle : 1;

@@ -141,6 +141,40 @@ enum CoStatus : int {
   CO_LAUNCH_FAILED = 4,
 };
 
+// The device current at the first call and its SM count, cached so that later calls
+// (e.g. under CUDA graph capture) do no device query: what CUTLASS 3.x's persistent
+// tile schedulers size their grid from. An inline function's static: one per library.
+struct CoDeviceInfo {
+  int device;
+  int sm_count;
+};
+
+inline const CoDeviceInfo& co_device_info() {
+  static const CoDeviceInfo info = [] {
+    CoDeviceInfo d{0, 0};
+    if (cudaGetDevice(&d.device) != cudaSuccess) {
+      d.device = 0;
+      (void)cudaGetLastError();
+    }
+    if (cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, d.device) != cudaSuccess) {
+      d.sm_count = 0;          // CUTLASS queries the device itself when it sees 0
+      (void)cudaGetLastError();
+    }
+    return d;
+  }();
+  return info;
+}
+
+// ``co_device_info`` as a cutlass::KernelHardwareInfo (a template: this header
+// includes no CUTLASS header).
+template <class HardwareInfo>
+inline HardwareInfo co_hardware_info() {
+  HardwareInfo hw;
+  hw.device_id = co_device_info().device;
+  hw.sm_count = co_device_info().sm_count;
+  return hw;
+}
+
 // Raise ``kernel``'s dynamic shared memory limit to ``bytes`` on the current device,
 // once per device (CUTLASS's device adapters call cudaFuncSetAttribute in every
 // initialize(): host time on every launch). ``done`` is the kernel's own array of
