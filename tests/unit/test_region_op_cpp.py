@@ -154,23 +154,28 @@ def test_region_module_binds_its_keys_once_it_has_a_fast_call(env):
         ops._op_state["cpp"] = saved
 
 
-def test_verify_and_disabled_switch_the_replay_off(env):
-    """A region module's FastCall follows its verify / disabled state (the op's C++
-    kernel calls the FastCall without asking the module)."""
+def linear_module(fake, verify=False):
+    """A linear region module over the fake launcher whose first signature has been
+    offered to the C++ path (so it has its FastCall)."""
     import torch.nn.functional as F
     from test_fast_call import region_modules
-
-    ext, fake, _, _ = env
 
     def inputs():
         return (torch.randn(8, 64, dtype=H), torch.randn(32, 64, dtype=H), torch.randn(32, dtype=H))
     _, mods = region_modules(lambda x, w, b: F.linear(x, w, b), inputs())
     (mod,) = mods.values()
     mod._fn, mod._ws, mod._ws_need = fake.fn, None, 0
-    mod.verify = True                     # before the FastCall exists
+    mod.verify = verify
     xs = inputs()
     out, args, _ = mod._map(xs)
     mod._fast_offer(xs, args, out)
+    return mod
+
+
+def test_verify_and_disabled_switch_the_replay_off(env):
+    """A region module's FastCall follows its verify / disabled state (the op's C++
+    kernel calls the FastCall without asking the module)."""
+    mod = linear_module(env[1], verify=True)      # verify set before the FastCall exists
     assert mod._fast is not None and not mod._fast.enabled
     mod.verify = False
     assert mod._fast.enabled
@@ -183,19 +188,7 @@ def test_verify_and_disabled_switch_the_replay_off(env):
 def test_forward_hooks_switch_the_replay_off_until_removed(env):
     """A hooked region module must be called (the C++ kernel would skip its hooks);
     once the hooks are gone, the next Python-path call lets the replay resume."""
-    import torch.nn.functional as F
-    from test_fast_call import region_modules
-
-    ext, fake, _, _ = env
-
-    def inputs():
-        return (torch.randn(8, 64, dtype=H), torch.randn(32, 64, dtype=H), torch.randn(32, dtype=H))
-    _, mods = region_modules(lambda x, w, b: F.linear(x, w, b), inputs())
-    (mod,) = mods.values()
-    mod._fn, mod._ws, mod._ws_need = fake.fn, None, 0
-    xs = inputs()
-    out, args, _ = mod._map(xs)
-    mod._fast_offer(xs, args, out)
+    mod = linear_module(env[1])
     assert mod._fast.enabled
     seen = []
     h = mod.register_forward_hook(lambda m, i, o: seen.append(o))
