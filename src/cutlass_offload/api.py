@@ -8,7 +8,6 @@ import json
 import os
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -21,7 +20,7 @@ from .config import CompileOptions, resolve_norms
 from .errors import CutlassOffloadError, DamagedFileError, DeviceError
 # the output folder's format (folder.py); check_folder is re-exported for the CLI
 from .folder import MANIFEST, _checked, _fingerprint, check_folder, check_out_dir, save  # noqa: F401
-from .ir import Fallback, Plan
+from .ir import Plan
 from .partition import partition
 from .report import Report
 from .runtime import fast_call
@@ -314,11 +313,8 @@ def _check_strict(options, plan):
 
 def _restrict(plan: Plan, names) -> Plan:
     keep = set(names)
-    pairs = [(r, k) for r, k in zip(plan.regions, plan.kernels) if r.name in keep]
-    gone = [Fallback(r.nodes[0], r.form, "its kernel failed to compile when the library was built")
-            for r in plan.regions if r.name not in keep]
-    return replace(plan, regions=tuple(r for r, _ in pairs), kernels=tuple(k for _, k in pairs),
-                   fallbacks=plan.fallbacks + tuple(gone))
+    return plan.keep(lambda r, k: r.name in keep,
+                     lambda r, k: "its kernel failed to compile when the library was built")
 
 
 def load(out_dir, device=None, glue: str | None = None, mode: str | None = None,

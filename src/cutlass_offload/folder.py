@@ -65,7 +65,7 @@ FOLDER_FORMAT = 2
 
 
 def _fingerprint(plan) -> list:
-    return [[r.name, k.name] for r, k in zip(plan.regions, plan.kernels)]
+    return [[r.name, k.name] for r, k in plan.pairs]
 
 
 def check_out_dir(out_dir) -> None:

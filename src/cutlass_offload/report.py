@@ -37,7 +37,7 @@ class Report:
     @classmethod
     def from_plan(cls, plan: Plan) -> "Report":
         users = collections.defaultdict(list)
-        for r, k in zip(plan.regions, plan.kernels):
+        for r, k in plan.pairs:
             users[k.name].append(r.name)
         return cls(
             arch=plan.arch,
@@ -45,7 +45,7 @@ class Report:
                       "epilogue": r.problem.epilogue.tag, **_shape(r.problem),
                       "notes": [str(n) for n in r.notes],
                       "note_summaries": [getattr(n, "summary", str(n)) for n in r.notes]}
-                     for r, k in zip(plan.regions, plan.kernels)],
+                     for r, k in plan.pairs],
             fallbacks=[asdict(f) for f in plan.fallbacks],
             kernels=[{"name": k.name, "family": k.config.family, "regions": users[k.name]}
                      for k in plan.distinct_kernels])

@@ -106,3 +106,22 @@ def test_a_toy_kind_is_its_code_plus_one_row_per_table(monkeypatch):
     (mod,) = [m for m in out.modules() if isinstance(m, ToyModule)]
     assert mod.region.name == "region0_toy_neg"
     assert torch.equal(mod.fallback(x), -x)          # the region's PyTorch subgraph, kept
+
+
+def test_plan_pairs_each_region_with_its_kernel():
+    """Plan's regions and kernels are the two columns of its (region, kernel) pairs:
+    equal lengths are checked; ``keep`` drops pairs into fallbacks with a reason."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from cutlass_offload.ir import Fallback, Plan
+    regions = tuple(SimpleNamespace(name=f"r{i}", nodes=(f"n{i}",), form="linear") for i in range(3))
+    kernels = tuple(SimpleNamespace(name=f"k{i % 2}") for i in range(3))
+    plan = Plan.from_pairs("sm90a", zip(regions, kernels), (Fallback("x", "mm", "why"),))
+    assert plan.pairs == tuple(zip(regions, kernels)) and plan.regions == regions
+    kept = plan.keep(lambda r, k: k.name != "k1", lambda r, k: f"{k.name} failed")
+    assert [r.name for r in kept.regions] == ["r0", "r2"] and [k.name for k in kept.kernels] == ["k0", "k0"]
+    assert kept.fallbacks == (Fallback("x", "mm", "why"), Fallback("n1", "linear", "k1 failed"))
+    with pytest.raises(ValueError, match="pairs each region"):
+        Plan("sm90a", regions, kernels[:2], ())

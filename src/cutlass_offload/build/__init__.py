@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from .. import integrity
@@ -36,7 +35,7 @@ from ..emit import (
     emit_unit,
 )
 from ..errors import CompileError, DiskFullError
-from ..ir import Fallback, Plan
+from ..ir import Plan
 from . import toolchain
 from .cache import DISK_FULL_HINT, BuildCache, cache_key
 from .executor import CompileTask, LocalExecutor, ToolchainId, make_executor
@@ -356,12 +355,9 @@ class _Builder:
         bad = {k for k, _ in failures}
         if not bad:
             return self.plan
-        keep = [(r, k) for r, k in zip(self.plan.regions, self.plan.kernels) if k.name not in bad]
         logs = dict(failures)
-        dropped = [Fallback(r.nodes[0], r.form, f"kernel {k.name} failed to compile (log: {logs[k.name]})")
-                   for r, k in zip(self.plan.regions, self.plan.kernels) if k.name in bad]
-        return replace(self.plan, regions=tuple(r for r, _ in keep), kernels=tuple(k for _, k in keep),
-                       fallbacks=self.plan.fallbacks + tuple(dropped))
+        return self.plan.keep(lambda r, k: k.name not in bad,
+                              lambda r, k: f"kernel {k.name} failed to compile (log: {logs[k.name]})")
 
     def _small_object(self, name, tu) -> UnitReport:
         report, job = self._object_job(name, name, tu, cutlass=False)
@@ -464,7 +460,7 @@ def _failure(src, plan, folder: Path, cmd, log) -> CompileError:
     kernels = sorted({k for k in (src.kernel_at_line(n) for n in lines) if k})
     if not kernels:
         kernels = list(src.kernels)
-    regions = [r.name for r, k in zip(plan.regions, plan.kernels) if k.name in kernels]
+    regions = [r.name for r, k in plan.pairs if k.name in kernels]
     first = next((l for l in log.splitlines() if "error" in l), log.strip()[:300])
     return CompileError(f"nvcc failed: {first}", command=cmd, log_path=folder / "nvcc.log",
                         source_path=folder / SOURCE_NAME, kernels=kernels, regions=regions)

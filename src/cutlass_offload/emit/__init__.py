@@ -81,7 +81,7 @@ def _declarations(name: str, weak: bool, args_type: str) -> list:
 
 def _launchers(plan: Plan, regions=None) -> tuple:
     lines, symbols = [], []
-    for region, kernel in zip(plan.regions, plan.kernels):
+    for region, kernel in plan.pairs:
         if regions is not None and region.name not in regions:
             continue
         sym = region_symbol(region.name)

@@ -98,7 +98,7 @@ def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
     lib = LazyLibrary(library_path)
     graph = gm.graph
     by_name = {n.name: n for n in graph.nodes}
-    for i, (region, kernel) in enumerate(zip(plan.regions, plan.kernels)):
+    for i, (region, kernel) in enumerate(plan.pairs):
         nodes = [by_name[name] for name in region.nodes]
         sub, inputs = _extract(gm, nodes)
         cls = MODULES[type(region)]

@@ -258,7 +258,7 @@ def _build_and_profile(jobs, specs, ctx, knob_search, phase) -> tuple:
             if k.name in logs:
                 results[rid] = CandidateResult(k.name, tags[rid], "compile failed", detail=logs[k.name])
         prof_jobs = []
-        for r, k in zip(built.plan.regions, built.plan.kernels):
+        for r, k in built.plan.pairs:
             pid, problem, _, knobs = jobs[owner[r.name]]
             job = {"id": r.name, "problem": pid, "symbol": region_symbol(r.name), "kernel": k.name,
                    "launch": asdict(k.launch)}
