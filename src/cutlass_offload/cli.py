@@ -153,6 +153,11 @@ def _cmd_prebuild(a) -> int:
     dtypes = [_DTYPES[d] for d in a.dtype.split(",")]
     kernels = prebuild_kernels(arch, dtypes, [t for t in a.epilogues.split(",") if t],
                                [x for x in a.layouts.split(",") if x])
+    if a.attention:
+        if arch != "sm90a":
+            raise ValueError(f"--attention: the Hopper attention kernels are sm_90a only, not {arch}")
+        from .prebuild import chosen_attention_kernels
+        kernels += chosen_attention_kernels(dtypes)
     if a.list:
         for k in kernels:
             print(k.name)
@@ -252,6 +257,9 @@ def main(argv=None) -> int:
     b.add_argument("--epilogues", default=",".join(DEFAULT_EPILOGUES),
                    help="comma-separated epilogue tags (default: " + ",".join(DEFAULT_EPILOGUES) + ")")
     b.add_argument("--layouts", default="col", help="B layouts: col (a Linear weight; the default), row")
+    b.add_argument("--attention", action="store_true",
+                   help="sm_90a: also the Hopper attention kernels select can choose (the example's "
+                        "configs and the learned table's, unmasked and causal)")
     b.add_argument("--list", action="store_true", help="print the kernels and build nothing")
     b.add_argument("--jobs", type=int, default=0, help="parallel nvcc processes")
     b.add_argument("--executor", default="local", choices=["local", "ray"])

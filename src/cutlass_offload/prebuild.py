@@ -1,6 +1,8 @@
 """Prebuild: fill the kernel cache before any model needs it (issue 17).
 
-``prebuild_kernels`` lists the GEMM kernels a target's heuristic can choose for
+``chosen_attention_kernels`` lists the Hopper attention kernels select can choose
+(sm_90a: the example's configs and the learned table's). ``prebuild_kernels`` lists
+the GEMM kernels a target's heuristic can choose for
 16-byte-aligned problems: on sm_90a every config of the learned table
 (select/tables) and of the shape rules (select/sm90.CONFIGS), on sm_80 the known
 2.x configs (families/sm80.py); each for the given dtypes, epilogues and B
@@ -72,6 +74,18 @@ def prebuild_kernels(arch: str, dtypes=("f16", "bf16"), epilogue_tags=DEFAULT_EP
                            align_c=8, epilogue=ep, config=config)
             kernels.setdefault(k.name, k)
     return list(kernels.values())
+
+
+def chosen_attention_kernels(dtypes=("f16", "bf16")) -> list:
+    """The Hopper attention kernels select can choose without a search: the example's
+    config per default head tile and every config of the learned table
+    (families/attention_sm90_table.json), each unmasked and causal, per dtype."""
+    from .families.attention_sm90_table import _rows
+    configs = [attention_sm90.config_for(h) for h in attention_sm90.DEFAULT_HEAD_TILES]
+    configs += [attention_sm90.config_for(*row) for row in _rows().values()]
+    configs = list(dict.fromkeys(configs))
+    return [AttentionKernelSm90(arch="sm90a", dtype=d, config=c, causal=m)
+            for c in configs for d in dtypes for m in (False, True)]
 
 
 def attention_kernels(dtypes=("f16", "bf16"), causal=(False, True)) -> list:
