@@ -122,7 +122,9 @@ def write_table(rows, path: Path, gpu: str, num_sms: int) -> int:
     the class's rows that timed it on every row, kept only where it beats the
     default by MIN_GAIN. Returns the number of rows written."""
     from cutlass_offload.build.toolchain import cutlass_version
+    from cutlass_offload.families.attention_sm90 import CONFIGS
     from cutlass_offload.families.attention_sm90_table import class_key
+    by_tag = {_tag(c): c for c in CONFIGS}
     classes = {}
     for r in rows:
         if r.get("kind") != "attention" or not r.get("search"):
@@ -139,11 +141,8 @@ def write_table(rows, path: Path, gpu: str, num_sms: int) -> int:
         best = min(total, key=total.get)
         if total[default] / total[best] < MIN_GAIN:
             continue
-        tile, stages, sched = best.split("_")
-        _, block_kv, head = (int(x) for x in tile.split("x"))
-        out[key] = {"head": head, "block_kv": block_kv,
-                    "schedule": ("KernelTmaWarpSpecializedPingpong" if sched == "pingpong"
-                                 else "KernelTmaWarpSpecializedCooperative"),
+        cfg = by_tag[best]
+        out[key] = {"head": cfg.tile[2], "block_kv": cfg.tile[1], "schedule": cfg.kernel_schedule,
                     "us": total[best] / len(rs), "default_us": total[default] / len(rs),
                     "from": sorted({f"{r['dtype']} b{r['batch']} h{r['heads']}" for r in rs})}
     data = {"gpu": gpu, "num_sms": num_sms, "date": datetime.date.today().isoformat(),

@@ -80,19 +80,10 @@ def chosen_attention_kernels(dtypes=("f16", "bf16")) -> list:
     """The Hopper attention kernels select can choose without a search: the example's
     config per default head tile and every config of the learned table
     (families/attention_sm90_table.json), each unmasked and causal, per dtype."""
-    from .families.attention_sm90_table import _rows
     configs = [attention_sm90.config_for(h) for h in attention_sm90.DEFAULT_HEAD_TILES]
-    configs += [attention_sm90.config_for(*row) for row in _rows().values()]
-    configs = list(dict.fromkeys(configs))
+    configs = list(dict.fromkeys(configs + attention_sm90.learned_configs()))
     return [AttentionKernelSm90(arch="sm90a", dtype=d, config=c, causal=m)
             for c in configs for d in dtypes for m in (False, True)]
-
-
-def attention_kernels(dtypes=("f16", "bf16"), causal=(False, True)) -> list:
-    """Every Hopper attention kernel (families/attention_sm90.CONFIGS x dtypes x
-    causal); what a search of attention tiles times (benchmarks/kernels.py)."""
-    return [AttentionKernelSm90(arch="sm90a", dtype=d, config=c, causal=m)
-            for c in attention_sm90.CONFIGS for d in dtypes for m in causal]
 
 
 def _attention_stand_in(i: int, k: AttentionKernelSm90) -> AttentionRegion:

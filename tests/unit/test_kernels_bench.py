@@ -144,3 +144,31 @@ def test_synthetic_models_give_one_region_per_corpus_entry():
         if cls is ConvRegion:
             got = sorted((r.problem.c, r.problem.k, r.problem.h, r.problem.epilogue.residual) for r in regions)
             assert got == sorted((e["c"], e["k"], e["h"], e["epilogue"]["residual"]) for e in entries)
+
+
+def test_attention_table_from_search_rows(tmp_path):
+    """_attention_search.write_table on synthetic searched rows: per class the config
+    with the least summed time over the class's rows, only where it beats the default
+    by MIN_GAIN; timings that are errors ("fell back") do not count."""
+    import _attention_search as search
+
+    from cutlass_offload.families import attention_sm90 as fam
+    from cutlass_offload.families.attention_sm90_table import class_key
+
+    d = search._tag(fam.config_for(64))
+    pp = search._tag(fam.config_for(64, 128, fam.PINGPONG))
+    co = search._tag(fam.config_for(64, 128))
+
+    def row(seq, times, dtype="f16"):
+        return {"kind": "attention", "dtype": dtype, "batch": 2, "heads": 8, "head_dim": 64,
+                "causal": "none", "seq_q": seq, "seq_kv": seq, "search": times, "search_default": d}
+    rows = [row(512, {d: 10.0, pp: 8.0, co: 9.0}), row(500, {d: 10.0, pp: 9.5, co: 7.0}),
+            row(128, {d: 5.0, pp: 4.95}),                          # < MIN_GAIN: no row
+            row(2048, {d: "fell back", pp: 3.0})]                  # no default timing: no row
+    out = tmp_path / "table.json"
+    assert search.write_table(rows, out, "GPU", 132) == 1
+    data = json.loads(out.read_text())
+    (key, r), = data["rows"].items()
+    assert key == class_key(64, False, 512, 512)
+    assert (r["head"], r["block_kv"], r["schedule"]) == (64, 128, fam.COOPERATIVE)    # 16 < 17.5
+    assert r["us"] == 8.0 and r["default_us"] == 10.0

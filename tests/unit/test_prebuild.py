@@ -47,13 +47,12 @@ def test_cli_lists_without_building(capsys):
 
 def test_cli_lists_the_hopper_attention_kernels_select_can_choose(capsys):
     from cutlass_offload.families import attention_sm90
-    from cutlass_offload.families.attention_sm90_table import _rows
     assert cli.main(["prebuild", "--arch", "sm_90a", "--dtype", "fp16", "--epilogues", "bias",
                      "--attention", "--list"]) == 0
     out = capsys.readouterr().out.splitlines()
     names = [n for n in out if n.startswith("cutlass3x_sm90_fmha_fwd_f16_")]
     configs = {attention_sm90.config_for(h) for h in attention_sm90.DEFAULT_HEAD_TILES}
-    configs |= {attention_sm90.config_for(*row) for row in _rows().values()}
+    configs |= set(attention_sm90.learned_configs())
     assert len(names) == 2 * len(configs) and len(set(names)) == len(names)
     assert "cutlass3x_sm90_fmha_fwd_f16_128x128x64_s5_pingpong_causal" in names   # from the table
     assert cli.main(["prebuild", "--arch", "sm_80", "--attention", "--list"]) == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from ..ir import AttentionKernelSm90, AttentionProblem, KernelConfig
+from . import attention_sm90_table
 
 FAMILY = "cutlass3x_sm90"
 ARCH = "sm90a"
@@ -173,8 +174,8 @@ def choose(problem: AttentionProblem, arch: str = ARCH,
 def learned_choice(problem: AttentionProblem) -> KernelConfig | None:
     """The config the H200 corpus search found fastest for ``problem``'s class (head
     dim, causal, sequence lengths; families/attention_sm90_table.py), or None."""
-    from .attention_sm90_table import lookup
-    row = lookup(problem.head_dim, problem.causal != "none", problem.seq_q, problem.seq_kv)
+    row = attention_sm90_table.lookup(problem.head_dim, problem.causal != "none", problem.seq_q,
+                                      problem.seq_kv)
     if row is None:
         return None
     head, block_kv, schedule = row
@@ -185,6 +186,11 @@ def workspace_bytes(batch: int, heads: int, seq_q: int) -> int:
     """What the emitted ``workspace_size`` returns for a supported call: the fp32
     log-sum-exp of every query row."""
     return batch * heads * seq_q * 4
+
+
+def learned_configs() -> list:
+    """The distinct configs of the learned table's rows (families/attention_sm90_table.py)."""
+    return list(dict.fromkeys(config_for(*row) for row in attention_sm90_table.rows().values()))
 
 
 def search_space(problem: AttentionProblem) -> tuple:

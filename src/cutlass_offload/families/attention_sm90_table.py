@@ -45,3 +45,8 @@ def _rows() -> dict:
 def lookup(head_dim: int, causal: bool, seq_q: int, seq_kv: int):
     """(head tile, block_kv, schedule) of the row for this problem class, or None."""
     return _rows().get(class_key(head_dim, causal, seq_q, seq_kv))
+
+
+def rows() -> dict:
+    """{class key: (head tile, block_kv, schedule)}: every row of the table."""
+    return dict(_rows())

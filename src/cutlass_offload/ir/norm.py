@@ -56,8 +56,29 @@ class NormProblem:
                          "weight": p.weight, "bias": p.bias}}
 
 
+class _VectorKernel:
+    """What the hand-written vectorized norm kernels share: a fixed config of their
+    family (no tuning choice compiled in) and the (A, B, C) alignments other kernel
+    kinds have (build/shards.py reads them), all ``vec``."""
+
+    FAMILY = ""
+
+    def _check_vec_and_config(self) -> None:
+        _check(self.vec, (1, 2, 4) if self.dtype == "f32" else (1, 2, 4, 8), "vector width")
+        if self.config is None:
+            object.__setattr__(self, "config", KernelConfig(self.FAMILY, (1, 1, 1), stages=0))
+        elif self.config.family != self.FAMILY:
+            raise ValueError(f"{self.kind} kernels are of the {self.FAMILY} family")
+
+    @property
+    def align_a(self) -> int:
+        return self.vec
+
+    align_b = align_c = align_a
+
+
 @dataclass(frozen=True)
-class NormKernel:
+class NormKernel(_VectorKernel):
     """One distinct row-wise normalization kernel (one row per thread block, or one
     warp per row for short rows; emit/norm.py). Its identity is dtype, kind,
     vector width (``vec`` elements per load, cols % vec == 0) and the affine
@@ -79,23 +100,13 @@ class NormKernel:
         _check(self.arch, ARCHS, "arch")
         _check(self.kind, NORM_KINDS, "kind")
         _check(self.dtype, DTYPES, "dtype")
-        _check(self.vec, (1, 2, 4) if self.dtype == "f32" else (1, 2, 4, 8), "vector width")
         if self.bias and not self.weight:
             raise ValueError("a norm kernel with a bias needs a weight")
-        if self.config is None:
-            object.__setattr__(self, "config", KernelConfig("rowwise_norm", (1, 1, 1), stages=0))
-        elif self.config.family != "rowwise_norm":
-            raise ValueError("norm kernels are of the rowwise_norm family")
+        self._check_vec_and_config()
 
+    FAMILY = "rowwise_norm"
     args_type = "CoNormArgs"
     layout_a = layout_b = "row"
-
-    # the (A, B, C) alignments other kernel kinds have (build/shards.py reads them)
-    @property
-    def align_a(self) -> int:
-        return self.vec
-
-    align_b = align_c = align_a
 
     @property
     def affine(self) -> str:
@@ -165,7 +176,7 @@ class GroupNormProblem:
 
 
 @dataclass(frozen=True)
-class GroupNormKernel:
+class GroupNormKernel(_VectorKernel):
     """One distinct NHWC group_norm kernel (emit/group_norm.py): identity is dtype,
     vector width (``vec`` elements per load; C / groups % vec == 0), the affine
     parameters and the fused SiLU. N, C, H, W, groups and eps are runtime
@@ -186,22 +197,12 @@ class GroupNormKernel:
     def __post_init__(self):
         _check(self.arch, ARCHS, "arch")
         _check(self.dtype, DTYPES, "dtype")
-        _check(self.vec, (1, 2, 4) if self.dtype == "f32" else (1, 2, 4, 8), "vector width")
-        if self.config is None:
-            object.__setattr__(self, "config", KernelConfig("nhwc_group_norm", (1, 1, 1), stages=0))
-        elif self.config.family != "nhwc_group_norm":
-            raise ValueError("group_norm kernels are of the nhwc_group_norm family")
+        self._check_vec_and_config()
 
+    FAMILY = "nhwc_group_norm"
     kind = "group_norm"
     args_type = "CoGroupNormArgs"
     layout_a = layout_b = "nhwc"
-
-    # the (A, B, C) alignments other kernel kinds have (build/shards.py reads them)
-    @property
-    def align_a(self) -> int:
-        return self.vec
-
-    align_b = align_c = align_a
 
     @property
     def affine(self) -> str:
