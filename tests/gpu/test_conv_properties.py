@@ -30,19 +30,23 @@ PROPERTY_SETTINGS = settings(max_examples=_DEEP or 25, derandomize=not _DEEP, de
                              suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 ACT = {"relu": torch.relu, "silu": F.silu, "gelu": F.gelu, "none": lambda y: y}
-# (name, dtype, prototype C, K, act, residual: none | full_add | channel_mul)
+# (name, dtype, prototype C, K, act, residual: none | full_add | channel_mul, filter R = S).
+# On sm_90a the C < 8 classes take the im2col lowering onto the sm90 GEMM and the 1x1
+# class the direct one (families/conv_gemm_sm90.py); on sm_80 they are 2.x kernels.
 CLASSES = [
-    ("tma_relu", torch.float16, 32, 64, "relu", "none"),
-    ("tma_bf16_silu_res", torch.bfloat16, 16, 32, "silu", "full_add"),
-    ("tma_vec_mul", torch.float16, 24, 40, "relu", "channel_mul"),
-    ("sm80_c_odd", torch.float16, 3, 16, "none", "none"),
-    ("sm80_k_odd_gelu", torch.float16, 12, 21, "gelu", "none"),
-    ("sm80_bf16_align2", torch.bfloat16, 6, 10, "relu", "full_add"),
+    ("tma_relu", torch.float16, 32, 64, "relu", "none", 3),
+    ("tma_bf16_silu_res", torch.bfloat16, 16, 32, "silu", "full_add", 3),
+    ("tma_vec_mul", torch.float16, 24, 40, "relu", "channel_mul", 3),
+    ("sm80_c_odd", torch.float16, 3, 16, "none", "none", 3),
+    ("sm80_k_odd_gelu", torch.float16, 12, 21, "gelu", "none", 3),
+    ("sm80_bf16_align2", torch.bfloat16, 6, 10, "relu", "full_add", 3),
+    ("im2col_bf16_silu_res", torch.bfloat16, 4, 32, "silu", "full_add", 3),
+    ("direct_relu_res", torch.float16, 64, 48, "relu", "full_add", 1),
 ]
 
 
 def forward_class(cls, x, w, b, r, pad, stride, dilation):
-    _, _, _, _, act, res = cls
+    act, res = cls[4], cls[5]
     top, bottom, left, right = pad
     y = F.conv2d(F.pad(x, (left, right, top, bottom)), w, b, stride=stride, dilation=dilation)
     y = ACT[act](y)
@@ -54,23 +58,25 @@ def forward_class(cls, x, w, b, r, pad, stride, dilation):
 
 
 class Prototypes(torch.nn.Module):
-    """One conv region per class, 3x3 padding 1 stride 1 (the sizes don't matter)."""
+    """One conv region per class, R x R filters, 'same' padding, stride 1 (the sizes
+    don't matter)."""
 
     def forward(self, *xs):
         outs = []
         for i, cls in enumerate(CLASSES):
             x, w, b, r = xs[4 * i:4 * i + 4]
-            outs.append(forward_class(cls, x, w, b, r, (1, 1, 1, 1), (1, 1), (1, 1)))
+            p = cls[6] // 2
+            outs.append(forward_class(cls, x, w, b, r, (p, p, p, p), (1, 1), (1, 1)))
         return tuple(outs)
 
 
 def _proto_inputs():
     xs = []
-    for _, dt, c, k, _, res in CLASSES:
+    for _, dt, c, k, _, res, rs in CLASSES:
         r = {"none": torch.zeros(0), "full_add": torch.randn(2, k, 8, 8),
              "channel_mul": torch.randn(1, k, 1, 1)}[res]
         xs += [torch.randn(2, c, 8, 8).to(dt).contiguous(memory_format=torch.channels_last),
-               torch.randn(k, c, 3, 3).to(dt), torch.randn(k).to(dt), r.to(dt)]
+               torch.randn(k, c, rs, rs).to(dt), torch.randn(k).to(dt), r.to(dt)]
     return tuple(xs)
 
 
@@ -81,6 +87,10 @@ def prototypes():
     assert len(mods) == len(CLASSES), compiled.report.format()
     families = {m.kernel.config.family for m in mods}
     assert families == {"cutlass3x_sm90", "cutlass2x_sm80"} or compiled.plan.arch == "sm80"
+    if compiled.plan.arch == "sm90a":
+        lowered = {cls[0]: m.kernel.iterator for cls, m in zip(CLASSES, mods)}
+        assert lowered["sm80_c_odd"] == lowered["im2col_bf16_silu_res"] == "im2col"
+        assert lowered["direct_relu_res"] == "direct"
     return mods
 
 
@@ -100,27 +110,31 @@ def _refused(*xs):
 @given(data=st.data())
 def test_random_conv_problems_match_float32_reference(prototypes, data):
     for cls, proto in zip(CLASSES, prototypes):
-        name, dt, _, _, _, res = cls
+        name, dt, _, _, _, res, _ = cls
         kern = proto.kernel
-        padded = proto.region.problem.pad_c > 0    # sm80_c_odd on sm90a: C zero-padded to 8s
+        padded = proto.region.problem.pad_c > 0    # a C % 8 class on sm90a: C zero-padded to 8s
         if padded:                                 # (select.conv.pad_channels: C < 64, C % 8)
             c = data.draw(st.integers(1, 63).filter(lambda v: v % 8), label=f"{name} C")
         else:
             c = kern.align_a * data.draw(st.integers(1, 64 // kern.align_a), label=f"{name} C/align")
         k = kern.align_c * data.draw(st.integers(1, 96 // kern.align_c), label=f"{name} K/align")
         n, h, w = (data.draw(st.integers(1, hi)) for hi in (3, 19, 23))
-        r, s = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))
-        pad = tuple(data.draw(st.integers(0, 3)) for _ in range(4))
-        stride = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)))
-        dilation = (data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)))
+        if kern.iterator == "direct":              # the activation is the GEMM's A: 1x1 only
+            r = s = 1
+            pad, stride, dilation = (0, 0, 0, 0), (1, 1), (1, 1)
+        else:                                      # im2col takes any geometry, like the others
+            r, s = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))
+            pad = tuple(data.draw(st.integers(0, 3)) for _ in range(4))
+            stride = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)))
+            dilation = (data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)))
         try:
             problem = replace(proto.region.problem, c=c, k=k, h=h, w=w, r=r, s=s, pad=pad,
                               stride=stride, dilation=dilation, n=n, n_hint=n,
                               pad_c=-c % 8 if padded else 0)
         except ValueError:           # empty output
             assume(False)
-        if kern.config.family == "cutlass3x_sm90":    # else the pipeline picks a 2.x kernel
-            assume(conv_sm90.supports(problem))
+        if kern.config.family == "cutlass3x_sm90" and not kern.iterator:
+            assume(conv_sm90.supports(problem))    # else the pipeline picks another kernel
         x = torch.randn(n, c, h, w, device="cuda").to(dt).contiguous(memory_format=torch.channels_last)
         wt = (torch.randn(k, c, r, s, device="cuda") / (c * r * s) ** 0.5).to(dt)
         b = torch.randn(k, device="cuda").to(dt)
@@ -138,3 +152,46 @@ def test_random_conv_problems_match_float32_reference(prototypes, data):
         assert not out.isnan().any(), f"{name} {problem}: unwritten output"
         err = rel_err(out, ref)
         assert err < TOLERANCE[dt], f"{name} {problem}: rel. error {err:.2e}"
+
+
+def test_im2col_in_row_chunks_matches_float32_reference(prototypes):
+    """A stem whose im2col matrix exceeds IM2COL_CHUNK_BYTES runs as several pack +
+    GEMM chunks (20 x 3 x 224 x 224, 7x7 stride 2: 250880 rows of 152 > 64 MiB)."""
+    from cutlass_offload.families.conv_gemm_sm90 import IM2COL_CHUNK_BYTES, packed_k
+    cls, proto = next((c, m) for c, m in zip(CLASSES, prototypes) if c[0] == "sm80_c_odd")
+    if proto.kernel.iterator != "im2col":
+        pytest.skip("the im2col lowering is sm_90a's")
+    problem = replace(proto.region.problem, n=20, n_hint=20, h=224, w=224, r=7, s=7,
+                      pad=(3, 3, 3, 3), stride=(2, 2))
+    assert 20 * 112 * 112 * packed_k(problem) * 2 > IM2COL_CHUNK_BYTES
+    x = torch.randn(20, 3, 224, 224, device="cuda").half().contiguous(memory_format=torch.channels_last)
+    wt = (torch.randn(16, 3, 7, 7, device="cuda") / 147 ** 0.5).half()
+    b = torch.randn(16, device="cuda").half()
+    poison_allocator()
+    with torch.no_grad():
+        out = _module(proto, problem)(x, wt, b)
+    torch.cuda.synchronize()
+    ref = forward_class(cls, x.float(), wt.float(), b.float(), None, (3, 3, 3, 3), (2, 2), (1, 1))
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < TOLERANCE[torch.float16]
+
+
+def test_im2col_keeps_inf_inside_its_window(prototypes):
+    """Element copies and exact zeros: an inf in x reaches only the outputs whose
+    window holds it, as in PyTorch (CUTLASS 2.x's few-channels iterator would leak
+    it into a neighbour through 0 * inf)."""
+    cls, proto = next((c, m) for c, m in zip(CLASSES, prototypes) if c[0] == "sm80_c_odd")
+    if proto.kernel.iterator != "im2col":
+        pytest.skip("the im2col lowering is sm_90a's")
+    problem = replace(proto.region.problem, n=1, n_hint=1, h=16, w=16)
+    x = torch.randn(1, 3, 16, 16, device="cuda").half()
+    x[0, 1, 7, 9] = float("inf")
+    x = x.contiguous(memory_format=torch.channels_last)
+    wt = torch.rand(16, 3, 3, 3, device="cuda").half() + 0.1      # positive: inf stays inf
+    b = torch.zeros(16, device="cuda").half()
+    with torch.no_grad():
+        out = _module(proto, problem)(x, wt, b)
+    ref = F.conv2d(x.float(), wt.float(), b.float(), padding=1)
+    assert torch.equal(out.isinf(), ref.isinf()) and out.isinf().sum() == 9 * 16
+    finite = ~ref.isinf()
+    assert rel_err(out[finite], ref[finite]) < TOLERANCE[torch.float16]

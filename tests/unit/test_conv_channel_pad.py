@@ -1,6 +1,7 @@
 """Zero-padding a conv's input channels to a multiple of 8 so that an sm90a TMA
 kernel runs it (ConvProblem.pad_c; no GPU: selection, and the region mapping on
-CPU tensors, no launch)."""
+CPU tensors, no launch), for 8 < C < 64; below 8 channels the conv is lowered onto
+the sm90 GEMM through an explicit im2col instead, unpadded."""
 import dataclasses
 
 import pytest
@@ -29,6 +30,8 @@ class Conv(nn.Module):
 
 STEM = {"c": 3, "k": 64, "r": 7, "stride": 2, "pad": 3, "hw": 32}      # ResNet-50's stem (smaller image)
 CONV_IN = {"c": 4, "k": 320, "r": 3, "stride": 1, "pad": 1, "hw": 16}  # the SD UNet's conv_in
+ODD_STEM = {"c": 9, "k": 64, "r": 7, "stride": 2, "pad": 3, "hw": 32}  # padded to 16 channels
+ODD = {"c": 12, "k": 320, "r": 3, "stride": 1, "pad": 1, "hw": 16}
 
 
 def compiled_region(case, arch, dtype=H):
@@ -42,14 +45,23 @@ def compiled_region(case, arch, dtype=H):
     return m, x, plan
 
 
-@pytest.mark.parametrize("case", [STEM, CONV_IN], ids=["stem", "conv_in"])
+@pytest.mark.parametrize("case", [ODD_STEM, ODD], ids=["c9_stem", "c12"])
 def test_sm90a_pads_c_and_takes_the_tma_kernel(case):
     _, _, plan = compiled_region(case, "sm90a")
     (region,), (kernel,) = plan.regions, plan.kernels
     p = region.problem
-    assert p.c == case["c"] and p.c_kernel == 8 and p.pad_c == 8 - case["c"]
+    assert p.c == case["c"] and p.c_kernel == 16 and p.pad_c == 16 - case["c"]
     assert kernel.config.family == "cutlass3x_sm90" and not kernel.iterator
     assert (kernel.align_a, kernel.align_b, kernel.align_c) == (8, 8, 8)
+
+
+@pytest.mark.parametrize("case", [STEM, CONV_IN], ids=["stem", "conv_in"])
+def test_sm90a_lowers_few_channels_onto_the_gemm_unpadded(case):
+    _, _, plan = compiled_region(case, "sm90a")
+    (region,), (kernel,) = plan.regions, plan.kernels
+    assert region.problem.pad_c == 0 and region.problem.c_kernel == case["c"]
+    assert kernel.config.family == "cutlass3x_sm90" and kernel.iterator == "im2col"
+    assert kernel.align_a == (1 if case["c"] == 3 else 4) and kernel.align_c == 8
 
 
 @pytest.mark.parametrize("case", [STEM, CONV_IN], ids=["stem", "conv_in"])
@@ -62,7 +74,7 @@ def test_sm80_keeps_the_2x_kernel_unpadded(case):
 
 
 def _problem(**kw):
-    fields = {"c": 3, "k": 64, "h": 32, "w": 32, "r": 7, "s": 7, "dtype": "f16", "align_a": 1,
+    fields = {"c": 11, "k": 64, "h": 32, "w": 32, "r": 7, "s": 7, "dtype": "f16", "align_a": 1,
               "align_b": 1, "align_c": 8, "pad": (3, 3, 3, 3), "stride": (2, 2)}
     return ConvProblem(**{**fields, **kw})
 
@@ -71,6 +83,7 @@ def test_pad_channels_only_where_it_lets_tma_run():
     assert pad_channels(_problem(), "sm90a").pad_c == 5
     assert pad_channels(_problem(dtype="bf16"), "sm90a").pad_c == 5
     assert pad_channels(_problem(c=9), "sm90a").c_kernel == 16
+    assert pad_channels(_problem(c=3), "sm90a").pad_c == 0            # the im2col lowering's
     assert pad_channels(_problem(), "sm80").pad_c == 0
     assert pad_channels(_problem(k=20, align_c=4), "sm90a").pad_c == 0              # K % 8
     assert pad_channels(_problem(c=8, align_a=8, align_b=8), "sm90a").pad_c == 0    # no need
@@ -95,7 +108,7 @@ def _call(mod, x, w, b):
     return mod._map(tuple(xs))
 
 
-@pytest.mark.parametrize("case", [STEM, CONV_IN], ids=["stem", "conv_in"])
+@pytest.mark.parametrize("case", [ODD_STEM, ODD], ids=["c9_stem", "c12"])
 def test_mapping_pads_input_and_filter_with_zeros(case):
     m, x, mod = _module(case)
     assert mod.filter_constant
@@ -104,11 +117,11 @@ def test_mapping_pads_input_and_filter_with_zeros(case):
     out, args, keep = _call(mod, x, w, b)
     xp, wp = keep[0], keep[1]
     c = case["c"]
-    assert xp.shape == (2, case["hw"], case["hw"], 8) and xp.is_contiguous()
+    assert xp.shape == (2, case["hw"], case["hw"], 16) and xp.is_contiguous()
     assert torch.equal(xp[..., :c], x.permute(0, 2, 3, 1)) and not xp[..., c:].any()
-    assert wp.shape == (case["k"], case["r"], case["r"], 8) and wp.is_contiguous()
+    assert wp.shape == (case["k"], case["r"], case["r"], 16) and wp.is_contiguous()
     assert torch.equal(wp[..., :c], w.permute(0, 2, 3, 1)) and not wp[..., c:].any()
-    assert args.c == 8 and args.x == xp.data_ptr() and args.filter == wp.data_ptr()
+    assert args.c == 16 and args.x == xp.data_ptr() and args.filter == wp.data_ptr()
     assert (args.n, args.k, args.p, args.q) == (2, case["k"], out.shape[2], out.shape[3])
     assert args.bias == b.data_ptr()
     # the padded operands compute the same conv (zero channels add nothing)
@@ -120,10 +133,11 @@ def test_mapping_pads_input_and_filter_with_zeros(case):
 
 
 def test_constant_filter_is_padded_once_until_it_changes():
-    m, x, mod = _module(STEM)
+    m, x, mod = _module(ODD_STEM)
     w = m.conv.weight.detach().contiguous(memory_format=torch.channels_last)
     b = m.conv.bias.detach()
     first = _call(mod, x, w, b)[2][1]
+    c = ODD_STEM["c"]
     for _ in range(2):                  # new input copy per call, the same filter
         again = _call(mod, x.clone(memory_format=torch.channels_last), w, b)
         assert again[2][1] is first and again[1].filter == first.data_ptr()
@@ -132,12 +146,12 @@ def test_constant_filter_is_padded_once_until_it_changes():
     with torch.no_grad():
         w.mul_(2)                       # in place: the version counter moves on
     changed = _call(mod, x, w, b)[2][1]
-    assert changed is not first and torch.equal(changed[..., :3], w.permute(0, 2, 3, 1))
+    assert changed is not first and torch.equal(changed[..., :c], w.permute(0, 2, 3, 1))
     assert mod.channel_pad_copies == 4 + 2
 
 
 def test_non_constant_filter_is_padded_every_call():
-    m, x, mod = _module(STEM)
+    m, x, mod = _module(ODD_STEM)
     mod.filter_constant = False         # as for a weight that is a graph input
     w = m.conv.weight.detach().contiguous(memory_format=torch.channels_last)
     b = m.conv.bias.detach()
@@ -147,9 +161,9 @@ def test_non_constant_filter_is_padded_every_call():
 
 
 def test_call_that_does_not_fit_is_refused():
-    m, x, mod = _module(STEM)
+    m, x, mod = _module(ODD_STEM)
     w = m.conv.weight.detach()
     b = m.conv.bias.detach()
-    assert _call(mod, torch.randn(2, 8, 32, 32, dtype=H), w, b) is None     # C' channels given
+    assert _call(mod, torch.randn(2, 16, 32, 32, dtype=H), w, b) is None    # C' channels given
     assert _call(mod, x.float(), w, b) is None
     assert mod.channel_pad_copies == 0

@@ -184,16 +184,18 @@ def unit_class(kernel) -> str:
       shape, which the 2.x GemmUniversal partial specialization also matches
       (nvcc: "more than one partial specialization matches"; moving the include
       after the conv's instantiation makes g++ reject it instead). CUTLASS's own
-      generator never mixes them either.
+      generator never mixes them either. A conv lowered onto the GEMM
+      (iterator "direct" / "im2col", emit/conv_gemm_sm90.py) is a GEMM here.
     * "gemm3x_stream_k": 3.x GEMMs with the stream-K tile scheduler do not compile
       with the grid dependency control the persistent ones define for their TU
       (emit/gemm_sm90.py GDC_DEFINES).
     * "common": everything else.
     """
     if kernel.config.family == "cutlass3x_sm90":
-        if kernel.kind == "conv2d_fprop":
+        if kernel.kind == "conv2d_fprop" and not kernel.iterator:
             return "conv3x"
-        if kernel.kind == "gemm" and kernel.config.tile_scheduler == "stream_k":
+        # GEMMs, and convs lowered onto the GEMM (iterator "direct" / "im2col")
+        if kernel.kind in ("gemm", "conv2d_fprop") and kernel.config.tile_scheduler == "stream_k":
             return "gemm3x_stream_k"
     return "common"
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..abi import WORKSPACE_SUFFIX, region_symbol  # noqa: F401 - region_symbol re-exported
 from ..ir import KernelSource, Plan
-from . import attention, attention_sm90, conv_sm80, conv_sm90, gemm_sm80, gemm_sm90, group_norm, norm
+from . import (attention, attention_sm90, conv_gemm_sm90, conv_sm80, conv_sm90, gemm_sm80, gemm_sm90,
+               group_norm, norm)
 
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -27,7 +28,16 @@ _EMITTERS = {
     ("layer_norm", "rowwise_norm"): norm, ("rms_norm", "rowwise_norm"): norm,
     ("group_norm", "nhwc_group_norm"): group_norm,
     ("attention", "cutlass2x_sm80"): attention,   # sm80 kernel for sm_80 and sm_90a
-    ("attention", "cutlass3x_sm90"): attention_sm90}
+    ("attention", "cutlass3x_sm90"): attention_sm90,
+    # a conv lowered onto the sm90 GEMM (ConvKernel.iterator "direct" / "im2col")
+    ("conv2d_fprop", "cutlass3x_sm90", "gemm"): conv_gemm_sm90}
+
+
+def _emitter(kernel):
+    key = (kernel.kind, kernel.config.family)
+    if kernel.kind == "conv2d_fprop" and kernel.config.family == "cutlass3x_sm90" and kernel.iterator:
+        key += ("gemm",)
+    return _EMITTERS[key]
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,7 @@ def emit_kernel(kernel) -> KernelSource:
     """C++ for one kernel instantiation (GemmKernel, ConvKernel or NormKernel).
 
     Raises ValueError for an illegal kernel."""
-    return _EMITTERS[kernel.kind, kernel.config.family].emit(kernel)
+    return _emitter(kernel).emit(kernel)
 
 
 def emit_kernels(plan: Plan) -> dict:

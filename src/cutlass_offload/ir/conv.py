@@ -7,6 +7,9 @@ from typing import Optional
 from .common import ARCHS, DTYPES, GemmEpilogue, KernelConfig, _check, _Region
 
 CONV_ITERATORS = ("optimized", "analytic", "few_channels", "fixed_channels")
+# 3.x: "" = TMA im2col implicit GEMM; "direct" / "im2col" = lowered onto the sm90
+# GEMM (families/conv_gemm_sm90.py)
+CONV_ITERATORS_3X = ("", "direct", "im2col")
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,9 @@ class ConvKernel:
     """One distinct conv2d fprop kernel instantiation (NHWC x KRSC -> NHWC).
 
     iterator: CUTLASS 2.x activation iterator algorithm ("optimized", "analytic",
-    "few_channels", "fixed_channels"); "" for 3.x (TMA im2col).
+    "few_channels", "fixed_channels"); for 3.x "" (TMA im2col implicit GEMM), or
+    "direct" / "im2col": the conv lowered onto the sm90 GEMM
+    (families/conv_gemm_sm90.py).
     stride_support: "strided" or "unity" (2.x only; unity kernels need stride 1).
     Problem sizes, padding, stride and dilation are runtime arguments.
     """
@@ -125,8 +130,7 @@ class ConvKernel:
         if self.config.family == "cutlass3x_sm90":
             if self.arch != "sm90a":
                 raise ValueError("CUTLASS 3.x sm90 kernels need the sm90a target")
-            if self.iterator:
-                raise ValueError("3.x conv kernels have no 2.x iterator algorithm")
+            _check(self.iterator, CONV_ITERATORS_3X, "iterator")
         else:
             _check(self.iterator, CONV_ITERATORS, "iterator")
 

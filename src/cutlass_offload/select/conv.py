@@ -1,23 +1,28 @@
-"""Conv2d fprop kernel choice: sm90a TMA implicit GEMM where it applies, else 2.x.
+"""Conv2d fprop kernel choice: on sm90a a conv lowered onto the sm90 GEMM where
+its rule applies (1x1 stride-1 convs, and convs with C < 8 through an explicit
+im2col: families/conv_gemm_sm90.py), else the TMA implicit GEMM where it applies,
+else 2.x.
 
 The implicit GEMM is M = N * P * Q, N = K, K = R * S * C (ir.ConvProblem). Tile
 choice is by CTA count, as for GEMMs (select/sm90.py): the largest tile that
 still fills about a wave of the device's SMs.
 
-A conv whose C is not a multiple of 8 (an RGB stem, C = 3; the SD UNet's
-conv_in, C = 4) cannot use TMA (16-byte channel strides); on sm90a
-``pad_channels`` gives it C' = roundup(C, 8) zero-padded channels so that it
-runs the TMA kernel instead of a 2.x alignment-1/2/4 kernel (the ResNet-50 stem:
-965 us in the 2.x analytic kernel vs 45 us in cuDNN on an H200,
-benchmarks/runtime.py).
+A conv whose C is not a multiple of 8 cannot use TMA on x (16-byte channel
+strides). Below 8 channels (an RGB stem, C = 3; the SD UNet's conv_in, C = 4) it
+takes the im2col lowering; from 9 to 63 channels ``pad_channels`` gives it
+C' = roundup(C, 8) zero-padded channels so that it runs the TMA kernel instead
+of a 2.x alignment-1/2/4 kernel (the ResNet-50 stem: 965 us in the 2.x analytic
+kernel vs 45 us in cuDNN on an H200, benchmarks/runtime.py; 239 us as a TMA
+kernel on 8 padded channels, whose 64-wide K tile is then mostly zeros).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import replace
 
-from ..families import conv_sm90, sm80
+from ..families import conv_gemm_sm90, conv_sm90, sm80
 from ..ir import ConvKernel, ConvProblem, KernelConfig
+from . import sm90
 
 _BYTES = {"f16": 2, "bf16": 2, "f32": 4}
 
@@ -61,11 +66,13 @@ def _sm80_config(problem: ConvProblem, num_sms: int, iterator: str) -> KernelCon
 def pad_channels(problem: ConvProblem, arch: str) -> ConvProblem:
     """``problem`` with C zero-padded to a multiple of 8 (``pad_c``, alignments 8)
     where that lets the sm90a TMA kernel run it: arch sm90a, f16/bf16, K % 8 == 0,
-    C % 8 != 0 and C < PAD_C_BELOW, padding/stride/dilation within the TMA im2col
-    limits (conv_sm90.supports). Otherwise ``problem`` unchanged (sm80 keeps the
+    C % 8 != 0 and C < PAD_C_BELOW, the im2col lowering not taking it (C < 8),
+    padding/stride/dilation within the TMA im2col limits (conv_sm90.supports). Otherwise ``problem`` unchanged (sm80 keeps the
     2.x kernels at C's own alignment)."""
     if arch != "sm90a" or problem.pad_c or problem.c % 8 == 0 or problem.c >= PAD_C_BELOW:
         return problem
+    if conv_gemm_sm90.im2col_ok(problem):
+        return problem                        # the im2col lowering reads C as it is
     padded = replace(problem, pad_c=-problem.c % 8, align_a=8, align_b=8)
     return padded if conv_sm90.supports(padded) else problem
 
@@ -73,9 +80,15 @@ def pad_channels(problem: ConvProblem, arch: str) -> ConvProblem:
 def choose_conv_kernel(problem: ConvProblem, arch: str, num_sms: int) -> ConvKernel:
     """The kernel for one conv problem on ``arch`` (for its ``c_kernel`` channels:
     pass ``pad_channels(problem, arch)`` to allow channel padding); ValueError when
-    none fits."""
+    none fits. A lowered conv's tile config is the sm90 GEMM heuristic's for its
+    GEMM (the learned table, then the shape rules); the table's launch knobs are
+    not used (the conv ABI has none: see emit/conv_gemm_sm90.py)."""
     common = dict(arch=arch, dtype=problem.dtype, align_a=problem.align_a, align_b=problem.align_b,
                   align_c=problem.align_c, epilogue=problem.epilogue)
+    lowering = conv_gemm_sm90.iterator_for(problem) if arch == "sm90a" else ""
+    if lowering:
+        config, _ = sm90.choose(conv_gemm_sm90.gemm_problem(problem, lowering), num_sms)
+        return ConvKernel(config=config, iterator=lowering, **common)
     if arch == "sm90a" and conv_sm90.supports(problem):
         return ConvKernel(config=_sm90_config(problem, num_sms), iterator="", **common)
     iterator = sm80.choose_iterator(problem.dtype, problem.c_kernel, problem.align_a)

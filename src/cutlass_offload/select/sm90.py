@@ -20,12 +20,15 @@ the built-in models on an H200, CUDA-graph timing, us):
 ========  ==============  =======  ===========  ============================================
 name      tile (M, N, K)  cluster  schedule     for
 ========  ==============  =======  ===========  ============================================
-big       128x256x64      2x1      cooperative  1.5 waves of CTAs or more (4096^3: 638 TFLOP/s)
+big       128x256x64      2x1      cooperative  N > 128 and 1.5 waves of CTAs or more (4096^3:
+                                                638 TFLOP/s)
 mid       128x128x64      1x1      cooperative  M > 1024 and half a wave of 128x128 tiles
 small     64x128x64       1x1      ping-pong    M <= 1024 (below 1.5 waves of big tiles), or few
                                                 tiles
 wide      64x256x64       1x1      ping-pong    small M with a wide N (a wave of 64x256 tiles)
-narrow    128x64x64       1x1      cooperative  N <= 64 (a 128-wide tile would be half empty)
+narrow    128x64x64       1x1      cooperative  N <= 64, M > 128 (a wider tile would be half empty
+                                                or more; before "big", since a lowered conv's
+                                                huge M with N = 16-64 took it)
 stream_k  128x128x64      1x1      cooperative  a --tune candidate only
                                    + stream-K
 ========  ==============  =======  ===========  ============================================
@@ -146,10 +149,10 @@ def choose_name(problem: GemmProblem, num_sms: int) -> str:
     m, n, _ = gemm_mnk(problem)
     if m <= SMALL_M:
         return "wide" if n >= 256 and _ctas(problem, CONFIGS["wide"]) >= num_sms else "small"
-    if _ctas(problem, CONFIGS["big"]) >= BIG_MIN_WAVES * num_sms:
-        return "big"
     if n <= 64:
-        return "narrow"
+        return "narrow"     # a 256-wide N tile would be three quarters empty
+    if n > 128 and _ctas(problem, CONFIGS["big"]) >= BIG_MIN_WAVES * num_sms:
+        return "big"
     if m > PINGPONG_MAX_M and _ctas(problem, CONFIGS["mid"]) >= num_sms // 2:
         return "mid"
     return "small"

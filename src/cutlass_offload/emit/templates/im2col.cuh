@@ -1,0 +1,76 @@
+// cutlass_offload: the im2col pack kernel of convs lowered onto the sm90 GEMM
+// (emit/conv_gemm_sm90.py, families/conv_gemm_sm90.py), hand-written CUDA. Inlined
+// once into each translation unit that holds such a conv, after the CUTLASS
+// includes; templates only, so an instantiation in two objects of one library
+// links once.
+#ifndef CO_IM2COL_COMMON_
+#define CO_IM2COL_COMMON_
+namespace co_im2col {
+
+// One conv (CoConvArgs' sizes) and the chunk of im2col rows to pack.
+struct Geometry {
+  int64_t n, h, w, c, k, r, s, p, q;
+  int64_t pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w;
+  int64_t kp;        // row length of A and B: r*s*c rounded up to 8
+  int64_t row0;      // first output pixel (GEMM row) of this chunk
+  int64_t rows;      // output pixels in this chunk
+  int64_t b_rows;    // filter rows to pack into B as well (k, or 0)
+};
+
+// A[i, (r, s, c)] = x[n, p*stride_h - pad_h + r*dilation_h, q*stride_w - pad_w + s*dilation_w, c]
+// for output pixel (n, p, q) = row0 + i, zero outside the image and in the columns
+// past r*s*c; B[k, j] = filter[k, j] for j < r*s*c, else zero (KRSC flattened).
+// Element copies only, so inf / NaN reach exactly the outputs whose window holds
+// them. Each thread writes 8 consecutive columns (one 16-byte store; kp % 8 == 0,
+// A and B 16-byte aligned).
+template <typename T>
+__global__ void __launch_bounds__(256) pack(const T* __restrict__ x, const T* __restrict__ filter,
+                                            T* __restrict__ a, T* __restrict__ b, Geometry g) {
+  static_assert(sizeof(T) == 2, "16-bit elements: 8 per 16-byte store");
+  // 32-bit index math (the launcher checks that every value here fits): 64-bit
+  // division is a long instruction sequence on the GPU
+  const int chunks = int(g.kp / 8);
+  const int total = int((g.rows + g.b_rows) * chunks);
+  const int rsc = int(g.r * g.s * g.c);
+  const int sc = int(g.s * g.c), cc = int(g.c), qq = int(g.q), pq = int(g.p * g.q);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const int row = i / chunks;
+    const int col0 = (i - row * chunks) * 8;
+    alignas(16) T v[8];
+    if (row < g.rows) {
+      const int pixel = int(g.row0) + row;
+      const int n = pixel / pq;
+      const int rest = pixel - n * pq;
+      const int p = rest / qq;
+      const int64_t h0 = int64_t(p) * g.stride_h - g.pad_h;
+      const int64_t w0 = int64_t(rest - p * qq) * g.stride_w - g.pad_w;
+      const T* image = x + int64_t(n) * g.h * g.w * g.c;
+      // (r, s, c) of column col0, then stepped (c fastest, as in KRSC)
+      int r = col0 / sc;
+      int s = (col0 - r * sc) / cc;
+      int c = col0 - r * sc - s * cc;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        T val = T(0);
+        if (col0 + e < rsc) {
+          const int64_t hh = h0 + r * g.dilation_h, ww = w0 + s * g.dilation_w;
+          if (hh >= 0 && hh < g.h && ww >= 0 && ww < g.w) val = image[(hh * g.w + ww) * g.c + c];
+          if (++c == cc) {
+            c = 0;
+            if (++s == int(g.s)) { s = 0; ++r; }
+          }
+        }
+        v[e] = val;
+      }
+      *reinterpret_cast<uint4*>(a + int64_t(row) * g.kp + col0) = *reinterpret_cast<const uint4*>(v);
+    } else {
+      const int64_t k = row - g.rows;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = col0 + e < rsc ? filter[k * rsc + col0 + e] : T(0);
+      *reinterpret_cast<uint4*>(b + k * g.kp + col0) = *reinterpret_cast<const uint4*>(v);
+    }
+  }
+}
+
+}  // namespace co_im2col
+#endif  // CO_IM2COL_COMMON_

@@ -1,0 +1,138 @@
+"""Convs lowered onto the sm90 GEMM (families/conv_gemm_sm90.py, emit/conv_gemm_sm90.py):
+which problems take which lowering, the GEMM they run, and the C++ emitted (no GPU,
+no compiler; the build tier compiles it, tests/gpu runs it)."""
+import dataclasses
+
+import pytest
+
+from cutlass_offload.build.shards import unit_class
+from cutlass_offload.emit import conv_gemm_sm90 as emitter
+from cutlass_offload.emit import emit_kernel
+from cutlass_offload.families import conv_gemm_sm90 as rules
+from cutlass_offload.ir import ConvKernel, ConvProblem, GemmEpilogue
+from cutlass_offload.select import sm90
+from cutlass_offload.select.conv import choose_conv_kernel, pad_channels
+
+EP = GemmEpilogue(bias=True, activation="relu")
+
+
+def _problem(**kw):
+    fields = dict(c=3, k=64, h=224, w=224, r=7, s=7, dtype="f16", align_a=1, align_b=1, align_c=8,
+                  pad=(3, 3, 3, 3), stride=(2, 2), epilogue=EP, n_hint=8)
+    return ConvProblem(**{**fields, **kw})
+
+
+ONE_BY_ONE = dict(c=32, k=16, h=112, w=112, r=1, s=1, pad=(0, 0, 0, 0), stride=(1, 1),
+                  align_a=8, align_b=8, n_hint=32)
+
+
+@pytest.mark.parametrize("kw, expected", [
+    ({}, "im2col"),                                                   # ResNet-50 stem, C = 3
+    (dict(c=4, k=320, h=64, w=64, r=3, s=3, pad=(1, 1, 1, 1), stride=(1, 1), align_a=4,
+          align_b=4), "im2col"),                                      # SD conv_in, C = 4
+    (dict(c=3, k=96, r=4, s=4, pad=(0, 0, 0, 0), stride=(4, 4)), "im2col"),   # patchify
+    (ONE_BY_ONE, "direct"),
+    ({**ONE_BY_ONE, "dilation": (2, 2)}, "direct"),                  # dilation moot at 1x1
+    ({**ONE_BY_ONE, "stride": (2, 2)}, ""),                          # strided 1x1: TMA conv
+    ({**ONE_BY_ONE, "pad": (1, 1, 1, 1)}, ""),
+    ({**ONE_BY_ONE, "c": 36, "align_a": 4, "align_b": 4}, ""),       # C % 8: x is no TMA A
+    ({**ONE_BY_ONE, "k": 20, "align_c": 4}, ""),                     # K % 8: y rows unaligned
+    (dict(c=9, align_a=1, align_b=1), ""),                           # padded to 16 instead
+    (dict(k=60, align_c=4), ""),
+    (dict(dtype="f32", tf32=True), ""),
+    (dict(epilogue=GemmEpilogue(bias=True, residual="mul", residual_broadcast=True)), ""),
+])
+def test_which_lowering(kw, expected):
+    assert rules.iterator_for(_problem(**kw)) == expected
+
+
+def test_gemm_problem_shapes():
+    stem = _problem()
+    g = rules.gemm_problem(stem, "im2col")
+    assert (g.m_hint, g.n, g.k, g.layout_b) == (8 * 112 * 112, 64, 152, "col")   # 7*7*3 = 147 -> 152
+    assert g.epilogue == EP and (g.align_a, g.align_b, g.align_c) == (8, 8, 8)
+    d = rules.gemm_problem(_problem(**ONE_BY_ONE), "direct")
+    assert (d.m_hint, d.n, d.k) == (32 * 112 * 112, 16, 32) and d.m is None
+    fixed = rules.gemm_problem(_problem(**ONE_BY_ONE, n=4), "direct")
+    assert fixed.m == 4 * 112 * 112
+    big = _problem(n_hint=1024)                      # an im2col GEMM covers one chunk of rows
+    rows = rules.chunk_rows(152, "f16")
+    assert rules.gemm_problem(big, "im2col").m_hint == rows < 1024 * 112 * 112
+    assert rows % rules.CHUNK_ROW_MULTIPLE == 0 and rows * 152 * 2 <= rules.IM2COL_CHUNK_BYTES
+    assert rules.chunk_rows(1 << 22, "f16") == rules.CHUNK_ROW_MULTIPLE        # at least one tile
+    with pytest.raises(ValueError, match="iterator"):
+        rules.gemm_problem(stem, "")
+
+
+def test_selection_takes_the_lowering_on_sm90a_only():
+    stem = pad_channels(_problem(), "sm90a")
+    assert stem.pad_c == 0
+    k = choose_conv_kernel(stem, "sm90a", 132)
+    assert k.iterator == "im2col" and k.config.family == "cutlass3x_sm90"
+    assert k.config == sm90.choose(rules.gemm_problem(stem, "im2col"), 132)[0]
+    assert (k.align_a, k.align_b, k.align_c) == (1, 1, 8)
+    assert "_im2col_" in k.name
+    d = choose_conv_kernel(_problem(**ONE_BY_ONE), "sm90a", 132)
+    assert d.iterator == "direct" and d.config.tile[1] == 64      # N = 16: the narrow rule
+    sm80 = choose_conv_kernel(_problem(), "sm80", 108)
+    assert sm80.config.family == "cutlass2x_sm80"
+    tma = choose_conv_kernel(_problem(**{**ONE_BY_ONE, "stride": (2, 2)}), "sm90a", 132)
+    assert tma.iterator == "" and tma.config.kernel_schedule == "KernelImplicitTmaWarpSpecializedSm90"
+
+
+def test_shape_rules_give_narrow_n_a_narrow_tile():
+    # a lowered conv's GEMM: huge M, N <= 64 (a 128x256 tile would be 3/4 empty)
+    g = rules.gemm_problem(_problem(**ONE_BY_ONE), "direct")
+    assert sm90.choose_name(g, 132) == "narrow"
+    wide = rules.gemm_problem(_problem(**{**ONE_BY_ONE, "k": 512}), "direct")
+    assert sm90.choose_name(wide, 132) == "big"
+
+
+def _kernel(iterator, **kw):
+    p = _problem(**(ONE_BY_ONE if iterator == "direct" else {}))
+    k = choose_conv_kernel(p, "sm90a", 132)
+    assert k.iterator == iterator
+    return dataclasses.replace(k, **kw)
+
+
+@pytest.mark.parametrize("iterator", ["direct", "im2col"])
+def test_emitted_source(iterator):
+    k = _kernel(iterator)
+    src = emit_kernel(k)
+    assert src.name == k.name and src.args_type == "CoConvArgs"
+    code = src.code
+    assert f"namespace {k.name} {{" in code and "namespace gemm {" in code
+    assert "__attribute__((weak)) int run(const CoGemmArgs& args" in code
+    assert "int run(const CoConvArgs& args, cudaStream_t stream)" in code
+    assert "int64_t workspace_size(const CoConvArgs& args)" in code
+    assert f"constexpr bool kIm2col = {'true' if iterator == 'im2col' else 'false'};" in code
+    assert "co_im2col::pack<Element><<<" in code and "namespace co_im2col {" in code
+    assert "cutlass::layout::ColumnMajor" in code          # B = the filter, K-major
+    assert "|| !aligned16(args.bias)" in code               # the bias is read
+    assert src.defines == ("CUTLASS_ENABLE_GDC_FOR_SM90",) and "kPdl = 1" in code
+    assert set(emitter.gemm_sm90.INCLUDES) == set(src.includes)
+    assert "${" not in code
+
+
+def test_stream_k_config_is_a_stream_k_unit():
+    k = _kernel("im2col", config=sm90.CONFIGS["stream_k"])
+    src = emit_kernel(k)
+    assert src.defines == () and "cutlass::gemm::StreamKScheduler" in src.code
+    assert unit_class(k) == "gemm3x_stream_k"
+    assert unit_class(_kernel("direct")) == "common"            # with the GEMMs, not conv3x
+    assert unit_class(dataclasses.replace(_kernel("direct"), iterator="")) == "conv3x"
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="alignments must be 8"):
+        emit_kernel(_kernel("direct", align_a=4))
+    with pytest.raises(ValueError, match="align_c"):
+        emit_kernel(_kernel("im2col", align_c=4))
+    with pytest.raises(ValueError, match="per-channel residual"):
+        emit_kernel(_kernel("im2col", epilogue=GemmEpilogue(residual="add", residual_broadcast=True)))
+    with pytest.raises(ValueError, match="cooperative schedule needs tile M"):
+        bad = dataclasses.replace(sm90.CONFIGS["mid"], tile=(64, 128, 64))
+        emit_kernel(_kernel("direct", config=bad))
+    with pytest.raises(ValueError, match="iterator"):
+        ConvKernel(arch="sm90a", dtype="f16", align_a=8, align_b=8, align_c=8, epilogue=EP,
+                   config=sm90.CONFIGS["mid"], iterator="optimized")
