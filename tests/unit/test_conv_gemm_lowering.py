@@ -39,6 +39,7 @@ ONE_BY_ONE = dict(c=32, k=16, h=112, w=112, r=1, s=1, pad=(0, 0, 0, 0), stride=(
     ({**ONE_BY_ONE, "k": 20, "align_c": 4}, ""),                     # K % 8: y rows unaligned
     (dict(c=9, align_a=1, align_b=1), ""),                           # padded to 16 instead
     (dict(k=60, align_c=4), ""),
+    (dict(c=4, h=1, w=1, r=1, s=1, pad=(0, 0, 0, 0), stride=(1, 1), align_a=4, align_b=4), ""),
     (dict(dtype="f32", tf32=True), ""),
     (dict(epilogue=GemmEpilogue(bias=True, residual="mul", residual_broadcast=True)), ""),
 ])
@@ -69,7 +70,8 @@ def test_selection_takes_the_lowering_on_sm90a_only():
     assert stem.pad_c == 0
     k = choose_conv_kernel(stem, "sm90a", 132)
     assert k.iterator == "im2col" and k.config.family == "cutlass3x_sm90"
-    assert k.config == sm90.choose(rules.gemm_problem(stem, "im2col"), 132)[0]
+    config, launch = sm90.choose(rules.gemm_problem(stem, "im2col"), 132)
+    assert k.config == config and k.launch == dataclasses.replace(launch, pdl=False)
     assert (k.align_a, k.align_b, k.align_c) == (1, 1, 8)
     assert "_im2col_" in k.name
     d = choose_conv_kernel(_problem(**ONE_BY_ONE), "sm90a", 132)
@@ -136,3 +138,36 @@ def test_refusals():
     with pytest.raises(ValueError, match="iterator"):
         ConvKernel(arch="sm90a", dtype="f16", align_a=8, align_b=8, align_c=8, epilogue=EP,
                    config=sm90.CONFIGS["mid"], iterator="optimized")
+
+
+def test_launch_knobs_are_compiled_in_and_named():
+    from cutlass_offload.ir import GemmLaunch
+    k = _kernel("im2col", config=sm90.CONFIGS["stream_k"],
+                launch=GemmLaunch(raster="along_n", swizzle=4, decomposition="split_k", splits=3))
+    code = emit_kernel(k).code
+    assert "g.raster_order = 2;" in code and "g.swizzle = 4;" in code
+    assert "g.splits = 3;" in code and "g.decomposition = 2;" in code
+    assert k.name.endswith("_im2col_along_n_swz4_splitk3_align118_bias_relu")
+    plain = _kernel("im2col")
+    assert "g.raster_order = 0;" in emit_kernel(plain).code and "_im2col_align" in plain.name
+    with pytest.raises(ValueError, match="pdl"):
+        _kernel("direct", launch=GemmLaunch(pdl=True))
+    with pytest.raises(ValueError, match="stream-K"):
+        _kernel("direct", config=sm90.CONFIGS["mid"], launch=GemmLaunch(decomposition="split_k", splits=2))
+    with pytest.raises(ValueError, match="lowered"):
+        dataclasses.replace(_kernel("direct"), iterator="", launch=GemmLaunch(swizzle=2))
+
+
+def test_few_output_channels_get_narrow_2x_tiles():
+    """K % 8 != 0 keeps a 2.x kernel on sm90a; with K <= 32 its tile is 16 or 32 wide."""
+    vae_out = _problem(c=128, k=3, h=512, w=512, r=3, s=3, pad=(1, 1, 1, 1), stride=(1, 1),
+                       align_a=8, align_b=8, align_c=1, n_hint=1)
+    k = choose_conv_kernel(vae_out, "sm90a", 132)
+    assert k.config.family == "cutlass2x_sm80" and k.config.tile == (128, 16, 32)
+    assert k.config.warp == (32, 16, 32)
+    k20 = choose_conv_kernel(dataclasses.replace(vae_out, k=20, align_c=4), "sm90a", 132)
+    assert k20.config.tile == (128, 32, 32)
+    small = choose_conv_kernel(dataclasses.replace(vae_out, h=8, w=8), "sm90a", 132)
+    assert small.config.tile == (64, 16, 32)           # too few 128-row tiles for half a wave
+    wide = choose_conv_kernel(dataclasses.replace(vae_out, k=60, align_c=4), "sm90a", 132)
+    assert wide.config.tile[1] >= 64

@@ -27,7 +27,8 @@ compile time goes.
 The GEMM launches with PDL where its unit compiles CUTLASS's grid dependency
 control (persistent kernels, GDC_DEFINES): its prologue overlaps the pack kernel
 (or whatever ran before), and griddepcontrol.wait holds its first global read
-until that kernel is done. Launch knobs are CUTLASS's defaults otherwise.
+until that kernel is done. Its other launch knobs (raster order, swizzle, split-K /
+stream-K decomposition) are the kernel's ``launch``, compiled in as constants.
 ``run`` allocates nothing and synchronizes nothing: it can be captured into a
 CUDA graph.
 """
@@ -37,7 +38,7 @@ import string
 from pathlib import Path
 
 from ..families.conv_gemm_sm90 import CHUNK_ROW_MULTIPLE, IM2COL_CHUNK_BYTES, ITERATORS
-from ..ir import ConvKernel, GemmKernel, KernelSource
+from ..ir import DECOMPOSITIONS, RASTER_ORDERS, ConvKernel, GemmKernel, GemmLaunch, KernelSource
 from . import gemm_sm90
 from .evt_sm90 import ELEMENT, semantics
 
@@ -128,10 +129,10 @@ static inline CoGemmArgs gemm_args(const CoConvArgs& a, int64_t row0, int64_t ro
   g.batch_stride_d = rows * a.k;
   g.workspace = ws;
   g.workspace_bytes = ws_bytes;
-  g.raster_order = 0;   // CUTLASS's defaults (prelude.h)
-  g.swizzle = 1;
-  g.splits = 1;
-  g.decomposition = 0;
+  g.raster_order = ${raster_order};   // the kernel's launch knobs (ConvKernel.launch; prelude.h codes)
+  g.swizzle = ${swizzle};
+  g.splits = ${splits};
+  g.decomposition = ${decomposition};
   g.pdl = kPdl;
   return g;
 }
@@ -220,6 +221,13 @@ def gemm_kernel(kernel: ConvKernel) -> GemmKernel:
                       align_c=8, epilogue=kernel.epilogue, config=kernel.config)
 
 
+def _launch_codes(launch: GemmLaunch) -> dict:
+    """CoGemmArgs' launch knob codes (prelude.h) for ``launch``."""
+    return {"raster_order": str(RASTER_ORDERS.index(launch.raster)), "swizzle": str(launch.swizzle),
+            "splits": str(launch.splits),
+            "decomposition": str(DECOMPOSITIONS.index(launch.decomposition))}
+
+
 def validate(kernel: ConvKernel) -> None:
     """Raise ValueError unless ``kernel`` is a buildable lowered conv: family
     cutlass3x_sm90, iterator "direct" or "im2col", f16/bf16, K-side alignment 8,
@@ -258,7 +266,7 @@ def emit(kernel: ConvKernel) -> KernelSource:
         gemm_code=gemm_sm90.TEMPLATE.substitute(inner), element=ELEMENT[kernel.dtype][0],
         im2col="true" if kernel.iterator == "im2col" else "false",
         chunk_bytes=str(IM2COL_CHUNK_BYTES), chunk_rows=str(CHUNK_ROW_MULTIPLE),
-        operand_check=check)
+        operand_check=check, **_launch_codes(kernel.launch))
     gemm = gemm_sm90.emit(gk)
     # the pack kernel is named in run() either way (a branch on a constexpr)
     return KernelSource(name=kernel.name, includes=gemm.includes, code=_PACK + "\n" + code,

@@ -119,9 +119,27 @@ def gemm_configs(dtype: str, align_a: int, align_b: int, align_c: int) -> list[K
     return known_configs(dtype, align_a, align_b)
 
 
+# Output channels up to which a conv gets tiles as narrow as its N (see conv_configs)
+NARROW_N = 32
+
+
+def narrow_configs(dtype: str, align_a: int, align_b: int, n: int) -> list[KernelConfig]:
+    """Tiles 16 or 32 wide in N (the smallest that holds ``n`` output channels),
+    128 and 64 rows, one 32-row warp tile per 32 rows: for a conv with few output
+    channels (a VAE's 128 -> 3 output conv), where a 64- or 256-wide tile computes
+    mostly zero columns (the 128 x 256 tile ran that conv at 0.22x cuDNN on an H200,
+    benchmarks/results/kernels_2026-12-01_h200.log)."""
+    inst = INSTRUCTION[dtype]
+    tn = 16 if n <= 16 else 32
+    stages = 3 if dtype == "f32" else (4 if cp_async_ok(dtype, align_a, align_b) else 2)
+    return [config((128, tn, 32), (32, tn, 32), stages, inst),
+            config((64, tn, 32), (32, tn, 32), stages, inst)]
+
+
 def conv_configs(dtype: str, align_a: int, align_b: int, align_c: int,
-                  iterator: str = "optimized") -> list[KernelConfig]:
-    """Return up to 4 configs, largest tile first, legal for this dtype/alignment.
+                  iterator: str = "optimized", n: int | None = None) -> list[KernelConfig]:
+    """Return up to 4 configs, largest tile first, legal for this dtype/alignment;
+    with ``n`` (output channels) <= NARROW_N, the ``narrow_configs`` instead.
 
     Sub-4-byte operand accesses (16-bit types with align 1) get 2-stage configs
     only. The list does not depend on ``iterator`` (checked, for the caller's
@@ -132,6 +150,8 @@ def conv_configs(dtype: str, align_a: int, align_b: int, align_c: int,
     if iterator not in ITERATORS:
         raise ValueError(f"iterator must be one of {CONV_ITERATORS}, got {iterator!r}")
     check_alignments(dtype, align_a=align_a, align_b=align_b, align_c=align_c)
+    if n is not None and n <= NARROW_N:
+        return narrow_configs(dtype, align_a, align_b, n)
     return known_configs(dtype, align_a, align_b)
 
 

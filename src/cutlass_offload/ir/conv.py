@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .common import ARCHS, DTYPES, GemmEpilogue, KernelConfig, _check, _Region
+from .gemm import GemmLaunch
 
 CONV_ITERATORS = ("optimized", "analytic", "few_channels", "fixed_channels")
 # 3.x: "" = TMA im2col implicit GEMM; "direct" / "im2col" = lowered onto the sm90
@@ -109,6 +110,11 @@ class ConvKernel:
     "direct" / "im2col": the conv lowered onto the sm90 GEMM
     (families/conv_gemm_sm90.py).
     stride_support: "strided" or "unity" (2.x only; unity kernels need stride 1).
+    launch: the GEMM launch knobs of a lowered conv (raster order, swizzle, split-K /
+    stream-K decomposition; ir.GemmLaunch), compiled into its launcher since the conv
+    ABI carries none: part of the name when not the default. ``pdl`` is not taken
+    (a lowered conv launches with PDL wherever its unit compiles grid dependency
+    control: emit/conv_gemm_sm90.py).
     Problem sizes, padding, stride and dilation are runtime arguments.
     """
 
@@ -122,6 +128,7 @@ class ConvKernel:
     iterator: str = "optimized"
     stride_support: str = "strided"
     accumulate: str = "f32"
+    launch: GemmLaunch = GemmLaunch()
 
     def __post_init__(self):
         _check(self.arch, ARCHS, "arch")
@@ -133,6 +140,15 @@ class ConvKernel:
             _check(self.iterator, CONV_ITERATORS_3X, "iterator")
         else:
             _check(self.iterator, CONV_ITERATORS, "iterator")
+        if self.launch != GemmLaunch():
+            if self.iterator not in ("direct", "im2col"):
+                raise ValueError("launch knobs are for convs lowered onto the sm90 GEMM only")
+            if self.launch.pdl:
+                raise ValueError("a lowered conv's PDL follows its unit's grid dependency "
+                                 "control; launch.pdl must be False")
+            if self.launch.decomposition != "heuristic" and self.config.tile_scheduler != "stream_k":
+                raise ValueError(f"decomposition {self.launch.decomposition!r} needs the "
+                                 "stream-K tile scheduler")
 
     kind = "conv2d_fprop"
     args_type = "CoConvArgs"
@@ -144,7 +160,8 @@ class ConvKernel:
         fam = self.config.family
         it = f"_{self.iterator}" if self.iterator else ""
         unity = "_unity" if self.stride_support == "unity" else ""
-        return (f"{fam}_conv2d_fprop_{self.dtype}_nhwc_{self.config.tag}{it}{unity}"
+        launch = "" if self.launch == GemmLaunch() else f"_{self.launch.tag}"
+        return (f"{fam}_conv2d_fprop_{self.dtype}_nhwc_{self.config.tag}{it}{launch}{unity}"
                 f"_align{self.align_a}{self.align_b}{self.align_c}_{self.epilogue.tag}")
 
 

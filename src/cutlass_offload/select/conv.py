@@ -53,7 +53,7 @@ def _sm90_config(problem: ConvProblem, num_sms: int) -> KernelConfig:
 
 def _sm80_config(problem: ConvProblem, num_sms: int, iterator: str) -> KernelConfig:
     configs = sm80.conv_configs(problem.dtype, problem.align_a, problem.align_b,
-                                      problem.align_c, iterator)
+                                problem.align_c, iterator, n=problem.k)
     if not configs:
         raise ValueError(f"no CUTLASS 2.x conv config for {problem}")
     m = _gemm_m(problem)
@@ -80,15 +80,16 @@ def pad_channels(problem: ConvProblem, arch: str) -> ConvProblem:
 def choose_conv_kernel(problem: ConvProblem, arch: str, num_sms: int) -> ConvKernel:
     """The kernel for one conv problem on ``arch`` (for its ``c_kernel`` channels:
     pass ``pad_channels(problem, arch)`` to allow channel padding); ValueError when
-    none fits. A lowered conv's tile config is the sm90 GEMM heuristic's for its
-    GEMM (the learned table, then the shape rules); the table's launch knobs are
-    not used (the conv ABI has none: see emit/conv_gemm_sm90.py)."""
+    none fits. A lowered conv's tile config and launch knobs are the sm90 GEMM
+    heuristic's for its GEMM (the learned table, then the shape rules), compiled
+    into its launcher; PDL is the launcher's own choice (emit/conv_gemm_sm90.py)."""
     common = dict(arch=arch, dtype=problem.dtype, align_a=problem.align_a, align_b=problem.align_b,
                   align_c=problem.align_c, epilogue=problem.epilogue)
     lowering = conv_gemm_sm90.iterator_for(problem) if arch == "sm90a" else ""
     if lowering:
-        config, _ = sm90.choose(conv_gemm_sm90.gemm_problem(problem, lowering), num_sms)
-        return ConvKernel(config=config, iterator=lowering, **common)
+        config, launch = sm90.choose(conv_gemm_sm90.gemm_problem(problem, lowering), num_sms)
+        return ConvKernel(config=config, iterator=lowering, launch=replace(launch, pdl=False),
+                          **common)
     if arch == "sm90a" and conv_sm90.supports(problem):
         return ConvKernel(config=_sm90_config(problem, num_sms), iterator="", **common)
     iterator = sm80.choose_iterator(problem.dtype, problem.c_kernel, problem.align_a)
