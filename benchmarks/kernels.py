@@ -24,6 +24,11 @@ the anchor a user would call instead, on one GPU, in one run.
   is timed too (_attention_search.py: tuned = the fastest that matches SDPA);
   ``--write-attention-table FILE`` writes the winners per problem class
   (families/attention_sm90_table.json) and times the heuristic again with them.
+* ``--gemm-set lowered-convs`` (or ``both``): the GEMMs of the corpus convs that
+  sm90a lowers onto the GEMM (1x1 convs, few-channel convs through im2col;
+  families/conv_gemm_sm90.py) as GEMM problems, so that a full search with
+  ``--write-table`` (``--merge-table``: into the packaged table) puts conv shapes
+  into the learned table; the conv part of the same run then selects with it.
 * conv2d and attention regions are compiled with ``pytorch_when_faster`` off:
   the benchmark times our kernel even where select would leave PyTorch's.
 
@@ -99,6 +104,34 @@ def gemm_problems(corpus: dict, dtype: str) -> list:
         if p.dtype in ("f16", "bf16"):
             p = replace(p, dtype=dtype)
         out.append((p, _info(e)))
+    return out
+
+
+def lowered_conv_gemms(corpus: dict, dtype: str) -> list:
+    """[(GemmProblem, info)]: the GEMM of each corpus conv that sm90a lowers onto the
+    GEMM (families/conv_gemm_sm90.py: 1x1 convs read directly, few-channel convs
+    through im2col), plain epilogue, one per distinct (M, N, K); info models
+    ["lowered-conv"], so the GEMM classes keep to real GEMMs. A full search of them
+    puts conv shapes into the learned table."""
+    from dataclasses import replace
+
+    from cutlass_offload.families import conv_gemm_sm90
+    from cutlass_offload.ir import ConvProblem, GemmEpilogue
+    from cutlass_offload.select.conv import pad_channels
+    out, seen = [], set()
+    for e in conv_entries(corpus):
+        f = {k: (tuple(v) if isinstance(v, list) else v) for k, v in e.items()
+             if k in ConvProblem.__dataclass_fields__ and k != "epilogue"}
+        conv = pad_channels(ConvProblem(**{**f, "dtype": dtype}), "sm90a")
+        it = conv_gemm_sm90.iterator_for(conv)
+        if not it:
+            continue
+        g = replace(conv_gemm_sm90.gemm_problem(conv, it), epilogue=GemmEpilogue())
+        g = replace(g, m=g.m if g.m is not None else g.m_hint)
+        if (g.m, g.n, g.k) not in seen:
+            seen.add((g.m, g.n, g.k))
+            out.append((g, {"count": e.get("count", 1), "models": ["lowered-conv"],
+                            "id": f"{it} of {e.get('id', '?')}"}))
     return out
 
 
@@ -420,6 +453,7 @@ def summarize(rows: list, peak_tflops: float) -> dict:
     for r in rows:
         if r["kind"] == "gemm":
             cls = ("gemm_grid" if r["models"] == ["grid"] else
+                   "gemm_lowered_conv" if r["models"] == ["lowered-conv"] else
                    "gemm_fused" if r["fused"] else "gemm_plain")   # plain: one cuBLAS call too
         else:
             cls = r["kind"]
@@ -488,14 +522,22 @@ def print_tables(rows, summary):
 
 # -- the learned table ---------------------------------------------------------------------
 
-def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, note: str):
+def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, note: str,
+                base: dict | None = None):
     """select/sm90.py's table from a full search: per (M, N, K, batch, B layout), the
     winner of the shape's plain fp16 problem when there is one, else of its first
-    problem. Only CUTLASS 3.x winners."""
+    problem. Only CUTLASS 3.x winners. ``base``: a table (same GPU and SM count) whose
+    entries are kept where this search measured no winner for the shape."""
     from cutlass_offload.build.toolchain import cutlass_version
     from cutlass_offload.select import tuning_id
     by_tid = {tp.tuning_id: tp for tp in report_problems}
     entries = {}
+    kept = {}
+    if base is not None:
+        if (base["gpu"], int(base["num_sms"])) != (gpu, num_sms):
+            raise ValueError(f"--merge-table: the packaged table is for {base['gpu']} "
+                             f"({base['num_sms']} SMs), this GPU is {gpu} ({num_sms})")
+        kept = {(e["m"], e["n"], e["k"], e.get("batch", 1), e["layout_b"]): e for e in base["entries"]}
     order = sorted(problems, key=lambda pi: (pi[0].epilogue.tag != "plain", pi[0].dtype != "f16"))
     for p, _ in order:
         tp = by_tid.get(tuning_id(p))
@@ -509,14 +551,18 @@ def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, n
                         "config": tp.winner_config, "launch": tp.winner_launch or {},
                         "us": ok.get(tp.winner), "anchor_us": tp.torch_us,
                         "from": f"{p.dtype} {p.epilogue.tag}"}
+    merged = {**kept, **entries}
+    if kept:
+        note += (f"; merged into the table of {base['date']} ({len(kept)} entries, "
+                 f"{len(set(kept) & set(entries))} re-measured)")
     data = {"gpu": gpu, "num_sms": num_sms, "date": datetime.date.today().isoformat(),
             "cutlass": cutlass_version(), "source": "benchmarks/kernels.py --search full --write-table",
-            "note": note, "entries": sorted(entries.values(), key=lambda e: (e["m"], e["n"], e["k"]))}
+            "note": note, "entries": sorted(merged.values(), key=lambda e: (e["m"], e["n"], e["k"]))}
     path = Path(path)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
-    return len(entries)
+    return len(merged)
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -540,6 +586,11 @@ def parse_args(argv=None):
     p.add_argument("--remeasure", action=argparse.BooleanOptionalAction, default=True,
                    help="after --write-table, time the heuristic again with the new table")
     p.add_argument("--limit", type=int, default=None, help="first N GEMM problems only (smoke runs)")
+    p.add_argument("--gemm-set", default="corpus", choices=["corpus", "lowered-convs", "both"],
+                   help="GEMM problems: the corpus's GEMMs (and the grid), the GEMMs of the convs "
+                        "sm90a lowers onto the GEMM (families/conv_gemm_sm90.py), or both")
+    p.add_argument("--merge-table", action="store_true",
+                   help="with --write-table: keep the packaged table's entries for shapes not searched")
     return p.parse_args(argv)
 
 
@@ -604,9 +655,12 @@ def main(argv=None) -> int:
         problems = []
         for dt in dtypes:
             ps = gemm_problems(corpus, dt)
-            problems += ps
-            if args.grid and dt == "f16":
-                problems += grid_problems(ps, dt)
+            if args.gemm_set != "lowered-convs":
+                problems += ps
+                if args.grid and dt == "f16":
+                    problems += grid_problems(ps, dt)
+            if args.gemm_set != "corpus":
+                problems += lowered_conv_gemms(corpus, dt)
         problems = problems[:args.limit] if args.limit else problems
         rows, report = bench_gemms(problems, args.search, sms)
         result["rows"] += rows
@@ -615,14 +669,21 @@ def main(argv=None) -> int:
         result["seconds"]["gemm"] = time.perf_counter() - t0
         save()
         if args.write_table and args.search == "full":
+            base = None
+            if args.merge_table:
+                from cutlass_offload.select import sm90 as sm90_rules
+                base = json.loads(Path(sm90_rules.TABLE_FILE).read_text())
             n = write_table(report.problems, problems, Path(args.write_table), gpu, sms,
-                            note=f"from {len(problems)} problems of {args.corpus} and the grid")
+                            note=f"from {len(problems)} problems of {args.corpus} "
+                                 f"(GEMM set {args.gemm_set}{', grid' if args.grid else ''})",
+                            base=base)
             print(f"learned table: {n} shapes -> {args.write_table}", flush=True)
+            # select reads the new table from here on (the conv part's lowered convs too)
+            from cutlass_offload.select import sm90
+            sm90.use_table(Path(args.write_table))
             if args.remeasure:
-                # the heuristic as select now sees it (the new table), timed again:
-                # what a compile without --tune gets from here on
-                from cutlass_offload.select import sm90
-                sm90.use_table(Path(args.write_table))
+                # the heuristic as select now sees it, timed again: what a compile
+                # without --tune gets from here on
                 t1 = time.perf_counter()
                 again, _ = bench_gemms(problems, "heuristic", sms)
                 for row, new_row in zip(rows, again):

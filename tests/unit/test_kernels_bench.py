@@ -121,6 +121,40 @@ def test_written_table_is_what_select_reads(tmp_path):
         sm90.use_table(sm90.TABLES / "sm90a_h200.json")
 
 
+def test_merged_table_keeps_the_shapes_not_searched(tmp_path):
+    p = GemmProblem(n=64, k=152, dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                    m=100352, m_hint=100352)
+    cfg = sm90.CONFIGS["narrow"]
+    tp = TunedProblem("k", tuning_id(p), 1, False, "h", cfg.tag, config_to_dict(cfg),
+                      [CandidateResult("n", cfg.tag, "ok", us=30.0)], 40.0)
+    base = json.loads(sm90.TABLE_FILE.read_text())
+    path = tmp_path / "merged.json"
+    n = kb.write_table([tp], [(p, {})], path, base["gpu"], int(base["num_sms"]), "test", base=base)
+    assert n == len(base["entries"]) + 1
+    table = sm90.Table.load(path)
+    assert table.lookup(p, int(base["num_sms"]))[0] == cfg
+    old = base["entries"][0]
+    same = GemmProblem(n=old["n"], k=old["k"], dtype="f16", layout_b=old["layout_b"], align_a=8,
+                       align_b=8, align_c=8, m=old["m"], m_hint=old["m"], batch=old.get("batch", 1))
+    assert table.lookup(same, int(base["num_sms"])) == sm90.Table(base).lookup(same, int(base["num_sms"]))
+    with pytest.raises(ValueError, match="merge-table"):
+        kb.write_table([tp], [(p, {})], path, "NVIDIA H100", 132, "test", base=base)
+
+
+def test_lowered_conv_gemms_are_the_convs_sm90a_lowers():
+    from cutlass_offload.families import conv_gemm_sm90
+    gemms = kb.lowered_conv_gemms(CORPUS, "f16")
+    assert gemms and all(i["models"] == ["lowered-conv"] for _, i in gemms)
+    assert all(p.epilogue == GemmEpilogue() and p.layout_b == "col" and p.m for p, _ in gemms)
+    assert len({(p.m, p.n, p.k) for p, _ in gemms}) == len(gemms)
+    stem = [p for p, i in gemms if i["id"].startswith("im2col")]
+    assert any((p.n, p.k) == (64, 152) for p in stem)     # ResNet-50: 7*7*3 = 147 -> 152
+    rows = [{"kind": "gemm", "dtype": "f16", "models": ["lowered-conv"], "fused": False,
+             "heuristic_us": 1.0, "anchor_us": 1.0}]
+    assert list(kb.summarize(rows, 800.0)) == ["gemm_lowered_conv/f16"]
+    assert conv_gemm_sm90.IM2COL_MAX_C == 8
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
 def test_no_gpu_exits_2():
     assert kb.main(["--kinds", "gemm"]) == 2
