@@ -122,7 +122,9 @@ def test_stream_k_config_is_a_stream_k_unit():
     assert src.defines == () and "cutlass::gemm::StreamKScheduler" in src.code
     assert unit_class(k) == "gemm3x_stream_k"
     assert unit_class(_kernel("direct")) == "common"            # with the GEMMs, not conv3x
-    assert unit_class(dataclasses.replace(_kernel("direct"), iterator="")) == "conv3x"
+    from cutlass_offload.ir import GemmLaunch
+    tma = dataclasses.replace(_kernel("direct"), iterator="", launch=GemmLaunch())
+    assert unit_class(tma) == "conv3x"
 
 
 def test_refusals():
@@ -148,7 +150,7 @@ def test_launch_knobs_are_compiled_in_and_named():
     assert "g.raster_order = 2;" in code and "g.swizzle = 4;" in code
     assert "g.splits = 3;" in code and "g.decomposition = 2;" in code
     assert k.name.endswith("_im2col_along_n_swz4_splitk3_align118_bias_relu")
-    plain = _kernel("im2col")
+    plain = _kernel("im2col", launch=GemmLaunch())
     assert "g.raster_order = 0;" in emit_kernel(plain).code and "_im2col_align" in plain.name
     with pytest.raises(ValueError, match="pdl"):
         _kernel("direct", launch=GemmLaunch(pdl=True))
@@ -156,6 +158,8 @@ def test_launch_knobs_are_compiled_in_and_named():
         _kernel("direct", config=sm90.CONFIGS["mid"], launch=GemmLaunch(decomposition="split_k", splits=2))
     with pytest.raises(ValueError, match="lowered"):
         dataclasses.replace(_kernel("direct"), iterator="", launch=GemmLaunch(swizzle=2))
+    chosen = _kernel("im2col")
+    assert chosen.launch == GemmLaunch() or f"_im2col_{chosen.launch.tag}_align" in chosen.name
 
 
 def test_few_output_channels_get_narrow_2x_tiles():
@@ -164,7 +168,11 @@ def test_few_output_channels_get_narrow_2x_tiles():
                        align_a=8, align_b=8, align_c=1, n_hint=1)
     k = choose_conv_kernel(vae_out, "sm90a", 132)
     assert k.config.family == "cutlass2x_sm80" and k.config.tile == (128, 16, 32)
-    assert k.config.warp == (32, 16, 32)
+    assert k.config.warp == (64, 16, 32)            # two warps: 64 filter accesses, one each
+    from cutlass_offload.emit import emit_kernel
+    emit_kernel(k)                                  # passes the family's checks
+    with pytest.raises(ValueError, match="fewer 16-byte accesses"):
+        emit_kernel(dataclasses.replace(k, config=dataclasses.replace(k.config, warp=(32, 16, 32))))
     k20 = choose_conv_kernel(dataclasses.replace(vae_out, k=20, align_c=4), "sm90a", 132)
     assert k20.config.tile == (128, 32, 32)
     small = choose_conv_kernel(dataclasses.replace(vae_out, h=8, w=8), "sm90a", 132)

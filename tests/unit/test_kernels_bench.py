@@ -122,8 +122,8 @@ def test_written_table_is_what_select_reads(tmp_path):
 
 
 def test_merged_table_keeps_the_shapes_not_searched(tmp_path):
-    p = GemmProblem(n=64, k=152, dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
-                    m=100352, m_hint=100352)
+    p = GemmProblem(n=48, k=24, dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                    m=777, m_hint=777)                       # a shape no table holds
     cfg = sm90.CONFIGS["narrow"]
     tp = TunedProblem("k", tuning_id(p), 1, False, "h", cfg.tag, config_to_dict(cfg),
                       [CandidateResult("n", cfg.tag, "ok", us=30.0)], 40.0)

@@ -102,7 +102,7 @@ static inline bool args_ok(const CoConvArgs& a) {
   // the pack kernel's 32-bit index math (im2col.cuh): one chunk plus B in int range
   if (a.r * a.s * a.c > INT32_MAX - 8) return false;
   const int64_t rows = a.n * a.p * a.q < chunk_rows(a) ? a.n * a.p * a.q : chunk_rows(a);
-  return (rows + a.k) * (packed_k(a) / 8) <= INT32_MAX;
+  return (rows + a.k) * (packed_k(a) / 8 + 1) <= INT32_MAX;  // threads: 2 per 16 columns
 }
 
 // The GEMM on output rows [row0, row0 + rows) with A and B at the given addresses
@@ -192,7 +192,7 @@ int run(const CoConvArgs& args, cudaStream_t stream) {
                                   args.p, args.q, args.pad_h, args.pad_w, args.stride_h,
                                   args.stride_w, args.dilation_h, args.dilation_w,
                                   packed_k(args), row0, rows, row0 == 0 ? args.k : 0};
-    const int64_t work = (rows + geo.b_rows) * (geo.kp / 8);  // 16-byte stores
+    const int64_t work = (rows + geo.b_rows) * (geo.kp / 16 + geo.kp % 16 / 8) * 2;  // threads
     const int64_t blocks = (work + 255) / 256;
     // a grid-stride loop: a few waves of blocks are enough to saturate memory
     co_im2col::pack<Element><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(

@@ -66,6 +66,14 @@ def check_warp_tiling(cfg: KernelConfig, dtype: str) -> None:
     warps = (tm // wm) * (tn // wn)
     if warps not in (1, 2, 4, 8):
         raise ValueError(f"{warps} warps per threadblock; use 1, 2, 4 or 8")
+    # every thread must take part in each operand tile's global loads (at most 16
+    # bytes, 8 16-bit elements, per access): CUTLASS's pitch-linear thread maps
+    # static_assert a non-zero iteration count (transform/pitch_linear_thread_map.h)
+    per_access = 16 // (2 if dtype != "f32" else 4)
+    for what, rows in (("A", tm), ("B", tn)):
+        if rows * tk // per_access < 32 * warps:
+            raise ValueError(f"the {rows}x{tk} {what} tile has fewer 16-byte accesses than the "
+                             f"{32 * warps} threads of {warps} warps")
 
 
 def check_smem(cfg: KernelConfig, dtype: str) -> None:
@@ -132,7 +140,10 @@ def narrow_configs(dtype: str, align_a: int, align_b: int, n: int) -> list[Kerne
     inst = INSTRUCTION[dtype]
     tn = 16 if n <= 16 else 32
     stages = 3 if dtype == "f32" else (4 if cp_async_ok(dtype, align_a, align_b) else 2)
-    return [config((128, tn, 32), (32, tn, 32), stages, inst),
+    # two warps either way: the (tn x 32) filter tile has 64 16-byte accesses at
+    # tn = 16, one per thread of two warps (four warps leave the filter iterator's
+    # thread map with zero iterations: pitch_linear_thread_map.h static_assert)
+    return [config((128, tn, 32), (64, tn, 32), stages, inst),
             config((64, tn, 32), (32, tn, 32), stages, inst)]
 
 

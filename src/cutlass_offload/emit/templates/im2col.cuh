@@ -21,8 +21,14 @@ struct Geometry {
 // for output pixel (n, p, q) = row0 + i, zero outside the image and in the columns
 // past r*s*c; B[k, j] = filter[k, j] for j < r*s*c, else zero (KRSC flattened).
 // Element copies only, so inf / NaN reach exactly the outputs whose window holds
-// them. Each thread writes 8 consecutive columns (one 16-byte store; kp % 8 == 0,
-// A and B 16-byte aligned).
+// them. A and B rows are kp long (kp % 8 == 0), 16-byte aligned.
+//
+// Thread order: each thread writes 8 consecutive columns (one 16-byte store); two
+// neighbouring threads the 16 columns of one 32-byte sector; the next pair the same
+// columns of the next row. So a warp stores 16 whole sectors, and its element loads
+// walk 16 neighbouring output pixels, whose windows overlap in x: a few cache lines
+// per load instead of one per lane (a thread per 8 columns of one row read ~20 lines
+// per load and ran the ResNet-50 stem's pack at 49 us for 30.5 MB, H200).
 template <typename T>
 __global__ void __launch_bounds__(256) pack(const T* __restrict__ x, const T* __restrict__ filter,
                                             T* __restrict__ a, T* __restrict__ b, Geometry g) {
@@ -30,12 +36,18 @@ __global__ void __launch_bounds__(256) pack(const T* __restrict__ x, const T* __
   // 32-bit index math (the launcher checks that every value here fits): 64-bit
   // division is a long instruction sequence on the GPU
   const int chunks = int(g.kp / 8);
-  const int total = int((g.rows + g.b_rows) * chunks);
+  const int pairs = (chunks + 1) / 2;
+  const int rows = int(g.rows + g.b_rows);
+  const int total = rows * pairs * 2;
   const int rsc = int(g.r * g.s * g.c);
   const int sc = int(g.s * g.c), cc = int(g.c), qq = int(g.q), pq = int(g.p * g.q);
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const int row = i / chunks;
-    const int col0 = (i - row * chunks) * 8;
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
+    const int unit = t >> 1;
+    const int pair = unit / rows;
+    const int row = unit - pair * rows;
+    const int chunk = pair * 2 + (t & 1);
+    if (chunk >= chunks) continue;
+    const int col0 = chunk * 8;
     alignas(16) T v[8];
     if (row < g.rows) {
       const int pixel = int(g.row0) + row;
