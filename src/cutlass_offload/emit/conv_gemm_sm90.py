@@ -99,8 +99,14 @@ static inline bool args_ok(const CoConvArgs& a) {
     return a.r == 1 && a.s == 1 && a.stride_h == 1 && a.stride_w == 1 && a.pad_h == 0 &&
            a.pad_w == 0 && a.p == a.h && a.q == a.w && a.c % 8 == 0;
   }
-  // the pack kernel's 32-bit index math (im2col.cuh): one chunk plus B in int range
-  if (a.r * a.s * a.c > INT32_MAX - 8) return false;
+  // the pack kernel's 32-bit index math (im2col.cuh): one image's offsets, the image
+  // rows / columns a window reaches (padding included), one chunk plus B in int range
+  constexpr int64_t kHalfInt = int64_t(1) << 30;
+  if (a.r * a.s * a.c > INT32_MAX - 8 || a.h * a.w * a.c > INT32_MAX / 2) return false;
+  if (a.p * a.stride_h + a.r * a.dilation_h + a.pad_h + a.h > kHalfInt ||
+      a.q * a.stride_w + a.s * a.dilation_w + a.pad_w + a.w > kHalfInt) {
+    return false;
+  }
   const int64_t rows = a.n * a.p * a.q < chunk_rows(a) ? a.n * a.p * a.q : chunk_rows(a);
   return (rows + a.k) * (packed_k(a) / 8 + 1) <= INT32_MAX;  // threads: 2 per 16 columns
 }
