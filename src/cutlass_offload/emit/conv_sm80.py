@@ -93,9 +93,9 @@ from string import Template
 from ..families.sm80 import ITERATORS as _ITERATOR
 from ..families.sm80 import choose_iterator, conv_configs  # noqa: F401 - re-exported
 from ..ir import CONV_ITERATORS, ConvKernel, KernelSource
-from .epilogue_sm80 import (EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FAMILY,
+from .epilogue_sm80 import (ELEMENT_TYPES, EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FAMILY,
                             INCLUDE_PLAIN_EPILOGUE, INCLUDE_RESIDUAL_EPILOGUE, INCLUDES_COMMON,
-                            KERNEL, check_alignments, check_smem, check_warp_tiling, cp_async_ok,
+                            KERNEL, TILE_TYPES, check_alignments, check_smem, check_warp_tiling, cp_async_ok,
                             epilogue_values, semantics, shape_values)
 
 _STRIDE_SUPPORT = {"strided": "kStrided", "unity": "kUnity"}
@@ -116,22 +116,9 @@ _INCLUDES_RESIDUAL = INCLUDES_COMMON + (
 # ---------------------------------------------------------------------------
 
 # Types and the problem size, shared by both variants.
-_TYPES = """\
-using ElementA = ${element};
-using ElementB = ${element};
-using ElementOutput = ${element};
-using ElementAccumulator = float;
-using ElementCompute = float;
+_TYPES = ELEMENT_TYPES + """\
 using Layout = cutlass::layout::TensorNHWC;  // x NHWC, filter KRSC, y / residual NPQK
-using ThreadblockShape = cutlass::gemm::GemmShape<${tile_m}, ${tile_n}, ${tile_k}>;
-using WarpShape = cutlass::gemm::GemmShape<${warp_m}, ${warp_n}, ${warp_k}>;
-using InstructionShape = cutlass::gemm::GemmShape<${inst_m}, ${inst_n}, ${inst_k}>;
-using Swizzle = cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>;
-constexpr int kStages = ${stages};
-constexpr int kAlignA = ${align_a};
-constexpr int kAlignB = ${align_b};
-constexpr int kAlignC = ${align_c};
-constexpr cutlass::conv::IteratorAlgorithm kIterator =
+""" + TILE_TYPES + """constexpr cutlass::conv::IteratorAlgorithm kIterator =
     cutlass::conv::IteratorAlgorithm::${iterator};
 constexpr cutlass::conv::StrideSupport kStrideSupport =
     cutlass::conv::StrideSupport::${stride_support};
@@ -156,14 +143,14 @@ static cutlass::TensorRef<Element, Layout> ref(const void* p, Layout layout) {
 [[maybe_unused]] static Layout broadcast_layout() { return Layout(typename Layout::Stride(0)); }
 """
 
-# Variant 1: no residual. D = act(alpha * acc + bias); bias read as C with zero strides.
-_PLAIN = EPILOGUE_PLAIN + """
-using Kernel = typename cutlass::conv::kernel::DefaultConv2dFprop<
+# The default-kernel template arguments and make_arguments' head both variants share
+_KERNEL_PARAMS = """<
     ElementA, Layout, ElementB, Layout, ElementOutput, Layout, ElementAccumulator,
     cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
     ThreadblockShape, WarpShape, InstructionShape, EpilogueOp, Swizzle,
     kStages, cutlass::arch::OpMultiplyAdd, kIterator, kStrideSupport,
-    kAlignA, kAlignB>::Kernel;
+    kAlignA, kAlignB>::Kernel"""
+_ARGUMENTS_HEAD = """;
 using Conv = cutlass::conv::device::ImplicitGemmConvolution<Kernel>;
 
 static typename Conv::Arguments make_arguments(const CoConvArgs& args) {
@@ -172,7 +159,11 @@ static typename Conv::Arguments make_arguments(const CoConvArgs& args) {
       ps,
       ref<ElementA>(args.x, Layout::packed(ps.activation_extent())),
       ref<ElementB>(args.filter, Layout::packed(ps.filter_extent())),
-      ref<ElementOutput>(${source_ptr}, broadcast_layout()),
+      ref<ElementOutput>("""
+
+# Variant 1: no residual. D = act(alpha * acc + bias); bias read as C with zero strides.
+_PLAIN = EPILOGUE_PLAIN + """
+using Kernel = typename cutlass::conv::kernel::DefaultConv2dFprop""" + _KERNEL_PARAMS + _ARGUMENTS_HEAD + """${source_ptr}, broadcast_layout()),
       ref<ElementOutput>(args.y, Layout::packed(ps.output_extent())),
       typename EpilogueOp::Params(ElementCompute(1), ElementCompute(${beta})));
 }
@@ -180,12 +171,7 @@ static typename Conv::Arguments make_arguments(const CoConvArgs& args) {
 
 # Variant 2: residual. D = post(binary(act(alpha * acc + vector), beta * C)).
 _RESIDUAL = EPILOGUE_RESIDUAL + """
-using FusedKernel = typename cutlass::conv::kernel::DefaultConv2dFpropWithBroadcast<
-    ElementA, Layout, ElementB, Layout, ElementOutput, Layout, ElementAccumulator,
-    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
-    ThreadblockShape, WarpShape, InstructionShape, EpilogueOp, Swizzle,
-    kStages, cutlass::arch::OpMultiplyAdd, kIterator, kStrideSupport,
-    kAlignA, kAlignB>::Kernel;
+using FusedKernel = typename cutlass::conv::kernel::DefaultConv2dFpropWithBroadcast""" + _KERNEL_PARAMS + """;
 
 // The fused-epilogue kernel counts K iterations as if the iterator were analytic
 // (R*S*ceil(C/tile_k)); few/fixed channels need ceil(R*S*C/tile_k) resp.
@@ -200,16 +186,7 @@ struct Kernel : FusedKernel {
           cutlass::conv::Operator::kFprop, ThreadblockShape::kK, args.problem_size, kIterator);
     }
   };
-};
-using Conv = cutlass::conv::device::ImplicitGemmConvolution<Kernel>;
-
-static typename Conv::Arguments make_arguments(const CoConvArgs& args) {
-  cutlass::conv::Conv2dProblemSize ps = problem_size(args);
-  return typename Conv::Arguments(
-      ps,
-      ref<ElementA>(args.x, Layout::packed(ps.activation_extent())),
-      ref<ElementB>(args.filter, Layout::packed(ps.filter_extent())),
-      ref<ElementOutput>(args.residual, ${residual_layout}),
+}""" + _ARGUMENTS_HEAD + """args.residual, ${residual_layout}),
       ref<ElementOutput>(args.y, Layout::packed(ps.output_extent())),
       typename EpilogueOp::Params(ElementCompute(1), ElementCompute(1)),
       cutlass::conv::SplitKMode::kSerial,
@@ -351,15 +328,13 @@ def check(kernel: ConvKernel) -> None:
 # ---------------------------------------------------------------------------
 
 def values(kernel: ConvKernel) -> dict:
-    """Return the substitution dict for the templates of ``kernel``.
-
-    Keys cover both variants; each template uses the subset it needs. Raises
-    ValueError (from ``check``) if the kernel is not a legal instantiation.
-    """
+    """The substitution dict of ``kernel``'s template (both variants' keys: the
+    activation iterator, stride support, the residual's layout, the epilogue).
+    Raises ValueError (from ``check``) for an illegal instantiation."""
     check(kernel)
     ep = kernel.epilogue
-    residual = ep.residual != "none"
-    operand_checks = (_CHECK_BIAS if ep.bias else "") + (_CHECK_RESIDUAL if residual else "")
+    operand_checks = ((_CHECK_BIAS if ep.bias else "")
+                      + (_CHECK_RESIDUAL if ep.residual != "none" else ""))
     source = "residual[k]" if ep.residual_broadcast else "residual"
     return {
         "name": kernel.name,

@@ -65,7 +65,8 @@ from ..families.conv_sm90 import (  # noqa: F401 - the family's rules, re-export
     _MAX_ACC_PER_THREAD, CANDIDATES, EPILOGUE_SCHEDULE, FAMILY, KERNEL_SCHEDULE, make_config,
     supports)
 from ..ir import ConvKernel, GemmEpilogue, KernelSource
-from .evt_sm90 import ELEMENT, evt, is_plain, row_broadcast, semantics, src_fetch
+from . import sm90_parts
+from .evt_sm90 import ELEMENT, row_broadcast, semantics, src_fetch
 
 INCLUDES = (
     "cute/tensor.hpp",
@@ -82,7 +83,13 @@ INCLUDES = (
     "cutlass/conv/device/conv_universal_adapter.hpp",
 )
 
-# Placeholders are ${name}; substitution is strict (KeyError on a missing key).
+# The adapter's run (non-persistent: no PDL)
+_LAUNCH = """\
+  if (Conv::run(params, stream) != cutlass::Status::kSuccess) {
+"""
+
+# The parts every sm90 emitter shares are spliced in (sm90_parts.py). Placeholders
+# are ${name}; substitution is strict (KeyError on a missing key).
 TEMPLATE = string.Template("""\
 // ${name}
 // y = ${semantics}
@@ -101,32 +108,9 @@ using LayoutA = cutlass::layout::TensorNHWC;
 using LayoutB = cutlass::layout::TensorNHWC;
 using LayoutC = cutlass::layout::TensorNHWC;
 using LayoutD = cutlass::layout::TensorNHWC;
-constexpr int AlignmentA = ${align_a};
-constexpr int AlignmentB = ${align_b};
-constexpr int AlignmentC = ${align_c};
-constexpr int AlignmentD = ${align_c};
-constexpr auto RoundStyle = cutlass::FloatRoundStyle::round_to_nearest;
-
-// K mode wrapped in a Shape: tiles C within K = (C, S, R)
+""" + sm90_parts.ALIGNMENTS + """// K mode wrapped in a Shape: tiles C within K = (C, S, R)
 using TileShape = cute::Shape<cute::_${tile_m}, cute::_${tile_n}, cute::Shape<cute::_${tile_k}>>;
-using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
-
-// Epilogue fusion: ${epilogue_tag}
-using FusionOp =
-${fusion_type};
-
-using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-    TileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto,
-    ElementAccumulator, ElementCompute,
-    ElementC, LayoutC, AlignmentC,
-    ElementD, LayoutD, AlignmentD,
-    cutlass::epilogue::${epilogue_schedule},
-    FusionOp
-  >::CollectiveOp;
-
-using CollectiveMainloop = typename cutlass::conv::collective::CollectiveBuilder<
+""" + sm90_parts.EPILOGUE + """using CollectiveMainloop = typename cutlass::conv::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
     cutlass::conv::Operator::kFprop,
     ElementA, LayoutA, AlignmentA,
@@ -244,32 +228,7 @@ int run(const CoConvArgs& args, cudaStream_t stream) {
   if (Conv::can_implement(arguments) != cutlass::Status::kSuccess) {
     return CO_CANNOT_IMPLEMENT;
   }
-  int64_t needed = static_cast<int64_t>(Conv::get_workspace_size(arguments));
-  if (args.workspace_bytes < needed || (needed > 0 && args.workspace == nullptr)) {
-    return CO_WORKSPACE_TOO_SMALL;
-  }
-  // What Conv::initialize + run do, with the shared memory opt-in once per device
-  static std::atomic<int> smem_ready[kCoMaxDevices];
-  int ready = co_opt_in_smem(cutlass::device_kernel<ConvKernel>,
-                             static_cast<int>(ConvKernel::SharedStorageSize), smem_ready, 9);
-  if (ready != CO_OK) {
-    return ready;
-  }
-  if (ConvKernel::initialize_workspace(arguments, args.workspace, stream) != cutlass::Status::kSuccess) {
-    return CO_INIT_FAILED;
-  }
-  typename ConvKernel::Params params = ConvKernel::to_underlying_arguments(arguments, args.workspace);
-  if (Conv::run(params, stream) != cutlass::Status::kSuccess) {
-    return CO_LAUNCH_FAILED;
-  }
-  if (cudaGetLastError() != cudaSuccess) {
-    return CO_LAUNCH_FAILED;
-  }
-  return CO_OK;
-}
-
-}  // namespace ${name}
-""")
+""" + sm90_parts.run_tail("Conv", "ConvKernel", _LAUNCH))
 
 
 def _reads_source(ep: GemmEpilogue) -> bool:
@@ -329,37 +288,22 @@ def validate(kernel: ConvKernel) -> None:
     if cfg.epilogue_schedule not in ("", EPILOGUE_SCHEDULE):
         raise ValueError(f"epilogue_schedule must be {EPILOGUE_SCHEDULE!r} (or ''), "
                          f"got {cfg.epilogue_schedule!r}")
-    if cfg.stages < 0 or cfg.stages == 1:
-        raise ValueError(f"stages must be 0 (auto) or >= 2, got {cfg.stages}")
+    sm90_parts.check_stages(cfg.stages)
 
 
 def values(kernel: ConvKernel) -> dict:
-    """Build the substitution dict for ``TEMPLATE`` (every placeholder, no more).
-
-    Returns a dict of str -> str. Raises what ``validate`` raises.
-    """
+    """The substitution dict (str -> str) for ``TEMPLATE``, every placeholder and no
+    more: the conv's element, tile and cluster, its EVT (a per-channel residual as a
+    row broadcast) and the residual source. Raises what ``validate`` raises."""
     validate(kernel)
     cfg = kernel.config
     ep = kernel.epilogue
     element = ELEMENT[kernel.dtype][0]
 
-    if is_plain(ep):
-        fusion_type = ("  cutlass::epilogue::fusion::LinearCombination<"
-                       "ElementD, ElementCompute, ElementC, ElementCompute, RoundStyle>")
-        fusion_args = ("  arguments.epilogue.thread.alpha = ElementCompute(1);\n"
-                       "  arguments.epilogue.thread.beta = ElementCompute(0);")
-    else:
-        # A (K,) residual is one value per output channel, like the bias.
-        tree = evt(ep, row_broadcast("args.residual") if ep.residual_broadcast else src_fetch())
-        fusion_type = tree.render_type(1)
-        fusion_args = ("  // EVT arguments: each node is {child args..., op args}\n"
-                       "  arguments.epilogue.thread =\n" + tree.render_args(2) + ";")
-
-    if cfg.stages == 0:
-        stage_count = ("cutlass::conv::collective::StageCountAutoCarveout<"
-                       "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>")
-    else:
-        stage_count = f"cutlass::conv::collective::StageCount<{cfg.stages}>"
+    # A (K,) residual is one value per output channel, like the bias.
+    fusion_type, fusion_args = sm90_parts.fusion(
+        ep, row_broadcast("args.residual") if ep.residual_broadcast else src_fetch())
+    stage_count = sm90_parts.stage_count(cfg.stages, "conv")
 
     # every pointer the kernel reads must be there and TMA/vector aligned
     operand_check = ""
@@ -375,15 +319,7 @@ def values(kernel: ConvKernel) -> dict:
         "epilogue_tag": ep.tag,
         "element": element,
         "element_c": element if _reads_source(ep) else "void",
-        "align_a": str(kernel.align_a),
-        "align_b": str(kernel.align_b),
-        "align_c": str(kernel.align_c),
-        "tile_m": str(cfg.tile[0]),
-        "tile_n": str(cfg.tile[1]),
-        "tile_k": str(cfg.tile[2]),
-        "cluster_m": str(cfg.cluster[0]),
-        "cluster_n": str(cfg.cluster[1]),
-        "cluster_k": str(cfg.cluster[2]),
+        **sm90_parts.shape_values(kernel),   # alignments, tile, cluster
         "fusion_type": fusion_type,
         "fusion_args": fusion_args,
         "epilogue_schedule": EPILOGUE_SCHEDULE,

@@ -64,6 +64,25 @@ INCLUDE_RESIDUAL_EPILOGUE = "cutlass/epilogue/thread/linear_combination_residual
 # its input (alpha * acc + bias) and its output rounded to ElementOutput, where
 # PyTorch's separate ops round them (see the module docstring). The post
 # activation (relu) needs no rounding: relu commutes with round-to-nearest.
+# The element and tile type aliases both 2.x emitters open with (layouts between them).
+ELEMENT_TYPES = """\
+using ElementA = ${element};
+using ElementB = ${element};
+using ElementOutput = ${element};
+using ElementAccumulator = float;
+using ElementCompute = float;
+"""
+TILE_TYPES = """\
+using ThreadblockShape = cutlass::gemm::GemmShape<${tile_m}, ${tile_n}, ${tile_k}>;
+using WarpShape = cutlass::gemm::GemmShape<${warp_m}, ${warp_n}, ${warp_k}>;
+using InstructionShape = cutlass::gemm::GemmShape<${inst_m}, ${inst_n}, ${inst_k}>;
+using Swizzle = cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>;
+constexpr int kStages = ${stages};
+constexpr int kAlignA = ${align_a};
+constexpr int kAlignB = ${align_b};
+constexpr int kAlignC = ${align_c};
+"""
+
 ROUNDED_ACTIVATION = """\
 // PyTorch rounds each op's result to the tensor dtype (fp16: overflow -> inf);
 // round acc + bias and the activation's output the same way, so the fused

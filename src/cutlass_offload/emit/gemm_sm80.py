@@ -40,8 +40,9 @@ from string import Template
 
 from ..families.sm80 import gemm_configs
 from ..ir import GemmKernel, KernelSource
-from .epilogue_sm80 import (EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FAMILY, INCLUDE_PLAIN_EPILOGUE,
-                            INCLUDE_RESIDUAL_EPILOGUE, INCLUDES_COMMON, KERNEL, check_alignments,
+from .epilogue_sm80 import (ELEMENT_TYPES, EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FAMILY,
+                            INCLUDE_PLAIN_EPILOGUE, INCLUDE_RESIDUAL_EPILOGUE, INCLUDES_COMMON,
+                            KERNEL, TILE_TYPES, check_alignments,
                             check_smem, check_warp_tiling, cp_async_ok, epilogue_values,
                             semantics, shape_values)
 
@@ -61,24 +62,11 @@ _INCLUDES_RESIDUAL = INCLUDES_COMMON + (
 # ---------------------------------------------------------------------------
 
 # Types shared by both variants.
-_TYPES = """\
-using ElementA = ${element};
-using ElementB = ${element};
-using ElementOutput = ${element};
-using ElementAccumulator = float;
-using ElementCompute = float;
+_TYPES = ELEMENT_TYPES + """\
 using LayoutA = cutlass::layout::RowMajor;
 using LayoutB = ${layout_b};
 using LayoutC = cutlass::layout::RowMajor;
-using ThreadblockShape = cutlass::gemm::GemmShape<${tile_m}, ${tile_n}, ${tile_k}>;
-using WarpShape = cutlass::gemm::GemmShape<${warp_m}, ${warp_n}, ${warp_k}>;
-using InstructionShape = cutlass::gemm::GemmShape<${inst_m}, ${inst_n}, ${inst_k}>;
-using Swizzle = cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>;
-constexpr int kStages = ${stages};
-constexpr int kAlignA = ${align_a};
-constexpr int kAlignB = ${align_b};
-constexpr int kAlignC = ${align_c};
-
+""" + TILE_TYPES + """
 static cutlass::gemm::GemmUniversalMode mode(const CoGemmArgs& args) {
   return args.l == 1 ? cutlass::gemm::GemmUniversalMode::kGemm
                      : cutlass::gemm::GemmUniversalMode::kBatched;
@@ -88,9 +76,8 @@ static cutlass::gemm::GemmCoord extent(const CoGemmArgs& args) {
 }
 """
 
-# Variant 1: no residual. D = act(alpha * acc + bias_row); bias read as C with ldc = 0.
-_PLAIN = EPILOGUE_PLAIN + """
-using Gemm = cutlass::gemm::device::GemmUniversal<
+# The device GEMM's template arguments and make_arguments' head both variants share
+_GEMM_PARAMS = """<
     ElementA, LayoutA, ElementB, LayoutB, ElementOutput, LayoutC, ElementAccumulator,
     cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
     ThreadblockShape, WarpShape, InstructionShape, EpilogueOp, Swizzle,
@@ -99,7 +86,11 @@ using Gemm = cutlass::gemm::device::GemmUniversal<
 static typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
   return typename Gemm::Arguments(
       mode(args), extent(args), int(args.l),
-      typename EpilogueOp::Params(ElementCompute(1), ElementCompute(${beta})),
+      typename EpilogueOp::Params(ElementCompute(1), ElementCompute("""
+
+# Variant 1: no residual. D = act(alpha * acc + bias_row); bias read as C with ldc = 0.
+_PLAIN = EPILOGUE_PLAIN + """
+using Gemm = cutlass::gemm::device::GemmUniversal""" + _GEMM_PARAMS + """${beta})),
       args.a, args.b, ${source_ptr}, args.d,
       args.batch_stride_a, args.batch_stride_b, /*batch_stride_c=*/0, args.batch_stride_d,
       args.lda, args.ldb, /*ldc=*/0, args.ldd);
@@ -108,16 +99,7 @@ static typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
 
 # Variant 2: residual. D = post(binary(act(alpha * acc + vector), beta * C)).
 _RESIDUAL = EPILOGUE_RESIDUAL + """
-using Gemm = cutlass::gemm::device::GemmUniversalWithBroadcast<
-    ElementA, LayoutA, ElementB, LayoutB, ElementOutput, LayoutC, ElementAccumulator,
-    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
-    ThreadblockShape, WarpShape, InstructionShape, EpilogueOp, Swizzle,
-    kStages, kAlignA, kAlignB, cutlass::arch::OpMultiplyAdd>;
-
-static typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
-  return typename Gemm::Arguments(
-      mode(args), extent(args), int(args.l),
-      typename EpilogueOp::Params(ElementCompute(1), ElementCompute(1)),
+using Gemm = cutlass::gemm::device::GemmUniversalWithBroadcast""" + _GEMM_PARAMS + """1)),
       args.a, args.b, args.c, args.d,
       /*ptr_Vector=*/${vector_ptr}, /*ptr_Tensor=*/nullptr,
       args.batch_stride_a, args.batch_stride_b, args.batch_stride_c, args.batch_stride_d,

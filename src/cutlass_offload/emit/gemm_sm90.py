@@ -30,7 +30,8 @@ from __future__ import annotations
 import string
 
 from ..ir import GemmKernel, KernelSource
-from .evt_sm90 import ELEMENT, evt, is_plain, semantics
+from . import sm90_parts
+from .evt_sm90 import ELEMENT, semantics
 
 FAMILY = "cutlass3x_sm90"
 
@@ -61,7 +62,15 @@ INCLUDES = (
     "cutlass/gemm/device/gemm_universal_adapter.h",
 )
 
-# One template for the family. Placeholders are ${name}; substitution is strict
+# The adapter's run, with PDL when the args ask for it (GDC compiled in: GDC_DEFINES)
+_LAUNCH = """\
+  // PDL: the kernel's griddepcontrol.wait (CUTLASS_ENABLE_GDC_FOR_SM90) holds its first
+  // global read until the previous kernel on the stream is done
+  if (Gemm::run(params, stream, nullptr, args.pdl != 0) != cutlass::Status::kSuccess) {
+"""
+
+# One template for the family, with the parts every sm90 emitter shares spliced in
+# (sm90_parts.py). Placeholders are ${name}; substitution is strict
 # (string.Template.substitute raises KeyError on a missing key).
 TEMPLATE = string.Template("""\
 // ${name}
@@ -79,31 +88,8 @@ using LayoutA = cutlass::layout::RowMajor;
 using LayoutB = ${layout_b};
 using LayoutC = cutlass::layout::RowMajor;
 using LayoutD = cutlass::layout::RowMajor;
-constexpr int AlignmentA = ${align_a};
-constexpr int AlignmentB = ${align_b};
-constexpr int AlignmentC = ${align_c};
-constexpr int AlignmentD = ${align_c};
-constexpr auto RoundStyle = cutlass::FloatRoundStyle::round_to_nearest;
-
-using TileShape = cute::Shape<cute::_${tile_m}, cute::_${tile_n}, cute::_${tile_k}>;
-using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
-
-// Epilogue fusion: ${epilogue_tag}
-using FusionOp =
-${fusion_type};
-
-using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-    TileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto,
-    ElementAccumulator, ElementCompute,
-    ElementC, LayoutC, AlignmentC,
-    ElementD, LayoutD, AlignmentD,
-    cutlass::epilogue::${epilogue_schedule},
-    FusionOp
-  >::CollectiveOp;
-
-using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+""" + sm90_parts.ALIGNMENTS + """using TileShape = cute::Shape<cute::_${tile_m}, cute::_${tile_n}, cute::_${tile_k}>;
+""" + sm90_parts.EPILOGUE + """using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
     ElementA, LayoutA, AlignmentA,
     ElementB, LayoutB, AlignmentB,
@@ -188,34 +174,7 @@ int run(const CoGemmArgs& args, cudaStream_t stream) {
   if (Gemm::can_implement(arguments) != cutlass::Status::kSuccess) {
     return CO_CANNOT_IMPLEMENT;
   }
-  int64_t needed = static_cast<int64_t>(Gemm::get_workspace_size(arguments));
-  if (args.workspace_bytes < needed || (needed > 0 && args.workspace == nullptr)) {
-    return CO_WORKSPACE_TOO_SMALL;
-  }
-  // What Gemm::initialize + run do, with the shared memory opt-in once per device
-  static std::atomic<int> smem_ready[kCoMaxDevices];
-  int ready = co_opt_in_smem(cutlass::device_kernel<GemmKernel>,
-                             static_cast<int>(GemmKernel::SharedStorageSize), smem_ready, 9);
-  if (ready != CO_OK) {
-    return ready;
-  }
-  if (GemmKernel::initialize_workspace(arguments, args.workspace, stream) != cutlass::Status::kSuccess) {
-    return CO_INIT_FAILED;
-  }
-  typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(arguments, args.workspace);
-  // PDL: the kernel's griddepcontrol.wait (CUTLASS_ENABLE_GDC_FOR_SM90) holds its first
-  // global read until the previous kernel on the stream is done
-  if (Gemm::run(params, stream, nullptr, args.pdl != 0) != cutlass::Status::kSuccess) {
-    return CO_LAUNCH_FAILED;
-  }
-  if (cudaGetLastError() != cudaSuccess) {
-    return CO_LAUNCH_FAILED;
-  }
-  return CO_OK;
-}
-
-}  // namespace ${name}
-""")
+""" + sm90_parts.run_tail("Gemm", "GemmKernel", _LAUNCH))
 
 
 # CUTLASS's grid dependency control (griddepcontrol.wait before the first global read,
@@ -282,8 +241,7 @@ def validate(kernel: GemmKernel) -> None:
     if cfg.tile_scheduler == "stream_k" and cfg.kernel_schedule != "KernelTmaWarpSpecializedCooperative":
         # sm90_gemm_tma_warpspecialized_pingpong.hpp static_asserts against stream-K
         raise ValueError("the stream-K tile scheduler needs the cooperative kernel schedule")
-    if cfg.stages < 0 or cfg.stages == 1:
-        raise ValueError(f"stages must be 0 (auto) or >= 2, got {cfg.stages}")
+    sm90_parts.check_stages(cfg.stages)
 
 
 def values(kernel: GemmKernel) -> dict:
@@ -309,22 +267,8 @@ def values(kernel: GemmKernel) -> dict:
         stride_b_value = "cute::make_stride(cute::_1{}, int64_t(args.ldb), int64_t(args.batch_stride_b))"
         layout_b_doc = "(K, N, L), N contiguous"
 
-    if is_plain(ep):
-        fusion_type = ("  cutlass::epilogue::fusion::LinearCombination<"
-                       "ElementD, ElementCompute, ElementC, ElementCompute, RoundStyle>")
-        fusion_args = ("  arguments.epilogue.thread.alpha = ElementCompute(1);\n"
-                       "  arguments.epilogue.thread.beta = ElementCompute(0);")
-    else:
-        tree = evt(ep)
-        fusion_type = tree.render_type(1)
-        fusion_args = ("  // EVT arguments: each node is {child args..., op args}\n"
-                       "  arguments.epilogue.thread =\n" + tree.render_args(2) + ";")
-
-    if cfg.stages == 0:
-        stage_count = ("cutlass::gemm::collective::StageCountAutoCarveout<"
-                       "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>")
-    else:
-        stage_count = f"cutlass::gemm::collective::StageCount<{cfg.stages}>"
+    fusion_type, fusion_args = sm90_parts.fusion(ep)
+    stage_count = sm90_parts.stage_count(cfg.stages, "gemm")
 
     return {
         "name": kernel.name,
@@ -335,15 +279,7 @@ def values(kernel: GemmKernel) -> dict:
         "element_d": element,
         "layout_b": layout_b,
         "layout_b_doc": layout_b_doc,
-        "align_a": str(kernel.align_a),
-        "align_b": str(kernel.align_b),
-        "align_c": str(kernel.align_c),
-        "tile_m": str(cfg.tile[0]),
-        "tile_n": str(cfg.tile[1]),
-        "tile_k": str(cfg.tile[2]),
-        "cluster_m": str(cfg.cluster[0]),
-        "cluster_n": str(cfg.cluster[1]),
-        "cluster_k": str(cfg.cluster[2]),
+        **sm90_parts.shape_values(kernel),   # alignments, tile, cluster
         "fusion_type": fusion_type,
         "fusion_args": fusion_args,
         "epilogue_schedule": cfg.epilogue_schedule or _EPILOGUE_FOR[cfg.kernel_schedule],

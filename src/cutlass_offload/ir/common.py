@@ -192,8 +192,12 @@ def note_not_fused(node: str, why: str) -> Note:
 
 
 def note_mask_folded(label: str, node: str, causal: str, checked: bool) -> Note:
-    """A compile-time mask folded into the attention kernel's causal mode."""
+    """A compile-time mask folded into the attention kernel's causal mode; ``causal``
+    "none": a mask that hides nothing (e.g. BERT's all-ones padding mask), dropped."""
     rest = " (checked once per shape)" if checked else ""
+    if causal == "none":
+        return Note(f"{label} {node} folded: none{rest}",
+                    f"mask hides nothing: dropped, the kernel runs unmasked{rest}")
     words = {"top_left": "top-left", "bottom_right": "bottom-right"}.get(causal, causal)
     return Note(f"{label} {node} folded: {causal}{rest}",
                 f"causal mask folded into the kernel ({words} aligned){rest}")

@@ -64,9 +64,9 @@ import torch.fx as fx
 from ..errors import UnsupportedRegion
 from ..ir import AttentionProblem, AttentionRegion
 from .graph_utils import DTYPE_NAMES, aten, hint_int, same_dim, static_int, val
+# shared graph helpers, under this module's names (attention_forms imports them from here)
+from .graph_utils import aten_arg as _arg, is_call as _call, metadata_checks as _checks, users as _users
 
-_ASSERT = getattr(aten, "_assert_tensor_metadata", None)
-_ASSERT = _ASSERT.default if _ASSERT is not None else None
 _MATMULS = (aten.matmul.default, aten.bmm.default)
 
 
@@ -92,31 +92,6 @@ class AttentionOperands:
 
 
 # ------------------------------------------------------------------------- helpers
-
-def _call(n, *targets) -> bool:
-    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
-
-
-def _users(n) -> list:
-    """Users of n, less the metadata checks torch.export inserts (they join the region)."""
-    return [u for u in n.users if u.target is not _ASSERT]
-
-
-def _checks(n) -> list:
-    return [u for u in n.users if u.target is _ASSERT]
-
-
-def _arg(node, index, name):
-    """Argument ``name`` of an ATen call: positional, keyword or the schema default."""
-    if len(node.args) > index:
-        return node.args[index]
-    if name in node.kwargs:
-        return node.kwargs[name]
-    for a in node.target._schema.arguments:
-        if a.name == name:
-            return a.default_value if a.has_default_value() else None
-    return None
-
 
 def _tensor(node, what) -> torch.Tensor:
     v = val(node)

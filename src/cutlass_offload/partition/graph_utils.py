@@ -7,6 +7,36 @@ import torch.fx as fx
 from ..errors import UnsupportedRegion
 
 aten = torch.ops.aten
+# torch.export's metadata checks: they join the region of the node they check
+ASSERT_METADATA = getattr(aten, "_assert_tensor_metadata", None)
+ASSERT_METADATA = ASSERT_METADATA.default if ASSERT_METADATA is not None else None
+
+
+def is_call(n, *targets) -> bool:
+    """Whether ``n`` is an FX call of one of ``targets``."""
+    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
+
+
+def users(n) -> list:
+    """Users of n, less the metadata checks torch.export inserts (they join the region)."""
+    return [u for u in n.users if u.target is not ASSERT_METADATA]
+
+
+def metadata_checks(n) -> list:
+    """The metadata checks torch.export inserted on n."""
+    return [u for u in n.users if u.target is ASSERT_METADATA]
+
+
+def aten_arg(node, index, name):
+    """Argument ``name`` of an ATen call: positional, keyword or the schema default."""
+    if len(node.args) > index:
+        return node.args[index]
+    if name in node.kwargs:
+        return node.kwargs[name]
+    for a in node.target._schema.arguments:
+        if a.name == name:
+            return a.default_value if a.has_default_value() else None
+    return None
 
 DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 

@@ -41,9 +41,9 @@ import torch.fx as fx
 from ..errors import UnsupportedRegion
 from ..ir import NormProblem, NormRegion, note_not_fused, note_stops
 from .graph_utils import DTYPE_NAMES, aten, hint_int, max_alignment, static_int, tensor_dtype, val
+# shared graph helpers, under this module's names (attention_forms imports them from here)
+from .graph_utils import aten_arg as _arg, is_call as _call, metadata_checks as _checks, users as _users
 
-_ASSERT = getattr(aten, "_assert_tensor_metadata", None)
-_ASSERT = _ASSERT.default if _ASSERT is not None else None
 
 
 @dataclass
@@ -58,18 +58,6 @@ class NormOperands:
     weight: Optional[fx.Node] = None
     bias: Optional[fx.Node] = None
     notes: list = field(default_factory=list)
-
-
-def _arg(node, index, name):
-    """Argument ``name`` of an ATen call: positional, keyword or the schema default."""
-    if len(node.args) > index:
-        return node.args[index]
-    if name in node.kwargs:
-        return node.kwargs[name]
-    for a in node.target._schema.arguments:
-        if a.name == name:
-            return a.default_value if a.has_default_value() else None
-    return None
 
 
 def _cols(x) -> int:
@@ -158,19 +146,6 @@ def rms_norm_operands(node, options) -> NormOperands:
 
 
 # ------------------------------------------------------------- the written-out RMS norm
-
-def _call(n, *targets) -> bool:
-    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
-
-
-def _users(n) -> list:
-    """Users of n, less the metadata checks torch.export inserts (they join the region)."""
-    return [u for u in n.users if u.target is not _ASSERT]
-
-
-def _checks(n) -> list:
-    return [u for u in n.users if u.target is _ASSERT]
-
 
 def _other(n, one):
     """The other argument of a binary call n, one of whose arguments is ``one``."""

@@ -1,0 +1,125 @@
+"""The C++ that every CUTLASS 3.x sm90 GEMM-family emitter writes the same way
+(gemm_sm90.py, conv_sm90.py), written once: template text spliced into their
+``string.Template`` sources (so the emitted code is what each wrote before), and
+the plain-vs-EVT fusion and stage-count values they substitute.
+
+* ``ALIGNMENTS``: the alignment constants and the rounding style.
+* ``EPILOGUE``: the cluster shape, the fusion operation and the epilogue
+  collective builder (``${cluster_*}``, ``${epilogue_tag}``, ``${fusion_type}``,
+  ``${epilogue_schedule}`` placeholders).
+* ``run_tail(...)``: ``run``'s end, from the workspace check to the launch: what
+  the device adapter's ``initialize`` + ``run`` do, with the shared-memory opt-in
+  done once per device (prelude.h ``co_opt_in_smem``) instead of on every call.
+"""
+from __future__ import annotations
+
+from ..ir import GemmEpilogue
+from .evt_sm90 import evt, is_plain
+
+ALIGNMENTS = """\
+constexpr int AlignmentA = ${align_a};
+constexpr int AlignmentB = ${align_b};
+constexpr int AlignmentC = ${align_c};
+constexpr int AlignmentD = ${align_c};
+constexpr auto RoundStyle = cutlass::FloatRoundStyle::round_to_nearest;
+
+"""
+
+EPILOGUE = """\
+using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
+
+// Epilogue fusion: ${epilogue_tag}
+using FusionOp =
+${fusion_type};
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto,
+    ElementAccumulator, ElementCompute,
+    ElementC, LayoutC, AlignmentC,
+    ElementD, LayoutD, AlignmentD,
+    cutlass::epilogue::${epilogue_schedule},
+    FusionOp
+  >::CollectiveOp;
+
+"""
+
+_RUN_TAIL = """\
+  int64_t needed = static_cast<int64_t>(@ADAPTER@::get_workspace_size(arguments));
+  if (args.workspace_bytes < needed || (needed > 0 && args.workspace == nullptr)) {
+    return CO_WORKSPACE_TOO_SMALL;
+  }
+  // What @ADAPTER@::initialize + run do, with the shared memory opt-in once per device
+  static std::atomic<int> smem_ready[kCoMaxDevices];
+  int ready = co_opt_in_smem(cutlass::device_kernel<@KERNEL@>,
+                             static_cast<int>(@KERNEL@::SharedStorageSize), smem_ready, 9);
+  if (ready != CO_OK) {
+    return ready;
+  }
+  if (@KERNEL@::initialize_workspace(arguments, args.workspace, stream) != cutlass::Status::kSuccess) {
+    return CO_INIT_FAILED;
+  }
+  typename @KERNEL@::Params params = @KERNEL@::to_underlying_arguments(arguments, args.workspace);
+@LAUNCH@    return CO_LAUNCH_FAILED;
+  }
+  if (cudaGetLastError() != cudaSuccess) {
+    return CO_LAUNCH_FAILED;
+  }
+  return CO_OK;
+}
+
+}  // namespace ${name}
+"""
+
+
+def run_tail(adapter: str, kernel: str, launch: str) -> str:
+    """Template text of ``run``'s end for the device adapter type ``adapter`` (e.g.
+    "Gemm") over the kernel type ``kernel`` (e.g. "GemmKernel"); ``launch``: the
+    line(s) from the ``if (`` of the adapter's run call up to its opening brace,
+    newline included. Expects ``arguments`` (the adapter's Arguments) in scope and
+    closes ``run`` and the kernel's namespace."""
+    return (_RUN_TAIL.replace("@ADAPTER@", adapter).replace("@KERNEL@", kernel)
+            .replace("@LAUNCH@", launch))
+
+
+def fusion(ep: GemmEpilogue, residual_source=None) -> tuple:
+    """(fusion_type, fusion_args) template values: ``LinearCombination`` with beta 0
+    and no source load for a plain epilogue, else the EVT of evt_sm90.py
+    (``residual_source``: the residual's node, default the source C)."""
+    if is_plain(ep):
+        return ("  cutlass::epilogue::fusion::LinearCombination<"
+                "ElementD, ElementCompute, ElementC, ElementCompute, RoundStyle>",
+                "  arguments.epilogue.thread.alpha = ElementCompute(1);\n"
+                "  arguments.epilogue.thread.beta = ElementCompute(0);")
+    tree = evt(ep, residual_source)
+    return (tree.render_type(1),
+            "  // EVT arguments: each node is {child args..., op args}\n"
+            "  arguments.epilogue.thread =\n" + tree.render_args(2) + ";")
+
+
+def stage_count(stages: int, family: str) -> str:
+    """The mainloop builder's stage count: CUTLASS's automatic choice after the
+    epilogue's shared memory is carved out (``stages`` 0), else exactly ``stages``;
+    ``family``: "gemm" or "conv" (the collective namespace)."""
+    if stages == 0:
+        return (f"cutlass::{family}::collective::StageCountAutoCarveout<"
+                "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>")
+    return f"cutlass::{family}::collective::StageCount<{stages}>"
+
+
+def check_stages(stages: int) -> None:
+    """Raise ValueError unless ``stages`` is 0 (the builder's choice) or >= 2."""
+    if stages < 0 or stages == 1:
+        raise ValueError(f"stages must be 0 (auto) or >= 2, got {stages}")
+
+
+def shape_values(kernel) -> dict:
+    """The ``${align_*}``, ``${tile_*}`` and ``${cluster_*}`` values of ``kernel``'s
+    alignments (elements) and config (str -> str)."""
+    cfg = kernel.config
+    out = {"align_a": str(kernel.align_a), "align_b": str(kernel.align_b),
+           "align_c": str(kernel.align_c)}
+    for name, triple in (("tile", cfg.tile), ("cluster", cfg.cluster)):
+        out.update({f"{name}_{axis}": str(v) for axis, v in zip("mnk", triple)})
+    return out
