@@ -44,6 +44,7 @@ def _reaches(edges, a):
     ("abi", {"emit", "select", "partition", "runtime", "build"}),
     ("masks", {"emit", "select", "partition", "runtime", "build"}),
     ("target", {"emit", "select", "partition", "runtime", "build", "ir", "api"}),
+    ("dtypes", {"emit", "select", "partition", "runtime", "build", "ir", "api", "families"}),
     ("ir", {"emit", "select", "partition", "runtime", "build", "families"}),
 ])
 def test_stage_imports(stage, forbidden):

@@ -108,6 +108,7 @@ from pathlib import Path
 from string import Template
 from typing import Optional
 
+from ..dtypes import CPP
 from .. import abi
 from ..cutlass_source import cutlass_root
 from ..families.attention import (  # noqa: F401 - choose / supports / workspace_bytes re-exported
@@ -115,7 +116,7 @@ from ..families.attention import (  # noqa: F401 - choose / supports / workspace
 from ..ir import (BIAS_BROADCAST_DIMS, CAUSAL, CAUSAL_CODE, AttentionProblem,  # noqa: F401
                   AttentionKernel, KernelSource)
 
-_ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32": "float"}
+_ELEMENT = CPP
 _OUTPUT_ACCESS = 4        # epilogue LinearCombination<float, 128 / 32>
 
 TEMPLATES = Path(__file__).parent / "templates"

@@ -67,9 +67,8 @@ from string import Template
 from ..families.attention_sm90 import (  # noqa: F401 - the choice re-exported
     CONFIGS, FAMILY, PINGPONG, SCHEDULE, STAGES, choose, config_for, head_tile, refusal, supports,
     workspace_bytes)
+from ..dtypes import CPP as _ELEMENT
 from ..ir import AttentionKernelSm90, KernelSource
-
-_ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 
 INCLUDES = ("atomic", "cmath", "climits", "cutlass/device_kernel.h",
             "88_hopper_fmha/collective/fmha_fusion.hpp",

@@ -26,13 +26,14 @@ the checks specific to it. See the emitters' docstrings for the rules.
 """
 from __future__ import annotations
 
+from ..dtypes import CPP
 from ..families.sm80 import (  # noqa: F401 - the family's rules, re-exported for the emitters
     ALIGNMENTS, BYTES, FAMILY, INSTRUCTION, SMEM_LIMIT, check_alignments, check_smem,
     check_warp_tiling, config, cp_async_ok, known_configs)
 from ..ir import GemmEpilogue
 
 
-ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32": "float"}
+ELEMENT = CPP
 THREAD = "cutlass::epilogue::thread::"
 ACTIVATION = {
     "identity": THREAD + "Identity",

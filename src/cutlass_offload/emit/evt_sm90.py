@@ -14,14 +14,11 @@ activation, no residual) has no tree: the emitters use ``LinearCombination``.
 """
 from __future__ import annotations
 
+from ..dtypes import BYTES, CPP
 from ..ir import GemmEpilogue
 
-# dtype -> (C++ element type, bits)
-ELEMENT = {
-    "f16": ("cutlass::half_t", 16),
-    "bf16": ("cutlass::bfloat16_t", 16),
-    "f32": ("float", 32),  # TF32 tensor-core math on fp32 storage
-}
+# dtype -> (C++ element type, bits); f32 is TF32 tensor-core math on fp32 storage
+ELEMENT = {d: (CPP[d], 8 * BYTES[d]) for d in CPP}
 
 # ir activation -> CUTLASS elementwise functor template (None: no node)
 ACTIVATION = {

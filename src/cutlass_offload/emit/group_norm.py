@@ -47,12 +47,12 @@ from __future__ import annotations
 from pathlib import Path
 from string import Template
 
+from ..dtypes import BYTES, CPP
 from ..ir import GroupNormKernel, KernelSource
 
 FAMILY = "nhwc_group_norm"
 
-_ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32": "float"}
-_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+_ELEMENT, _BYTES = CPP, BYTES
 INCLUDES = ("cutlass/cutlass.h", "cutlass/array.h", "cutlass/numeric_types.h",
             "cutlass/numeric_conversion.h")
 

@@ -34,13 +34,13 @@ from __future__ import annotations
 from pathlib import Path
 from string import Template
 
+from ..dtypes import BYTES, CPP
 from ..ir import KernelSource, NormKernel
 
 FAMILY = "rowwise_norm"
 CACHED_VECTORS = 4     # vectors per thread kept in registers: kCachedVectors of templates/rowwise_norm.cuh
 
-_ELEMENT = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32": "float"}
-_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+_ELEMENT, _BYTES = CPP, BYTES
 INCLUDES = ("cutlass/cutlass.h", "cutlass/array.h", "cutlass/numeric_types.h",
             "cutlass/numeric_conversion.h")
 

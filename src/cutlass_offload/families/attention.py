@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from ..dtypes import BYTES
 from ..ir import (ATTENTION_ALIGNED_ACCESS, ATTENTION_BIASES, ATTENTION_DTYPES, ATTENTION_LAYOUTS,
                   ATTENTION_UNALIGNED_ACCESS, AttentionKernel, AttentionProblem, KernelConfig)
 from ..ir.common import _check
@@ -19,7 +20,7 @@ DTYPES = ATTENTION_DTYPES
 BIASES = ATTENTION_BIASES
 LAYOUTS = ATTENTION_LAYOUTS
 
-_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+_BYTES = BYTES
 # Q/K/V access width in elements: aligned kernel (16 bytes) / not aligned (kMinimumAlignment).
 _ALIGNED_ACCESS = ATTENTION_ALIGNED_ACCESS
 _UNALIGNED_ACCESS = ATTENTION_UNALIGNED_ACCESS

@@ -27,6 +27,7 @@ source C) is the GEMM's own:
 """
 from __future__ import annotations
 
+from ..dtypes import BYTES
 from ..ir import ConvProblem, GemmProblem
 
 ITERATORS = ("direct", "im2col")
@@ -40,7 +41,7 @@ IM2COL_CHUNK_BYTES = 64 << 20
 # A chunk is a multiple of this many rows (the largest GEMM tile M).
 CHUNK_ROW_MULTIPLE = 256
 
-_BYTES = {"f16": 2, "bf16": 2}
+_BYTES = {d: BYTES[d] for d in ("f16", "bf16")}   # 16-bit only
 
 
 def _common_ok(problem: ConvProblem) -> bool:

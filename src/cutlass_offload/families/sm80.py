@@ -11,10 +11,11 @@ conv activation iterator for C input channels.
 """
 from __future__ import annotations
 
+from .. import dtypes
 from ..ir import CONV_ITERATORS, KernelConfig
 
 FAMILY = "cutlass2x_sm80"
-BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+BYTES = dtypes.BYTES
 INSTRUCTION = {"f16": (16, 8, 16), "bf16": (16, 8, 16), "f32": (16, 8, 8)}
 ALIGNMENTS = {"f16": (1, 2, 4, 8), "bf16": (1, 2, 4, 8), "f32": (1, 2, 4)}
 

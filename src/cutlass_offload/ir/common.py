@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass
 
+from ..dtypes import NAMES
 from ..target import TARGETS
 
-DTYPES = ("f16", "bf16", "f32")
+DTYPES = NAMES                      # dtypes.py: the dtype table
 ACTIVATIONS = ("identity", "relu", "gelu_erf", "gelu_tanh", "silu", "sigmoid")
 RESIDUAL_OPS = ("none", "add", "mul")
 POST_ACTIVATIONS = ("identity", "relu")

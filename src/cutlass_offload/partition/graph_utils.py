@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from ..dtypes import FROM_TORCH
 from ..errors import UnsupportedRegion
 
 aten = torch.ops.aten
@@ -38,7 +39,7 @@ def aten_arg(node, index, name):
             return a.default_value if a.has_default_value() else None
     return None
 
-DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+DTYPE_NAMES = FROM_TORCH
 
 
 def val(node):

@@ -11,16 +11,17 @@ import torch
 from torch.nn.modules import module as _nn_module
 
 from ..abi import region_symbol
+from ..dtypes import BYTES, TORCH
 from ..errors import DeviceError, KernelLaunchError
 from . import fast_call, ops
 from .library import ARGS_TYPES, CO_CANNOT_IMPLEMENT, CO_OK, STATUS_NAMES, check_device
 
-ESIZE = {"f16": 2, "bf16": 2, "f32": 4}
+ESIZE = BYTES
 # nn.Module's process-wide forward hooks (register_module_forward_*_hook): dicts
 # mutated in place, so holding them is enough
 _GLOBAL_HOOKS = tuple(getattr(_nn_module, name, {}) for name in
                       ("_global_forward_pre_hooks", "_global_forward_hooks"))
-TORCH_DTYPE = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+TORCH_DTYPE = TORCH
 # verify mode: norm-wise relative error allowed against the PyTorch subgraph (which
 # itself rounds in the same dtype): about 8x the unit roundoff of the output type
 VERIFY_TOLERANCE = {"f16": 1e-2, "bf16": 3e-2, "f32": 1e-2}

@@ -20,11 +20,12 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from ..dtypes import BYTES
 from ..families import conv_gemm_sm90, conv_sm90, sm80
 from ..ir import ConvKernel, ConvProblem, KernelConfig
 from . import sm90
 
-_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+_BYTES = BYTES
 
 # Pad C to a multiple of 8 only below this many channels. There the per-call
 # input copy (N*H*W*(C + C') elements moved) is small next to the conv, and the
