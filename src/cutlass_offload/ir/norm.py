@@ -63,7 +63,10 @@ class _VectorKernel:
 
     FAMILY = ""
 
-    def _check_vec_and_config(self) -> None:
+    def _check_common(self) -> None:
+        """Target, dtype, vector width and config (the family's default when None)."""
+        _check(self.arch, ARCHS, "arch")
+        _check(self.dtype, DTYPES, "dtype")
         _check(self.vec, (1, 2, 4) if self.dtype == "f32" else (1, 2, 4, 8), "vector width")
         if self.config is None:
             object.__setattr__(self, "config", KernelConfig(self.FAMILY, (1, 1, 1), stages=0))
@@ -97,12 +100,10 @@ class NormKernel(_VectorKernel):
     config: "KernelConfig" = None
 
     def __post_init__(self):
-        _check(self.arch, ARCHS, "arch")
         _check(self.kind, NORM_KINDS, "kind")
-        _check(self.dtype, DTYPES, "dtype")
         if self.bias and not self.weight:
             raise ValueError("a norm kernel with a bias needs a weight")
-        self._check_vec_and_config()
+        self._check_common()
 
     FAMILY = "rowwise_norm"
     args_type = "CoNormArgs"
@@ -195,9 +196,7 @@ class GroupNormKernel(_VectorKernel):
     config: "KernelConfig" = None
 
     def __post_init__(self):
-        _check(self.arch, ARCHS, "arch")
-        _check(self.dtype, DTYPES, "dtype")
-        self._check_vec_and_config()
+        self._check_common()
 
     FAMILY = "nhwc_group_norm"
     kind = "group_norm"
