@@ -41,6 +41,7 @@ from ..families.conv_gemm_sm90 import CHUNK_ROW_MULTIPLE, IM2COL_CHUNK_BYTES, IT
 from ..ir import DECOMPOSITIONS, RASTER_ORDERS, ConvKernel, GemmKernel, GemmLaunch, KernelSource
 from . import gemm_sm90
 from .evt_sm90 import ELEMENT, semantics
+from .sm90_parts import CONV_EXTENTS_OK
 
 # templates/im2col.cuh, inlined once per TU (include guard)
 _PACK = (Path(__file__).parent / "templates" / "im2col.cuh").read_text()
@@ -70,7 +71,7 @@ constexpr int32_t kPdl = 0;
 #endif
 
 static inline int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
-static inline bool fits_int(int64_t v) { return v >= 0 && v <= INT32_MAX; }
+static inline bool co_fits_int(int64_t v) { return v >= 0 && v <= INT32_MAX; }
 static inline bool aligned16(const void* p) {
   return p != nullptr && (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
@@ -84,15 +85,7 @@ static inline int64_t chunk_rows(const CoConvArgs& a) {
 }
 
 static inline bool args_ok(const CoConvArgs& a) {
-  const int64_t ext[] = {a.n, a.h, a.w, a.c, a.k, a.r, a.s, a.p, a.q, a.pad_h, a.pad_w,
-                         a.stride_h, a.stride_w, a.dilation_h, a.dilation_w};
-  for (int64_t v : ext) {
-    if (!fits_int(v)) return false;
-  }
-  if (a.h < 1 || a.w < 1 || a.c < 1 || a.k < 1 || a.r < 1 || a.s < 1 || a.p < 1 || a.q < 1) {
-    return false;
-  }
-  if (a.stride_h < 1 || a.stride_w < 1 || a.dilation_h < 1 || a.dilation_w < 1) return false;
+""" + CONV_EXTENTS_OK + """  if (a.stride_h < 1 || a.stride_w < 1 || a.dilation_h < 1 || a.dilation_w < 1) return false;
   if (a.k % 8 != 0) return false;                    // rows of y: 16 bytes for TMA
   if (a.p * a.q > INT32_MAX || a.n * a.p > INT32_MAX || a.n * a.p * a.q > INT32_MAX) return false;
   if (!kIm2col) {  // the activation is A as it lies

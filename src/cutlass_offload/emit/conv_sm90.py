@@ -144,15 +144,7 @@ static inline bool co_tma_aligned(const void* p) {
 
 // Checks CUTLASS's can_implement does not make (see conv_sm90.py).
 static inline bool co_args_ok(const CoConvArgs& a) {
-  const int64_t ext[] = {a.n, a.h, a.w, a.c, a.k, a.r, a.s, a.p, a.q, a.pad_h, a.pad_w,
-                         a.stride_h, a.stride_w, a.dilation_h, a.dilation_w};
-  for (int64_t v : ext) {
-    if (!co_fits_int(v)) return false;
-  }
-  if (a.h < 1 || a.w < 1 || a.c < 1 || a.k < 1 || a.r < 1 || a.s < 1 || a.p < 1 || a.q < 1) {
-    return false;
-  }
-  if (a.dilation_h < 1 || a.dilation_w < 1) return false;
+""" + sm90_parts.CONV_EXTENTS_OK + """  if (a.dilation_h < 1 || a.dilation_w < 1) return false;
   // TMA im2col elementStrides are in [1, 8]; a failed descriptor encode would go unnoticed
   if (a.stride_h < 1 || a.stride_w < 1 || a.stride_h > 8 || a.stride_w > 8) return false;
   int64_t m = a.n * a.p;  // GEMM M = N*P*Q, each factor < 2^31: no overflow

@@ -45,6 +45,18 @@ using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBui
 
 """
 
+# A conv's CoConvArgs extents: each fits an int (co_fits_int), the sizes positive
+CONV_EXTENTS_OK = """\
+  const int64_t ext[] = {a.n, a.h, a.w, a.c, a.k, a.r, a.s, a.p, a.q, a.pad_h, a.pad_w,
+                         a.stride_h, a.stride_w, a.dilation_h, a.dilation_w};
+  for (int64_t v : ext) {
+    if (!co_fits_int(v)) return false;
+  }
+  if (a.h < 1 || a.w < 1 || a.c < 1 || a.k < 1 || a.r < 1 || a.s < 1 || a.p < 1 || a.q < 1) {
+    return false;
+  }
+"""
+
 _RUN_TAIL = """\
   int64_t needed = static_cast<int64_t>(@ADAPTER@::get_workspace_size(arguments));
   if (args.workspace_bytes < needed || (needed > 0 && args.workspace == nullptr)) {
