@@ -28,25 +28,11 @@ import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))              # _timing
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # norm_cases.py
 
 import cutlass_offload as co     # noqa: E402
 from _timing import graph_ms, median_ms     # noqa: E402
-
-
-class LlamaRMSNorm(nn.Module):
-    """transformers' LlamaRMSNorm, as written there."""
-
-    def __init__(self, hidden_size, eps=1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states):
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
+from norm_cases import LlamaRMSNorm     # noqa: E402
 
 
 CASES = [  # name, module factory, input shape

@@ -14,25 +14,10 @@ import torch.nn as nn
 
 import cutlass_offload as co
 from helpers import poison_allocator, rel_err
+from norm_cases import LlamaRMSNorm
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
-
-
-class LlamaRMSNorm(nn.Module):
-    """transformers' LlamaRMSNorm, as written there."""
-
-    def __init__(self, hidden_size, eps=1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states):
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
 
 
 # (id, module factory, input shape, dtype, input scale). BERT's eps 1e-12 with
