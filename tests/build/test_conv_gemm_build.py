@@ -5,11 +5,11 @@ and none of them is a 3.x conv kernel: build.shards.unit_class), each region's
 launcher and workspace query exported. tests/gpu/test_conv_conformance.py and
 test_conv_properties.py run them."""
 import ctypes
-import json
 
 import pytest
+from build_helpers import build_one_job, kernel_units, library_exports
 
-from cutlass_offload import build, emit
+from cutlass_offload import emit
 from cutlass_offload.ir import (ConvKernel, ConvProblem, ConvRegion, GemmEpilogue, GemmKernel,
                                 GemmProblem, GemmRegion, Plan)
 from cutlass_offload.select import sm90
@@ -29,39 +29,26 @@ def _conv(name, iterator, **kw):
 
 @pytest.fixture(scope="module")
 def built(cache_dir):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(cache_dir))
-    mp.setenv("CUTLASS_OFFLOAD_JOBS", "1")
-    try:
-        stem = _conv("stem", "im2col", c=3, k=64, h=32, w=32, r=7, s=7, pad=(3, 3, 3, 3),
-                     stride=(2, 2), align_a=1, align_b=1, align_c=8)
-        pointwise = _conv("pointwise", "direct", c=64, k=64, h=16, w=16, r=1, s=1, align_a=8,
-                          align_b=8, align_c=8)
-        gp = GemmProblem(n=64, k=64, dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
-                         epilogue=EP, m=256, m_hint=256)
-        linear = (GemmRegion(name="linear", form="linear", nodes=("linear",), a="a", b="b", problem=gp),
-                  GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8,
-                             align_c=8, epilogue=EP, config=CONFIG))
-        pairs = (stem, pointwise, linear)
-        plan = Plan("sm90a", tuple(r for r, _ in pairs), tuple(k for _, k in pairs), ())
-        yield plan, build.build(plan, "sharded")
-    finally:
-        mp.undo()
+    stem = _conv("stem", "im2col", c=3, k=64, h=32, w=32, r=7, s=7, pad=(3, 3, 3, 3),
+                 stride=(2, 2), align_a=1, align_b=1, align_c=8)
+    pointwise = _conv("pointwise", "direct", c=64, k=64, h=16, w=16, r=1, s=1, align_a=8,
+                      align_b=8, align_c=8)
+    gp = GemmProblem(n=64, k=64, dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                     epilogue=EP, m=256, m_hint=256)
+    linear = (GemmRegion(name="linear", form="linear", nodes=("linear",), a="a", b="b", problem=gp),
+              GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8,
+                         align_c=8, epilogue=EP, config=CONFIG))
+    pairs = (stem, pointwise, linear)
+    plan = Plan("sm90a", tuple(r for r, _ in pairs), tuple(k for _, k in pairs), ())
+    return plan, build_one_job(cache_dir, plan)
 
 
 def test_lowered_convs_compile_with_the_gemm_in_one_unit(built):
     plan, res = built
-    assert not res.failures, res.format()
-    kernel_units = [u for u in res.units if u.name != "launchers"]
-    assert len(kernel_units) == 1
-    assert sorted(kernel_units[0].kernels) == sorted(k.name for k in plan.kernels)
-    lib = ctypes.CDLL(str(res.library))
-    lib.co_library_info.restype = ctypes.c_char_p
-    info = json.loads(lib.co_library_info().decode())
-    assert sorted(info["kernels"]) == sorted(k.name for k in plan.kernels)
-    for r in plan.regions:
-        getattr(lib, emit.region_symbol(r.name))
-        getattr(lib, emit.region_symbol(r.name) + emit.WORKSPACE_SUFFIX)
+    units = kernel_units(res)
+    assert len(units) == 1
+    assert sorted(units[0].kernels) == sorted(k.name for k in plan.kernels)
+    library_exports(res, plan)
 
 
 def test_workspace_query_without_a_gpu(built):

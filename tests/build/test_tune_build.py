@@ -6,13 +6,12 @@ CUTLASS's grid dependency control (for PDL launches) and CUTLASS 4.2's stream-K
 scheduler does not compile with it (build.shards.unit_class); a final plan that
 uses one of them reuses that object and compiles only launchers. (All 30 configs
 of select/sm90.SPACE compiled, 43 kernels in one unit, when the space was added.)"""
-import ctypes
-import json
 from pathlib import Path
 
 import pytest
+from build_helpers import build_one_job, kernel_units, library_exports
 
-from cutlass_offload import build, emit
+from cutlass_offload import build
 from cutlass_offload.ir import GemmEpilogue, GemmKernel, GemmProblem, GemmRegion, Plan
 from cutlass_offload.select import sm90
 
@@ -34,33 +33,21 @@ def _plan(names):
 
 @pytest.fixture(scope="module")
 def candidates_built(cache_dir):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(cache_dir))
-    mp.setenv("CUTLASS_OFFLOAD_JOBS", "1")          # one shard: one 3.x compile
-    try:
-        plan = _plan(NEW_KINDS)
-        yield plan, build.build(plan, "sharded")
-    finally:
-        mp.undo()
+    plan = _plan(NEW_KINDS)
+    return plan, build_one_job(cache_dir, plan)
 
 
 def test_new_config_kinds_compile_in_one_unit(candidates_built):
     plan, res = candidates_built
-    assert not res.failures, res.format()
-    kernel_units = [u for u in res.units if u.name != "launchers"]
-    assert len(kernel_units) == 2
-    assert sorted(k for u in kernel_units for k in u.kernels) == sorted(k.name for k in plan.kernels)
-    sources = {u.kernels[0]: Path(u.source).read_text() for u in kernel_units}
+    units = kernel_units(res)
+    assert len(units) == 2
+    assert sorted(k for u in units for k in u.kernels) == sorted(k.name for k in plan.kernels)
+    sources = {u.kernels[0]: Path(u.source).read_text() for u in units}
     for name, source in sources.items():
         stream_k = "streamk" in name
         assert source.count("cutlass::gemm::StreamKScheduler>") == int(stream_k)
         assert ("#define CUTLASS_ENABLE_GDC_FOR_SM90" in source) != stream_k
-    lib = ctypes.CDLL(str(res.library))
-    lib.co_library_info.restype = ctypes.c_char_p
-    info = json.loads(lib.co_library_info().decode())
-    assert sorted(info["kernels"]) == sorted(k.name for k in plan.kernels)
-    for r in plan.regions:
-        getattr(lib, emit.region_symbol(r.name))
+    library_exports(res, plan)
 
 
 def test_a_final_plan_reuses_the_candidate_object(candidates_built, monkeypatch):
