@@ -116,7 +116,6 @@ from ..families.attention import (  # noqa: F401 - choose / supports / workspace
 from ..ir import (BIAS_BROADCAST_DIMS, CAUSAL, CAUSAL_CODE, AttentionProblem,  # noqa: F401
                   AttentionKernel, KernelSource)
 
-_ELEMENT = CPP
 _OUTPUT_ACCESS = 4        # epilogue LinearCombination<float, 128 / 32>
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -400,7 +399,7 @@ def values(kernel: AttentionKernel) -> dict:
     return {
         "name": kernel.name,
         "semantics": semantics,
-        "element": _ELEMENT[kernel.dtype],
+        "element": CPP[kernel.dtype],
         "aligned": "true" if kernel.aligned else "false",
         "queries": q, "keys": k, "max_k": mk,
         "bias": "true" if kernel.supports_bias else "false",

@@ -67,7 +67,7 @@ from string import Template
 from ..families.attention_sm90 import (  # noqa: F401 - the choice re-exported
     CONFIGS, FAMILY, PINGPONG, SCHEDULE, STAGES, choose, config_for, head_tile, refusal, supports,
     workspace_bytes)
-from ..dtypes import CPP as _ELEMENT
+from ..dtypes import CPP
 from ..ir import AttentionKernelSm90, KernelSource
 
 INCLUDES = ("atomic", "cmath", "climits", "cutlass/device_kernel.h",
@@ -220,7 +220,7 @@ def values(kernel: AttentionKernelSm90) -> dict:
         "name": kernel.name,
         "semantics": (f"out = softmax(scale * q k^T, {mask}) v; {kernel.dtype}, head dims "
                       f"multiples of 8 up to {d} (TMA zero-fills the rest), LSE in the workspace"),
-        "element": _ELEMENT[kernel.dtype],
+        "element": CPP[kernel.dtype],
         "block_q": q, "block_kv": kv, "head": d,
         "fusion": "CausalFusion" if kernel.causal else "ResidualFusion",
         "schedule": kernel.config.kernel_schedule,

@@ -173,16 +173,17 @@ int run(const CoConvArgs& args, cudaStream_t stream) {
   if (args.x == nullptr || args.filter == nullptr || args.y == nullptr${operand_check}) {
     return CO_CANNOT_IMPLEMENT;
   }
-  const int64_t need = workspace_size(args);
-  if (args.workspace_bytes < need || (need > 0 && args.workspace == nullptr)) {
-    return CO_WORKSPACE_TOO_SMALL;
-  }
   char* ws = static_cast<char*>(args.workspace);
   const int64_t m = args.n * args.p * args.q;
-  if (!kIm2col) {
+  if (!kIm2col) {  // gemm::run checks its own workspace
     return gemm::run(gemm_args(args, 0, m, args.x, args.filter, ws, args.workspace_bytes), stream);
   }
+  // the pack's parts here; what is left is the GEMM's, which gemm::run checks, so no
+  // GEMM workspace query runs on this path (each one builds the GEMM's arguments)
   const int64_t chunk = chunk_rows(args), a_bytes = a_part(args, m), b_bytes = b_part(args);
+  if (args.workspace == nullptr || args.workspace_bytes < a_bytes + b_bytes) {
+    return CO_WORKSPACE_TOO_SMALL;
+  }
   Element* A = reinterpret_cast<Element*>(ws);
   Element* B = reinterpret_cast<Element*>(ws + a_bytes);
   for (int64_t row0 = 0; row0 < m; row0 += chunk) {
@@ -193,7 +194,7 @@ int run(const CoConvArgs& args, cudaStream_t stream) {
                                   packed_k(args), row0, rows, row0 == 0 ? args.k : 0};
     const int64_t work = (rows + geo.b_rows) * (geo.kp / 16 + geo.kp % 16 / 8) * 2;  // threads
     const int64_t blocks = (work + 255) / 256;
-    // a grid-stride loop: a few waves of blocks are enough to saturate memory
+    // a grid-stride loop past 65536 blocks
     co_im2col::pack<Element><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
         static_cast<const Element*>(args.x), static_cast<const Element*>(args.filter), A, B, geo);
     if (cudaGetLastError() != cudaSuccess) {
@@ -266,8 +267,7 @@ def emit(kernel: ConvKernel) -> KernelSource:
         im2col="true" if kernel.iterator == "im2col" else "false",
         chunk_bytes=str(IM2COL_CHUNK_BYTES), chunk_rows=str(CHUNK_ROW_MULTIPLE),
         operand_check=check, **_launch_codes(kernel.launch))
-    gemm = gemm_sm90.emit(gk)
     # the pack kernel is named in run() either way (a branch on a constexpr)
-    return KernelSource(name=kernel.name, includes=gemm.includes, code=_PACK + "\n" + code,
-                        args_type="CoConvArgs", defines=gemm.defines)
+    return KernelSource(name=kernel.name, includes=gemm_sm90.INCLUDES, code=_PACK + "\n" + code,
+                        args_type="CoConvArgs", defines=gemm_sm90.defines(gk))
 

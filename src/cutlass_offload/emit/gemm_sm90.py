@@ -311,6 +311,10 @@ def emit(kernel: GemmKernel) -> KernelSource:
     ``values`` ever disagree on a placeholder.
     """
     code = TEMPLATE.substitute(values(kernel))
-    stream_k = kernel.config.tile_scheduler == "stream_k"
-    return KernelSource(name=kernel.name, includes=INCLUDES, code=code,
-                        defines=() if stream_k else GDC_DEFINES)
+    return KernelSource(name=kernel.name, includes=INCLUDES, code=code, defines=defines(kernel))
+
+
+def defines(kernel: GemmKernel) -> tuple:
+    """The macros ``kernel``'s unit defines: grid dependency control for persistent
+    kernels (GDC_DEFINES), none for stream-K ones."""
+    return () if kernel.config.tile_scheduler == "stream_k" else GDC_DEFINES

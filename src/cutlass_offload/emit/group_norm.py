@@ -52,7 +52,6 @@ from ..ir import GroupNormKernel, KernelSource
 
 FAMILY = "nhwc_group_norm"
 
-_ELEMENT, _BYTES = CPP, BYTES
 INCLUDES = ("cutlass/cutlass.h", "cutlass/array.h", "cutlass/numeric_types.h",
             "cutlass/numeric_conversion.h")
 
@@ -80,7 +79,7 @@ def check(kernel: GroupNormKernel) -> None:
     """Raise ValueError unless this family can build ``kernel``."""
     if kernel.config.family != FAMILY:
         raise ValueError(f"{kernel.name}: not a {FAMILY} kernel")
-    if kernel.vec * _BYTES[kernel.dtype] > 16:
+    if kernel.vec * BYTES[kernel.dtype] > 16:
         raise ValueError(f"{kernel.name}: vectors are at most 16 bytes")
 
 
@@ -94,7 +93,7 @@ def emit(kernel: GroupNormKernel) -> KernelSource:
     def flag(b):
         return "true" if b else "false"
     body = Template(_KERNEL).substitute(
-        name=kernel.name, element=_ELEMENT[kernel.dtype], vec=kernel.vec,
+        name=kernel.name, element=CPP[kernel.dtype], vec=kernel.vec,
         weight=flag(kernel.weight), bias=flag(kernel.bias), silu=flag(kernel.silu))
     return KernelSource(name=kernel.name, includes=INCLUDES, code=_COMMON + "\n" + body,
                         args_type="CoGroupNormArgs")

@@ -40,7 +40,6 @@ from ..ir import KernelSource, NormKernel
 FAMILY = "rowwise_norm"
 CACHED_VECTORS = 4     # vectors per thread kept in registers: kCachedVectors of templates/rowwise_norm.cuh
 
-_ELEMENT, _BYTES = CPP, BYTES
 INCLUDES = ("cutlass/cutlass.h", "cutlass/array.h", "cutlass/numeric_types.h",
             "cutlass/numeric_conversion.h")
 
@@ -95,7 +94,7 @@ def check(kernel: NormKernel) -> None:
     """Raise ValueError unless this family can build ``kernel``."""
     if kernel.config.family != FAMILY:
         raise ValueError(f"{kernel.name}: not a {FAMILY} kernel")
-    if kernel.vec * _BYTES[kernel.dtype] > 16:
+    if kernel.vec * BYTES[kernel.dtype] > 16:
         raise ValueError(f"{kernel.name}: vectors are at most 16 bytes")
 
 
@@ -107,7 +106,7 @@ def emit(kernel: NormKernel) -> KernelSource:
     check(kernel)
     common = _COMMON
     body = Template(_KERNEL).substitute(
-        name=kernel.name, element=_ELEMENT[kernel.dtype], vec=kernel.vec,
+        name=kernel.name, element=CPP[kernel.dtype], vec=kernel.vec,
         rms="true" if kernel.kind == "rms_norm" else "false",
         weight="true" if kernel.weight else "false", bias="true" if kernel.bias else "false")
     return KernelSource(name=kernel.name, includes=INCLUDES, code=common + "\n" + body,

@@ -20,7 +20,6 @@ DTYPES = ATTENTION_DTYPES
 BIASES = ATTENTION_BIASES
 LAYOUTS = ATTENTION_LAYOUTS
 
-_BYTES = BYTES
 # Q/K/V access width in elements: aligned kernel (16 bytes) / not aligned (kMinimumAlignment).
 _ALIGNED_ACCESS = ATTENTION_ALIGNED_ACCESS
 _UNALIGNED_ACCESS = ATTENTION_UNALIGNED_ACCESS
@@ -35,7 +34,7 @@ def config_for(dtype: str, tile: tuple) -> KernelConfig:
     _check(dtype, DTYPES, "dtype")
     _check(tuple(tile), TILES, "attention tile (kQueriesPerBlock, kKeysPerBlock, kMaxK)")
     return KernelConfig(family=FAMILY, tile=tuple(tile), warp=(32, 32, 32),
-                        instruction=(16, 8, 8), stages=4 if _BYTES[dtype] == 2 else 3)
+                        instruction=(16, 8, 8), stages=4 if BYTES[dtype] == 2 else 3)
 
 
 def _tile_for(max_head_dim: int) -> tuple:

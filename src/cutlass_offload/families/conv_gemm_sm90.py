@@ -41,11 +41,9 @@ IM2COL_CHUNK_BYTES = 64 << 20
 # A chunk is a multiple of this many rows (the largest GEMM tile M).
 CHUNK_ROW_MULTIPLE = 256
 
-_BYTES = {d: BYTES[d] for d in ("f16", "bf16")}   # 16-bit only
-
 
 def _common_ok(problem: ConvProblem) -> bool:
-    return (problem.dtype in _BYTES and not problem.tf32 and problem.k % 8 == 0
+    return (problem.dtype in ("f16", "bf16") and not problem.tf32 and problem.k % 8 == 0
             and problem.align_c == 8 and not problem.epilogue.residual_broadcast)
 
 
@@ -102,5 +100,5 @@ def gemm_problem(problem: ConvProblem, iterator: str) -> GemmProblem:
 
 def chunk_rows(kp: int, dtype: str) -> int:
     """Rows of the im2col matrix packed at once (mirror of the C++ ``chunk_rows``)."""
-    rows = IM2COL_CHUNK_BYTES // (kp * _BYTES[dtype])
+    rows = IM2COL_CHUNK_BYTES // (kp * BYTES[dtype])
     return max(CHUNK_ROW_MULTIPLE, rows // CHUNK_ROW_MULTIPLE * CHUNK_ROW_MULTIPLE)

@@ -11,11 +11,10 @@ conv activation iterator for C input channels.
 """
 from __future__ import annotations
 
-from .. import dtypes
+from ..dtypes import BYTES
 from ..ir import CONV_ITERATORS, KernelConfig
 
 FAMILY = "cutlass2x_sm80"
-BYTES = dtypes.BYTES
 INSTRUCTION = {"f16": (16, 8, 16), "bf16": (16, 8, 16), "f32": (16, 8, 8)}
 ALIGNMENTS = {"f16": (1, 2, 4, 8), "bf16": (1, 2, 4, 8), "f32": (1, 2, 4)}
 

@@ -25,8 +25,6 @@ from ..families import conv_gemm_sm90, conv_sm90, sm80
 from ..ir import ConvKernel, ConvProblem, KernelConfig
 from . import sm90
 
-_BYTES = BYTES
-
 # Pad C to a multiple of 8 only below this many channels. There the per-call
 # input copy (N*H*W*(C + C') elements moved) is small next to the conv, and the
 # 2.x kernels a small C gets are the slow ones (alignment 1: the register-staged
@@ -68,8 +66,8 @@ def pad_channels(problem: ConvProblem, arch: str) -> ConvProblem:
     """``problem`` with C zero-padded to a multiple of 8 (``pad_c``, alignments 8)
     where that lets the sm90a TMA kernel run it: arch sm90a, f16/bf16, K % 8 == 0,
     C % 8 != 0 and C < PAD_C_BELOW, the im2col lowering not taking it (C < 8),
-    padding/stride/dilation within the TMA im2col limits (conv_sm90.supports). Otherwise ``problem`` unchanged (sm80 keeps the
-    2.x kernels at C's own alignment)."""
+    padding/stride/dilation within the TMA im2col limits (conv_sm90.supports).
+    Otherwise ``problem`` unchanged (sm80 keeps the 2.x kernels at C's own alignment)."""
     if arch != "sm90a" or problem.pad_c or problem.c % 8 == 0 or problem.c >= PAD_C_BELOW:
         return problem
     if conv_gemm_sm90.im2col_ok(problem):
@@ -99,5 +97,5 @@ def choose_conv_kernel(problem: ConvProblem, arch: str, num_sms: int) -> ConvKer
         # side of the last K tile (zeros only on the filter side), so an inf/NaN
         # input could leak into a neighbouring output as 0 * inf. Small-C convs
         # are cheap (a network's stem): take the exact-masking iterators.
-        iterator = "optimized" if problem.align_a * _BYTES[problem.dtype] >= 4 else "analytic"
+        iterator = "optimized" if problem.align_a * BYTES[problem.dtype] >= 4 else "analytic"
     return ConvKernel(config=_sm80_config(problem, num_sms, iterator), iterator=iterator, **common)
