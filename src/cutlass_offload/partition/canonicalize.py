@@ -1,5 +1,7 @@
 """Graph rewrites that expose fusible GEMM epilogues, applied before matching.
 
+* in-place ops on a tensor nobody else sees become their out-of-place forms
+  (``relu_`` -> ``relu``, ``add_`` -> ``add``), so they fuse like them;
 * drop eval-mode dropout (identity);
 * turn the hand-written tanh GELU (GPT-2's ``NewGELUActivation``) into
   ``aten.gelu(approximate="tanh")``;
@@ -17,7 +19,7 @@ import math
 import torch
 import torch.fx as fx
 
-from .graph_utils import aten, val
+from .graph_utils import aten, users, val
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 _UNARY = (aten.relu.default, aten.gelu.default, aten.silu.default, aten.sigmoid.default)
@@ -27,6 +29,7 @@ _GEMMS = (aten.addmm.default, aten.mm.default, aten.linear.default, aten.matmul.
 
 def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     """Apply all rewrites in place; returns gm (recompiled)."""
+    _functionalize_inplace(gm.graph)
     _drop_eval_dropout(gm.graph)
     _fold_batch_norm(gm)
     _drop_identity_scaling(gm.graph)
@@ -37,6 +40,75 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
+
+
+def _out_of_place(op):
+    """The functional form of an in-place ATen overload that writes only its first
+    argument (``aten.relu_.default`` -> ``aten.relu.default``), when that form
+    returns a fresh tensor; else None. The pairing is the one PyTorch's
+    functionalization uses (the name less its trailing underscore, same overload)."""
+    schema = getattr(op, "_schema", None)
+    if schema is None or not schema.name.endswith("_") or not schema.arguments:
+        return None
+    written = [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments]
+    if not written[0] or any(written[1:]) or len(schema.returns) != 1:
+        return None
+    packet = getattr(aten, schema.name.split("::")[-1][:-1], None)
+    functional = getattr(packet, op._overloadname, None) if packet is not None else None
+    if functional is None or any(r.alias_info is not None for r in functional._schema.returns):
+        return None
+    return functional
+
+
+def _fresh(n) -> bool:
+    """Whether node ``n`` is an ATen call whose output aliases no other tensor."""
+    if not isinstance(n, fx.Node) or n.op != "call_function":
+        return False
+    schema = getattr(n.target, "_schema", None)
+    return (schema is not None and len(schema.returns) == 1 and schema.returns[0].alias_info is None
+            and not schema.is_mutable)
+
+
+def _functionalize_inplace(graph: fx.Graph):
+    """``op_(t, ...)`` -> ``op(t, ...)`` where ``t`` is a fresh intermediate (not an
+    input, a constant or a view) read by nothing but this op (torch.export's
+    metadata checks aside, which read only shape and dtype), so no one can observe
+    the write; then the result is fresh too, and a chain (``relu_(add_(bn, x))``)
+    becomes functional link by link. torch.export keeps in-place ops (torchvision's
+    ResNet-50: 49 ``relu_`` and 16 ``add_``); as calls they would never fuse into an
+    epilogue. The rewrite is skipped when the functional op's result (on the fake
+    values) would differ in shape or dtype (type promotion)."""
+    fresh = set()
+    for n in list(graph.nodes):
+        if n.op != "call_function" or not n.args:
+            continue
+        functional = _out_of_place(n.target)
+        t = n.args[0]
+        if functional is None or not (t in fresh or _fresh(t)) or users(t) != [n]:
+            continue
+        old, new = val(n), _functional_val(functional, n)
+        if old is None or new is None or new.dtype != old.dtype or tuple(new.shape) != tuple(old.shape):
+            continue
+        with graph.inserting_before(n):
+            f = graph.call_function(functional, tuple(n.args), dict(n.kwargs))
+        f.meta.update(n.meta)
+        f.meta["val"] = new
+        n.replace_all_uses_with(f)
+        graph.erase_node(n)
+        fresh.add(f)
+
+
+def _functional_val(functional, n):
+    vals = [val(a) if isinstance(a, fx.Node) else a for a in n.args]
+    mode = _fake_mode(vals[0])
+    if mode is None:
+        return None
+    kwargs = {k: val(v) if isinstance(v, fx.Node) else v for k, v in n.kwargs.items()}
+    try:
+        with mode:
+            return functional(*vals, **kwargs)
+    except Exception:  # noqa: BLE001 - a form the fake values reject stays in place
+        return None
 
 
 def _drop_eval_dropout(graph: fx.Graph):
