@@ -69,6 +69,7 @@ from ..families.attention_sm90 import (  # noqa: F401 - the choice re-exported
     workspace_bytes)
 from ..dtypes import CPP
 from ..ir import AttentionKernelSm90, KernelSource
+from . import sm90_parts
 
 INCLUDES = ("atomic", "cmath", "climits", "cutlass/device_kernel.h",
             "88_hopper_fmha/collective/fmha_fusion.hpp",
@@ -241,4 +242,4 @@ def emit(kernel: AttentionKernelSm90) -> KernelSource:
     an illegal kernel (see ``check``)."""
     code = Template(_KERNEL).substitute(values(kernel))
     return KernelSource(name=kernel.name, includes=INCLUDES, code=code,
-                        args_type="CoAttentionArgs")
+                        args_type="CoAttentionArgs", preamble=(sm90_parts.TMA_DRIVER,))

@@ -334,4 +334,5 @@ def emit(kernel: ConvKernel) -> KernelSource:
     KeyError if the template and ``values`` ever disagree on a placeholder.
     """
     code = TEMPLATE.substitute(values(kernel))
-    return KernelSource(name=kernel.name, includes=INCLUDES, code=code, args_type="CoConvArgs")
+    return KernelSource(name=kernel.name, includes=INCLUDES, code=code, args_type="CoConvArgs",
+                        preamble=(sm90_parts.TMA_DRIVER,))

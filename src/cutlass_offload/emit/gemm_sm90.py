@@ -311,7 +311,8 @@ def emit(kernel: GemmKernel) -> KernelSource:
     ``values`` ever disagree on a placeholder.
     """
     code = TEMPLATE.substitute(values(kernel))
-    return KernelSource(name=kernel.name, includes=INCLUDES, code=code, defines=defines(kernel))
+    return KernelSource(name=kernel.name, includes=INCLUDES, code=code, defines=defines(kernel),
+                        preamble=(sm90_parts.TMA_DRIVER,))
 
 
 def defines(kernel: GemmKernel) -> tuple:

@@ -7,14 +7,20 @@ the plain-vs-EVT fusion and stage-count values they substitute.
 * ``EPILOGUE``: the cluster shape, the fusion operation and the epilogue
   collective builder (``${cluster_*}``, ``${epilogue_tag}``, ``${fusion_type}``,
   ``${epilogue_schedule}`` placeholders).
+* ``TMA_DRIVER``: templates/tma_driver.h, the preamble of every TMA unit (the
+  driver entry point of the descriptor encodes looked up once, not per encode).
 * ``run_tail(...)``: ``run``'s end, from the workspace check to the launch: what
   the device adapter's ``initialize`` + ``run`` do, with the shared-memory opt-in
   done once per device (prelude.h ``co_opt_in_smem``) instead of on every call.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..ir import GemmEpilogue
 from .evt_sm90 import evt, is_plain
+
+TMA_DRIVER = (Path(__file__).parent / "templates" / "tma_driver.h").read_text()
 
 ALIGNMENTS = """\
 constexpr int AlignmentA = ${align_a};

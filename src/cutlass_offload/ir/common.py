@@ -137,6 +137,7 @@ class KernelSource:
     code: str
     args_type: str = "CoGemmArgs"
     defines: tuple = ()      # macros the TU must define before its includes
+    preamble: tuple = ()     # code blocks inlined before the includes (each once per TU)
 
 
 def replace(obj, **changes):
