@@ -114,6 +114,9 @@ def parse_args(argv=None):
                         "or double it below 4)")
     p.add_argument("--dynamic-batch", action=argparse.BooleanOptionalAction, default=True,
                    help="compile ours here with a dynamic batch dim (default on)")
+    p.add_argument("--glue-dynamic", default="exported", choices=["exported", "auto"],
+                   help="Inductor glue's first compile: symbolic in the export's dynamic dims "
+                        "(exported, the default) or specialized like torch.compile's (auto)")
     p.add_argument("--regions", action=argparse.BooleanOptionalAction, default=True,
                    help="per-region table (default on)")
     p.add_argument("--reps", type=int, default=20, help="timed forwards per measurement")
@@ -468,10 +471,12 @@ def bench_inductor_glue(compiled, inputs, mode, checks, a) -> dict:
     from cutlass_offload.runtime import fast_call
     fast_call.load(block=True)            # time the C++ call path, not its build
     g = compiled.inductor
-    warm = g is not None and compiled.glue == "inductor" and g.mode == mode and g.first_call_s is not None
+    dynamic = getattr(a, "glue_dynamic", "exported")
+    warm = (g is not None and compiled.glue == "inductor" and g.mode == mode and g.first_call_s is not None
+            and getattr(g, "dynamic", "exported") == dynamic)
     if not warm:
         torch._dynamo.reset()
-        compiled.set_glue("inductor", mode=mode)
+        compiled.set_glue("inductor", mode=mode, **({} if dynamic == "exported" else {"dynamic": dynamic}))
     regions = compiled.region_modules()
     fb0 = sum(m.fallback_calls for m in regions)
     with torch.no_grad():
@@ -479,7 +484,7 @@ def bench_inductor_glue(compiled, inputs, mode, checks, a) -> dict:
         compiled(*inputs)
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
-        res = {"mode": mode or "default", "glue": compiled.glue,
+        res = {"mode": mode or "default", "glue": compiled.glue, "glue_dynamic": dynamic,
                "first_call_s": compiled.inductor.first_call_s if warm else first,
                "compiled_during_compile": warm}
         res["ms"] = events_ms(lambda: compiled(*inputs), a.reps)

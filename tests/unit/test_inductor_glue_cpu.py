@@ -84,6 +84,28 @@ def test_inductor_glue_calls_regions_and_keeps_a_dynamic_batch(monkeypatch):
     assert not out[0].requires_grad      # run under no_grad
 
 
+def test_automatic_dynamic_glue_specializes_first_then_recompiles_once(monkeypatch):
+    torch.manual_seed(0)
+    eager = FiveKinds().eval()
+    model = offloaded(eager, five_kinds_inputs(3), dynamic_batch=True)
+    calls = regions_on_cpu(monkeypatch)
+    model.set_glue("inductor", dynamic="auto")
+    counts = []
+    for batch, seed in ((3, 1), (5, 2), (7, 3), (3, 4)):
+        g0, x = _graphs(), five_kinds_inputs(batch, seed)
+        n = len(calls)
+        out = model(*x)
+        with torch.no_grad():
+            assert_close(out, eager(*x))
+        assert len(calls) - n == len(model.plan.regions)
+        counts.append(_graphs() - g0)
+    # static first compile; the second size recompiles with a symbolic batch, which
+    # then serves every later size
+    assert counts == [1, 1, 0, 0]
+    with pytest.raises(ValueError, match="dynamic"):
+        model.set_glue("inductor", dynamic="always")
+
+
 def test_static_model_rejects_another_shape_before_inductor(monkeypatch):
     model = offloaded()
     regions_on_cpu(monkeypatch)

@@ -170,17 +170,19 @@ class CompiledModel(torch.nn.Module):
 
     # -- glue -----------------------------------------------------------------------
     def set_glue(self, glue: str | None = "auto", mode: str | None = None,
-                 options: dict | None = None) -> "CompiledModel":
+                 options: dict | None = None, dynamic: str = "exported") -> "CompiledModel":
         """Choose how the ops around the regions run: "eager", "inductor" or "auto"
         (None = "auto"); ``mode`` / ``options`` as torch.compile takes them (Inductor
-        only; "reduce-overhead" = Inductor's CUDA graphs). Nothing is compiled until
-        the next call. Returns self. Raises ValueError for an unknown glue, mode or
-        option, or mode / options with eager glue."""
+        only; "reduce-overhead" = Inductor's CUDA graphs); ``dynamic``: which sizes
+        Inductor's first compile is symbolic in (glue.InductorGlue). Nothing is
+        compiled until the next call. Returns self. Raises ValueError for an unknown
+        glue, mode, option or dynamic, or mode / options with eager glue."""
         from .glue import InductorGlue, check_glue_args, resolve_glue
         check_glue_args(glue, mode, options)
         chosen = resolve_glue(glue)
         self.__dict__["_glue"] = None if chosen == "eager" else InductorGlue(
-            self.graph_module, mode, options, fallback_to_eager=(glue or "auto") == "auto")
+            self.graph_module, mode, options, fallback_to_eager=(glue or "auto") == "auto",
+            dynamic=dynamic)
         return self
 
     @property

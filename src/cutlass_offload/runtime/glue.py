@@ -33,6 +33,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_leaves
 
 GLUES = ("auto", "inductor", "eager")
+GLUE_DYNAMIC = ("exported", "auto")
 
 
 def inductor_available() -> bool:
@@ -189,11 +190,20 @@ class InductorGlue:
     after ``reset()`` (CompiledModel calls it when the model is moved, so the copy
     sees the moved tensors).
 
-    Raises ValueError for an unknown mode or option.
+    dynamic: "exported" (the default) marks the dims the exported program has
+    dynamic on the first call's inputs, so the first compile is already symbolic in
+    them and a second batch size reuses it; "auto" is torch.compile's own default:
+    the first compile specializes every size, and a size that changes later is made
+    dynamic by one recompile (Dynamo's automatic dynamic shapes).
+
+    Raises ValueError for an unknown mode, option or dynamic.
     """
 
     def __init__(self, gm: fx.GraphModule, mode: str | None = None, options: dict | None = None,
-                 fallback_to_eager: bool = False):
+                 fallback_to_eager: bool = False, dynamic: str = "exported"):
+        if dynamic not in GLUE_DYNAMIC:
+            raise ValueError(f"dynamic must be one of {', '.join(GLUE_DYNAMIC)}, got {dynamic!r}")
+        self.dynamic = dynamic
         self.mode, self.options = mode, dict(options or {})
         self.cuda_graphs = uses_cuda_graphs(mode, self.options)    # validates both
         self.fallback_to_eager = fallback_to_eager
@@ -229,6 +239,8 @@ class InductorGlue:
         """Mark the exported program's dynamic dims on this call's inputs (first call
         only: Dynamo remembers), so the first compile is already dynamic in them."""
         self._marked = True
+        if self.dynamic == "auto":
+            return
         leaves = tree_leaves((list(args), kwargs))
         if len(leaves) != len(self._dynamic):
             return
@@ -281,7 +293,7 @@ def check_glue_args(glue: str | None, mode: str | None, options: dict | None) ->
     mode_options(mode, options)
 
 
-__all__ = ["GLUES", "InductorGlue", "OpsGraph", "check_glue_args", "dynamic_dims", "inductor_available",
+__all__ = ["GLUES", "GLUE_DYNAMIC", "InductorGlue", "OpsGraph", "check_glue_args", "dynamic_dims", "inductor_available",
            "mode_options", "ops_graph", "resolve_glue", "uses_cuda_graphs"]
 
 
