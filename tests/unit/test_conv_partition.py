@@ -68,10 +68,12 @@ def test_padding_same_with_even_kernel_is_asymmetric():
     assert r.problem.pad == (1, 2, 0, 1) and (r.problem.p, r.problem.q) == (8, 8)
 
 
-@pytest.mark.parametrize("what", ["groups", "depthwise"])
+@pytest.mark.parametrize("what", ["groups", "multiplier"])
 def test_grouped_convs_stay_in_pytorch(what):
-    groups = 4 if what == "groups" else 16
-    p = parts(lambda m, x: F.conv2d(x, m.w, groups=groups, padding=1), x_(), w=w_(c=16 // groups))
+    # channel groups, and a depthwise conv with a channel multiplier (K = 2C): only
+    # K = C = groups has a kernel (tests/unit/test_depthwise.py)
+    groups, k = (4, 16) if what == "groups" else (16, 32)
+    p = parts(lambda m, x: F.conv2d(x, m.w, groups=groups, padding=1), x_(), w=w_(k=k, c=16 // groups))
     assert not p.regions
     assert "groups" in p.fallbacks[0].reason
 
@@ -226,7 +228,7 @@ def test_contiguous_before_a_conv_is_dropped_so_nhwc_needs_no_copy():
     assert mod._map(tuple(xs)) is not None and mod.layout_conversions == 0
 
 
-def test_depthwise_and_grouped_convs_stay_in_pytorch_with_reasons():
+def test_grouped_convs_stay_in_pytorch_with_reasons_and_depthwise_ones_offload():
     import torch.nn as nn
 
     from cutlass_offload.capture import capture
@@ -244,7 +246,7 @@ def test_depthwise_and_grouped_convs_stay_in_pytorch_with_reasons():
 
     x = torch.randn(2, 32, 8, 8, dtype=torch.float16)
     part = partition(capture(M().half(), (x,)).graph_module, CompileOptions(arch="sm90a"))
-    assert part.regions == ()
-    dw, gr = (f.reason for f in part.fallbacks)
-    assert dw.startswith("depthwise convolution (groups=32)") and "faster" in dw
-    assert gr.startswith("grouped convolution (groups=4)")
+    (dw,) = part.regions
+    assert dw.problem.groups == 32
+    (gr,) = (f.reason for f in part.fallbacks)
+    assert gr.startswith("grouped convolution (groups=4")

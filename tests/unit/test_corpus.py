@@ -15,13 +15,13 @@ import corpus  # noqa: E402
 
 
 class Mixed(nn.Module):
-    """One of each: an offloaded conv2d and linear, a depthwise conv2d (fallback), a
+    """One of each: an offloaded conv2d and linear, a grouped conv2d (fallback), a
     conv1d (no anchor), a grouped-query SDPA with 2 K/V heads (fallback)."""
 
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(16, 16, 3, padding=1)
-        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=4)
         self.c1 = nn.Conv1d(16, 16, 3, stride=2)
         self.fc = nn.Linear(16, 32)
 
@@ -53,7 +53,7 @@ def test_collect_lists_offloaded_problems_and_pytorch_ops(monkeypatch):
     assert (gemm["problem"]["m"], gemm["problem"]["n"], gemm["problem"]["k"]) == (62, 32, 16)
     assert gemm["flops"] == 2 * 62 * 32 * 16
     ops = {e["shape"].get("spatial_dims", "attn"): e for e in entries["pytorch"]}
-    assert ops[2]["shape"]["groups"] == 16 and "depthwise" in ops[2]["reason"]
+    assert ops[2]["shape"]["groups"] == 4 and "grouped" in ops[2]["reason"]
     assert ops[2]["args"][0] == {"shape": [2, 16, 8, 8], "stride": [1024, 64, 8, 1],
                                  "dtype": "float16"}
     assert ops[1]["target"] == "aten.conv1d.default" and "no partitioner anchor" in ops[1]["reason"]

@@ -408,12 +408,12 @@ def shard_name(kernels) -> str:
     per (family, kind, dtype) present, joined by "+", most kernels first, e.g.
     ``shard_sm90_gemm_f16_4k+sm90_attention_f16_1k+rowwise_layer_norm_f16_1k``.
     Families: sm90 (CUTLASS 3.x), sm80 (2.x, also on sm_90a), rowwise (norms), nhwc
-    (group norm). A shard of one kind keeps the name earlier versions gave it (the
+    (group norm), dw (depthwise conv). A shard of one kind keeps the name earlier versions gave it (the
     name prefixes its cache entry, so those entries still hit)."""
     counts = {}
     for k in kernels:
         fam = {"cutlass3x_sm90": "sm90", "rowwise_norm": "rowwise",
-               "nhwc_group_norm": "nhwc"}.get(k.config.family, "sm80")
+               "nhwc_group_norm": "nhwc", "direct_depthwise": "dw"}.get(k.config.family, "sm80")
         kind = {"conv2d_fprop": "conv"}.get(k.kind, k.kind)       # gemm, attention, layer_norm, ...
         token = f"{fam}_{kind}_{k.dtype}"
         counts[token] = counts.get(token, 0) + 1

@@ -19,6 +19,9 @@ Costs, in seconds (relative weights for balancing, not predictions):
   kernels), ~350 MB peak: a fixed part below a 2.x TU's, kernels nearly free: 4 / 0.3 / 0.3.
 * nhwc_group_norm (emit/group_norm.py): the same headers; on 2 cores one kernel 10.1 s
   (sm_90a), sd-unet's six 12.7 s, ~350 MB peak: 4 / 0.3 / 0.3 as well.
+* direct_depthwise (emit/depthwise.py): the norms' headers and one small kernel
+  template each (every instantiation is a fully unrolled kernel of its own): 4 / 1 / 1,
+  not yet timed.
 * attention (emit/attention.py; family cutlass2x_sm80, priced by kind): on 2 cores
   (sm_80, nvcc 13.0, another job on the machine) one kernel 14.8-19.8 s, two kernels
   17.7-22.5 s (21.0 s for the same tile with and without bias: no cheap epilogue
@@ -33,9 +36,10 @@ from .toolchain import available_memory
 
 COST = {"cutlass3x_sm90": (43.0, 9.0, 3.0), "cutlass2x_sm80": (10.0, 2.0, 0.8),  # fixed, mainloop, epilogue
         "rowwise_norm": (4.0, 0.3, 0.3), "nhwc_group_norm": (4.0, 0.3, 0.3),
-        "attention": (12.0, 6.0, 6.0)}
+        "direct_depthwise": (4.0, 1.0, 1.0), "attention": (12.0, 6.0, 6.0)}
 PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30,  # bytes per nvcc (design.md)
                "rowwise_norm": 0.5 * 2**30, "nhwc_group_norm": 0.5 * 2**30,
+               "direct_depthwise": 0.5 * 2**30,
                "attention": 0.6 * 2**30}
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from ..abi import WORKSPACE_SUFFIX, region_symbol  # noqa: F401 - region_symbol re-exported
 from ..ir import KernelSource, Plan
-from . import (attention, attention_sm90, conv_gemm_sm90, conv_sm80, conv_sm90, gemm_sm80, gemm_sm90,
-               group_norm, norm)
+from . import (attention, attention_sm90, conv_gemm_sm90, conv_sm80, conv_sm90, depthwise, gemm_sm80,
+               gemm_sm90, group_norm, norm)
 
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -25,6 +25,7 @@ TEMPLATES = Path(__file__).parent / "templates"
 _EMITTERS = {
     ("gemm", "cutlass2x_sm80"): gemm_sm80, ("gemm", "cutlass3x_sm90"): gemm_sm90,
     ("conv2d_fprop", "cutlass2x_sm80"): conv_sm80, ("conv2d_fprop", "cutlass3x_sm90"): conv_sm90,
+    ("conv2d_fprop", "direct_depthwise"): depthwise,
     ("layer_norm", "rowwise_norm"): norm, ("rms_norm", "rowwise_norm"): norm,
     ("group_norm", "nhwc_group_norm"): group_norm,
     ("attention", "cutlass2x_sm80"): attention,   # sm80 kernel for sm_80 and sm_90a

@@ -10,6 +10,9 @@ import only the IR.
   the conv activation iterator.
 * ``conv_sm90``: CUTLASS 3.x sm90a implicit-GEMM conv (``cutlass3x_sm90``):
   candidate tiles and the TMA im2col limits.
+* ``conv_gemm_sm90``: convs lowered onto the sm90 GEMM (direct 1x1, im2col).
+* ``depthwise``: the hand-written direct depthwise conv (``direct_depthwise``):
+  which depthwise convs it runs, with the reason for the rest.
 * ``attention`` / ``attention_sm90``: the sm80 fused multi-head attention
   (examples/41) and the Hopper FMHA (examples/88): refusals with reasons, tiles,
   and ``attention.choose`` between the two.

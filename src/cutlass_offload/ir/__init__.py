@@ -10,7 +10,7 @@ computes it). One module per region kind:
 * ``common``: the shared vocabulary: dtypes, activations, layouts, archs, kernel
   families, ``GemmEpilogue``, ``KernelConfig``, ``KernelSource``, ``replace``.
 * ``gemm``: ``GemmProblem``, ``GemmLaunch``, ``GemmKernel``, ``GemmRegion``.
-* ``conv``: ``ConvProblem``, ``ConvKernel``, ``ConvRegion``.
+* ``conv``: ``ConvProblem``, ``ConvKernel``, ``DepthwiseKernel``, ``ConvRegion``.
 * ``norm``: layer_norm / rms_norm and group_norm problems, kernels and regions.
 * ``attention``: ``AttentionProblem``, ``AttentionKernel`` (sm80),
   ``AttentionKernelSm90``, ``AttentionRegion``.
@@ -56,7 +56,7 @@ from .common import (
     note_stops,
     replace,
 )
-from .conv import CONV_ITERATORS, ConvKernel, ConvProblem, ConvRegion
+from .conv import CONV_ITERATORS, ConvKernel, ConvProblem, ConvRegion, DepthwiseKernel
 from .gemm import (
     DECOMPOSITIONS,
     RASTER_ORDERS,
@@ -103,6 +103,7 @@ __all__ = [
     "AttentionRegion",
     "AttentionVariant",
     "ConvKernel",
+    "DepthwiseKernel",
     "ConvProblem",
     "ConvRegion",
     "Fallback",

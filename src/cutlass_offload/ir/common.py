@@ -18,7 +18,7 @@ RESIDUAL_OPS = ("none", "add", "mul")
 POST_ACTIVATIONS = ("identity", "relu")
 LAYOUTS = ("row", "col")
 ARCHS = tuple(sorted(TARGETS))     # ("sm80", "sm90a"): target.py
-FAMILIES = ("cutlass2x_sm80", "cutlass3x_sm90", "rowwise_norm", "nhwc_group_norm")
+FAMILIES = ("cutlass2x_sm80", "cutlass3x_sm90", "rowwise_norm", "nhwc_group_norm", "direct_depthwise")
 TILE_SCHEDULERS = ("persistent", "stream_k")
 
 _SHORT = {

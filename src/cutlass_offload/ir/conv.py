@@ -27,8 +27,9 @@ class ConvProblem:
     are masked to zero).
     n: batch, ``None`` when dynamic (n_hint = the example's batch, for tile choice).
     align_a / align_b: elements, the largest of 8/4/2/1 dividing the kernel's C
-    (``c_kernel``; 16-bit types); align_c: the same for K. groups: always 1
-    (grouped convs stay in PyTorch).
+    (``c_kernel``; 16-bit types); align_c: the same for K. groups: 1, or C for a
+    depthwise conv (K = C, one input channel per filter; families/depthwise.py);
+    other grouped convs stay in PyTorch.
     pad_c: zero input channels appended for the kernel (0 = none). The kernel runs
     C' = c + pad_c channels: the region module zero-pads the filter (once per
     constant weight) and copies each call's input into an NHWC buffer with C'
@@ -55,9 +56,12 @@ class ConvProblem:
     n_hint: int = 1
     tf32: bool = False
     pad_c: int = 0
+    groups: int = 1
 
     def __post_init__(self):
         _check(self.dtype, DTYPES, "dtype")
+        if self.groups != 1 and not (self.groups == self.c == self.k and self.pad_c == 0):
+            raise ValueError(f"groups must be 1, or C = K (depthwise, no pad_c), got {self.groups}")
         for a in (self.align_a, self.align_b, self.align_c):
             _check(a, (1, 2, 4, 8), "alignment")
         if self.pad_c < 0:
@@ -89,6 +93,10 @@ class ConvProblem:
         return tuple(self.stride) == (1, 1)
 
     @property
+    def depthwise(self) -> bool:
+        return self.groups != 1
+
+    @property
     def c_kernel(self) -> int:
         """Input channels the kernel runs: C plus the zero channels of ``pad_c``."""
         return self.c + self.pad_c
@@ -98,7 +106,8 @@ class ConvProblem:
         p = self
         return {"conv": {"n_hint": p.n_hint, "c": p.c, "h": p.h, "w": p.w, "k": p.k, "r": p.r,
                          "s": p.s, "pad": list(p.pad), "stride": list(p.stride),
-                         "dilation": list(p.dilation), **({"pad_c": p.pad_c} if p.pad_c else {})}}
+                         "dilation": list(p.dilation), **({"pad_c": p.pad_c} if p.pad_c else {}),
+                         **({"groups": p.groups} if p.groups != 1 else {})}}
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,55 @@ class ConvKernel:
         launch = "" if self.launch == GemmLaunch() else f"_{self.launch.tag}"
         return (f"{fam}_conv2d_fprop_{self.dtype}_nhwc_{self.config.tag}{it}{launch}{unity}"
                 f"_align{self.align_a}{self.align_b}{self.align_c}_{self.epilogue.tag}")
+
+
+@dataclass(frozen=True)
+class DepthwiseKernel:
+    """One direct depthwise conv2d fprop kernel (family ``direct_depthwise``,
+    hand-written: emit/templates/depthwise.cuh): NHWC x and y, the (C, 1, R, S)
+    filter, 16-bit types, fp32 accumulation, dilation 1.
+
+    s: the filter width and stride_w: the horizontal stride, compiled in (they size
+    the input window each thread holds); outputs: consecutive outputs along a row
+    per thread (QT). R, the vertical stride, padding and every size are runtime
+    arguments (CoConvArgs). The kernel reads x, y and the residual in 16-byte
+    vectors (align 8) and the filter element by element (align 1).
+    """
+
+    arch: str
+    dtype: str
+    epilogue: GemmEpilogue
+    s: int
+    stride_w: int
+    outputs: int = 4
+    config: Optional[KernelConfig] = None
+
+    FAMILY = "direct_depthwise"
+
+    def __post_init__(self):
+        _check(self.arch, ARCHS, "arch")
+        _check(self.dtype, ("f16", "bf16"), "dtype")
+        if not 1 <= self.s <= 9 or self.stride_w not in (1, 2) or self.outputs not in (1, 2, 4, 8):
+            raise ValueError(f"depthwise kernel: filter width 1-9, horizontal stride 1 or 2 and "
+                             f"1/2/4/8 outputs per thread, got s={self.s}, stride_w={self.stride_w}, "
+                             f"outputs={self.outputs}")
+        if self.config is None:
+            object.__setattr__(self, "config", KernelConfig(self.FAMILY, (1, 1, 1), stages=0))
+        elif self.config.family != self.FAMILY:
+            raise ValueError(f"depthwise kernels are of the {self.FAMILY} family")
+
+    kind = "conv2d_fprop"
+    args_type = "CoConvArgs"
+    layout_a = "nhwc"
+    layout_b = "krsc"
+    align_a = align_c = 8
+    align_b = 1
+    iterator = "depthwise"
+
+    @property
+    def name(self) -> str:
+        return (f"co_depthwise_conv2d_fprop_{self.dtype}_nhwc_s{self.s}_sw{self.stride_w}"
+                f"_q{self.outputs}_{self.epilogue.tag}")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Operand readers of the conv2d anchors (``aten.conv2d``, ``aten.conv2d.padding``,
 ``aten.convolution``): what the conv computes, or UnsupportedRegion with a reason.
 
-Only fprop with groups == 1 on 4-D NCHW tensors with static C, H, W is offloaded
-(the batch may be dynamic). A zero ``constant_pad_nd`` over H and W whose only
+Only fprop on 4-D NCHW tensors with static C, H, W is offloaded (the batch may be
+dynamic), with groups == 1 or depthwise (groups = C = K, within the depthwise
+kernel's limits: families/depthwise.py). A zero ``constant_pad_nd`` over H and W whose only
 user is the conv is folded into the conv's (possibly asymmetric) padding.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Optional
 import torch.fx as fx
 
 from ..errors import UnsupportedRegion
+from ..families import depthwise
 from ..ir import ConvProblem, ConvRegion, GemmEpilogue
 from .epilogue import grow_epilogue
 from .graph_utils import aten, hint_int, max_alignment, static_int, tensor_dtype, val
@@ -37,6 +39,7 @@ class ConvOperands:
     bias: Optional[fx.Node] = None
     c: Optional[fx.Node] = None
     pad_node: Optional[fx.Node] = None   # folded constant_pad_nd, joins the region
+    groups: int = 1                      # C for a depthwise conv
 
 
 def _pair(v, what) -> tuple:
@@ -86,15 +89,16 @@ def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, group
                   transposed=False, form="conv2d") -> ConvOperands:
     if transposed:
         raise UnsupportedRegion("transposed convolution (dgrad-like) stays in PyTorch")
+    if isinstance(groups, fx.Node):       # read off a shape (x.shape[1]): its value, if static
+        groups = static_int(val(groups))
+        if groups is None:
+            raise UnsupportedRegion("convolution with a dynamic group count")
     if groups != 1:
         c_in, k_out = static_int(val(x).shape[1]), static_int(val(w).shape[0])
-        if groups == c_in == k_out:
-            # measured: benchmarks/depthwise (CUTLASS's 2.x depthwise direct conv)
-            raise UnsupportedRegion(
-                f"depthwise convolution (groups={groups}) stays in PyTorch: cuDNN's depthwise "
-                "kernel ran 2-155x faster than CUTLASS's depthwise direct conv on an H200")
-        raise UnsupportedRegion(f"grouped convolution (groups={groups}) stays in PyTorch: no "
-                                "grouped CUTLASS kernel is built")
+        if not (isinstance(groups, int) and groups == c_in == k_out):
+            raise UnsupportedRegion(f"grouped convolution (groups={groups}, not C = K: a channel "
+                                    "multiplier or channel groups) stays in PyTorch: only depthwise "
+                                    "convs have a kernel")
     dtype = tensor_dtype(x, "input")
     if tensor_dtype(w, "weight") != dtype:
         raise UnsupportedRegion("input and weight dtypes differ")
@@ -110,8 +114,8 @@ def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, group
         raise UnsupportedRegion("dynamic weight shape")
     if None in (c, h, wd):
         raise UnsupportedRegion("dynamic channels or spatial size (only the batch may be dynamic)")
-    if c != c_w:
-        raise UnsupportedRegion(f"input channels {c} != weight channels {c_w}")
+    if c != c_w * groups:
+        raise UnsupportedRegion(f"input channels {c} != weight channels {c_w} x groups {groups}")
     if isinstance(padding, str):
         if padding == "valid":
             pad = (0, 0, 0, 0)
@@ -133,8 +137,17 @@ def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, group
         bv = val(bias)
         if tensor_dtype(bias, "bias") != dtype or bv.dim() != 1 or static_int(bv.shape[0]) != k:
             raise UnsupportedRegion("conv bias must be a (K,) vector of the input dtype")
-    return ConvOperands(form, x_in, w, k, c, h, wd, r, s, dtype, val(x_in).shape[0], pad, stride,
-                        dilation, bias=bias, pad_node=pad_node)
+    ops = ConvOperands(form, x_in, w, k, c, h, wd, r, s, dtype, val(x_in).shape[0], pad, stride,
+                       dilation, bias=bias, pad_node=pad_node, groups=groups)
+    if groups != 1:
+        # the depthwise kernel's own limits, with its reason (the epilogue grows later)
+        try:
+            why = depthwise.reason(_problem(ops, GemmEpilogue()))
+        except ValueError as e:          # an impossible problem (an empty output)
+            raise UnsupportedRegion(str(e)) from None
+        if why is not None:
+            raise UnsupportedRegion(why)
+    return ops
 
 
 def _arg(node, i, name, default):
@@ -173,17 +186,21 @@ def make_conv_region(index, node, ops: ConvOperands, options, taken) -> tuple:
     return region, list(state.nodes) + ([ops.pad_node] if ops.pad_node is not None else [])
 
 
-def _make_conv_region(index, anchor, ops: ConvOperands, state) -> ConvRegion:
+def _problem(ops: ConvOperands, epilogue: GemmEpilogue) -> ConvProblem:
     dtype = ops.dtype
+    return ConvProblem(
+        c=ops.c_in, k=ops.n, h=ops.h, w=ops.w, r=ops.r, s=ops.s, dtype=dtype,
+        align_a=max_alignment(ops.c_in, dtype), align_b=max_alignment(ops.c_in // ops.groups, dtype),
+        align_c=max_alignment(ops.n, dtype), pad=ops.pad, stride=ops.stride,
+        dilation=ops.dilation, epilogue=epilogue, n=static_int(ops.batch),
+        n_hint=max(1, batch_hint(ops)), tf32=dtype == "f32", groups=ops.groups)
+
+
+def _make_conv_region(index, anchor, ops: ConvOperands, state) -> ConvRegion:
     epilogue = GemmEpilogue(bias=state.bias, activation=state.activation,
                             residual=state.residual, post_activation=state.post_activation,
                             residual_broadcast=state.residual_broadcast)
-    problem = ConvProblem(
-        c=ops.c_in, k=ops.n, h=ops.h, w=ops.w, r=ops.r, s=ops.s, dtype=dtype,
-        align_a=max_alignment(ops.c_in, dtype), align_b=max_alignment(ops.c_in, dtype),
-        align_c=max_alignment(ops.n, dtype), pad=ops.pad, stride=ops.stride,
-        dilation=ops.dilation, epilogue=epilogue, n=static_int(ops.batch),
-        n_hint=max(1, batch_hint(ops)), tf32=dtype == "f32")
+    problem = _problem(ops, epilogue)
     nodes = ([ops.pad_node] if ops.pad_node is not None else []) + list(state.nodes)
     return ConvRegion(
         name=f"region{index}_conv2d_{epilogue.tag}", nodes=tuple(n.name for n in nodes),

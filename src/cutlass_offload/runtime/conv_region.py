@@ -73,7 +73,7 @@ class ConvRegionModule(RegionModule):
         p = region.problem
         self._p = p
         self._chw = (p.c, p.h, p.w)
-        self._kcrs = (p.k, p.c, p.r, p.s)
+        self._kcrs = (p.k, p.c // p.groups, p.r, p.s)      # (C, 1, R, S) when depthwise
         self.layout_conversions = 0      # operands copied to NHWC, over all calls
         self._c_kernel = p.c_kernel      # C' (> C when the kernel runs zero-padded channels)
         self.channel_pad_copies = 0      # operands copied into C'-channel buffers, over all calls

@@ -1,4 +1,5 @@
-"""Conv2d fprop kernel choice: on sm90a a conv lowered onto the sm90 GEMM where
+"""Conv2d fprop kernel choice: a depthwise conv gets the direct depthwise kernel
+(families/depthwise.py); otherwise, on sm90a a conv lowered onto the sm90 GEMM where
 its rule applies (1x1 stride-1 convs, and convs with C < 8 through an explicit
 im2col: families/conv_gemm_sm90.py), else the TMA implicit GEMM where it applies,
 else 2.x.
@@ -21,7 +22,7 @@ import math
 from dataclasses import replace
 
 from ..dtypes import BYTES
-from ..families import conv_gemm_sm90, conv_sm90, sm80
+from ..families import conv_gemm_sm90, conv_sm90, depthwise, sm80
 from ..ir import ConvKernel, ConvProblem, KernelConfig
 from . import sm90
 
@@ -68,7 +69,8 @@ def pad_channels(problem: ConvProblem, arch: str) -> ConvProblem:
     C % 8 != 0 and C < PAD_C_BELOW, the im2col lowering not taking it (C < 8),
     padding/stride/dilation within the TMA im2col limits (conv_sm90.supports).
     Otherwise ``problem`` unchanged (sm80 keeps the 2.x kernels at C's own alignment)."""
-    if arch != "sm90a" or problem.pad_c or problem.c % 8 == 0 or problem.c >= PAD_C_BELOW:
+    if (arch != "sm90a" or problem.pad_c or problem.depthwise or problem.c % 8 == 0
+            or problem.c >= PAD_C_BELOW):
         return problem
     if conv_gemm_sm90.im2col_ok(problem):
         return problem                        # the im2col lowering reads C as it is
@@ -76,12 +78,15 @@ def pad_channels(problem: ConvProblem, arch: str) -> ConvProblem:
     return padded if conv_sm90.supports(padded) else problem
 
 
-def choose_conv_kernel(problem: ConvProblem, arch: str, num_sms: int) -> ConvKernel:
-    """The kernel for one conv problem on ``arch`` (for its ``c_kernel`` channels:
+def choose_conv_kernel(problem: ConvProblem, arch: str, num_sms: int):
+    """The kernel for one conv problem on ``arch``: a DepthwiseKernel for a
+    depthwise conv (families/depthwise.py), else a ConvKernel (for its ``c_kernel`` channels:
     pass ``pad_channels(problem, arch)`` to allow channel padding); ValueError when
     none fits. A lowered conv's tile config and launch knobs are the sm90 GEMM
     heuristic's for its GEMM (the learned table, then the shape rules), compiled
     into its launcher; PDL is the launcher's own choice (emit/conv_gemm_sm90.py)."""
+    if problem.depthwise:
+        return depthwise.choose(problem, arch)
     common = dict(arch=arch, dtype=problem.dtype, align_a=problem.align_a, align_b=problem.align_b,
                   align_c=problem.align_c, epilogue=problem.epilogue)
     lowering = conv_gemm_sm90.iterator_for(problem) if arch == "sm90a" else ""

@@ -27,7 +27,8 @@ from ..ir import AttentionProblem, ConvProblem
 DEFER_BELOW = 0.97      # speedup over PyTorch under which a measured problem stays there
 FILE = Path(__file__).parent / "tables" / "sm90a_h200_pytorch_faster.json"
 
-_CONV_FIELDS = ("n", "c", "k", "h", "w", "r", "s", "pad", "stride", "dilation", "dtype")
+_CONV_FIELDS = ("n", "c", "k", "h", "w", "r", "s", "pad", "stride", "dilation", "dtype", "groups")
+_DEFAULTS = {"groups": 1}      # fields older entries leave out
 _ATTENTION_FIELDS = ("batch", "heads", "seq_q", "seq_kv", "head_dim", "head_dim_v", "causal", "dtype")
 
 
@@ -46,7 +47,8 @@ def attention_key(p: AttentionProblem) -> tuple:
 
 
 def _entry_key(e: dict, fields) -> tuple:
-    return tuple(tuple(e[f]) if isinstance(e[f], list) else e[f] for f in fields)
+    vals = (e[f] if f in e or f not in _DEFAULTS else _DEFAULTS[f] for f in fields)
+    return tuple(tuple(v) if isinstance(v, list) else v for v in vals)
 
 
 class PytorchFaster:
@@ -97,7 +99,7 @@ def entries_from_rows(rows: list, below: float = DEFER_BELOW) -> dict:
         if kind not in out or sp is None or sp >= below:
             continue
         fields = _CONV_FIELDS if kind == "conv2d" else _ATTENTION_FIELDS
-        e = {f: r[f] for f in fields}
+        e = {f: r[f] if f in r or f not in _DEFAULTS else _DEFAULTS[f] for f in fields}
         e.update(ours_us=r["heuristic_us"], anchor=r.get("anchor", "pytorch"), anchor_us=r["anchor_us"])
         out[kind].append(e)
     return out

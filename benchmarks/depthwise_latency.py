@@ -1,0 +1,132 @@
+"""Depthwise conv2d: our direct depthwise kernel (families/depthwise.py) against
+cuDNN on the depthwise convs of convnext-tiny and efficientnet-b0 (issue 19 / 16).
+
+All problems go into one model and one library (``cutlass_offload.compile``); each
+region module is then timed alone against PyTorch's same math: ``F.conv2d(groups=C)``
+on channels_last input (cuDNN) plus the unfused epilogue (EfficientNet's depthwise
+convs carry their folded BatchNorm as a bias and a SiLU). Device time per call as
+CUDA-graph replays (benchmarks/_timing.graph_ms), fresh random data, each output
+checked against float32 first. Prints a table (us, ratio = cuDNN / ours, GB/s of
+the compulsory traffic: x read once, y written once) and writes JSON. Needs a GPU.
+
+    python benchmarks/depthwise_latency.py [--batch 32] [--dtype fp16] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from _timing import graph_ms  # noqa: E402
+
+# (model, C, H = W, R = S, stride, SiLU after): every distinct depthwise conv of the two
+# architectures at 224 x 224 (timm's convnext_tiny and efficientnet_b0)
+PROBLEMS = [("convnext-tiny", 96, 56, 7, 1, False), ("convnext-tiny", 192, 28, 7, 1, False),
+            ("convnext-tiny", 384, 14, 7, 1, False), ("convnext-tiny", 768, 7, 7, 1, False),
+            ("efficientnet-b0", 32, 112, 3, 1, True), ("efficientnet-b0", 96, 112, 3, 2, True),
+            ("efficientnet-b0", 144, 56, 3, 1, True), ("efficientnet-b0", 144, 56, 5, 2, True),
+            ("efficientnet-b0", 240, 28, 5, 1, True), ("efficientnet-b0", 240, 28, 3, 2, True),
+            ("efficientnet-b0", 480, 14, 3, 1, True), ("efficientnet-b0", 480, 14, 5, 1, True),
+            ("efficientnet-b0", 672, 14, 5, 1, True), ("efficientnet-b0", 672, 14, 5, 2, True),
+            ("efficientnet-b0", 1152, 7, 5, 1, True), ("efficientnet-b0", 1152, 7, 3, 1, True)]
+
+
+def pytorch_op(x, w, b, stride, silu):
+    y = F.conv2d(x, w, b, stride=stride, padding=w.shape[-1] // 2, groups=x.shape[1])
+    return F.silu(y) if silu else y
+
+
+class AllDepthwise(torch.nn.Module):
+    """Every problem's conv (weights held by the model, as in the real ones), each on
+    its own input."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(
+            torch.nn.Conv2d(c, c, r, stride=stride, padding=r // 2, groups=c)
+            for _, c, _, r, stride, _ in PROBLEMS)
+
+    def forward(self, *xs):
+        return tuple(pytorch_op(x, conv.weight, conv.bias, p[4], p[5])
+                     for x, conv, p in zip(xs, self.convs, PROBLEMS))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    ap.add_argument("--json", default=None, help="default $OUT/depthwise_latency.json")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import cutlass_offload as co
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
+    cl = torch.channels_last
+
+    def inputs(batch):
+        return [torch.randn(batch, c, h, h, device="cuda").to(dt).contiguous(memory_format=cl)
+                for _, c, h, _, _, _ in PROBLEMS]
+    torch.manual_seed(0)
+    model = AllDepthwise().to(dt)
+    t0 = time.perf_counter()
+    compiled = co.compile(model, tuple(x.cpu() for x in inputs(2)), dynamic_batch=True,
+                          glue="eager").to("cuda")
+    build_s = time.perf_counter() - t0
+    model = model.cuda()
+    mods = compiled.region_modules()
+    assert len(mods) == len(PROBLEMS), compiled.report.format()
+    xs = inputs(a.batch)
+    seen = {}                     # each region module's inputs, as the model passes them
+    hooks = [m.register_forward_pre_hook(lambda m, args: seen.setdefault(id(m), args)) for m in mods]
+    with torch.no_grad():
+        compiled(*xs)
+    for h in hooks:
+        h.remove()
+    rows = []
+    for i, (name, c, h, r, stride, silu) in enumerate(PROBLEMS):
+        x, w, b = xs[i], model.convs[i].weight.detach(), model.convs[i].bias.detach()
+        mod = next(m for m in mods if any(t is x for t in seen[id(m)]))
+        args = seen[id(mod)]
+        with torch.no_grad():
+            out = mod(*args)
+            ref = pytorch_op(x.float(), w.float(), b.float(), stride, silu)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            ours = graph_ms(lambda: mod(*args)) * 1e3
+            theirs = graph_ms(lambda: pytorch_op(x, w, b, stride, silu)) * 1e3
+        p = out.shape[-1]
+        traffic = (x.numel() + a.batch * c * p * p) * x.element_size()
+        rows.append({"model": name, "n": a.batch, "c": c, "h": h, "r": r, "stride": stride, "silu": silu,
+                     "kernel": mod.kernel.name, "fell_back": mod.fallback_calls, "rel_err": err,
+                     "ours_us": ours, "cudnn_us": theirs, "speedup": theirs / ours,
+                     "ours_gbs": traffic / ours / 1e3})
+    gm = math.exp(sum(math.log(r["speedup"]) for r in rows) / len(rows))
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, {a.dtype}, batch {a.batch}; "
+          f"one library of {len(PROBLEMS)} kernels built in {build_s:.0f} s")
+    print("| model | C | H | RxS | stride | SiLU | ours us | cuDNN us | cuDNN / ours | ours GB/s | rel. err |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['model']} | {r['c']} | {r['h']} | {r['r']}x{r['r']} | {r['stride']} | {r['silu']} | "
+              f"{r['ours_us']:.1f} | {r['cudnn_us']:.1f} | {r['speedup']:.2f} | {r['ours_gbs']:.0f} | "
+              f"{r['rel_err']:.1e} |")
+    print(f"geomean cuDNN / ours: {gm:.2f}x (min {min(r['speedup'] for r in rows):.2f}x)")
+    out = Path(a.json or Path(os.environ.get("OUT", ".")) / "depthwise_latency.json")
+    out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                               "date": time.strftime("%Y-%m-%d"), "dtype": a.dtype, "build_s": build_s,
+                               "geomean_speedup": gm, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+// cutlass_offload: the direct depthwise conv2d fprop kernel (emit/depthwise.py,
+// families/depthwise.py), hand-written CUDA over CUTLASS's numeric types. Inlined
+// once into each translation unit that holds such a kernel, after the CUTLASS
+// includes; templates only, so an instantiation in two objects of one library
+// links once.
+//
+// y[n, p, q, c] = epilogue(sum_{r, s} x[n, p*stride_h - pad_h + r, q*stride_w - pad_w + s, c]
+//                                   * filter[c, r, s])
+// NHWC x and y, the (C, 1, R, S) filter as PyTorch holds it (KRSC with one input
+// channel per group), fp32 accumulation, zero outside the image, dilation 1.
+//
+// Why not CUTLASS's own depthwise kernel: its 2.x direct conv ran 2-155x slower
+// than cuDNN on the H200 (benchmarks/depthwise). A depthwise conv is bound by
+// memory: each output reads R*S inputs of its own channel and nothing else, so it
+// needs no tensor cores, only wide loads that neighbouring outputs share.
+//
+// Work of one thread: 8 consecutive channels (one 16-byte vector) of QT outputs
+// along a row (q0 .. q0 + QT - 1). Per filter row r it loads the (QT - 1) * SW + S
+// input vectors those outputs' windows span once into registers and reuses each for
+// every tap that reads it; a block is (channel vectors) x (pixel groups), channels
+// fastest, so a warp's loads are whole 16-byte sectors of neighbouring pixels, and
+// the windows of neighbouring groups overlap in L1. The block's filter slice
+// (R * S taps x its channels) is staged once in shared memory, tap-major, so each
+// tap is one 16-byte shared load.
+#ifndef CO_DEPTHWISE_COMMON_
+#define CO_DEPTHWISE_COMMON_
+namespace co_depthwise {
+
+constexpr int kVec = 8;              // channels per thread: 16 bytes of 16-bit elements
+constexpr int kMaxVectorsPerBlock = 16;
+constexpr int kThreads = 256;        // threads per block (at most)
+constexpr int kMaxTaps = 81;         // R * S: the filter slice stays within 21 KB of shared memory
+
+// Codes of the epilogue (ir.GemmEpilogue): D = post(residual_op(activation(acc + bias), C))
+enum Activation { kIdentity = 0, kRelu = 1, kGeluErf = 2, kGeluTanh = 3, kSilu = 4, kSigmoid = 5 };
+enum Residual { kNone = 0, kAdd = 1, kMul = 2 };
+
+struct Geometry {
+  int n, h, w, c, p, q, r;
+  int pad_h, pad_w, stride_h;
+  int q_tiles;          // ceil(q / QT)
+};
+
+template <int Act>
+__host__ __device__ __forceinline__ float activate(float v) {
+  if (Act == kRelu) return v > 0.f ? v : 0.f;         // NaN stays NaN, as torch.relu
+  if (Act == kGeluErf) return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+  if (Act == kGeluTanh) {
+    // sqrt(2 / pi) and 0.044715: torch.nn.functional.gelu(approximate="tanh")
+    return 0.5f * v * (1.f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+  }
+  if (Act == kSilu) return v / (1.f + expf(-v));
+  if (Act == kSigmoid) return 1.f / (1.f + expf(-v));
+  return v;
+}
+
+template <typename T>
+__host__ __device__ __forceinline__ void load8(const T* p, float (&v)[kVec]) {
+  const cutlass::AlignedArray<T, kVec> a = *reinterpret_cast<const cutlass::AlignedArray<T, kVec>*>(p);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) v[e] = float(a[e]);
+}
+
+// The accumulators of one thread: QT outputs x 8 channels of pixel (n, p, q0 ..),
+// channels c0 .. c0 + 7; ``taps(i, w)`` gives the 8 filter values of tap i = r * S + s.
+// Host and device: tests/build compile this on the host against a direct loop.
+template <typename T, int S, int SW, int QT, typename Taps>
+__host__ __device__ __forceinline__ void accumulate(const T* __restrict__ x, const Geometry& g, int n,
+                                                    int p, int q0, int c0, const Taps& taps,
+                                                    float (&acc)[QT][kVec]) {
+  constexpr int kCols = (QT - 1) * SW + S;
+#pragma unroll
+  for (int t = 0; t < QT; ++t) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[t][e] = 0.f;
+  }
+  const int w0 = q0 * SW - g.pad_w;
+  for (int r = 0; r < g.r; ++r) {
+    const int hh = p * g.stride_h - g.pad_h + r;
+    if (unsigned(hh) >= unsigned(g.h)) continue;      // a zero row of the padding
+    const T* row = x + (int64_t(n) * g.h + hh) * int64_t(g.w) * g.c + c0;
+    float win[kCols][kVec];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int ww = w0 + j;
+      if (unsigned(ww) < unsigned(g.w)) {
+        load8(row + int64_t(ww) * g.c, win[j]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) win[j][e] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      float wt[kVec];
+      taps(r * S + s, wt);
+#pragma unroll
+      for (int t = 0; t < QT; ++t) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[t][e] = fmaf(win[t * SW + s][e], wt[e], acc[t][e]);
+      }
+    }
+  }
+}
+
+// One output vector: the epilogue in fp32, rounded once to T. ``bias`` / ``res``:
+// the 8 values at this output's channels (bias) or position (residual), or null.
+template <typename T, int Act, int Res, int Post>
+__host__ __device__ __forceinline__ void finish(const float (&acc)[kVec], const T* bias, const T* res,
+                                                T* out) {
+  float b[kVec], c[kVec];
+  if (bias != nullptr) {
+    load8(bias, b);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) b[e] = 0.f;
+  }
+  if (Res != kNone) load8(res, c);
+  cutlass::AlignedArray<T, kVec> o;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    float v = activate<Act>(acc[e] + b[e]);
+    if (Res == kAdd) v = v + c[e];
+    if (Res == kMul) v = v * c[e];
+    if (Post == kRelu) v = v > 0.f ? v : 0.f;
+    o[e] = T(v);
+  }
+  *reinterpret_cast<cutlass::AlignedArray<T, kVec>*>(out) = o;
+}
+
+template <typename T>
+struct SharedTaps {
+  const T* base;      // this thread's channels of tap 0
+  int stride;         // elements from one tap to the next
+  __device__ __forceinline__ void operator()(int tap, float (&w)[kVec]) const {
+    load8(base + tap * stride, w);
+  }
+};
+
+template <typename T, int S, int SW, int QT, int Act, int Res, bool ResBroadcast, int Post>
+__global__ void __launch_bounds__(kThreads) depthwise(const T* __restrict__ x, const T* __restrict__ filter,
+                                                      const T* __restrict__ bias,
+                                                      const T* __restrict__ residual, T* __restrict__ y,
+                                                      Geometry g) {
+  extern __shared__ __align__(16) unsigned char co_depthwise_smem[];
+  T* taps = reinterpret_cast<T*>(co_depthwise_smem);
+  const int cv = blockDim.x;                  // channel vectors per block
+  const int width = cv * kVec;                // channels per block
+  const int c_base = blockIdx.y * width;
+  const int rs = g.r * S;
+  // the block's filter slice, tap-major: filter[c, r, s] is at c * R * S + tap
+  const int threads = blockDim.x * blockDim.y;
+  for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < rs * width; i += threads) {
+    const int cl = i / rs;
+    const int tap = i - cl * rs;
+    taps[tap * width + cl] = filter[int64_t(c_base + cl) * rs + tap];
+  }
+  __syncthreads();
+  const int c0 = c_base + threadIdx.x * kVec;
+  const int64_t group = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const int64_t groups = int64_t(g.n) * g.p * g.q_tiles;
+  if (group >= groups) return;
+  const int qt = int(group % g.q_tiles);
+  const int64_t np = group / g.q_tiles;
+  const int p = int(np % g.p);
+  const int n = int(np / g.p);
+  const int q0 = qt * QT;
+  float acc[QT][kVec];
+  accumulate<T, S, SW, QT>(x, g, n, p, q0, c0, SharedTaps<T>{taps + threadIdx.x * kVec, width}, acc);
+  const int64_t out_row = (int64_t(n) * g.p + p) * g.q;
+#pragma unroll
+  for (int t = 0; t < QT; ++t) {
+    const int q = q0 + t;
+    if (q >= g.q) break;
+    const int64_t at = (out_row + q) * g.c + c0;
+    const T* res = Res == kNone ? nullptr : (ResBroadcast ? residual + c0 : residual + at);
+    finish<T, Act, Res, Post>(acc[t], bias == nullptr ? nullptr : bias + c0, res, y + at);
+  }
+}
+
+// Channel vectors per block: all of C / 8 when they fit, else the largest divisor
+// of C / 8 that does (so no block has idle channel lanes).
+inline int vectors_per_block(int vectors) {
+  for (int cv = vectors < kMaxVectorsPerBlock ? vectors : kMaxVectorsPerBlock; cv > 1; --cv) {
+    if (vectors % cv == 0) return cv;
+  }
+  return 1;
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <typename T, int S, int SW, int QT, int Act, int Res, bool ResBroadcast, int Post>
+int run(const CoConvArgs& a, cudaStream_t stream) {
+  // what this instantiation computes: depthwise (K = C, one filter channel), the
+  // compiled filter width and horizontal stride, dilation 1, C a whole number of
+  // 16-byte vectors; sizes whose offsets fit the kernel's 32-bit per-row math
+  if (a.k != a.c || a.c % kVec != 0 || a.s != S || a.stride_w != SW || a.dilation_h != 1 ||
+      a.dilation_w != 1 || a.r < 1 || a.r * S > kMaxTaps || a.stride_h < 1 || a.n < 0 ||
+      a.h < 1 || a.w < 1 || a.p < 1 || a.q < 1 || a.pad_h < 0 || a.pad_w < 0) {
+    return CO_CANNOT_IMPLEMENT;
+  }
+  const int64_t ext[] = {a.n, a.h, a.w, a.c, a.p, a.q, a.pad_h, a.pad_w, a.stride_h,
+                         a.p * a.stride_h + a.r, a.q * SW + S, a.w * a.c};
+  for (int64_t v : ext) {
+    if (v > INT32_MAX) return CO_CANNOT_IMPLEMENT;
+  }
+  if (!aligned16(a.x) || !aligned16(a.y) || (a.bias != nullptr && !aligned16(a.bias)) ||
+      (Res != kNone && (a.residual == nullptr || !aligned16(a.residual)))) {
+    return CO_CANNOT_IMPLEMENT;
+  }
+  if (a.n == 0) return CO_OK;
+  Geometry g;
+  g.n = int(a.n); g.h = int(a.h); g.w = int(a.w); g.c = int(a.c); g.p = int(a.p); g.q = int(a.q);
+  g.r = int(a.r); g.pad_h = int(a.pad_h); g.pad_w = int(a.pad_w); g.stride_h = int(a.stride_h);
+  g.q_tiles = (g.q + QT - 1) / QT;
+  const int cv = vectors_per_block(g.c / kVec);
+  const int pg = kThreads / cv;
+  const int64_t groups = int64_t(g.n) * g.p * g.q_tiles;
+  const int64_t blocks = (groups + pg - 1) / pg;
+  if (blocks > INT32_MAX) return CO_CANNOT_IMPLEMENT;
+  const dim3 grid(unsigned(blocks), unsigned(g.c / (cv * kVec)));
+  const dim3 block(cv, pg);
+  const size_t smem = size_t(g.r) * S * cv * kVec * sizeof(T);
+  depthwise<T, S, SW, QT, Act, Res, ResBroadcast, Post><<<grid, block, smem, stream>>>(
+      static_cast<const T*>(a.x), static_cast<const T*>(a.filter), static_cast<const T*>(a.bias),
+      static_cast<const T*>(a.residual), static_cast<T*>(a.y), g);
+  if (cudaGetLastError() != cudaSuccess) return CO_LAUNCH_FAILED;
+  return CO_OK;
+}
+
+}  // namespace co_depthwise
+#endif  // CO_DEPTHWISE_COMMON_

@@ -1,0 +1,47 @@
+"""The direct depthwise conv2d family (``direct_depthwise``): which depthwise convs
+its hand-written kernel runs (emit/templates/depthwise.cuh) and the kernel a
+problem gets.
+
+A depthwise conv (groups = C = K) has no reduction over channels, so it is no
+GEMM: each output reads R * S inputs of its own channel. It is bound by memory
+traffic, and the kernel is written for that: 16-byte channel vectors (C a
+multiple of 8, 16-bit types), a window of inputs per thread held in registers
+(its width, (outputs - 1) * stride_w + S, fixes S and stride_w at compile time),
+the filter slice in shared memory (at most MAX_TAPS taps). CUTLASS's own 2.x
+depthwise direct conv ran 2-155x slower than cuDNN on the H200
+(benchmarks/depthwise, benchmarks/results/depthwise_direct_conv_2026-12-01_h200.json).
+"""
+from __future__ import annotations
+
+from ..ir import ConvProblem, DepthwiseKernel
+
+MAX_TAPS = 81          # R * S: templates/depthwise.cuh kMaxTaps (shared memory per block)
+MAX_WIDTH = 9          # S: the input window per thread lives in registers
+OUTPUTS = 4            # outputs per thread along a row
+
+
+def reason(problem: ConvProblem) -> str | None:
+    """Why the direct depthwise kernel cannot run ``problem`` (a sentence), or None."""
+    if not problem.depthwise:
+        return "not a depthwise conv (groups = C = K)"
+    if problem.dtype not in ("f16", "bf16"):
+        return "an fp32 depthwise conv stays in PyTorch (the depthwise kernel is fp16 / bf16)"
+    if problem.c % 8:
+        return f"depthwise conv with C = {problem.c}, not a multiple of 8 (16-byte channel vectors)"
+    if tuple(problem.dilation) != (1, 1):
+        return "dilated depthwise conv stays in PyTorch (the depthwise kernel has dilation 1)"
+    if problem.s > MAX_WIDTH or problem.r * problem.s > MAX_TAPS:
+        return (f"depthwise filter {problem.r}x{problem.s} is larger than the kernel's "
+                f"{MAX_WIDTH} columns / {MAX_TAPS} taps")
+    if problem.stride[1] not in (1, 2):
+        return f"depthwise conv with horizontal stride {problem.stride[1]} (the kernel takes 1 or 2)"
+    return None
+
+
+def choose(problem: ConvProblem, arch: str) -> DepthwiseKernel:
+    """The kernel for a depthwise ``problem`` (ValueError with ``reason`` if none)."""
+    why = reason(problem)
+    if why is not None:
+        raise ValueError(why)
+    return DepthwiseKernel(arch=arch, dtype=problem.dtype, epilogue=problem.epilogue, s=problem.s,
+                           stride_w=problem.stride[1], outputs=OUTPUTS)

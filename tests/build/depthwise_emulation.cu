@@ -1,0 +1,118 @@
+// Host emulation of the depthwise kernel's per-thread work (emit/templates/depthwise.cuh):
+// co_depthwise::accumulate and ::finish called for every (n, p, q tile, channel
+// vector) a grid would cover, on the CPU, against a direct depthwise conv in double
+// rounded once to fp16, on random geometries (padding, vertical stride, ragged Q
+// tiles) and every epilogue form. Compiled by nvcc as host code (no GPU needed) and
+// run by test_depthwise_emulation.py with the header paths defined.
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+#include <cutlass/cutlass.h>
+#include <cutlass/array.h>
+#include <cutlass/numeric_types.h>
+#include PRELUDE_HEADER
+#include DEPTHWISE_HEADER
+
+using T = cutlass::half_t;
+using namespace co_depthwise;
+
+struct HostTaps {
+  const T* filter;   // (C, R, S)
+  int c0, rs;
+  void operator()(int tap, float (&w)[kVec]) const {
+    for (int e = 0; e < kVec; ++e) w[e] = float(filter[(c0 + e) * rs + tap]);
+  }
+};
+
+static double act(int a, double v) {
+  switch (a) {
+    case kRelu: return v > 0 ? v : 0;
+    case kGeluErf: return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+    case kGeluTanh: return 0.5 * v * (1 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+    case kSilu: return v / (1 + std::exp(-v));
+    case kSigmoid: return 1 / (1 + std::exp(-v));
+    default: return v;
+  }
+}
+
+template <int S, int SW, int QT, int Act, int Res, bool Bc, int Post>
+static int trial(std::mt19937& rng, bool bias_on) {
+  auto U = [&](int lo, int hi) { return lo + int(rng() % unsigned(hi - lo + 1)); };
+  Geometry g{};
+  g.n = U(1, 2); g.c = 8 * U(1, 3); g.h = U(1, 11); g.w = U(1, 13); g.r = U(1, 7);
+  g.pad_h = U(0, 3); g.pad_w = U(0, 3); g.stride_h = U(1, 3);
+  const int pad_b = U(0, 3), pad_r = U(0, 3);
+  g.p = (g.h + g.pad_h + pad_b - g.r) / g.stride_h + 1;
+  g.q = (g.w + g.pad_w + pad_r - S) / SW + 1;
+  if (g.p < 1 || g.q < 1) return 0;
+  g.q_tiles = (g.q + QT - 1) / QT;
+  auto R = [&] { return T(float(int(rng() % 17) - 8) / 8.f); };
+  std::vector<T> x(size_t(g.n) * g.h * g.w * g.c), f(size_t(g.c) * g.r * S), b(g.c);
+  for (auto& v : x) v = R();
+  for (auto& v : f) v = R();
+  for (auto& v : b) v = R();
+  const size_t out_n = size_t(g.n) * g.p * g.q * g.c;
+  std::vector<T> res(Bc ? size_t(g.c) : out_n), y(out_n, T(-77.f));
+  for (auto& v : res) v = R();
+  for (int n = 0; n < g.n; ++n)
+    for (int p = 0; p < g.p; ++p)
+      for (int qt = 0; qt < g.q_tiles; ++qt)
+        for (int c0 = 0; c0 < g.c; c0 += kVec) {
+          float acc[QT][kVec];
+          accumulate<T, S, SW, QT>(x.data(), g, n, p, qt * QT, c0, HostTaps{f.data(), c0, g.r * S}, acc);
+          for (int t = 0; t < QT && qt * QT + t < g.q; ++t) {
+            const size_t at = ((size_t(n) * g.p + p) * g.q + qt * QT + t) * g.c + c0;
+            finish<T, Act, Res, Post>(acc[t], bias_on ? b.data() + c0 : nullptr,
+                                      Res == kNone ? nullptr : (Bc ? res.data() + c0 : res.data() + at),
+                                      y.data() + at);
+          }
+        }
+  int fails = 0;
+  for (int n = 0; n < g.n; ++n)
+    for (int p = 0; p < g.p; ++p)
+      for (int q = 0; q < g.q; ++q)
+        for (int c = 0; c < g.c; ++c) {
+          double s = 0;
+          for (int r = 0; r < g.r; ++r)
+            for (int k = 0; k < S; ++k) {
+              const int hh = p * g.stride_h - g.pad_h + r, ww = q * SW - g.pad_w + k;
+              if (hh < 0 || hh >= g.h || ww < 0 || ww >= g.w) continue;
+              s += double(float(x[((size_t(n) * g.h + hh) * g.w + ww) * g.c + c])) *
+                   double(float(f[(size_t(c) * g.r + r) * S + k]));
+            }
+          const size_t at = ((size_t(n) * g.p + p) * g.q + q) * g.c + c;
+          double v = act(Act, s + (bias_on ? double(float(b[c])) : 0.0));
+          const double rv = Res == kNone ? 0.0 : double(float(res[Bc ? c : at]));
+          if (Res == kAdd) v += rv;
+          if (Res == kMul) v *= rv;
+          if (Post == kRelu) v = v > 0 ? v : 0;
+          const double got = double(float(y[at]));
+          // one fp16 rounding of the fp32 result (2^-11 relative) plus fp32 and the
+          // transcendental's error
+          if (!(std::fabs(got - v) <= 1e-3 * std::fabs(v) + 2e-3)) {
+            if (fails++ < 5)
+              std::printf("S=%d SW=%d act=%d res=%d at (%d,%d,%d,%d): got %g want %g\n", S, SW, Act, Res,
+                          n, p, q, c, got, v);
+          }
+        }
+  return fails;
+}
+
+int main() {
+  std::mt19937 rng(7);
+  int fails = 0, runs = 0;
+  for (int i = 0; i < 40; ++i) {
+    const bool bias = i % 3 != 0;
+    fails += trial<7, 1, 4, kIdentity, kNone, false, kIdentity>(rng, bias);
+    fails += trial<3, 1, 4, kSilu, kNone, false, kIdentity>(rng, bias);
+    fails += trial<3, 2, 4, kRelu, kAdd, false, kRelu>(rng, bias);
+    fails += trial<5, 2, 4, kGeluErf, kMul, true, kIdentity>(rng, bias);
+    fails += trial<5, 1, 4, kSigmoid, kAdd, true, kRelu>(rng, bias);
+    fails += trial<1, 1, 4, kGeluTanh, kNone, false, kIdentity>(rng, bias);
+    fails += trial<9, 2, 4, kIdentity, kMul, false, kIdentity>(rng, bias);
+    runs += 7;
+  }
+  std::printf("trials %d fails %d\n", runs, fails);
+  return fails != 0;
+}
