@@ -34,7 +34,7 @@ def test_depthwise_kernels_build_into_one_library(tmp_path):
     compiled = co.compile(Net().half().eval(), (x,), arch="sm_90a", out_dir=out)
     names = [k.name for k in compiled.plan.distinct_kernels]
     assert names == ["co_depthwise_conv2d_fprop_f16_nhwc_s7_sw1_q4_bias",
-                     "co_depthwise_conv2d_fprop_f16_nhwc_s3_sw2_q4_bias_silu"], names
+                     "co_depthwise_conv2d_fprop_f16_nhwc_s3_sw2_q2_bias_silu"], names
     assert not compiled.plan.fallbacks and not compiled.report.build["failures"]
     assert any(u["name"].startswith("shard_dw_conv_f16") for u in compiled.report.build["units"])
     lib = ctypes.CDLL(str(out / "libcutlass_offload.so"))

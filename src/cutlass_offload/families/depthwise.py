@@ -17,7 +17,17 @@ from ..ir import ConvProblem, DepthwiseKernel
 
 MAX_TAPS = 81          # R * S: templates/depthwise.cuh kMaxTaps (shared memory per block)
 MAX_WIDTH = 9          # S: the input window per thread lives in registers
-OUTPUTS = 4            # outputs per thread along a row
+# outputs per thread along a row: 4 for 7-wide filters (ConvNeXt: the wide window is
+# shared by more outputs), 2 below (fewer registers, more threads in flight). Measured
+# on the zoo's 16 depthwise convs (H200, benchmarks/depthwise_latency.py, variants in one
+# run): 4 everywhere 1.21x cuDNN geomean (min 0.84x), 2 everywhere 1.17x (the 7x7s
+# 0.60-0.88x), this rule 1.28x (min 0.84x).
+WIDE = 7
+
+
+def outputs_for(s: int) -> int:
+    """Outputs per thread for a filter ``s`` wide."""
+    return 4 if s >= WIDE else 2
 
 
 def reason(problem: ConvProblem) -> str | None:
@@ -44,4 +54,4 @@ def choose(problem: ConvProblem, arch: str) -> DepthwiseKernel:
     if why is not None:
         raise ValueError(why)
     return DepthwiseKernel(arch=arch, dtype=problem.dtype, epilogue=problem.epilogue, s=problem.s,
-                           stride_w=problem.stride[1], outputs=OUTPUTS)
+                           stride_w=problem.stride[1], outputs=outputs_for(problem.s))
