@@ -16,18 +16,18 @@ import corpus  # noqa: E402
 
 class Mixed(nn.Module):
     """One of each: an offloaded conv2d and linear, a grouped conv2d (fallback), a
-    conv1d (no anchor), a grouped-query SDPA with 2 K/V heads (fallback)."""
+    conv3d (no anchor), a grouped-query SDPA with 2 K/V heads (fallback)."""
 
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(16, 16, 3, padding=1)
         self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=4)
-        self.c1 = nn.Conv1d(16, 16, 3, stride=2)
+        self.c3 = nn.Conv3d(16, 16, (1, 3, 3), stride=(1, 2, 2))
         self.fc = nn.Linear(16, 32)
 
     def forward(self, x, q, k, v):
         y = self.dw(self.conv(x))
-        z = self.c1(y.flatten(2))
+        z = self.c3(y.unsqueeze(2)).flatten(2)          # (2, 16, 9)
         a = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         return self.fc(z.transpose(1, 2).contiguous()), a
 
@@ -50,14 +50,14 @@ def test_collect_lists_offloaded_problems_and_pytorch_ops(monkeypatch):
     assert (conv["problem"]["c"], conv["problem"]["k"], conv["problem"]["pad"]) == (16, 16, (1, 1, 1, 1))
     assert (conv["problem"]["p"], conv["count"], conv["forms"]) == (8, 1, ["conv2d"])
     (gemm,) = entries["gemm"]
-    assert (gemm["problem"]["m"], gemm["problem"]["n"], gemm["problem"]["k"]) == (62, 32, 16)
-    assert gemm["flops"] == 2 * 62 * 32 * 16
+    assert (gemm["problem"]["m"], gemm["problem"]["n"], gemm["problem"]["k"]) == (18, 32, 16)
+    assert gemm["flops"] == 2 * 18 * 32 * 16
     ops = {e["shape"].get("spatial_dims", "attn"): e for e in entries["pytorch"]}
     assert ops[2]["shape"]["groups"] == 4 and "grouped" in ops[2]["reason"]
     assert ops[2]["args"][0] == {"shape": [2, 16, 8, 8], "stride": [1024, 64, 8, 1],
                                  "dtype": "float16"}
-    assert ops[1]["target"] == "aten.conv1d.default" and "no partitioner anchor" in ops[1]["reason"]
-    assert ops[1]["shape"]["out"] == [2, 16, 31] and ops[1]["flops"] == 2 * 2 * 16 * 31 * 16 * 3
+    assert ops[3]["target"] == "aten.conv3d.default" and "no partitioner anchor" in ops[3]["reason"]
+    assert ops[3]["shape"]["out"] == [2, 16, 1, 3, 3] and ops[3]["flops"] == 2 * 2 * 16 * 9 * 16 * 9
     att = ops["attn"]["shape"]
     assert (att["heads"], att["kv_heads"], att["enable_gqa"], att["seq_kv"]) == (8, 2, True, 16)
     assert record["pytorch_ops"] == {"conv": 2, "attention": 1}

@@ -103,9 +103,11 @@ def test_whisper_encoder_small_forward_and_partition():
     out, (feats,) = _forward("whisper-encoder")
     assert out.shape == (2, 32, 128)                   # seq / 2 positions
     part, kinds = _partition("whisper-encoder")
-    # q, k, v, out, fc1, fc2 per layer; 2 layer norms per layer + final. The conv1d
-    # stem has no anchor (not even a fallback)
-    assert kinds == {"GemmRegion": 12, "NormRegion": 5, "AttentionRegion": 2}
+    # q, k, v, out, fc1, fc2 per layer; 2 layer norms per layer + final; the conv1d
+    # stem's two convs as conv2d regions over a height of 1, each with its GELU
+    assert kinds == {"GemmRegion": 12, "NormRegion": 5, "AttentionRegion": 2, "ConvRegion": 2}
+    convs = [r for r in part.regions if type(r).__name__ == "ConvRegion"]
+    assert [(r.problem.h, r.problem.epilogue.activation) for r in convs] == [(1, "gelu_erf")] * 2
     assert part.fallbacks == ()
 
 
