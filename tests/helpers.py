@@ -48,3 +48,70 @@ def recorded_calls(gm, mods, *input_sets):
     for m in mods.values():
         del m.forward
     return seen
+
+
+def check_batches(compiled, model, make_input, batches, dtype=torch.float16):
+    """Run ``compiled`` on fresh inputs ``make_input(batch)`` for each batch (outputs
+    poisoned first) against a float32 copy of ``model``, within TOLERANCE[dtype];
+    then check that no region call fell back to PyTorch."""
+    import copy
+    ref_model = copy.deepcopy(model).float()
+    for batch in batches:
+        x = make_input(batch)
+        poison_allocator()
+        with torch.no_grad():
+            out = compiled(x)
+            ref = ref_model(x.float())
+        assert rel_err(out, ref) <= TOLERANCE[dtype], batch
+    assert sum(mod.fallback_calls for mod in compiled.region_modules()) == 0
+
+
+def _refused(*xs):
+    raise AssertionError("the kernel refused a problem of its class")
+
+
+def conv_region_module(proto, problem, refused=_refused):
+    """A ConvRegionModule for ``problem`` bound to the prototype region module
+    ``proto``'s kernel and library symbol (a conv kernel takes every size at run
+    time); inputs x, w, bias and, when the prototype has one, the residual.
+    ``refused``: its PyTorch fallback (by default it fails the test)."""
+    from cutlass_offload.ir import replace
+    from cutlass_offload.runtime.conv_region import ConvRegionModule
+    region = replace(proto.region, problem=problem)
+    roles = {"x": 0, "w": 1, "bias": 2}
+    if proto.region.c is not None:
+        roles["c"] = 3
+    return ConvRegionModule(region, proto.kernel, refused, roles, proto._library_getter)
+
+
+def check_conv_call(mod, what, x, wt, b, res, k, reference):
+    """Run the conv region module ``mod`` on NHWC ``x``, filter ``wt``, bias ``b`` and a
+    fresh residual of kind ``res`` ("none", "full_add": (N, K, P, Q), "channel_mul":
+    (1, K, 1, 1)), outputs poisoned first, against ``reference(x, w, b, r)`` in float32
+    (within TOLERANCE of x's dtype); the call must map onto the kernel. ``what`` names
+    the case in a failure."""
+    p, q = mod.region.problem.p, mod.region.problem.q
+    n, dt = x.shape[0], x.dtype
+    rr = {"none": None, "full_add": torch.randn(n, k, p, q, device="cuda"),
+          "channel_mul": torch.randn(1, k, 1, 1, device="cuda")}[res]
+    xs = (x, wt, b) + ((rr.to(dt).contiguous(memory_format=torch.channels_last),) if rr is not None else ())
+    assert mod._map(xs) is not None, f"{what} does not map onto {mod.kernel.name}"
+    poison_allocator()
+    with torch.no_grad():
+        out = mod(*xs)
+    torch.cuda.synchronize()
+    ref = reference(x.float(), wt.float(), b.float(), xs[3].float() if rr is not None else None)
+    assert out.shape == ref.shape and not out.isnan().any(), f"{what}: unwritten output"
+    err = rel_err(out, ref)
+    assert err < TOLERANCE[dt], f"{what}: rel. error {err:.2e}"
+
+
+def property_settings():
+    """hypothesis settings of the GPU property tests: a derandomized 25 examples, or
+    CUTLASS_OFFLOAD_PROPERTY_EXAMPLES random ones."""
+    import os
+
+    from hypothesis import HealthCheck, settings
+    deep = int(os.environ.get("CUTLASS_OFFLOAD_PROPERTY_EXAMPLES", "0"))
+    return settings(max_examples=deep or 25, derandomize=not deep, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -10,24 +10,19 @@ through a ConvRegionModule bound to the same library symbol. By default a
 derandomized subset runs; CUTLASS_OFFLOAD_PROPERTY_EXAMPLES=500 runs that many
 random ones. A failure found here becomes a case in conv_cases.py.
 """
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import cutlass_offload as co
 from cutlass_offload.emit import conv_sm90
-from cutlass_offload.ir import ConvProblem, replace
-from cutlass_offload.runtime.conv_region import ConvRegionModule
-from helpers import TOLERANCE, poison_allocator, rel_err
+from cutlass_offload.ir import replace
+from helpers import TOLERANCE, check_conv_call, conv_region_module, poison_allocator, property_settings, rel_err
 
 pytestmark = pytest.mark.gpu
-_DEEP = int(os.environ.get("CUTLASS_OFFLOAD_PROPERTY_EXAMPLES", "0"))
-PROPERTY_SETTINGS = settings(max_examples=_DEEP or 25, derandomize=not _DEEP, deadline=None,
-                             suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY_SETTINGS = property_settings()
 
 ACT = {"relu": torch.relu, "silu": F.silu, "gelu": F.gelu, "none": lambda y: y}
 # (name, dtype, prototype C, K, act, residual: none | full_add | channel_mul, filter R = S).
@@ -94,18 +89,6 @@ def prototypes():
     return mods
 
 
-def _module(proto: ConvRegionModule, problem: ConvProblem) -> ConvRegionModule:
-    region = replace(proto.region, problem=problem)
-    roles = {"x": 0, "w": 1, "bias": 2}
-    if proto.region.c is not None:
-        roles["c"] = 3
-    return ConvRegionModule(region, proto.kernel, _refused, roles, proto._library_getter)
-
-
-def _refused(*xs):
-    raise AssertionError("the kernel refused a problem of its class (can_implement failed)")
-
-
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_random_conv_problems_match_float32_reference(prototypes, data):
@@ -138,20 +121,8 @@ def test_random_conv_problems_match_float32_reference(prototypes, data):
         x = torch.randn(n, c, h, w, device="cuda").to(dt).contiguous(memory_format=torch.channels_last)
         wt = (torch.randn(k, c, r, s, device="cuda") / (c * r * s) ** 0.5).to(dt)
         b = torch.randn(k, device="cuda").to(dt)
-        rr = {"none": None, "full_add": torch.randn(n, k, problem.p, problem.q, device="cuda"),
-              "channel_mul": torch.randn(1, k, 1, 1, device="cuda")}[res]
-        xs = (x, wt, b) + ((rr.to(dt).contiguous(memory_format=torch.channels_last),) if rr is not None else ())
-        mod = _module(proto, problem)
-        assert mod._map(xs) is not None, f"{name}: {problem} does not map onto {kern.name}"
-        poison_allocator()
-        with torch.no_grad():
-            out = mod(*xs)
-        torch.cuda.synchronize()
-        ref = forward_class(cls, x.float(), wt.float(), b.float(),
-                            xs[3].float() if rr is not None else None, pad, stride, dilation)
-        assert not out.isnan().any(), f"{name} {problem}: unwritten output"
-        err = rel_err(out, ref)
-        assert err < TOLERANCE[dt], f"{name} {problem}: rel. error {err:.2e}"
+        check_conv_call(conv_region_module(proto, problem), f"{name} {problem}", x, wt, b, res, k,
+                        lambda *t: forward_class(cls, *t, pad, stride, dilation))
 
 
 def test_im2col_in_row_chunks_matches_float32_reference(prototypes):
@@ -169,7 +140,7 @@ def test_im2col_in_row_chunks_matches_float32_reference(prototypes):
     b = torch.randn(16, device="cuda").half()
     poison_allocator()
     with torch.no_grad():
-        out = _module(proto, problem)(x, wt, b)
+        out = conv_region_module(proto, problem)(x, wt, b)
     torch.cuda.synchronize()
     ref = forward_class(cls, x.float(), wt.float(), b.float(), None, (3, 3, 3, 3), (2, 2), (1, 1))
     assert not out.isnan().any()
@@ -190,7 +161,7 @@ def test_im2col_keeps_inf_inside_its_window(prototypes):
     wt = torch.rand(16, 3, 3, 3, device="cuda").half() + 0.1      # positive: inf stays inf
     b = torch.zeros(16, device="cuda").half()
     with torch.no_grad():
-        out = _module(proto, problem)(x, wt, b)
+        out = conv_region_module(proto, problem)(x, wt, b)
     ref = F.conv2d(x.float(), wt.float(), b.float(), padding=1)
     assert torch.equal(out.isinf(), ref.isinf()) and out.isinf().sum() == 9 * 16
     finite = ~ref.isinf()

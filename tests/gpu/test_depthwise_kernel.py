@@ -9,25 +9,19 @@ reference. CUTLASS_OFFLOAD_PROPERTY_EXAMPLES=100 runs 100 random problems per cl
 Then whole models (a ConvNeXt block, an inverted residual's depthwise + SiLU) under
 eager and Inductor glue.
 """
-import copy
-import os
-
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import cutlass_offload as co
 from cutlass_offload.ir import replace
-from cutlass_offload.runtime.conv_region import ConvRegionModule
-from helpers import TOLERANCE, poison_allocator, rel_err
+from helpers import check_batches, check_conv_call, conv_region_module, property_settings
 
 pytestmark = pytest.mark.gpu
-_DEEP = int(os.environ.get("CUTLASS_OFFLOAD_PROPERTY_EXAMPLES", "0"))
-PROPERTY_SETTINGS = settings(max_examples=_DEEP or 25, derandomize=not _DEEP, deadline=None,
-                             suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY_SETTINGS = property_settings()
 
 ACT = {"relu": torch.relu, "silu": F.silu, "gelu": F.gelu, "none": lambda y: y}
 # (name, dtype, filter width S (= R in the prototype), horizontal stride, act, residual)
@@ -82,18 +76,6 @@ def prototypes():
     return mods
 
 
-def _module(proto: ConvRegionModule, problem) -> ConvRegionModule:
-    region = replace(proto.region, problem=problem)
-    roles = {"x": 0, "w": 1, "bias": 2}
-    if proto.region.c is not None:
-        roles["c"] = 3
-    return ConvRegionModule(region, proto.kernel, _refused, roles, proto._library_getter)
-
-
-def _refused(*xs):
-    raise AssertionError("the kernel refused a problem of its class")
-
-
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_random_depthwise_problems_match_float32_reference(prototypes, data):
@@ -112,20 +94,9 @@ def test_random_depthwise_problems_match_float32_reference(prototypes, data):
         x = torch.randn(n, c, h, w, device="cuda").to(dt).contiguous(memory_format=torch.channels_last)
         wt = (torch.randn(c, 1, r, s, device="cuda") / (r * s) ** 0.5).to(dt)
         b = torch.randn(c, device="cuda").to(dt)
-        rr = {"none": None, "full_add": torch.randn(n, c, problem.p, problem.q, device="cuda"),
-              "channel_mul": torch.randn(1, c, 1, 1, device="cuda")}[res]
-        xs = (x, wt, b) + ((rr.to(dt).contiguous(memory_format=torch.channels_last),) if rr is not None else ())
-        mod = _module(proto, problem)
-        assert mod._map(xs) is not None, f"{name}: {problem} does not map onto {proto.kernel.name}"
-        poison_allocator()
-        with torch.no_grad():
-            out = mod(*xs)
-        torch.cuda.synchronize()
-        ref = forward_class(cls, x.float(), wt.float(), b.float(),
-                            xs[3].float() if rr is not None else None, pad, stride)
-        assert out.shape == ref.shape and not out.isnan().any(), f"{name} {problem}: unwritten output"
-        err = rel_err(out, ref)
-        assert err < TOLERANCE[dt], f"{name} {problem}: rel. error {err:.2e}"
+        mod = conv_region_module(proto, problem)
+        check_conv_call(mod, f"{name} {problem}", x, wt, b, res, c,
+                        lambda *t: forward_class(cls, *t, pad, stride))
         assert mod.fallback_calls == 0
 
 
@@ -170,12 +141,5 @@ def test_depthwise_models_offload_and_match(make, c, glue):
     compiled = co.compile(m, (x,), glue=glue, dynamic_batch=True)
     kinds = [k.config.family for k in compiled.plan.kernels]
     assert "direct_depthwise" in kinds, compiled.report.format()
-    ref_model = copy.deepcopy(m).float()
-    for batch in (4, 3):
-        xn = torch.randn(batch, c, 28, 28, device="cuda").half().contiguous(memory_format=torch.channels_last)
-        poison_allocator()
-        with torch.no_grad():
-            out = compiled(xn)
-            ref = ref_model(xn.float())
-        assert rel_err(out, ref) <= TOLERANCE[torch.float16], batch
-    assert sum(mod.fallback_calls for mod in compiled.region_modules()) == 0
+    check_batches(compiled, m, lambda b: torch.randn(b, c, 28, 28, device="cuda").half().contiguous(
+        memory_format=torch.channels_last), (4, 3))

@@ -1,8 +1,10 @@
 """In-place ops (no GPU): canonicalize rewrites ``op_`` to ``op`` only where nobody
 can observe the write, and the rewritten ops then fuse into epilogues like their
 out-of-place forms (torchvision's ResNet-50: ``relu_`` and ``out += identity``)."""
+import pytest
 import torch
 import torch.nn as nn
+from block_cases import BasicBlock
 
 from cutlass_offload.capture import capture
 from cutlass_offload.config import CompileOptions
@@ -10,25 +12,6 @@ from cutlass_offload.partition import partition
 
 aten = torch.ops.aten
 TF32 = CompileOptions(arch="sm90a", allow_tf32=True)
-
-
-class Bottleneck(nn.Module):
-    """torchvision's BasicBlock forward: ReLU(inplace=True) and ``out += identity``."""
-
-    def __init__(self, c=16):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c)
-        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
-        self.relu = nn.ReLU(inplace=True)
-        for bn in (self.bn1, self.bn2):
-            bn.running_mean.uniform_(-0.5, 0.5)
-            bn.running_var.uniform_(0.5, 1.5)
-
-    def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        out += x
-        return self.relu(out)
 
 
 def targets(gm):
@@ -42,7 +25,7 @@ def captured(model, *inputs):
 
 def test_inplace_chain_becomes_functional_and_fuses():
     torch.manual_seed(0)
-    m, x = Bottleneck(), torch.randn(2, 16, 8, 8)
+    m, x = BasicBlock(), torch.randn(2, 16, 8, 8)
     gm = captured(m, x)
     t = targets(gm)
     assert aten.relu_.default not in t and aten.add_.Tensor not in t
@@ -84,36 +67,31 @@ def test_write_to_an_input_is_kept():
     torch.testing.assert_close(xi, x.relu())        # the caller sees the write
 
 
-def test_write_seen_by_another_reader_is_kept():
-    class M(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(8, 8)
+class LinearThen(nn.Module):
+    """A linear layer, then ``body`` on its output."""
 
-        def forward(self, x):
-            y = self.lin(x)
-            z = y * 2               # reads y before the write
-            y.relu_()
-            return z + y
-    m, x = M(), torch.randn(4, 8)
-    gm = captured(m, x)
-    assert aten.relu_.default in targets(gm)
-    with torch.no_grad():
-        torch.testing.assert_close(gm(x), m(x), rtol=1e-5, atol=1e-5)
+    def __init__(self, body):
+        super().__init__()
+        self.lin, self.body = nn.Linear(8, 8), body
+
+    def forward(self, x):
+        return self.body(self.lin(x))
 
 
-def test_write_through_a_view_is_kept():
-    class M(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(8, 8)
+def _read_then_write(y):
+    z = y * 2                       # reads y before the write
+    y.relu_()
+    return z + y
 
-        def forward(self, x):
-            y = self.lin(x)
-            v = y.view(2, 16)
-            v.relu_()               # writes y's memory
-            return y + 1
-    m, x = M(), torch.randn(4, 8)
+
+def _write_through_view(y):
+    y.view(2, 16).relu_()           # writes y's memory
+    return y + 1
+
+
+@pytest.mark.parametrize("body", [_read_then_write, _write_through_view])
+def test_write_another_reader_or_a_view_sees_is_kept(body):
+    m, x = LinearThen(body), torch.randn(4, 8)
     gm = captured(m, x)
     assert aten.relu_.default in targets(gm)
     with torch.no_grad():
