@@ -102,8 +102,9 @@ FALLBACK_KIND = {"linear": "gemm", "matmul": "gemm", "mm": "gemm", "addmm": "gem
 
 
 def _unanchored_targets() -> dict:
-    """Heavy ATen ops the partitioner has no anchor for: they stay in PyTorch without
-    a Fallback (so the report never lists them)."""
+    """Heavy ATen ops the partitioner has no anchor for, by kind (the partitioner
+    reports those it knows as fallbacks, partition/unanchored.py; any other is
+    listed here as having no anchor)."""
     names = {"gemm": ("baddbmm.default", "addbmm.default", "einsum.default", "mv.default",
                       "dot.default", "tensordot.default", "addmv.default"),
              "conv": ("conv1d.default", "conv1d.padding", "conv3d.default", "conv3d.padding",
@@ -305,7 +306,7 @@ def collect(name: str) -> tuple:
     fallen = set()
     for f in part.fallbacks:
         record["fallbacks"][f.op] = record["fallbacks"].get(f.op, 0) + 1
-        kind = FALLBACK_KIND.get(f.op)
+        kind = FALLBACK_KIND.get(f.op) or UNANCHORED.get(nodes[f.node].target)
         if kind is None:
             continue
         fallen.add(f.node)

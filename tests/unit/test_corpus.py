@@ -16,7 +16,7 @@ import corpus  # noqa: E402
 
 class Mixed(nn.Module):
     """One of each: an offloaded conv2d and linear, a grouped conv2d (fallback), a
-    conv3d (no anchor), a grouped-query SDPA with 2 K/V heads (fallback)."""
+    conv3d (no anchor: a fallback from partition/unanchored.py), a grouped-query SDPA with 2 K/V heads (fallback)."""
 
     def __init__(self):
         super().__init__()
@@ -56,12 +56,12 @@ def test_collect_lists_offloaded_problems_and_pytorch_ops(monkeypatch):
     assert ops[2]["shape"]["groups"] == 4 and "grouped" in ops[2]["reason"]
     assert ops[2]["args"][0] == {"shape": [2, 16, 8, 8], "stride": [1024, 64, 8, 1],
                                  "dtype": "float16"}
-    assert ops[3]["target"] == "aten.conv3d.default" and "no partitioner anchor" in ops[3]["reason"]
+    assert ops[3]["target"] == "aten.conv3d.default" and "3-D convolution" in ops[3]["reason"]
     assert ops[3]["shape"]["out"] == [2, 16, 1, 3, 3] and ops[3]["flops"] == 2 * 2 * 16 * 9 * 16 * 9
     att = ops["attn"]["shape"]
     assert (att["heads"], att["kv_heads"], att["enable_gqa"], att["seq_kv"]) == (8, 2, True, 16)
     assert record["pytorch_ops"] == {"conv": 2, "attention": 1}
-    assert record["fallbacks"] == {"conv2d": 1, "sdpa": 1}
+    assert record["fallbacks"] == {"conv2d": 1, "sdpa": 1, "conv3d": 1}
 
 
 def _entry(n, count):

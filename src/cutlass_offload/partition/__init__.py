@@ -7,7 +7,10 @@ grows its epilogue one user at a time while the current output has exactly one
 user (epilogue.py, so no intermediate leaks out of the region); norms and
 attention take the nodes their reader matched. Rows marked ``first`` (attention:
 it owns its q @ k^T and p @ v matmuls) are matched in a pass before the others.
-Regions never overlap: a node joins at most one.
+Regions never overlap: a node joins at most one. Heavy ops no anchor matches
+(baddbmm, einsum, conv3d, transposed convs, unfolded batch norms, ...) become
+fallbacks with a reason as well (unanchored.py), so the report lists every
+matmul-, conv-, attention- and norm-like op that stays in PyTorch.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from ..config import CompileOptions
 from ..errors import UnsupportedRegion
 from ..ir import Fallback, PartitionResult
 from .patterns import ANCHOR_BY_TARGET
+from .unanchored import unanchored_fallbacks
 
 log = logging.getLogger(__name__)
 
@@ -48,4 +52,6 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
                 continue
             regions.append(region)
             taken.update(nodes)
+    # heavy ops no anchor matches stay in PyTorch too: say so (unanchored.py)
+    fallbacks += unanchored_fallbacks(gm.graph, taken)
     return PartitionResult(tuple(regions), tuple(fallbacks))

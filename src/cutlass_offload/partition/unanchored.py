@@ -1,0 +1,74 @@
+"""Heavy ops the partitioner has no anchor for, reported with a reason.
+
+The pattern table (patterns.py) turns the ops it anchors into regions or into
+fallbacks with a reason; every other matmul-, conv-, attention- or norm-like op
+would stay in PyTorch silently. This table names them, one row per ATen op:
+(the form shown in the report, why it stays, what would offload it when a
+rewrite that costs no accuracy exists). ``unanchored_fallbacks`` lists those left
+in a graph after partitioning.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..ir import Fallback
+
+aten = torch.ops.aten
+
+_TABLE = {
+    # GEMM-like
+    "baddbmm.default": ("baddbmm", "no anchor for baddbmm (beta * input + alpha * batch1 @ batch2); "
+                        "torch.bmm followed by the add is offloaded"),
+    "addbmm.default": ("addbmm", "no anchor for addbmm (a batch-reduced GEMM)"),
+    "einsum.default": ("einsum", "no anchor for einsum; a contraction written as torch.matmul / "
+                       "torch.bmm is offloaded"),
+    "mv.default": ("mv", "matrix-vector product: no GEMV kernel is built"),
+    "addmv.default": ("addmv", "matrix-vector product: no GEMV kernel is built"),
+    "dot.default": ("dot", "vector dot product: no kernel is built"),
+    "tensordot.default": ("tensordot", "no anchor for tensordot; written as torch.matmul it is offloaded"),
+    # conv-like
+    "conv3d.default": ("conv3d", "3-D convolution: only conv2d (and batched conv1d) are offloaded"),
+    "conv3d.padding": ("conv3d", "3-D convolution: only conv2d (and batched conv1d) are offloaded"),
+    "conv_transpose1d.default": ("conv_transpose1d", "transposed convolution: no dgrad-style kernel is built"),
+    "conv_transpose2d.input": ("conv_transpose2d", "transposed convolution: no dgrad-style kernel is built"),
+    "conv_transpose3d.input": ("conv_transpose3d", "transposed convolution: no dgrad-style kernel is built"),
+    # attention backends (graphs traced below SDPA's dispatch, e.g. AOTAutograd's)
+    "_scaled_dot_product_flash_attention.default": (
+        "sdpa_backend", "SDPA's flash backend op (traced below scaled_dot_product_attention): only "
+        "the scaled_dot_product_attention op and the written-out softmax form are matched"),
+    "_scaled_dot_product_efficient_attention.default": (
+        "sdpa_backend", "SDPA's memory-efficient backend op (traced below scaled_dot_product_attention): "
+        "only the scaled_dot_product_attention op and the written-out softmax form are matched"),
+    "_scaled_dot_product_cudnn_attention.default": (
+        "sdpa_backend", "SDPA's cuDNN backend op (traced below scaled_dot_product_attention): only the "
+        "scaled_dot_product_attention op and the written-out softmax form are matched"),
+    # norms
+    "batch_norm.default": ("batch_norm", "batch_norm not folded into a conv (it does not follow a conv "
+                           "that only it reads, is in training mode, or its statistics are not "
+                           "module constants): no batch norm kernel is built"),
+    "_native_batch_norm_legit_no_training.default": (
+        "batch_norm", "batch_norm (AOTAutograd's form) is folded only as aten.batch_norm after a conv"),
+    "instance_norm.default": ("instance_norm", "no instance norm kernel is built"),
+}
+
+
+def _targets() -> dict:
+    out = {}
+    for name, row in _TABLE.items():
+        packet, _, overload = name.partition(".")
+        target = getattr(getattr(aten, packet, None), overload, None)
+        if target is not None:          # an op this torch does not have is left out
+            out[target] = row
+    return out
+
+
+UNANCHORED = _targets()
+
+
+def unanchored_fallbacks(graph: fx.Graph, taken) -> list:
+    """A Fallback for each call in ``graph`` of an op in the table, not in ``taken``
+    (the nodes regions hold), in graph order."""
+    return [Fallback(n.name, UNANCHORED[n.target][0], UNANCHORED[n.target][1])
+            for n in graph.nodes
+            if n.op == "call_function" and n not in taken and n.target in UNANCHORED]

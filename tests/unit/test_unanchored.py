@@ -1,0 +1,51 @@
+"""Heavy ops without a partitioner anchor are reported as fallbacks with a reason
+(partition/unanchored.py; no GPU): every matmul-, conv-, attention- and norm-like op
+that stays in PyTorch is in the report."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from cutlass_offload.capture import capture
+from cutlass_offload.partition import partition
+from cutlass_offload.partition.unanchored import UNANCHORED
+
+H = torch.float16
+
+
+class Heavy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c3 = nn.Conv3d(8, 8, 3, padding=1)
+        self.ct = nn.ConvTranspose2d(8, 8, 2, stride=2)
+        self.bn = nn.BatchNorm1d(16)
+        self.inorm = nn.InstanceNorm2d(8)
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(8)
+
+    def forward(self, a, b, v, x5, x4, y):
+        g = torch.baddbmm(a, a, b)
+        e = torch.einsum("bij,bjk->bik", a, b)
+        m = torch.mv(a[0], v)
+        z = self.ct(self.inorm(x4))
+        w = self.bn2(self.conv(x4))          # folded into the conv: not reported
+        return g, e, m, self.c3(x5), z, self.bn(y), w
+
+
+def test_every_unanchored_heavy_op_is_a_fallback_with_a_reason():
+    a, b, v = torch.randn(2, 16, 16, dtype=H), torch.randn(2, 16, 16, dtype=H), torch.randn(16, dtype=H)
+    x5, x4, y = torch.randn(1, 8, 4, 4, 4, dtype=H), torch.randn(1, 8, 8, 8, dtype=H), torch.randn(4, 16, dtype=H)
+    m = Heavy().half().eval()
+    part = partition(capture(m, (a, b, v, x5, x4, y)).graph_module)
+    by_op = {f.op: f.reason for f in part.fallbacks}
+    for op in ("baddbmm", "einsum", "mv", "conv3d", "conv_transpose2d", "batch_norm", "instance_norm"):
+        assert op in by_op, (op, by_op)
+        assert len(by_op[op]) > 20                       # a sentence, not a bare name
+    assert "torch.bmm" in by_op["baddbmm"] and "3-D convolution" in by_op["conv3d"]
+    assert sum(f.op == "batch_norm" for f in part.fallbacks) == 1    # bn2 was folded
+    assert [r.form for r in part.regions] == ["conv2d"]
+
+
+def test_the_table_names_ops_this_torch_has():
+    names = {str(t) for t in UNANCHORED}
+    assert "aten.baddbmm.default" in names and "aten.conv3d.default" in names
+    assert all(len(reason) > 20 for _, reason in UNANCHORED.values())
