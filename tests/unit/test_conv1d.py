@@ -1,4 +1,4 @@
-"""conv1d as a conv2d over a height of 1 (partition/conv1d.py; no GPU): the rewrite
+"""1-D forms lifted to 2-D (partition/lift_1d.py; no GPU): conv1d as a conv2d (the rewrite
 computes what conv1d does for every argument form, the regions it makes fuse the
 activation after the conv, a conv1d chain reads the previous region's output
 directly, and forms it does not take are left alone."""
@@ -99,3 +99,27 @@ def test_unbatched_conv1d_and_a_shared_output_stay_as_they_are():
     with torch.no_grad():
         for a, b in zip(gm(x, y), m(x, y)):
             torch.testing.assert_close(a, b)
+
+
+class TokenGroupNorm(nn.Module):
+    """diffusers' Attention group norm on (B, HW, C) tokens: group_norm(x^T) then SiLU."""
+
+    def __init__(self, c=64, groups=8):
+        super().__init__()
+        self.gn = nn.GroupNorm(groups, c)
+
+    def forward(self, x):
+        return F.silu(self.gn(x.transpose(1, 2))).transpose(1, 2) * 2
+
+
+def test_group_norm_on_a_3d_input_is_a_4d_region_with_its_silu():
+    torch.manual_seed(0)
+    m = TokenGroupNorm().eval()
+    x = torch.randn(2, 48, 64)
+    gm = capture(m, (x,), dynamic_batch=True).graph_module
+    with torch.no_grad():
+        for xn in (x, torch.randn(3, 48, 64)):
+            torch.testing.assert_close(gm(xn), m(xn), rtol=1e-5, atol=1e-5)
+    (r,) = partition(gm, CompileOptions(arch="sm90a")).regions
+    assert r.form == "group_norm" and (r.problem.c, r.problem.h, r.problem.w) == (64, 1, 48)
+    assert r.problem.silu and r.problem.n is None

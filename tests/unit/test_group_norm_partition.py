@@ -127,11 +127,15 @@ def test_groups_not_dividing_c_stays_in_pytorch():
     assert f.op == "group_norm" and "not a multiple of num_groups=5" in f.reason
 
 
-def test_3d_input_stays_in_pytorch():
+def test_3d_input_is_a_region_over_a_height_of_1_and_5d_stays_in_pytorch():
+    # (N, C, L) is lifted to (N, C, 1, L) (partition/lift_1d.py); other ranks stay
     _, part, _ = parts(nn.GroupNorm(4, 16).half(), torch.randn(2, 16, 10, dtype=H))
+    (r,) = part.regions
+    assert (r.problem.h, r.problem.w) == (1, 10) and not part.fallbacks
+    _, part, _ = parts(nn.GroupNorm(4, 16).half(), torch.randn(2, 16, 3, 4, 5, dtype=H))
     assert not part.regions
     (f,) = part.fallbacks
-    assert f.op == "group_norm" and "3-D input" in f.reason
+    assert f.op == "group_norm" and "5-D input" in f.reason
 
 
 def test_dynamic_spatial_size_falls_back_dynamic_batch_does_not():

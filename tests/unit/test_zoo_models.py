@@ -124,8 +124,9 @@ def test_vae_decoder_small_forward_and_partition():
     assert kinds["ConvRegion"] >= 10 and kinds["GroupNormRegion"] >= 8
     (att,) = [r for r in part.regions if isinstance(r, AttentionRegion)]
     assert (att.problem.heads, att.problem.head_dim, att.problem.seq_q) == (1, 64, 64)
-    # the mid-block attention's projections read a permuted A and its group norm is 3-D
-    assert {f.op for f in part.fallbacks} <= {"linear", "group_norm"}
+    # the mid-block attention's q, k, v projections read a permuted A; its 3-D group
+    # norm is a region over a height of 1 (partition/lift_1d.py)
+    assert [f.op for f in part.fallbacks] == ["linear"] * 3
 
 
 @needs_timm

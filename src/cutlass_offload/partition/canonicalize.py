@@ -2,7 +2,8 @@
 
 * in-place ops on a tensor nobody else sees become their out-of-place forms
   (``relu_`` -> ``relu``, ``add_`` -> ``add``), so they fuse like them;
-* a batched conv1d becomes a conv2d over a height of 1 (partition/conv1d.py);
+* a batched conv1d becomes a conv2d over a height of 1, a 3-D group_norm a 4-D one
+  (partition/lift_1d.py);
 * drop eval-mode dropout (identity);
 * turn the hand-written tanh GELU (GPT-2's ``NewGELUActivation``) into
   ``aten.gelu(approximate="tanh")``;
@@ -20,7 +21,7 @@ import math
 import torch
 import torch.fx as fx
 
-from .conv1d import conv1d_as_conv2d
+from .lift_1d import conv1d_as_conv2d, group_norm_3d_as_4d
 from .graph_utils import aten, users, val
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
@@ -33,6 +34,7 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     """Apply all rewrites in place; returns gm (recompiled)."""
     _functionalize_inplace(gm.graph)
     conv1d_as_conv2d(gm)
+    group_norm_3d_as_4d(gm)
     _drop_eval_dropout(gm.graph)
     _fold_batch_norm(gm)
     _drop_identity_scaling(gm.graph)

@@ -1,4 +1,5 @@
-"""conv1d as a conv2d over a height of 1, so it partitions (and fuses) like one.
+"""1-D forms lifted to their 2-D ones over a height of 1, so they partition (and
+fuse) like them: conv1d as a conv2d, a 3-D group_norm as a 4-D one.
 
 ``aten.conv1d(x (N, C, L), w (K, C/g, R), b, [s], [p], [d], g)`` becomes
 ``squeeze(conv2d(unsqueeze(x, 2), w4, b, [1, s], [0, p], [1, d], g), 2)``: the
@@ -12,6 +13,12 @@ the unary activations that follow it (``gelu(squeeze(y)) = squeeze(gelu(y))``),
 and ``unsqueeze(squeeze(t, 2), 2)``, where a conv1d feeds the next, becomes ``t``.
 Whisper's encoder stem (two conv1d + GELU, 25.7 GFLOP at 4 x 3000 frames) is the
 model this is for. Unbatched (2-D) inputs are left alone.
+
+``group_norm`` on a 3-D (N, C, L) input is lifted the same way
+(``group_norm_3d_as_4d``): its statistics run over C / G channels x L positions,
+which are those of (N, C, 1, L). The VAE's attention normalizes its (B, HW, C)
+tokens as ``group_norm(x.transpose(1, 2))``, whose (N, C, 1, L) view is already
+channels_last: the NHWC group norm kernel reads it in place.
 """
 from __future__ import annotations
 
@@ -51,6 +58,32 @@ def conv1d_as_conv2d(gm: fx.GraphModule) -> bool:
         changed = True
     if changed:
         _drop_unsqueeze_of_squeeze(graph)
+        graph.eliminate_dead_code()
+        gm.recompile()
+    return changed
+
+
+def group_norm_3d_as_4d(gm: fx.GraphModule) -> bool:
+    """``group_norm(x (N, C, L), G, w, b, eps)`` -> ``squeeze(group_norm(unsqueeze(x, 2),
+    ...), 2)``, the squeeze moved below a SiLU that follows; True when something
+    changed."""
+    graph, changed = gm.graph, False
+    for n in list(graph.nodes):
+        v = val(n.args[0]) if is_call(n, aten.group_norm.default) else None
+        if not (isinstance(v, torch.Tensor) and v.dim() == 3):
+            continue
+        with graph.inserting_before(n):
+            x4 = _call(graph, aten.unsqueeze.default, (n.args[0], 2))
+            y4 = _call(graph, aten.group_norm.default, (x4,) + tuple(n.args[1:]))
+            y = _call(graph, aten.squeeze.dim, (y4, 2))
+        if n.kwargs:
+            y4.kwargs = dict(n.kwargs)
+            y4.meta["val"] = _with_kwargs(y4, n)
+        n.replace_all_uses_with(y)
+        graph.erase_node(n)
+        _sink_squeeze(graph, y)
+        changed = True
+    if changed:
         graph.eliminate_dead_code()
         gm.recompile()
     return changed
