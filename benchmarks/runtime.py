@@ -471,12 +471,12 @@ def bench_inductor_glue(compiled, inputs, mode, checks, a) -> dict:
     from cutlass_offload.runtime import fast_call
     fast_call.load(block=True)            # time the C++ call path, not its build
     g = compiled.inductor
-    dynamic = getattr(a, "glue_dynamic", "exported")
+    dynamic = a.glue_dynamic
     warm = (g is not None and compiled.glue == "inductor" and g.mode == mode and g.first_call_s is not None
-            and getattr(g, "dynamic", "exported") == dynamic)
+            and g.dynamic == dynamic)
     if not warm:
         torch._dynamo.reset()
-        compiled.set_glue("inductor", mode=mode, **({} if dynamic == "exported" else {"dynamic": dynamic}))
+        compiled.set_glue("inductor", mode=mode, dynamic=dynamic)
     regions = compiled.region_modules()
     fb0 = sum(m.fallback_calls for m in regions)
     with torch.no_grad():

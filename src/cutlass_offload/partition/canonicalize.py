@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from .lift_1d import conv1d_as_conv2d, group_norm_3d_as_4d
-from .graph_utils import aten, users, val
+from .graph_utils import aten, attr_tensor, fake_value, users, val
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 _UNARY = (aten.relu.default, aten.gelu.default, aten.silu.default, aten.sigmoid.default)
@@ -104,14 +104,8 @@ def _functionalize_inplace(graph: fx.Graph):
 
 
 def _functional_val(functional, n):
-    vals = [val(a) if isinstance(a, fx.Node) else a for a in n.args]
-    mode = _fake_mode(vals[0])
-    if mode is None:
-        return None
-    kwargs = {k: val(v) if isinstance(v, fx.Node) else v for k, v in n.kwargs.items()}
     try:
-        with mode:
-            return functional(*vals, **kwargs)
+        return fake_value(functional, n.args, n.kwargs)
     except Exception:  # noqa: BLE001 - a form the fake values reject stays in place
         return None
 
@@ -123,15 +117,6 @@ def _drop_eval_dropout(graph: fx.Graph):
             if train is False:
                 n.replace_all_uses_with(n.args[0])
                 graph.erase_node(n)
-
-
-def _get_attr_tensor(gm, node):
-    if not isinstance(node, fx.Node) or node.op != "get_attr":
-        return None
-    t = gm
-    for part in node.target.split("."):
-        t = getattr(t, part, None)
-    return t if isinstance(t, torch.Tensor) else None
 
 
 def _fold_batch_norm(gm: fx.GraphModule):
@@ -157,10 +142,10 @@ def _fold_batch_norm(gm: fx.GraphModule):
         if training:
             continue
         eps = bn.args[7] if len(bn.args) > 7 else bn.kwargs.get("eps", 1e-5)
-        w = _get_attr_tensor(gm, conv.args[1])
+        w = attr_tensor(gm, conv.args[1])
         b_node = conv.args[2] if len(conv.args) > 2 else conv.kwargs.get("bias")
-        b = _get_attr_tensor(gm, b_node) if b_node is not None else None
-        gamma, beta, mean, var = (_get_attr_tensor(gm, a) if a is not None else None
+        b = attr_tensor(gm, b_node) if b_node is not None else None
+        gamma, beta, mean, var = (attr_tensor(gm, a) if a is not None else None
                                   for a in bn.args[1:5])
         if w is None or mean is None or var is None or (b_node is not None and b is None):
             continue

@@ -60,6 +60,29 @@ def tensor_dtype(node, what) -> str:
     return DTYPE_NAMES[v.dtype]
 
 
+def attr_tensor(gm: fx.GraphModule, node):
+    """The tensor a ``get_attr`` node of ``gm`` names, else None."""
+    if not isinstance(node, fx.Node) or node.op != "get_attr":
+        return None
+    t = gm
+    for part in node.target.split("."):
+        t = getattr(t, part, None)
+    return t if isinstance(t, torch.Tensor) else None
+
+
+def fake_value(target, args, kwargs=None):
+    """``target(*args, **kwargs)`` on the FakeTensor values of the node arguments, in
+    their fake mode (for a new node's ``meta['val']``); None when no argument has
+    one. Raises what the op raises."""
+    vals = [val(a) if isinstance(a, fx.Node) else a for a in args]
+    kw = {k: val(v) if isinstance(v, fx.Node) else v for k, v in (kwargs or {}).items()}
+    mode = next((getattr(v, "fake_mode", None) for v in vals if isinstance(v, torch.Tensor)), None)
+    if mode is None:
+        return None
+    with mode:
+        return target(*vals, **kw)
+
+
 def is_tensor_node(node) -> bool:
     return isinstance(node, fx.Node) and isinstance(val(node), torch.Tensor)
 

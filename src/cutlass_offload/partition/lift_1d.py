@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .graph_utils import aten, is_call, users, val
+from .graph_utils import attr_tensor, aten, fake_value, is_call, users, val
 
 _CONV1D = (aten.conv1d.default, aten.conv1d.padding)
 # elementwise ops whose output has their input's shape (the epilogue activations)
@@ -69,16 +69,12 @@ def group_norm_3d_as_4d(gm: fx.GraphModule) -> bool:
     changed."""
     graph, changed = gm.graph, False
     for n in list(graph.nodes):
-        v = val(n.args[0]) if is_call(n, aten.group_norm.default) else None
-        if not (isinstance(v, torch.Tensor) and v.dim() == 3):
+        if not (is_call(n, aten.group_norm.default) and _batched(n)):
             continue
         with graph.inserting_before(n):
             x4 = _call(graph, aten.unsqueeze.default, (n.args[0], 2))
-            y4 = _call(graph, aten.group_norm.default, (x4,) + tuple(n.args[1:]))
+            y4 = _call(graph, aten.group_norm.default, (x4,) + tuple(n.args[1:]), n.kwargs)
             y = _call(graph, aten.squeeze.dim, (y4, 2))
-        if n.kwargs:
-            y4.kwargs = dict(n.kwargs)
-            y4.meta["val"] = _with_kwargs(y4, n)
         n.replace_all_uses_with(y)
         graph.erase_node(n)
         _sink_squeeze(graph, y)
@@ -90,6 +86,7 @@ def group_norm_3d_as_4d(gm: fx.GraphModule) -> bool:
 
 
 def _batched(n) -> bool:
+    """Whether the call's first argument is a 3-D (N, C, L) tensor."""
     v = val(n.args[0])
     return isinstance(v, torch.Tensor) and v.dim() == 3
 
@@ -104,36 +101,30 @@ def _one(v):
     return v[0] if isinstance(v, (list, tuple)) else v
 
 
-def _call(graph: fx.Graph, target, args) -> fx.Node:
-    node = graph.call_function(target, args)
-    vals = [val(a) if isinstance(a, fx.Node) else a for a in args]
-    mode = next((getattr(v, "fake_mode", None) for v in vals if isinstance(v, torch.Tensor)), None)
-    if mode is not None:
-        with mode:
-            node.meta["val"] = target(*vals)
+def _call(graph: fx.Graph, target, args, kwargs=None) -> fx.Node:
+    """A new call node, with its ``meta['val']``."""
+    node = graph.call_function(target, tuple(args), dict(kwargs or {}))
+    v = fake_value(target, args, kwargs)
+    if v is not None:
+        node.meta["val"] = v
     return node
 
 
 def _filter(gm: fx.GraphModule, w):
     """The (K, C/g, 1, R) filter: a buffer of the module for a constant one."""
-    graph = gm.graph
-    if isinstance(w, fx.Node) and w.op == "get_attr":
-        t = gm
-        for part in w.target.split("."):
-            t = getattr(t, part)
-        i = 0
-        while hasattr(gm, f"_co_conv1d_{i}"):
-            i += 1
-        name = f"_co_conv1d_{i}"
-        gm.register_buffer(name, t.detach().unsqueeze(2))
-        node = graph.get_attr(name)
-        wv = val(w)
-        mode = getattr(wv, "fake_mode", None)
-        if mode is not None:
-            with mode:
-                node.meta["val"] = aten.unsqueeze.default(wv, 2)
-        return node
-    return _call(graph, aten.unsqueeze.default, (w, 2))
+    t = attr_tensor(gm, w)
+    if t is None:
+        return _call(gm.graph, aten.unsqueeze.default, (w, 2))
+    i = 0
+    while hasattr(gm, f"_co_conv1d_{i}"):
+        i += 1
+    name = f"_co_conv1d_{i}"
+    gm.register_buffer(name, t.detach().unsqueeze(2))
+    node = gm.graph.get_attr(name)
+    v = fake_value(aten.unsqueeze.default, (w, 2))
+    if v is not None:
+        node.meta["val"] = v
+    return node
 
 
 def _sink_squeeze(graph: fx.Graph, sq: fx.Node) -> None:
@@ -149,24 +140,12 @@ def _sink_squeeze(graph: fx.Graph, sq: fx.Node) -> None:
             return
         y4 = sq.args[0]
         with graph.inserting_before(u):
-            act = _call(graph, u.target, (y4,) + tuple(u.args[1:]))
-            act.meta["val"] = _with_kwargs(act, u)
+            act = _call(graph, u.target, (y4,) + tuple(u.args[1:]), u.kwargs)
             new_sq = _call(graph, aten.squeeze.dim, (act, 2))
         u.replace_all_uses_with(new_sq)
         graph.erase_node(u)
         graph.erase_node(sq)
         sq = new_sq
-
-
-def _with_kwargs(act: fx.Node, old: fx.Node):
-    """``act`` given ``old``'s keyword arguments (gelu's approximate), its value again."""
-    act.kwargs = dict(old.kwargs)
-    vals = [val(a) if isinstance(a, fx.Node) else a for a in act.args]
-    mode = getattr(vals[0], "fake_mode", None)
-    if mode is None:
-        return act.meta.get("val")
-    with mode:
-        return act.target(*vals, **act.kwargs)
 
 
 def _drop_unsqueeze_of_squeeze(graph: fx.Graph) -> None:
