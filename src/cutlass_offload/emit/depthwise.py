@@ -22,7 +22,6 @@ from pathlib import Path
 from string import Template
 
 from ..dtypes import CPP
-from ..families.depthwise import MAX_WIDTH
 from ..ir import DepthwiseKernel, KernelSource
 
 FAMILY = DepthwiseKernel.FAMILY
@@ -58,8 +57,7 @@ def check(kernel: DepthwiseKernel) -> None:
     """Raise ValueError unless this family can build ``kernel``."""
     if kernel.config.family != FAMILY:
         raise ValueError(f"{kernel.name}: not a {FAMILY} kernel")
-    if kernel.s > MAX_WIDTH:
-        raise ValueError(f"{kernel.name}: filter wider than {MAX_WIDTH}")
+    # filter width, stride and outputs per thread are DepthwiseKernel's own checks
 
 
 def semantics(kernel: DepthwiseKernel) -> str:

@@ -46,9 +46,13 @@ def attention_key(p: AttentionProblem) -> tuple:
     return tuple(d[f] for f in _ATTENTION_FIELDS)
 
 
+def _field(d: dict, f: str):
+    """d[f], or the default of a field older entries leave out (KeyError otherwise)."""
+    return d[f] if f in d or f not in _DEFAULTS else _DEFAULTS[f]
+
+
 def _entry_key(e: dict, fields) -> tuple:
-    vals = (e[f] if f in e or f not in _DEFAULTS else _DEFAULTS[f] for f in fields)
-    return tuple(tuple(v) if isinstance(v, list) else v for v in vals)
+    return tuple(tuple(v) if isinstance(v, list) else v for v in (_field(e, f) for f in fields))
 
 
 class PytorchFaster:
@@ -99,7 +103,7 @@ def entries_from_rows(rows: list, below: float = DEFER_BELOW) -> dict:
         if kind not in out or sp is None or sp >= below:
             continue
         fields = _CONV_FIELDS if kind == "conv2d" else _ATTENTION_FIELDS
-        e = {f: r[f] if f in r or f not in _DEFAULTS else _DEFAULTS[f] for f in fields}
+        e = {f: _field(r, f) for f in fields}
         e.update(ours_us=r["heuristic_us"], anchor=r.get("anchor", "pytorch"), anchor_us=r["anchor_us"])
         out[kind].append(e)
     return out
