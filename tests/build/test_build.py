@@ -283,3 +283,14 @@ def test_loading_a_folder_while_it_is_saved_again(sm80_model, tmp_path):
         loads, regions = loading.get(timeout=600)
     assert loads >= 1 and regions == {tuple(r.name for r in compiled.plan.regions)}
     assert not list(out.parent.glob(f".{out.name}.*"))        # no temporary folder left behind
+
+
+def test_a_cached_rebuild_names_its_sources_as_a_cold_one(sm80_model, tmp_path):
+    """Units reused from the cache are reported under their shard's name, so the
+    output folder's src/ holds the same file names (one key each) as a cold build's."""
+    _, out = sm80_model
+    again = tmp_path / "again"
+    co.compile(Block().half(), _inputs(), arch="sm_80", out_dir=again)
+    names = sorted(p.name for p in (again / "src").glob("*.cu"))
+    assert names == sorted(p.name for p in (out / "src").glob("*.cu"))
+    assert all(n.count(".") == 2 for n in names), names       # <unit>.<key>.cu

@@ -235,7 +235,9 @@ class _Builder:
             if found:
                 prefix, key, (d, meta) = found
                 reused.update(meta.get("kernels", ()))
-                units.append(UnitReport(d.name, tuple(meta.get("kernels", ())), 0.0, True, True,
+                # named as a fresh unit is (the cache folder's name adds the key, which
+                # the output folder's src/ file name adds again)
+                units.append(UnitReport(prefix, tuple(meta.get("kernels", ())), 0.0, True, True,
                                         meta.get("peak_rss_mb", 0.0), str(d / UNIT_NAME)))
         todo = [k for k in {k.name: k for k in self.plan.kernels}.values() if k.name not in reused]
         for i, shard in enumerate(shards if shards is not None else choose_shards(todo, self.jobs)):
