@@ -24,6 +24,11 @@ the anchor a user would call instead, on one GPU, in one run.
   is timed too (_attention_search.py: tuned = the fastest that matches SDPA);
   ``--write-attention-table FILE`` writes the winners per problem class
   (families/attention_sm90_table.json) and times the heuristic again with them.
+* conv2d with ``--search full`` (first dtype only): every sm90a choice of the
+  problem's search space (select/conv.py ``search_space``: TMA tiles, clusters,
+  stage counts; the im2col lowering with split-K for small outputs) is timed too
+  (_conv_search.py); ``--write-conv-table FILE`` writes the winners per problem
+  (families/conv_sm90_table.json) and times the heuristic again, every dtype.
 * ``--gemm-set lowered-convs`` (or ``both``): the GEMMs of the corpus convs that
   sm90a lowers onto the GEMM (1x1 convs, few-channel convs through im2col;
   families/conv_gemm_sm90.py) as GEMM problems, so that a full search with
@@ -41,7 +46,7 @@ with GPU, date and CUTLASS version). JSON to ``--json`` (default
 
     python benchmarks/kernels.py [--kinds gemm,conv,attention] [--dtypes fp16,bf16]
         [--search full|heuristic] [--grid/--no-grid] [--write-table FILE]
-        [--write-attention-table FILE] [--json FILE]
+        [--write-attention-table FILE] [--write-conv-table FILE] [--models A,B] [--json FILE]
 
 Needs a CUDA GPU (sm_90) and nvcc (exits 2 without a GPU).
 """
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import math
 import os
@@ -578,6 +584,12 @@ def parse_args(argv=None):
     p.add_argument("--write-attention-table", default=None, metavar="FILE",
                    help="with --search full: the Hopper attention winners per problem class "
                         "(families/attention_sm90_table.json), then the heuristic timed again")
+    p.add_argument("--write-conv-table", default=None, metavar="FILE",
+                   help="with --search full: the sm90a conv winners per problem "
+                        "(families/conv_sm90_table.json), then the heuristic timed again")
+    p.add_argument("--models", default=None, metavar="A,B",
+                   help="conv / attention problems of these corpus models only (e.g. a search "
+                        "that fits a time budget)")
     p.add_argument("--json", default=None)
     p.add_argument("--write-pytorch-faster", default=None, metavar="FILE",
                    help="write the conv/attention problems PyTorch ran faster (select/pytorch_faster.py)")
@@ -700,16 +712,20 @@ def main(argv=None) -> int:
             ("conv", "conv2d", conv_model, conv_anchors, conv_entries),
             ("attention", "attention", attention_model, sdpa_anchors, attention_entries)):
         entries = read(corpus)
+        if args.models:
+            wanted = set(args.models.split(","))
+            entries = [e for e in entries if wanted & set(e.get("models", []))]
         if kind not in kinds or not entries:
             continue
         t0 = time.perf_counter()
+        searcher = {"attention": "_attention_search", "conv": "_conv_search"}[kind]
+        table_path = {"attention": args.write_attention_table, "conv": args.write_conv_table}[kind]
         for dt in dtypes:
             rows = bench_model_regions(key, entries, *build(entries, dt), anchors)
             for r in rows:
                 r["dtype"] = dt
-            if kind == "attention" and args.search == "full" and dt == dtypes[0]:
-                import _attention_search
-                result["attention_search"] = _attention_search.search(
+            if args.search == "full" and dt == dtypes[0]:
+                result[f"{kind}_search"] = importlib.import_module(searcher).search(
                     rows, *build(entries, dt)[:3], region_inputs=region_inputs, graph_us=graph_us,
                     rel_err=_rel_err)
                 for r in rows:
@@ -717,15 +733,19 @@ def main(argv=None) -> int:
             result["rows"] += rows
             save()
         result["seconds"][kind] = time.perf_counter() - t0
-        if kind == "attention" and args.write_attention_table and args.search == "full":
-            import _attention_search
-            from cutlass_offload.families import attention_sm90_table as table
-            n = _attention_search.write_table(result["rows"], Path(args.write_attention_table), gpu, sms)
-            print(f"attention table: {n} classes -> {args.write_attention_table}", flush=True)
-            table.TABLE_FILE = Path(args.write_attention_table)
-            table._rows.cache_clear()
+        if table_path and args.search == "full":
+            n = importlib.import_module(searcher).write_table(result["rows"], Path(table_path), gpu, sms)
+            print(f"{kind} table: {n} rows -> {table_path}", flush=True)
+            if kind == "attention":
+                from cutlass_offload.families import attention_sm90_table as table
+                table.TABLE_FILE = Path(table_path)
+                table._rows.cache_clear()
+            else:
+                from cutlass_offload.families import conv_sm90_table
+                conv_sm90_table.use_table(table_path)
+            # the heuristic as select now sees it, timed again in every dtype
             t1 = time.perf_counter()
-            old = [r for r in result["rows"] if r["kind"] == "attention"]
+            old = [r for r in result["rows"] if r["kind"] == key]
             for dt in dtypes:
                 again = bench_model_regions(key, entries, *build(entries, dt), anchors)
                 for row, new_row in zip([r for r in old if r["dtype"] == dt], again):
@@ -733,7 +753,7 @@ def main(argv=None) -> int:
                     row["heuristic_us"], row["kernel"] = new_row.get("heuristic_us"), new_row.get("kernel")
                     row["anchor_us"] = min(row.get("anchor_us") or 1e30, new_row.get("anchor_us") or 1e30)
                     add_speedups(row)
-            result["seconds"]["attention_remeasure"] = time.perf_counter() - t1
+            result["seconds"][f"{kind}_remeasure"] = time.perf_counter() - t1
             save()
     save()
     if args.write_pytorch_faster:

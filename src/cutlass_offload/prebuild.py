@@ -22,7 +22,8 @@ from itertools import product
 from . import build as build_stage
 from .families import sm80 as sm80_family
 from .families import attention_sm90
-from .ir import (ACTIVATIONS, AttentionKernelSm90, AttentionProblem, AttentionRegion, GemmEpilogue,
+from .ir import (ACTIVATIONS, AttentionKernelSm90, AttentionProblem, AttentionRegion, ConvKernel,
+                 ConvProblem, ConvRegion, GemmEpilogue,
                  GemmKernel, GemmProblem, GemmRegion, Plan)
 from .select import sm90
 
@@ -95,13 +96,28 @@ def _attention_stand_in(i: int, k: AttentionKernelSm90) -> AttentionRegion:
                            q="q", k="k", v="v", problem=problem)
 
 
+def _conv_stand_in(i: int, k: ConvKernel) -> ConvRegion:
+    ep = k.epilogue
+    c = 8 if k.align_a == 8 else k.align_a
+    problem = ConvProblem(c=c, k=max(8, k.align_c), h=8, w=8, r=3, s=3, dtype=k.dtype,
+                          align_a=k.align_a, align_b=k.align_b, align_c=k.align_c,
+                          pad=(1, 1, 1, 1), epilogue=ep)
+    return ConvRegion(name=f"prebuild{i}", form="conv2d", nodes=(f"prebuild{i}",), x="x", w="w",
+                      problem=problem, bias="bias" if ep.bias else None,
+                      c="c" if ep.residual != "none" else None)
+
+
 def stand_in_plan(arch: str, kernels) -> Plan:
     """A Plan of one stand-in region per kernel (what the build needs: names and
-    kernels); GemmKernels and Hopper attention kernels."""
+    kernels); GemmKernels, conv kernels (a conv search's candidates) and Hopper
+    attention kernels."""
     regions = []
     for i, k in enumerate(kernels):
         if isinstance(k, AttentionKernelSm90):
             regions.append(_attention_stand_in(i, k))
+            continue
+        if isinstance(k, ConvKernel):
+            regions.append(_conv_stand_in(i, k))
             continue
         ep = k.epilogue
         problem = GemmProblem(n=64, k=64, dtype=k.dtype, layout_b=k.layout_b, align_a=k.align_a,

@@ -1,6 +1,7 @@
 // Host emulation of co_im2col::pack (emit/templates/im2col.cuh): every thread of the
 // grid run in a loop on the CPU against a direct im2col, on random conv geometries
-// (odd C, padding, stride, dilation, row chunks, a grid smaller than the work).
+// (odd C, C a multiple of 8, padding, stride, dilation, row chunks, a grid smaller
+// than the work).
 // Compiled and run by test_im2col_emulation.py with IM2COL_HEADER defined.
 #include <cstdint>
 #include <cstdio>
@@ -10,6 +11,7 @@
 struct Dim { unsigned x = 0, y = 0, z = 0; };
 static Dim blockIdx, threadIdx, blockDim, gridDim;
 struct uint4 { unsigned x, y, z, w; };
+static uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 #define __global__
 #define __launch_bounds__(x)
 #define __restrict__
@@ -20,7 +22,8 @@ int main(int argc, char** argv) {
   for (int trial = 0; trial < 300; ++trial) {
     co_im2col::Geometry g{};
     auto U = [&](int lo, int hi) { return lo + int(rng() % (hi - lo + 1)); };
-    g.n = U(1, 3); g.c = U(1, 7); g.h = U(1, 12); g.w = U(1, 12); g.k = 8 * U(1, 3);
+    // C % 8 == 0 in a quarter of the trials: the pack's 16-byte path
+    g.n = U(1, 3); g.c = trial % 4 == 3 ? 8 * U(1, 3) : U(1, 7); g.h = U(1, 12); g.w = U(1, 12); g.k = 8 * U(1, 3);
     g.r = U(1, 5); g.s = U(1, 5); g.pad_h = U(0, 3); g.pad_w = U(0, 3);
     g.stride_h = U(1, 3); g.stride_w = U(1, 3); g.dilation_h = U(1, 2); g.dilation_w = U(1, 2);
     int64_t pad_b = U(0, 3), pad_r = U(0, 3);

@@ -56,3 +56,27 @@ def test_cli_lists_the_hopper_attention_kernels_select_can_choose(capsys):
     assert len(names) == 2 * len(configs) and len(set(names)) == len(names)
     assert "cutlass3x_sm90_fmha_fwd_f16_128x128x64_s5_pingpong_causal" in names   # from the table
     assert cli.main(["prebuild", "--arch", "sm_80", "--attention", "--list"]) == 2
+
+
+def test_conv_kernels_prebuild_so_a_conv_model_compiles_only_its_launchers(tmp_path, monkeypatch):
+    """A conv search prebuilds its candidates (benchmarks/_conv_search.py): conv kernels
+    take a stand-in conv region, and the model's compile finds them cached."""
+    import torch
+
+    from cutlass_offload.capture import capture
+    from cutlass_offload.config import CompileOptions
+    from cutlass_offload.partition import partition
+    from cutlass_offload.select import select
+    for k, v in fake_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU()).half()
+    x = torch.randn(2, 16, 8, 8).half()
+    opts = CompileOptions(arch="sm80")
+    plan = select(partition(capture(model, (x,)).graph_module, opts), "sm80", opts)
+    res = prebuild("sm80", list(plan.kernels))
+    assert all(u["ok"] for u in res.to_dict()["units"]) and len(plan.kernels) == 1
+    before = nvcc_calls(tmp_path)
+    compiled = co.compile(model, (x,), arch="sm_80", glue="eager")
+    assert [k.name for k in compiled.plan.kernels] == [plan.kernels[0].name]
+    new = nvcc_calls(tmp_path)[len(before):]
+    assert [c.split()[0] for c in new] == ["compile", "link"], new

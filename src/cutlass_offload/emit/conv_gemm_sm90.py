@@ -19,10 +19,12 @@ compile time goes.
 * direct: A = x (N*H*W, C), B = filter (K, C), D = y (N*H*W, K), C = the residual
   (same layout as y); no workspace beyond the GEMM's.
 * im2col: the workspace holds [A chunk (rows, Kp) | B (K, Kp) | the GEMM's
-  workspace], each part 256-byte aligned. Per chunk of at most
+  workspace], each part 256-byte aligned; B's part is empty when R*S*C is a
+  multiple of 8 (Kp = R*S*C: the KRSC filter is B as it lies, read in place; a
+  filter not 16-byte aligned is then refused, not copied). Per chunk of at most
   IM2COL_CHUNK_BYTES of A: one ``co_im2col::pack`` launch (templates/im2col.cuh;
-  the first also packs B), then the GEMM on those rows (D, C and the row offset
-  advance together).
+  the first also packs B where it is packed), then the GEMM on those rows (D, C
+  and the row offset advance together).
 
 The GEMM launches with PDL where its unit compiles CUTLASS's grid dependency
 control (persistent kernels, GDC_DEFINES): its prologue overlaps the pack kernel
@@ -77,6 +79,8 @@ static inline bool aligned16(const void* p) {
   return p != nullptr && (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 static inline int64_t packed_k(const CoConvArgs& a) { return round_up(a.r * a.s * a.c, 8); }
+// R*S*C a multiple of 8: the filter (K, R*S*C) is B as it lies
+static inline bool filter_is_b(const CoConvArgs& a) { return a.r * a.s * a.c % 8 == 0; }
 
 // Rows of A packed at once (mirror of families/conv_gemm_sm90.py chunk_rows)
 static inline int64_t chunk_rows(const CoConvArgs& a) {
@@ -152,7 +156,7 @@ static inline int64_t a_part(const CoConvArgs& a, int64_t m) {
   return kIm2col ? round_up(rows * packed_k(a) * int64_t(sizeof(Element)), kPartAlign) : 0;
 }
 static inline int64_t b_part(const CoConvArgs& a) {
-  return kIm2col ? round_up(a.k * packed_k(a) * int64_t(sizeof(Element)), kPartAlign) : 0;
+  return kIm2col && !filter_is_b(a) ? round_up(a.k * packed_k(a) * int64_t(sizeof(Element)), kPartAlign) : 0;
 }
 
 int64_t workspace_size(const CoConvArgs& args) {
@@ -185,19 +189,28 @@ int run(const CoConvArgs& args, cudaStream_t stream) {
   if (args.workspace == nullptr || args.workspace_bytes < a_bytes + b_bytes) {
     return CO_WORKSPACE_TOO_SMALL;
   }
+  if (args.c % 8 == 0 && !aligned16(args.x)) {
+    return CO_CANNOT_IMPLEMENT;  // the pack reads 8 channels of x as one 16-byte load
+  }
   Element* A = reinterpret_cast<Element*>(ws);
-  Element* B = reinterpret_cast<Element*>(ws + a_bytes);
+  const bool in_place = filter_is_b(args);
+  if (in_place && !aligned16(args.filter)) {
+    return CO_CANNOT_IMPLEMENT;  // TMA reads B: a 16-byte aligned base
+  }
+  const Element* B = in_place ? static_cast<const Element*>(args.filter)
+                              : reinterpret_cast<const Element*>(ws + a_bytes);
   for (int64_t row0 = 0; row0 < m; row0 += chunk) {
     const int64_t rows = m - row0 < chunk ? m - row0 : chunk;
     const co_im2col::Geometry geo{args.n, args.h, args.w, args.c, args.k, args.r, args.s,
                                   args.p, args.q, args.pad_h, args.pad_w, args.stride_h,
                                   args.stride_w, args.dilation_h, args.dilation_w,
-                                  packed_k(args), row0, rows, row0 == 0 ? args.k : 0};
+                                  packed_k(args), row0, rows, row0 == 0 && !in_place ? args.k : 0};
     const int64_t work = (rows + geo.b_rows) * (geo.kp / 16 + geo.kp % 16 / 8) * 2;  // threads
     const int64_t blocks = (work + 255) / 256;
     // a grid-stride loop past 65536 blocks
     co_im2col::pack<Element><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
-        static_cast<const Element*>(args.x), static_cast<const Element*>(args.filter), A, B, geo);
+        static_cast<const Element*>(args.x), static_cast<const Element*>(args.filter), A,
+        const_cast<Element*>(B), geo);  // B written only where b_rows > 0 (not in place)
     if (cudaGetLastError() != cudaSuccess) {
       return CO_LAUNCH_FAILED;
     }

@@ -19,11 +19,16 @@ source C) is the GEMM's own:
   the MMA work and ran the ResNet-50 stem in 239 us against cuDNN's 45. Here a
   small pack kernel (templates/im2col.cuh) writes the (M, Kp) im2col matrix,
   Kp = R*S*C rounded up to 8 (16-byte rows for TMA), and the (K, Kp) filter with
-  zero columns past R*S*C, into the workspace; the GEMM then runs on them.
+  zero columns past R*S*C, into the workspace (the filter is B as it lies when
+  R*S*C is a multiple of 8); the GEMM then runs on them.
   Exact zeros stand for padding and the K round-up, so no input value reaches an
   output outside its window (unlike CUTLASS 2.x's few/fixed-channels iterators,
   see emit/conv_sm80.py). The matrix is built in row chunks of at most
   ``IM2COL_CHUNK_BYTES``, so the workspace stays bounded at any batch.
+  The same lowering serves convs with few output pixels and a deep K (the SD UNet's
+  8 x 8 x 2560 -> 1280 3x3 at batch 2: 40 tiles of 64 x 64 for 132 SMs as a TMA conv,
+  none of whose schedules splits K): its GEMM can split K. The learned conv table
+  picks it there from a measured search (select/conv.py), not this module's rule.
 """
 from __future__ import annotations
 
@@ -64,6 +69,14 @@ def im2col_ok(problem: ConvProblem) -> bool:
     around a copy (9.0 us against 6.7 as the TMA conv on 8 padded channels, H200)."""
     return (_common_ok(problem) and problem.pad_c == 0 and problem.c < IM2COL_MAX_C
             and problem.r * problem.s > 1)
+
+
+def im2col_feasible(problem: ConvProblem) -> bool:
+    """Whether the im2col lowering can run ``problem`` at all (the search and the
+    learned conv table may pick it beyond ``im2col_ok``'s rule): f16/bf16, K a
+    multiple of 8, no per-channel residual, C not zero-padded, a spatial filter.
+    With R*S*C a multiple of 8 the filter is the GEMM's B as it lies (no copy)."""
+    return _common_ok(problem) and problem.pad_c == 0 and problem.r * problem.s > 1
 
 
 def iterator_for(problem: ConvProblem) -> str:

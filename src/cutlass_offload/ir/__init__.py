@@ -10,7 +10,7 @@ computes it). One module per region kind:
 * ``common``: the shared vocabulary: dtypes, activations, layouts, archs, kernel
   families, ``GemmEpilogue``, ``KernelConfig``, ``KernelSource``, ``replace``.
 * ``gemm``: ``GemmProblem``, ``GemmLaunch``, ``GemmKernel``, ``GemmRegion``.
-* ``conv``: ``ConvProblem``, ``ConvKernel``, ``DepthwiseKernel``, ``ConvRegion``.
+* ``conv``: ``ConvProblem``, ``ConvKernel``, ``ConvChoice``, ``DepthwiseKernel``, ``ConvRegion``.
 * ``norm``: layer_norm / rms_norm and group_norm problems, kernels and regions.
 * ``attention``: ``AttentionProblem``, ``AttentionKernel`` (sm80),
   ``AttentionKernelSm90``, ``AttentionRegion``.
@@ -56,7 +56,7 @@ from .common import (
     note_stops,
     replace,
 )
-from .conv import CONV_ITERATORS, ConvKernel, ConvProblem, ConvRegion, DepthwiseKernel
+from .conv import CONV_ITERATORS, ConvChoice, ConvKernel, ConvProblem, ConvRegion, DepthwiseKernel
 from .gemm import (
     DECOMPOSITIONS,
     RASTER_ORDERS,
@@ -102,6 +102,7 @@ __all__ = [
     "AttentionProblem",
     "AttentionRegion",
     "AttentionVariant",
+    "ConvChoice",
     "ConvKernel",
     "DepthwiseKernel",
     "ConvProblem",

@@ -1,10 +1,11 @@
 """conv2d fprop regions (implicit GEMM, NHWC): the problem, the kernel and the region."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Optional
 
-from .common import ARCHS, DTYPES, GemmEpilogue, KernelConfig, _check, _Region
+from .common import (ARCHS, DTYPES, GemmEpilogue, KernelConfig, _check, _Region, config_from_dict,
+                     config_to_dict)
 from .gemm import GemmLaunch
 
 CONV_ITERATORS = ("optimized", "analytic", "few_channels", "fixed_channels")
@@ -172,6 +173,37 @@ class ConvKernel:
         launch = "" if self.launch == GemmLaunch() else f"_{self.launch.tag}"
         return (f"{fam}_conv2d_fprop_{self.dtype}_nhwc_{self.config.tag}{it}{launch}{unity}"
                 f"_align{self.align_a}{self.align_b}{self.align_c}_{self.epilogue.tag}")
+
+
+@dataclass(frozen=True)
+class ConvChoice:
+    """One sm90a conv kernel choice, what a conv search times and the learned conv
+    table stores (families/conv_sm90_table.py): ``iterator`` "" (the TMA implicit
+    GEMM), "direct" or "im2col" (lowered onto the sm90 GEMM), its ``config`` and, for
+    a lowered conv, the GEMM's ``launch`` knobs (ConvKernel's fields of the same
+    names)."""
+
+    iterator: str
+    config: KernelConfig
+    launch: GemmLaunch = GemmLaunch()
+
+    def __post_init__(self):
+        _check(self.iterator, CONV_ITERATORS_3X, "iterator")
+
+    @property
+    def tag(self) -> str:
+        """Short label: "<iterator or tma>_<config tag>[_<launch tag>]"."""
+        launch = "" if self.launch == GemmLaunch() else f"_{self.launch.tag}"
+        return f"{self.iterator or 'tma'}_{self.config.tag}{launch}"
+
+    def to_dict(self) -> dict:
+        return {"iterator": self.iterator, "config": config_to_dict(self.config),
+                "launch": asdict(self.launch)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ConvChoice:
+        """The choice ``to_dict`` wrote; ValueError / KeyError / TypeError otherwise."""
+        return cls(str(d["iterator"]), config_from_dict(d["config"]), GemmLaunch(**d.get("launch", {})))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import asdict, replace
 from ..config import CompileOptions
 from ..target import TARGETS
 from ..families import attention  # the sm80 kernel, for sm_80 and sm_90a (or the Hopper one)
+from ..families import conv_sm90_table
 from ..ir import (
     AttentionRegion,
     ConvRegion,
@@ -97,6 +98,13 @@ def attention_tuning_id(problem) -> str:
                        "causal": problem.causal, "bias": problem.bias}, sort_keys=True)
 
 
+def conv_tuning_id(problem) -> str:
+    """What a searched conv choice is about (families/conv_sm90_table.class_key of
+    the problem, with its dtype and epilogue), as canonical JSON."""
+    return json.dumps({"op": "conv2d", "class": conv_sm90_table.class_key(problem),
+                       "dtype": problem.dtype, "epilogue": asdict(problem.epilogue)}, sort_keys=True)
+
+
 def _defer_measured(r) -> bool:
     """Whether PyTorch's op for ``r`` is the one the benchmark timed: a conv, or an
     attention without a mask folded into the kernel and without a bias (a model's
@@ -117,7 +125,7 @@ def _gemm(r, arch, num_sms, options, tuned):
 def _conv(r, arch, num_sms, options, tuned):
     # C not a multiple of 8: zero-padded channels let a TMA kernel run it
     r = replace(r, problem=pad_channels(r.problem, arch))
-    return r, choose_conv_kernel(r.problem, arch, num_sms)
+    return r, choose_conv_kernel(r.problem, arch, num_sms, (tuned or {}).get(conv_tuning_id(r.problem)))
 
 
 def _attention(r, arch, num_sms, options, tuned):
@@ -144,9 +152,9 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
     (``options.pytorch_when_faster``, select/pytorch_faster.py).
 
     tuned: {tuning_id(problem): (KernelConfig, GemmLaunch)} of profiled GEMM winners (tune/),
-    and {attention_tuning_id(problem): KernelConfig} of Hopper attention configs (a
-    search's candidates, benchmarks/kernels.py); other problems get the heuristic's
-    choice."""
+    {attention_tuning_id(problem): KernelConfig} of Hopper attention configs and
+    {conv_tuning_id(problem): ConvChoice} of sm90a conv choices (a search's
+    candidates, benchmarks/kernels.py); other problems get the heuristic's choice."""
     regions, kernels, fallbacks = [], [], list(part.fallbacks)
     num_sms = options.num_sms or DEFAULT_NUM_SMS[arch]
     for r in part.regions:

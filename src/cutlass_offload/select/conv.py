@@ -4,7 +4,9 @@ its rule applies (1x1 stride-1 convs, and convs with C < 8 through an explicit
 im2col: families/conv_gemm_sm90.py), else the TMA implicit GEMM where it applies,
 else 2.x.
 
-The implicit GEMM is M = N * P * Q, N = K, K = R * S * C (ir.ConvProblem). Tile
+The implicit GEMM is M = N * P * Q, N = K, K = R * S * C (ir.ConvProblem). On
+sm90a a problem the learned conv table lists (families/conv_sm90_table.py, from a
+search of ``search_space`` on the GPU) gets the measured winner; otherwise tile
 choice is by CTA count, as for GEMMs (select/sm90.py): the largest tile that
 still fills about a wave of the device's SMs.
 
@@ -22,8 +24,8 @@ import math
 from dataclasses import replace
 
 from ..dtypes import BYTES
-from ..families import conv_gemm_sm90, conv_sm90, depthwise, sm80
-from ..ir import ConvKernel, ConvProblem, KernelConfig
+from ..families import conv_gemm_sm90, conv_sm90, conv_sm90_table, depthwise, sm80
+from ..ir import ConvChoice, ConvKernel, ConvProblem, GemmLaunch, KernelConfig
 from . import sm90
 
 # Pad C to a multiple of 8 only below this many channels. There the per-call
@@ -78,17 +80,104 @@ def pad_channels(problem: ConvProblem, arch: str) -> ConvProblem:
     return padded if conv_sm90.supports(padded) else problem
 
 
-def choose_conv_kernel(problem: ConvProblem, arch: str, num_sms: int):
+# The TMA implicit-GEMM configs a conv search tries (tile, cluster, stages; 0 = as
+# many stages as fit): the rule's three, the same tiles without a cluster, a 64 x 128
+# tile, and two stage counts small enough for two CTAs per SM (128 x 64 x 64 at 3
+# stages: 72 KiB of operands; 64 x 64 x 64 at 4: 64 KiB), whose mainloops then
+# overlap each other's epilogues, as a persistent kernel's would.
+TMA_SEARCH = (
+    ((128, 128, 64), (2, 1, 1), 0),
+    ((128, 128, 64), (1, 1, 1), 0),
+    ((128, 64, 64), (2, 1, 1), 0),
+    ((128, 64, 64), (1, 1, 1), 0),
+    ((64, 128, 64), (1, 1, 1), 0),
+    ((64, 64, 64), (1, 1, 1), 0),
+    ((128, 64, 64), (1, 1, 1), 3),
+    ((64, 64, 64), (1, 1, 1), 4),
+)
+# The im2col lowering is searched for outputs of at most this many pixels (N*P*Q):
+# its pack writes N*P*Q x R*S*C elements, cheap only next to a K-deep GEMM with few
+# output tiles (8 x 8 x 2560 -> 1280 at batch 2: 5.9 MB for 7.5 GFLOP).
+IM2COL_SEARCH_MAX_ROWS = 512
+
+
+def _split_k_choices(problem: ConvProblem, num_sms: int) -> list:
+    """im2col choices whose GEMM splits K over the stream-K scheduler into as many
+    parts as fill about a wave of SMs (at least 4 K tiles each)."""
+    gp = conv_gemm_sm90.gemm_problem(problem, "im2col")
+    m = problem.n_hint * problem.p * problem.q
+    out = []
+    for tile_n in (64, 128):
+        config = KernelConfig("cutlass3x_sm90", (128, tile_n, 64), 0, cluster=(1, 1, 1),
+                              kernel_schedule=sm90.COOP, tile_scheduler="stream_k")
+        tiles = math.ceil(m / 128) * math.ceil(gp.n / tile_n)
+        splits = min(num_sms // tiles, gp.k // (4 * 64), 64)
+        if splits >= 2:
+            out.append(ConvChoice("im2col", config, GemmLaunch(decomposition="split_k", splits=splits)))
+    return out
+
+
+def search_space(problem: ConvProblem, arch: str, num_sms: int) -> tuple:
+    """The sm90a kernel choices worth timing on ``problem`` (a ConvProblem after
+    ``pad_channels``): the rules' choice first, then every TMA_SEARCH config the
+    TMA kernel can run, then for outputs of at most IM2COL_SEARCH_MAX_ROWS pixels
+    the im2col lowering with the GEMM heuristic's config and with split-K. Empty
+    for a depthwise conv, another arch, or a 2.x-only problem."""
+    if arch != "sm90a" or problem.depthwise:
+        return ()
+    try:
+        first = choice_of(choose_conv_kernel(problem, arch, num_sms, table=False))
+    except ValueError:
+        return ()
+    if first is None:
+        return ()
+    out = [first]
+    if conv_sm90.supports(problem):
+        out += [ConvChoice("", conv_sm90.make_config(t, c, stages=s)) for t, c, s in TMA_SEARCH]
+    if (conv_gemm_sm90.im2col_feasible(problem)
+            and problem.n_hint * problem.p * problem.q <= IM2COL_SEARCH_MAX_ROWS):
+        config, launch = sm90.choose(conv_gemm_sm90.gemm_problem(problem, "im2col"), num_sms)
+        out.append(ConvChoice("im2col", config, replace(launch, pdl=False)))
+        out += _split_k_choices(problem, num_sms)
+    return tuple({c.tag: c for c in reversed(out)}[t] for t in dict.fromkeys(c.tag for c in out))
+
+
+def choice_of(kernel) -> ConvChoice | None:
+    """The ConvChoice a 3.x ConvKernel embodies; None for any other kernel."""
+    if not isinstance(kernel, ConvKernel) or kernel.config.family != "cutlass3x_sm90":
+        return None
+    return ConvChoice(kernel.iterator, kernel.config, kernel.launch)
+
+
+def _applies(choice: ConvChoice, problem: ConvProblem) -> bool:
+    """Whether ``choice``'s kernel can run ``problem`` (a stale table row need not)."""
+    if choice.iterator == "direct":
+        return conv_gemm_sm90.direct_ok(problem)
+    if choice.iterator == "im2col":
+        return conv_gemm_sm90.im2col_feasible(problem)
+    return conv_sm90.supports(problem)
+
+
+def choose_conv_kernel(problem: ConvProblem, arch: str, num_sms: int,
+                       choice: ConvChoice | None = None, table: bool = True):
     """The kernel for one conv problem on ``arch``: a DepthwiseKernel for a
     depthwise conv (families/depthwise.py), else a ConvKernel (for its ``c_kernel`` channels:
     pass ``pad_channels(problem, arch)`` to allow channel padding); ValueError when
-    none fits. A lowered conv's tile config and launch knobs are the sm90 GEMM
+    none fits. On sm90a, ``choice`` (a search's candidate) or else the learned conv
+    table's row (``table``) decides where it applies to the problem; otherwise the
+    rules. A lowered conv's tile config and launch knobs are the sm90 GEMM
     heuristic's for its GEMM (the learned table, then the shape rules), compiled
     into its launcher; PDL is the launcher's own choice (emit/conv_gemm_sm90.py)."""
     if problem.depthwise:
         return depthwise.choose(problem, arch)
     common = dict(arch=arch, dtype=problem.dtype, align_a=problem.align_a, align_b=problem.align_b,
                   align_c=problem.align_c, epilogue=problem.epilogue)
+    if arch == "sm90a":
+        if choice is None and table:
+            choice = conv_sm90_table.lookup(problem, num_sms)
+        if choice is not None and _applies(choice, problem):
+            return ConvKernel(config=choice.config, iterator=choice.iterator, launch=choice.launch,
+                              **common)
     lowering = conv_gemm_sm90.iterator_for(problem) if arch == "sm90a" else ""
     if lowering:
         config, launch = sm90.choose(conv_gemm_sm90.gemm_problem(problem, lowering), num_sms)

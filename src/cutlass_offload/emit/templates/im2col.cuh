@@ -69,6 +69,17 @@ __global__ void __launch_bounds__(256) pack(const T* __restrict__ x, const T* __
       int ww = w0 + s * int(g.dilation_w);
       // unsigned: wraps harmlessly while (hh, ww) is outside the image (never read then)
       unsigned ofs = (unsigned(hh) * unsigned(W) + unsigned(ww)) * unsigned(cc) + unsigned(c);
+      if ((cc & 7) == 0) {
+        // C % 8 == 0 (a deep conv lowered for its few output tiles): the 8 columns are
+        // 8 channels of one filter position, 16 bytes of x (the launcher checked x's
+        // alignment), or 8 zeros of the padding
+        uint4 vec = make_uint4(0, 0, 0, 0);
+        if (unsigned(hh) < unsigned(H) && unsigned(ww) < unsigned(W)) {
+          vec = *reinterpret_cast<const uint4*>(image + ofs);
+        }
+        *reinterpret_cast<uint4*>(a + int64_t(row) * g.kp + col0) = vec;
+        continue;
+      }
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         T val = T(0);
