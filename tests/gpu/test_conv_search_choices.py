@@ -1,8 +1,8 @@
 """GPU property tests for the sm90a conv choices a search can pick beyond the rules
 (select/conv.py ``search_space``, the learned conv table): the im2col lowering on
 C % 8 == 0 (the pack's 16-byte path, the filter read in place as B), the same with
-the GEMM split over K (stream-K scheduler, split-K), and TMA kernels with few stages
-and no cluster. Each class is compiled once with its choice forced (select's
+the GEMM split over K (stream-K scheduler, split-K), and TMA kernels without a cluster
+(128 x 160 and 64 x 128 tiles). Each class is compiled once with its choice forced (select's
 ``tuned``), then random problem sizes and geometries run on its kernel (a conv
 kernel takes every size at run time) against a float32 reference, outputs poisoned
 first. CUTLASS_OFFLOAD_PROPERTY_EXAMPLES=N runs N random examples.
@@ -34,10 +34,10 @@ CLASSES = [
     ("im2col_splitk_res", torch.float16, 256, 128, "full_add",
      ConvChoice("im2col", KernelConfig("cutlass3x_sm90", (128, 128, 64), 0, **_SK),
                 GemmLaunch(decomposition="split_k", splits=3))),
-    ("tma_128x64_s3", torch.float16, 32, 64, "full_add",
-     ConvChoice("", KernelConfig("cutlass3x_sm90", (128, 64, 64), 3, cluster=(1, 1, 1), **_TMA))),
-    ("tma_64x64_s4_bf16", torch.bfloat16, 48, 32, "none",
-     ConvChoice("", KernelConfig("cutlass3x_sm90", (64, 64, 64), 4, cluster=(1, 1, 1), **_TMA))),
+    ("tma_128x160", torch.float16, 32, 160, "full_add",
+     ConvChoice("", KernelConfig("cutlass3x_sm90", (128, 160, 64), 0, cluster=(1, 1, 1), **_TMA))),
+    ("tma_64x128_bf16", torch.bfloat16, 48, 32, "none",
+     ConvChoice("", KernelConfig("cutlass3x_sm90", (64, 128, 64), 0, cluster=(1, 1, 1), **_TMA))),
 ]
 
 

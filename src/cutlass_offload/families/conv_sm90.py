@@ -22,11 +22,19 @@ EPILOGUE_SCHEDULE = "TmaWarpSpecialized"
 
 # Largest first: (tile, cluster, kernel schedule). 128x128 with a 2x1 cluster
 # (the filter tile is multicast to the two CTAs along M: every M tile reads the
-# same filter) for big layers; 128x64 for the many 64-channel layers (no half-
-# empty N tile); 64x64 for small spatial extents. All keep the accumulator at
-# <= 128 fp32 registers per thread (one consumer warpgroup holds the tile).
+# same filter) for more than a wave of tiles; 128x128 without a cluster from half a
+# wave to a wave (clustered CTAs must share a GPC, so about a wave of them can spill
+# into a second: the VAE's 64 x 64 x 512 -> 512, 128 CTAs, 48.1 us with the cluster,
+# 28.6 without; the SD UNet's 80-CTA 32 x 32 convs 1.3x faster without, H200 conv
+# search); 64x128 for a smaller grid (the UNet's 16 x 16 x 1280-2560 -> 1280: 0.93x
+# -> 0.87x of 128x64's time); 128x64 for the many 64-channel layers (no half-empty N
+# tile); 64x64 for small spatial extents. One consumer warpgroup holds the tile's
+# accumulators (128 fp32 registers per thread for 128x128). The learned conv table
+# (families/conv_sm90_table.py) overrides this rule on the shapes it measured.
 CANDIDATES = (
     ((128, 128, 64), (2, 1, 1), KERNEL_SCHEDULE),
+    ((128, 128, 64), (1, 1, 1), KERNEL_SCHEDULE),
+    ((64, 128, 64), (1, 1, 1), KERNEL_SCHEDULE),
     ((128, 64, 64), (2, 1, 1), KERNEL_SCHEDULE),
     ((64, 64, 64), (1, 1, 1), KERNEL_SCHEDULE),
 )
@@ -36,7 +44,11 @@ _MAX_PADDING = 256
 _CORNER_LIMIT = 1 << (16 // 2 - 1)      # corners in [-128, 127]
 _OFFSET_LIMIT = (1 << (16 // 2)) - 1    # (R-1)*dil < 255
 _MAX_TRAVERSAL_STRIDE = 8
-_MAX_ACC_PER_THREAD = 128               # fp32 accumulators per consumer thread
+# fp32 accumulators per consumer thread: 160 admits a 128 x 160 tile (N = 320, 640,
+# 960, 1280, 1920: the SD UNet's widths, with no half-empty last tile), leaving ~95
+# of a thread's 255 registers for the rest; the conv search measures it beside
+# 128 x 128 (benchmarks/_conv_search.py)
+_MAX_ACC_PER_THREAD = 160
 
 
 def _upper_pad(out: int, size: int, filt: int, lower: int, stride: int, dil: int) -> int:

@@ -46,6 +46,8 @@ def _sm90_config(problem: ConvProblem, num_sms: int) -> KernelConfig:
     candidates = conv_sm90.CANDIDATES
     for i, (tile, cluster, sched) in enumerate(candidates):
         ctas = math.ceil(m / tile[0]) * math.ceil(problem.k / tile[1])
+        if tile[1] > 64 and problem.k <= 64:
+            continue                      # a mostly empty N tile (64-channel layers)
         need = num_sms if i == 0 else num_sms // 2
         if ctas >= need or i == len(candidates) - 1:
             return KernelConfig("cutlass3x_sm90", tile, stages=0, cluster=cluster,
@@ -80,20 +82,21 @@ def pad_channels(problem: ConvProblem, arch: str) -> ConvProblem:
     return padded if conv_sm90.supports(padded) else problem
 
 
-# The TMA implicit-GEMM configs a conv search tries (tile, cluster, stages; 0 = as
-# many stages as fit): the rule's three, the same tiles without a cluster, a 64 x 128
-# tile, and two stage counts small enough for two CTAs per SM (128 x 64 x 64 at 3
-# stages: 72 KiB of operands; 64 x 64 x 64 at 4: 64 KiB), whose mainloops then
-# overlap each other's epilogues, as a persistent kernel's would.
+# The TMA implicit-GEMM configs a conv search tries (tile, cluster): the rules' three,
+# the same tiles without a cluster (a 2-CTA cluster must fit in one GPC, so a grid of
+# about a wave of clustered CTAs can spill into a second: the VAE's 64 x 64 x 512 ->
+# 512, 128 CTAs of 128 x 128, ran 48.1 us with a 2x1 cluster and 28.6 without, H200),
+# 64 x 128, and 128 x 160 for output widths that are multiples of 160. Fewer stages
+# for two CTAs per SM (128 x 64 at 3, 64 x 64 at 4) lost on all 35 SD UNet and VAE
+# 3x3 convs searched (up to 2.1x slower), so they are not tried.
 TMA_SEARCH = (
-    ((128, 128, 64), (2, 1, 1), 0),
-    ((128, 128, 64), (1, 1, 1), 0),
-    ((128, 64, 64), (2, 1, 1), 0),
-    ((128, 64, 64), (1, 1, 1), 0),
-    ((64, 128, 64), (1, 1, 1), 0),
-    ((64, 64, 64), (1, 1, 1), 0),
-    ((128, 64, 64), (1, 1, 1), 3),
-    ((64, 64, 64), (1, 1, 1), 4),
+    ((128, 128, 64), (2, 1, 1)),
+    ((128, 128, 64), (1, 1, 1)),
+    ((128, 64, 64), (2, 1, 1)),
+    ((128, 64, 64), (1, 1, 1)),
+    ((64, 128, 64), (1, 1, 1)),
+    ((64, 64, 64), (1, 1, 1)),
+    ((128, 160, 64), (1, 1, 1)),
 )
 # The im2col lowering is searched for outputs of at most this many pixels (N*P*Q):
 # its pack writes N*P*Q x R*S*C elements, cheap only next to a K-deep GEMM with few
@@ -101,9 +104,14 @@ TMA_SEARCH = (
 IM2COL_SEARCH_MAX_ROWS = 512
 
 
+# Split counts an im2col choice's GEMM may take (stream-K scheduler, split-K)
+SPLITS = (2, 3, 4, 6, 8, 12)
+
+
 def _split_k_choices(problem: ConvProblem, num_sms: int) -> list:
-    """im2col choices whose GEMM splits K over the stream-K scheduler into as many
-    parts as fill about a wave of SMs (at least 4 K tiles each)."""
+    """im2col choices whose GEMM splits K over the stream-K scheduler: 128 x 64 and
+    128 x 128 tiles, each split count of SPLITS that keeps the work units within a
+    wave of SMs and at least 4 K tiles per split."""
     gp = conv_gemm_sm90.gemm_problem(problem, "im2col")
     m = problem.n_hint * problem.p * problem.q
     out = []
@@ -111,9 +119,10 @@ def _split_k_choices(problem: ConvProblem, num_sms: int) -> list:
         config = KernelConfig("cutlass3x_sm90", (128, tile_n, 64), 0, cluster=(1, 1, 1),
                               kernel_schedule=sm90.COOP, tile_scheduler="stream_k")
         tiles = math.ceil(m / 128) * math.ceil(gp.n / tile_n)
-        splits = min(num_sms // tiles, gp.k // (4 * 64), 64)
-        if splits >= 2:
-            out.append(ConvChoice("im2col", config, GemmLaunch(decomposition="split_k", splits=splits)))
+        for splits in SPLITS:
+            if tiles * splits <= num_sms and gp.k // splits >= 4 * 64:
+                out.append(ConvChoice("im2col", config,
+                                      GemmLaunch(decomposition="split_k", splits=splits)))
     return out
 
 
@@ -133,7 +142,8 @@ def search_space(problem: ConvProblem, arch: str, num_sms: int) -> tuple:
         return ()
     out = [first]
     if conv_sm90.supports(problem):
-        out += [ConvChoice("", conv_sm90.make_config(t, c, stages=s)) for t, c, s in TMA_SEARCH]
+        out += [ConvChoice("", conv_sm90.make_config(t, c)) for t, c in TMA_SEARCH
+                if t[1] != 160 or problem.k % 160 == 0]
     if (conv_gemm_sm90.im2col_feasible(problem)
             and problem.n_hint * problem.p * problem.q <= IM2COL_SEARCH_MAX_ROWS):
         config, launch = sm90.choose(conv_gemm_sm90.gemm_problem(problem, "im2col"), num_sms)
