@@ -10,7 +10,9 @@ the synthetic conv model compiled with the rank-th choice of each problem forced
 (select's ``tuned``: conv_tuning_id -> ConvChoice), each region timed like the
 heuristic's (10 calls in a CUDA graph, median replay) and checked against cuDNN
 on the same inputs; a choice whose relative error exceeds ``TOL`` or whose call
-fell back is not counted.
+fell back is not counted, nor is one whose launch fails (the round runs again
+with the rules' choice for that problem; a fault that leaves CUDA unusable ends
+the rounds, and the table is written from those done).
 """
 from __future__ import annotations
 
@@ -60,12 +62,19 @@ def search(rows, model, inputs, firsts, *, region_inputs, graph_us, rel_err) -> 
     build_s = time.perf_counter() - t0
     failed = {u["name"] for u in res.to_dict().get("units", []) if not u.get("ok", True)}
     rounds = max((len(s) for _, s, _ in spaces.values()), default=0)
+    launch_failed = []
     for r in range(rounds):
         tuned = {tid: space[r] for tid, space, _ in spaces.values() if r < len(space)}
-        compiled = compile_regions(model, inputs, tuned)
-        found = branch_regions(compiled, inputs, firsts, region_inputs)
+        compiled, found, failed_here = _round(model, inputs, tuned, spaces, firsts, region_inputs)
+        launch_failed += [(rows[i].get("id") if i >= 0 else None, tag, err)
+                          for i, tag, err in failed_here]
+        for i, tag, err in failed_here:
+            if i >= 0:
+                rows[i].setdefault("search", {})[tag] = err
+        if compiled is None:          # a fault no retry survives: the rounds end here
+            break
         for i, (tid, space, p) in spaces.items():
-            if r >= len(space) or i not in found:
+            if r >= len(space) or i not in found or tuned.get(tid) != space[r]:
                 continue
             m, xs = found[i]
             choice = space[r]
@@ -95,7 +104,48 @@ def search(rows, model, inputs, firsts, *, region_inputs, graph_us, rel_err) -> 
             best = min(timed, key=timed.get)
             rows[i]["tuned"], rows[i]["tuned_us"] = best, timed[best]
     return {"build_s": build_s, "rounds": rounds, "kernels": len(kernels),
-            "failed_units": sorted(failed)}
+            "failed_units": sorted(failed), "launch_failed": launch_failed}
+
+
+def _round(model, inputs, tuned, spaces, firsts, region_inputs, retries=8):
+    """Compile and run one round. A region whose forced choice fails to launch
+    (KernelLaunchError naming it) gets its rules' choice instead and the round runs
+    again, up to ``retries`` times. Returns (compiled or None, {branch: (module,
+    inputs)}, [(branch, choice tag, error)]): None when CUDA is left in an error
+    state (a fault), after which nothing more can run in this process."""
+    from cutlass_offload.errors import KernelLaunchError
+    failed = []
+    for _ in range(retries + 1):
+        compiled = compile_regions(model, inputs, tuned)
+        try:
+            return compiled, branch_regions(compiled, inputs, firsts, region_inputs), failed
+        except KernelLaunchError as e:
+            try:
+                torch.cuda.synchronize()
+            except RuntimeError as fault:
+                failed.append((-1, "?", f"fault after {e}: {fault}"[:300]))
+                return None, {}, failed
+            name = str(e).split(" ", 1)[0]
+            mod = next((m for m in compiled.region_modules() if m.region.name == name), None)
+            hit = None
+            for i, (tid, space, _) in spaces.items():
+                if mod is not None and tuned.get(tid) is not None and \
+                        conv_kernel_name(space, tuned[tid], mod) == mod.kernel.name:
+                    hit = (i, tid, space)
+                    break
+            if hit is None:
+                raise
+            i, tid, space = hit
+            failed.append((i, tuned[tid].tag, f"launch failed: {e}"[:300]))
+            tuned = {**tuned, tid: space[0]}
+    raise RuntimeError(f"more than {retries} launch failures in one round")
+
+
+def conv_kernel_name(space, choice, mod) -> str:
+    """The kernel name ``choice`` gives the problem of region module ``mod``."""
+    from cutlass_offload.select.conv import choose_conv_kernel
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return choose_conv_kernel(mod.region.problem, "sm90a", sms, choice=choice).name
 
 
 def write_table(rows, path: Path, gpu: str, num_sms: int) -> int:
