@@ -65,7 +65,8 @@ def search(rows, model, inputs, firsts, *, region_inputs, graph_us, rel_err) -> 
     launch_failed = []
     for r in range(rounds):
         tuned = {tid: space[r] for tid, space, _ in spaces.values() if r < len(space)}
-        compiled, found, failed_here = _round(model, inputs, tuned, spaces, firsts, region_inputs)
+        compiled, found, failed_here, tuned = _round(model, inputs, tuned, spaces, firsts,
+                                                     region_inputs)
         launch_failed += [(rows[i].get("id") if i >= 0 else None, tag, err)
                           for i, tag, err in failed_here]
         for i, tag, err in failed_here:
@@ -111,20 +112,21 @@ def _round(model, inputs, tuned, spaces, firsts, region_inputs, retries=8):
     """Compile and run one round. A region whose forced choice fails to launch
     (KernelLaunchError naming it) gets its rules' choice instead and the round runs
     again, up to ``retries`` times. Returns (compiled or None, {branch: (module,
-    inputs)}, [(branch, choice tag, error)]): None when CUDA is left in an error
-    state (a fault), after which nothing more can run in this process."""
+    inputs)}, [(branch, choice tag, error)], the choices it ran): None when CUDA is
+    left in an error state (a fault), after which nothing more can run in this
+    process."""
     from cutlass_offload.errors import KernelLaunchError
     failed = []
     for _ in range(retries + 1):
         compiled = compile_regions(model, inputs, tuned)
         try:
-            return compiled, branch_regions(compiled, inputs, firsts, region_inputs), failed
+            return compiled, branch_regions(compiled, inputs, firsts, region_inputs), failed, tuned
         except KernelLaunchError as e:
             try:
                 torch.cuda.synchronize()
             except RuntimeError as fault:
                 failed.append((-1, "?", f"fault after {e}: {fault}"[:300]))
-                return None, {}, failed
+                return None, {}, failed, tuned
             name = str(e).split(" ", 1)[0]
             mod = next((m for m in compiled.region_modules() if m.region.name == name), None)
             hit = None

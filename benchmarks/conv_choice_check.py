@@ -13,6 +13,7 @@ Needs a CUDA GPU (sm_90) and nvcc; kernels come from (and go to) the kernel cach
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -65,7 +66,7 @@ def one(spec: dict, index: int) -> dict:
             except Exception as e2:        # noqa: BLE001
                 out["sticky"] = f"{e2}"[:200]
             return out
-        ref = model.float()(x.float())
+        ref = copy.deepcopy(model).float()(x.float())     # a copy: the compiled model shares its weights
         out["rel_err"] = float((y.double() - ref.double()).norm() / ref.double().norm())
         out["fell_back"] = mod.fallback_calls > 0
         out["us"] = graph_ms(lambda: compiled(x), calls=10, reps=10) * 1e3   # the model is the conv
