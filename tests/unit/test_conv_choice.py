@@ -147,3 +147,14 @@ def test_conv_table_from_searched_rows_keeps_clear_winners_only(tmp_path):
     row = data["rows"][conv_sm90_table.class_key(_p())]
     assert ConvChoice.from_dict(row["choice"]) == fast and row["us"] == 35.0
     assert row["default_us"] == 53.0
+
+
+@pytest.mark.parametrize("kw, tile", [
+    (dict(c=512, k=512, h=64, w=64, n_hint=1), (128, 128, 64)),    # 128 CTAs: one wave
+    (dict(c=960, k=320, h=64, w=64), (128, 160, 64)),              # 64 x 2 tiles of 128 x 160
+    (dict(c=960, k=256, h=64, w=64), (128, 128, 64)),              # 160 does not divide 256
+    (dict(c=1280, k=1280, h=8, w=8), (64, 64, 64)),                # 128 output pixels
+])
+def test_tma_rule_counts_whole_waves_and_takes_no_cluster(kw, tile):
+    k = choose_conv_kernel(_p(**kw), "sm90a", 132, table=False)
+    assert (k.iterator, k.config.tile, k.config.cluster) == ("", tile, (1, 1, 1))

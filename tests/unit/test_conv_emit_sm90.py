@@ -11,7 +11,7 @@ import pytest
 from cutlass_offload.emit import conv_sm90
 from cutlass_offload.ir import ConvKernel, ConvProblem, GemmEpilogue, KernelConfig
 
-TILE, CLUSTER, SCHED = conv_sm90.CANDIDATES[0]
+TILE, CLUSTER, SCHED = (128, 128, 64), (2, 1, 1), conv_sm90.KERNEL_SCHEDULE   # a searched config
 
 
 def kernel(dtype="f16", ep=GemmEpilogue(), config=None, **kw):
@@ -260,9 +260,9 @@ def test_empty_epilogue_schedule_is_accepted():
 # --- candidates and supports ---------------------------------------------------------
 
 def test_candidates_are_valid_and_largest_first():
-    sizes = [t[0] * t[1] for t, _, _ in conv_sm90.CANDIDATES]
+    sizes = [t[0] * t[1] for t, _, _, _ in conv_sm90.CANDIDATES]
     assert sizes == sorted(sizes, reverse=True)
-    for tile, cluster, sched in conv_sm90.CANDIDATES:
+    for tile, cluster, sched, _ in conv_sm90.CANDIDATES:
         conv_sm90.validate(kernel(config=conv_sm90.make_config(tile, cluster, sched)))
 
 

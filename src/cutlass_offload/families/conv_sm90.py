@@ -20,23 +20,25 @@ FAMILY = "cutlass3x_sm90"
 KERNEL_SCHEDULE = "KernelImplicitTmaWarpSpecializedSm90"
 EPILOGUE_SCHEDULE = "TmaWarpSpecialized"
 
-# Largest first: (tile, cluster, kernel schedule). 128x128 with a 2x1 cluster
-# (the filter tile is multicast to the two CTAs along M: every M tile reads the
-# same filter) for more than a wave of tiles; 128x128 without a cluster from half a
-# wave to a wave (clustered CTAs must share a GPC, so about a wave of them can spill
-# into a second: the VAE's 64 x 64 x 512 -> 512, 128 CTAs, 48.1 us with the cluster,
-# 28.6 without; the SD UNet's 80-CTA 32 x 32 convs 1.3x faster without, H200 conv
-# search); 64x128 for a smaller grid (the UNet's 16 x 16 x 1280-2560 -> 1280: 0.93x
-# -> 0.87x of 128x64's time); 128x64 for the many 64-channel layers (no half-empty N
-# tile); 64x64 for small spatial extents. One consumer warpgroup holds the tile's
-# accumulators (128 fp32 registers per thread for 128x128). The learned conv table
-# (families/conv_sm90_table.py) overrides this rule on the shapes it measured.
+# The shape rule's tiles (select/conv.py): (tile, cluster, kernel schedule, throughput
+# per CTA relative to 128x128), largest first. The rule picks the tile with the least
+# ceil(CTAs / SMs) x tile area / throughput: whole waves of CTAs, each costing its area
+# at its tile's speed. The throughputs and the choices come from an H200 search of
+# the 53 TMA convs of the kernel corpus (benchmarks/results/kernels_conv_search_*): this
+# model's choice ran 1.01x the best searched tile's time (geomean, worst 1.29x; the
+# thresholds on CTA counts it replaced, 1.05x); the learned conv table (families/conv_sm90_table.py)
+# holds the measured winner where it beat the rule by 2%. No cluster: clustered CTAs
+# must share a GPC, so a grid of about a wave of them spills into a second (the VAE's
+# 64 x 64 x 512 -> 512, 128 CTAs of 128 x 128: 48.1 us with a 2x1 cluster, 28.6
+# without), and the search found the 2x1 cluster's filter multicast worth under 1%
+# where it won at all. 128x160 only where it divides K (the SD UNet's 320-multiples:
+# no half-empty last tile). One consumer warpgroup holds the tile's accumulators.
 CANDIDATES = (
-    ((128, 128, 64), (2, 1, 1), KERNEL_SCHEDULE),
-    ((128, 128, 64), (1, 1, 1), KERNEL_SCHEDULE),
-    ((64, 128, 64), (1, 1, 1), KERNEL_SCHEDULE),
-    ((128, 64, 64), (2, 1, 1), KERNEL_SCHEDULE),
-    ((64, 64, 64), (1, 1, 1), KERNEL_SCHEDULE),
+    ((128, 160, 64), (1, 1, 1), KERNEL_SCHEDULE, 1.0),
+    ((128, 128, 64), (1, 1, 1), KERNEL_SCHEDULE, 1.0),
+    ((64, 128, 64), (1, 1, 1), KERNEL_SCHEDULE, 0.75),
+    ((128, 64, 64), (1, 1, 1), KERNEL_SCHEDULE, 0.75),
+    ((64, 64, 64), (1, 1, 1), KERNEL_SCHEDULE, 0.5),
 )
 
 # TMA im2col limits for 2 spatial dims (see the module docstring)

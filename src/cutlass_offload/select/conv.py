@@ -42,17 +42,20 @@ def _gemm_m(problem: ConvProblem) -> int:
 
 
 def _sm90_config(problem: ConvProblem, num_sms: int) -> KernelConfig:
+    """The TMA conv rule (families/conv_sm90.CANDIDATES): least whole waves x tile
+    area / tile throughput; a 160-wide tile only where it divides K; ties to the
+    larger tile."""
     m = _gemm_m(problem)
-    candidates = conv_sm90.CANDIDATES
-    for i, (tile, cluster, sched) in enumerate(candidates):
+    best = None
+    for tile, cluster, sched, speed in conv_sm90.CANDIDATES:
+        if tile[1] == 160 and problem.k % 160:
+            continue
         ctas = math.ceil(m / tile[0]) * math.ceil(problem.k / tile[1])
-        if tile[1] > 64 and problem.k <= 64:
-            continue                      # a mostly empty N tile (64-channel layers)
-        need = num_sms if i == 0 else num_sms // 2
-        if ctas >= need or i == len(candidates) - 1:
-            return KernelConfig("cutlass3x_sm90", tile, stages=0, cluster=cluster,
-                                kernel_schedule=sched)
-    raise AssertionError("unreachable")
+        cost = math.ceil(ctas / num_sms) * tile[0] * tile[1] / speed
+        if best is None or cost < best[0]:
+            best = (cost, tile, cluster, sched)
+    _, tile, cluster, sched = best
+    return conv_sm90.make_config(tile, cluster, sched)
 
 
 def _sm80_config(problem: ConvProblem, num_sms: int, iterator: str) -> KernelConfig:
@@ -82,8 +85,8 @@ def pad_channels(problem: ConvProblem, arch: str) -> ConvProblem:
     return padded if conv_sm90.supports(padded) else problem
 
 
-# The TMA implicit-GEMM configs a conv search tries (tile, cluster): the rules' three,
-# the same tiles without a cluster (a 2-CTA cluster must fit in one GPC, so a grid of
+# The TMA implicit-GEMM configs a conv search tries (tile, cluster): 128 x 128 and
+# 128 x 64 with and without a 2x1 cluster (a 2-CTA cluster must fit in one GPC, so a grid of
 # about a wave of clustered CTAs can spill into a second: the VAE's 64 x 64 x 512 ->
 # 512, 128 CTAs of 128 x 128, ran 48.1 us with a 2x1 cluster and 28.6 without, H200),
 # 64 x 128, and 128 x 160 for output widths that are multiples of 160. Fewer stages
