@@ -24,9 +24,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import knobs
 from ..errors import CutlassOffloadError, ToolchainError
-from . import toolchain
-from .jobs import Job, JobResult, run_job
+from . import nvcc_steps, toolchain
+from .jobs import Job, JobResult, run_job, was_killed
 from .shards import job_slots
 
 EXECUTORS = ("local", "ray")
@@ -127,6 +128,14 @@ class LocalExecutor:
         log in ``staging/nvcc.log``."""
         nvcc = self.nvcc or toolchain.find_nvcc()
         cmd = task.localized(nvcc, str(staging / "unit.cu"), str(staging / "unit.o"))
+        if knobs().nvcc_steps:
+            # nvcc's own steps, host and device sides side by side (build/nvcc_steps.py)
+            steps = nvcc_steps.run(cmd, staging / "unit.cu", staging / "nvcc.log")
+            if steps is not None:
+                code = next((c for c in steps.returncodes if c), 0)
+                return JobResult(task.name, steps.ok, steps.seconds, steps.peak_rss, steps.log,
+                                 task.kernels, killed=was_killed(code, steps.log),
+                                 executor=f"{self.name} (nvcc steps)"), cmd
         res = run_job(Job(task.name, cmd, task.kernels, task.estimate, staging / "nvcc.log"))
         res.executor = self.name
         return res, cmd
