@@ -47,6 +47,32 @@ def branch_regions(compiled, inputs, firsts, region_inputs) -> dict:
     return found
 
 
+def prebuild_all(kernels: dict):
+    """Compile every candidate kernel ({name: kernel}) into the cache in one parallel
+    build; (seconds, names of the units that failed)."""
+    import time
+
+    from cutlass_offload.prebuild import prebuild
+    t0 = time.perf_counter()
+    res = prebuild("sm90a", list(kernels.values()))
+    failed = {u["name"] for u in res.to_dict().get("units", []) if not u.get("ok", True)}
+    return time.perf_counter() - t0, failed
+
+
+def time_region(m, xs, graph_us, rel_err, tol):
+    """One region's call on ``xs``: us per call (``graph_us``) when it ran our kernel
+    within ``tol`` of its PyTorch subgraph, else why not ("fell back", "rel err ...")."""
+    before = m.fallback_calls
+    with torch.no_grad():
+        err = rel_err(m(*xs), m.fallback(*xs))
+        us = graph_us(lambda: m(*xs))
+    if m.fallback_calls > before:
+        return "fell back"
+    if not err <= tol:
+        return f"rel err {err:.2e}"
+    return us
+
+
 def _tag(config) -> str:
     q, kv, d = config.tile
     sched = "pingpong" if config.kernel_schedule.endswith("Pingpong") else "coop"
@@ -57,11 +83,8 @@ def search(rows, model, inputs, firsts, *, region_inputs, graph_us, rel_err) -> 
     """Time every search-space config of each row's region (rows from the heuristic
     run of the same model, in entry order); fills each row's ``search`` ({tag: us or
     error}), ``tuned`` / ``tuned_us``. Returns {"build_s", "rounds"}."""
-    import time
-
     from cutlass_offload.families import attention_sm90
     from cutlass_offload.ir import AttentionKernelSm90
-    from cutlass_offload.prebuild import prebuild
     from cutlass_offload.select import attention_tuning_id
     model = model.cuda()
     inputs = tuple(x.cuda() for x in inputs)
@@ -76,10 +99,7 @@ def search(rows, model, inputs, firsts, *, region_inputs, graph_us, rel_err) -> 
         for c in space:
             k = AttentionKernelSm90(arch="sm90a", dtype=p.dtype, config=c, causal=p.causal != "none")
             kernels.setdefault(k.name, k)
-    t0 = time.perf_counter()
-    res = prebuild("sm90a", list(kernels.values()))
-    build_s = time.perf_counter() - t0
-    failed = {u["name"] for u in res.to_dict().get("units", []) if not u.get("ok", True)}
+    build_s, failed = prebuild_all(kernels)
     rounds = max((len(s) for _, s, _ in spaces.values()), default=0)
     for r in range(rounds):
         tuned = {tid: space[r] for tid, space, _ in spaces.values() if r < len(space)}
@@ -94,16 +114,7 @@ def search(rows, model, inputs, firsts, *, region_inputs, graph_us, rel_err) -> 
             if m.kernel.config != space[r]:
                 out[tag] = f"not built ({m.kernel.name})"
                 continue
-            before = m.fallback_calls
-            with torch.no_grad():
-                err = rel_err(m(*xs), m.fallback(*xs))
-                us = graph_us(lambda m=m, xs=xs: m(*xs))
-            if m.fallback_calls > before:
-                out[tag] = "fell back"
-            elif not err <= TOL:
-                out[tag] = f"rel err {err:.2e}"
-            else:
-                out[tag] = us
+            out[tag] = time_region(m, xs, graph_us, rel_err, TOL)
         del compiled
         torch.cuda.empty_cache()
     for i, (_, space, _) in spaces.items():

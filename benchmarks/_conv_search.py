@@ -19,12 +19,11 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import time
 from pathlib import Path
 
 import torch
 
-from _attention_search import branch_regions, compile_regions
+from _attention_search import branch_regions, compile_regions, prebuild_all, time_region
 
 TOL = 1e-2          # relative error against cuDNN (fp32 accumulation on both sides)
 MIN_GAIN = 1.02     # a table row only where the winner beats the rules' choice by this much
@@ -37,7 +36,6 @@ def search(rows, model, inputs, firsts, *, region_inputs, graph_us, rel_err) -> 
     (the rules' tag), ``tuned`` / ``tuned_us``. Returns {"build_s", "rounds",
     "kernels", "failed_units"}."""
     from cutlass_offload.ir import ConvKernel
-    from cutlass_offload.prebuild import prebuild
     from cutlass_offload.select import conv_tuning_id
     from cutlass_offload.select.conv import choose_conv_kernel, search_space
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -57,10 +55,7 @@ def search(rows, model, inputs, firsts, *, region_inputs, graph_us, rel_err) -> 
         for c in space:
             k = choose_conv_kernel(p, "sm90a", sms, choice=c)
             kernels.setdefault(k.name, k)
-    t0 = time.perf_counter()
-    res = prebuild("sm90a", list(kernels.values()))
-    build_s = time.perf_counter() - t0
-    failed = {u["name"] for u in res.to_dict().get("units", []) if not u.get("ok", True)}
+    build_s, failed = prebuild_all(kernels)
     rounds = max((len(s) for _, s, _ in spaces.values()), default=0)
     launch_failed = []
     for r in range(rounds):
@@ -86,16 +81,7 @@ def search(rows, model, inputs, firsts, *, region_inputs, graph_us, rel_err) -> 
             if m.kernel.name != want:
                 out[tag] = f"not built ({m.kernel.name})"
                 continue
-            before = m.fallback_calls
-            with torch.no_grad():
-                err = rel_err(m(*xs), m.fallback(*xs))
-                us = graph_us(lambda m=m, xs=xs: m(*xs))
-            if m.fallback_calls > before:
-                out[tag] = "fell back"
-            elif not err <= TOL:
-                out[tag] = f"rel err {err:.2e}"
-            else:
-                out[tag] = us
+            out[tag] = time_region(m, xs, graph_us, rel_err, TOL)
         del compiled
         torch.cuda.empty_cache()
     for i, (_, space, _) in spaces.items():

@@ -84,6 +84,14 @@ def conv_region_module(proto, problem, refused=_refused):
     return ConvRegionModule(region, proto.kernel, refused, roles, proto._library_getter)
 
 
+def conv_operands(n, c, h, w, k, r, s, dtype):
+    """Fresh random conv operands on the GPU: x (N, C, H, W) channels_last, a filter
+    (K, C, R, S) scaled by 1 / sqrt(C*R*S) (outputs of order 1) and a bias (K,)."""
+    x = torch.randn(n, c, h, w, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
+    wt = (torch.randn(k, c, r, s, device="cuda") / (c * r * s) ** 0.5).to(dtype)
+    return x, wt, torch.randn(k, device="cuda").to(dtype)
+
+
 def check_conv_call(mod, what, x, wt, b, res, k, reference):
     """Run the conv region module ``mod`` on NHWC ``x``, filter ``wt``, bias ``b`` and a
     fresh residual of kind ``res`` ("none", "full_add": (N, K, P, Q), "channel_mul":

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 import cutlass_offload as co
 from cutlass_offload.emit import conv_sm90
 from cutlass_offload.ir import replace
-from helpers import TOLERANCE, check_conv_call, conv_region_module, poison_allocator, property_settings, rel_err
+from helpers import (TOLERANCE, check_conv_call, conv_operands, conv_region_module, poison_allocator,
+                     property_settings, rel_err)
 
 pytestmark = pytest.mark.gpu
 PROPERTY_SETTINGS = property_settings()
@@ -118,9 +119,7 @@ def test_random_conv_problems_match_float32_reference(prototypes, data):
             assume(False)
         if kern.config.family == "cutlass3x_sm90" and not kern.iterator:
             assume(conv_sm90.supports(problem))    # else the pipeline picks another kernel
-        x = torch.randn(n, c, h, w, device="cuda").to(dt).contiguous(memory_format=torch.channels_last)
-        wt = (torch.randn(k, c, r, s, device="cuda") / (c * r * s) ** 0.5).to(dt)
-        b = torch.randn(k, device="cuda").to(dt)
+        x, wt, b = conv_operands(n, c, h, w, k, r, s, dt)
         check_conv_call(conv_region_module(proto, problem), f"{name} {problem}", x, wt, b, res, k,
                         lambda *t: forward_class(cls, *t, pad, stride, dilation))
 

@@ -14,7 +14,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from cutlass_offload.ir import ConvChoice, GemmLaunch, KernelConfig, replace
-from helpers import check_conv_call, conv_region_module, property_settings
+from helpers import check_conv_call, conv_operands, conv_region_module, property_settings
 
 pytestmark = pytest.mark.gpu
 PROPERTY_SETTINGS = property_settings()
@@ -111,9 +111,7 @@ def test_forced_choices_match_float32_reference(prototypes, data):
             assume(False)
         if not choice.iterator:
             assume(conv_sm90.supports(problem))
-        x = torch.randn(n, c, h, w, device="cuda").to(dt).contiguous(memory_format=torch.channels_last)
-        wt = (torch.randn(k, c, r, s, device="cuda") / (c * r * s) ** 0.5).to(dt)
-        b = torch.randn(k, device="cuda").to(dt)
+        x, wt, b = conv_operands(n, c, h, w, k, r, s, dt)
         check_conv_call(conv_region_module(proto, problem), f"{name} {problem}", x, wt, b, res, k,
                         lambda *t: forward_class(res, *t, pad, stride, dilation))
 

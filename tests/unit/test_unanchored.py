@@ -3,7 +3,6 @@
 that stays in PyTorch is in the report."""
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from cutlass_offload.capture import capture
 from cutlass_offload.partition import partition
