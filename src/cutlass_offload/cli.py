@@ -158,6 +158,11 @@ def _cmd_prebuild(a) -> int:
             raise ValueError(f"--attention: the Hopper attention kernels are sm_90a only, not {arch}")
         from .prebuild import chosen_attention_kernels
         kernels += chosen_attention_kernels(dtypes)
+    if a.convs:
+        if arch != "sm90a":
+            raise ValueError(f"--convs: the TMA conv kernels are sm_90a only, not {arch}")
+        from .prebuild import chosen_conv_kernels
+        kernels += chosen_conv_kernels(dtypes)
     if a.list:
         for k in kernels:
             print(k.name)
@@ -260,6 +265,9 @@ def main(argv=None) -> int:
     b.add_argument("--attention", action="store_true",
                    help="sm_90a: also the Hopper attention kernels select can choose (the example's "
                         "configs and the learned table's, unmasked and causal)")
+    b.add_argument("--convs", action="store_true",
+                   help="sm_90a: also the TMA conv kernels select can choose (the rule's tiles and "
+                        "the learned conv table's choices) for the common conv epilogues")
     b.add_argument("--list", action="store_true", help="print the kernels and build nothing")
     b.add_argument("--jobs", type=int, default=0, help="parallel nvcc processes")
     b.add_argument("--executor", default="local", choices=["local", "ray"])

@@ -1,7 +1,8 @@
 """Prebuild: fill the kernel cache before any model needs it (issue 17).
 
 ``chosen_attention_kernels`` lists the Hopper attention kernels select can choose
-(sm_90a: the example's configs and the learned table's). ``prebuild_kernels`` lists
+(sm_90a: the example's configs and the learned table's), ``chosen_conv_kernels``
+the sm_90a TMA conv kernels (the rule's tiles and the learned conv table's choices). ``prebuild_kernels`` lists
 the GEMM kernels a target's heuristic can choose for
 16-byte-aligned problems: on sm_90a every config of the learned table
 (select/tables) and of the shape rules (select/sm90.CONFIGS), on sm_80 the known
@@ -22,7 +23,8 @@ from itertools import product
 from . import build as build_stage
 from .families import sm80 as sm80_family
 from .families import attention_sm90
-from .ir import (ACTIVATIONS, AttentionKernelSm90, AttentionProblem, AttentionRegion, ConvKernel,
+from .ir import (ACTIVATIONS, AttentionKernelSm90, AttentionProblem, AttentionRegion, ConvChoice,
+                 ConvKernel,
                  ConvProblem, ConvRegion, GemmEpilogue,
                  GemmKernel, GemmProblem, GemmRegion, Plan)
 from .select import sm90
@@ -74,6 +76,30 @@ def prebuild_kernels(arch: str, dtypes=("f16", "bf16"), epilogue_tags=DEFAULT_EP
             k = GemmKernel(arch=arch, dtype=dtype, layout_b=layout, align_a=8, align_b=8,
                            align_c=8, epilogue=ep, config=config)
             kernels.setdefault(k.name, k)
+    return list(kernels.values())
+
+
+# The conv epilogues of the built-in and zoo models (benchmarks/corpus): a folded
+# BatchNorm's bias alone or with ReLU / SiLU / GELU, squeeze-excite's sigmoid, and a
+# residual add before or after ReLU (ResNet's bottleneck).
+DEFAULT_CONV_EPILOGUES = ("bias", "bias_relu", "bias_silu", "bias_gelu", "bias_sigmoid",
+                          "bias_resadd", "bias_resadd_relu")
+
+
+def chosen_conv_kernels(dtypes=("f16", "bf16"), epilogue_tags=DEFAULT_CONV_EPILOGUES) -> list:
+    """The sm_90a TMA conv kernels select can choose for convs with C and K multiples
+    of 8 (select/conv.py): every tile of the shape rule (families/conv_sm90.CANDIDATES)
+    and every choice of the learned conv table (families/conv_sm90_table.json: TMA
+    tiles and clusters, im2col lowerings with their split-K launch compiled in), for
+    each dtype and epilogue. ValueError for an unknown epilogue tag."""
+    from .families import conv_sm90, conv_sm90_table
+    choices = [ConvChoice("", conv_sm90.make_config(t, c, s)) for t, c, s, _ in conv_sm90.CANDIDATES]
+    choices += list(conv_sm90_table.choices())
+    kernels = {}
+    for dtype, ep, ch in product(dtypes, epilogues(epilogue_tags), choices):
+        k = ConvKernel(arch="sm90a", dtype=dtype, align_a=8, align_b=8, align_c=8, epilogue=ep,
+                       config=ch.config, iterator=ch.iterator, launch=ch.launch)
+        kernels.setdefault(k.name, k)
     return list(kernels.values())
 
 

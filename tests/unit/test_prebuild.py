@@ -80,3 +80,34 @@ def test_conv_kernels_prebuild_so_a_conv_model_compiles_only_its_launchers(tmp_p
     assert [k.name for k in compiled.plan.kernels] == [plan.kernels[0].name]
     new = nvcc_calls(tmp_path)[len(before):]
     assert [c.split()[0] for c in new] == ["compile", "link"], new
+
+
+def test_prebuilt_tma_convs_leave_a_conv_model_only_its_launchers(tmp_path, monkeypatch, capsys):
+    """``prebuild --convs`` (sm_90a): the rule's tiles and the conv table's choices for
+    the common conv epilogues; a conv model whose convs take them compiles none."""
+    import torch
+
+    from cutlass_offload.families import conv_sm90, conv_sm90_table
+    from cutlass_offload.prebuild import DEFAULT_CONV_EPILOGUES, chosen_conv_kernels
+    ks = chosen_conv_kernels(["f16"], ["bias_relu"])
+    tiles = {k.config.tile for k in ks}
+    assert {t for t, _, _, _ in conv_sm90.CANDIDATES} <= tiles
+    assert {(c.iterator, c.config, c.launch) for c in conv_sm90_table.choices()} <= \
+        {(k.iterator, k.config, k.launch) for k in ks}
+    assert cli.main(["prebuild", "--arch", "sm_90a", "--dtype", "fp16", "--epilogues", "bias",
+                     "--convs", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert sum("_conv2d_fprop_f16_" in n for n in out) == len(ks) * len(DEFAULT_CONV_EPILOGUES)
+    assert cli.main(["prebuild", "--arch", "sm_80", "--convs", "--list"]) == 2
+
+    for k, v in fake_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    assert all(u["ok"] for u in prebuild("sm90a", ks).to_dict()["units"])
+    before = nvcc_calls(tmp_path)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU()).half()
+    x = torch.randn(2, 16, 8, 8).half().contiguous(memory_format=torch.channels_last)
+    compiled = co.compile(model.to(memory_format=torch.channels_last), (x,), arch="sm_90a",
+                          glue="eager")
+    assert [k.name for k in compiled.plan.kernels][0] in {k.name for k in ks}
+    new = nvcc_calls(tmp_path)[len(before):]
+    assert [c.split()[0] for c in new] == ["compile", "link"], new

@@ -60,6 +60,11 @@ def lookup(problem: ConvProblem, num_sms: int) -> ConvChoice | None:
     return rows.get(class_key(problem)) if sms == num_sms else None
 
 
+def choices() -> tuple:
+    """The distinct choices the table holds (any SM count; prebuild lists them)."""
+    return tuple(dict.fromkeys(_load()[1].values()))
+
+
 def use_table(path) -> None:
     """Read the table from ``path`` from now on (a search that has just written one;
     tests)."""
