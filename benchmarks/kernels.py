@@ -25,8 +25,8 @@ the anchor a user would call instead, on one GPU, in one run.
   ``--write-attention-table FILE`` writes the winners per problem class
   (families/attention_sm90_table.json) and times the heuristic again with them.
 * conv2d with ``--search full`` (first dtype only): every sm90a choice of the
-  problem's search space (select/conv.py ``search_space``: TMA tiles, clusters,
-  stage counts; the im2col lowering with split-K for small outputs) is timed too
+  problem's search space (select/conv.py ``search_space``: TMA tiles and clusters;
+  the im2col lowering with split-K for small outputs) is timed too
   (_conv_search.py); ``--write-conv-table FILE`` writes the winners per problem
   (families/conv_sm90_table.json) and times the heuristic again, every dtype.
 * ``--gemm-set lowered-convs`` (or ``both``): the GEMMs of the corpus convs that

@@ -255,8 +255,9 @@ def main(argv=None) -> int:
     _glue_args(r, default=None, saved=" (default: the folder's, saved by compile)")
     r.set_defaults(fn=_cmd_run)
     from .prebuild import DEFAULT_EPILOGUES
-    b = sub.add_parser("prebuild", help="compile the GEMM kernels a target's heuristic can choose into "
-                                         "the cache, so later compiles build only their launchers")
+    b = sub.add_parser("prebuild", help="compile the GEMM kernels (and with --attention / --convs the "
+                                         "attention / conv kernels) a target's heuristic can choose "
+                                         "into the cache, so later compiles build only their launchers")
     b.add_argument("--arch", default=None, help="sm_90a or sm_80 (default: the visible GPU)")
     b.add_argument("--dtype", default="fp16,bf16", help="comma-separated: fp16, bf16 (default: both)")
     b.add_argument("--epilogues", default=",".join(DEFAULT_EPILOGUES),

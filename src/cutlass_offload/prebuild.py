@@ -81,7 +81,7 @@ def prebuild_kernels(arch: str, dtypes=("f16", "bf16"), epilogue_tags=DEFAULT_EP
 
 # The conv epilogues of the built-in and zoo models (benchmarks/corpus): a folded
 # BatchNorm's bias alone or with ReLU / SiLU / GELU, squeeze-excite's sigmoid, and a
-# residual add before or after ReLU (ResNet's bottleneck).
+# residual add with or without a ReLU after it (ResNet's bottleneck).
 DEFAULT_CONV_EPILOGUES = ("bias", "bias_relu", "bias_silu", "bias_gelu", "bias_sigmoid",
                           "bias_resadd", "bias_resadd_relu")
 

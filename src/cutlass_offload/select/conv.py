@@ -6,9 +6,9 @@ else 2.x.
 
 The implicit GEMM is M = N * P * Q, N = K, K = R * S * C (ir.ConvProblem). On
 sm90a a problem the learned conv table lists (families/conv_sm90_table.py, from a
-search of ``search_space`` on the GPU) gets the measured winner; otherwise tile
-choice is by CTA count, as for GEMMs (select/sm90.py): the largest tile that
-still fills about a wave of the device's SMs.
+search of ``search_space`` on the GPU) gets the measured winner; otherwise the TMA
+tile is the one with the least whole waves of CTAs x tile area / tile throughput
+(families/conv_sm90.CANDIDATES, ``_sm90_config``).
 
 A conv whose C is not a multiple of 8 cannot use TMA on x (16-byte channel
 strides). Below 8 channels (an RGB stem, C = 3; the SD UNet's conv_in, C = 4) it
