@@ -59,6 +59,16 @@ def prebuild_all(kernels: dict):
     return time.perf_counter() - t0, failed
 
 
+def record_tuned(row) -> bool:
+    """Set ``row``'s ``tuned`` / ``tuned_us`` to its fastest timed search entry;
+    False when none was timed."""
+    timed = {t: us for t, us in row.get("search", {}).items() if isinstance(us, float)}
+    if timed:
+        best = min(timed, key=timed.get)
+        row["tuned"], row["tuned_us"] = best, timed[best]
+    return bool(timed)
+
+
 def time_region(m, xs, graph_us, rel_err, tol):
     """One region's call on ``xs``: us per call (``graph_us``) when it ran our kernel
     within ``tol`` of its PyTorch subgraph, else why not ("fell back", "rel err ...")."""
@@ -118,10 +128,7 @@ def search(rows, model, inputs, firsts, *, region_inputs, graph_us, rel_err) -> 
         del compiled
         torch.cuda.empty_cache()
     for i, (_, space, _) in spaces.items():
-        timed = {t: us for t, us in rows[i].get("search", {}).items() if isinstance(us, float)}
-        if timed:
-            best = min(timed, key=timed.get)
-            rows[i]["tuned"], rows[i]["tuned_us"] = best, timed[best]
+        if record_tuned(rows[i]):
             rows[i]["search_default"] = _tag(space[0])
     return {"build_s": build_s, "rounds": rounds, "kernels": len(kernels),
             "failed_units": sorted(failed)}

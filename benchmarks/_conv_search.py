@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from _attention_search import branch_regions, compile_regions, prebuild_all, time_region
+from _attention_search import (branch_regions, compile_regions, prebuild_all, record_tuned,
+                               time_region)
 
 TOL = 1e-2          # relative error against cuDNN (fp32 accumulation on both sides)
 MIN_GAIN = 1.02     # a table row only where the winner beats the rules' choice by this much
@@ -86,10 +87,7 @@ def search(rows, model, inputs, firsts, *, region_inputs, graph_us, rel_err) -> 
         torch.cuda.empty_cache()
     for i, (_, space, _) in spaces.items():
         rows[i]["search_default"] = space[0].tag
-        timed = {t: us for t, us in rows[i].get("search", {}).items() if isinstance(us, float)}
-        if timed:
-            best = min(timed, key=timed.get)
-            rows[i]["tuned"], rows[i]["tuned_us"] = best, timed[best]
+        record_tuned(rows[i])
     return {"build_s": build_s, "rounds": rounds, "kernels": len(kernels),
             "failed_units": sorted(failed), "launch_failed": launch_failed}
 

@@ -124,8 +124,7 @@ def _attention_stand_in(i: int, k: AttentionKernelSm90) -> AttentionRegion:
 
 def _conv_stand_in(i: int, k: ConvKernel) -> ConvRegion:
     ep = k.epilogue
-    c = 8 if k.align_a == 8 else k.align_a
-    problem = ConvProblem(c=c, k=max(8, k.align_c), h=8, w=8, r=3, s=3, dtype=k.dtype,
+    problem = ConvProblem(c=k.align_a, k=max(8, k.align_c), h=8, w=8, r=3, s=3, dtype=k.dtype,
                           align_a=k.align_a, align_b=k.align_b, align_c=k.align_c,
                           pad=(1, 1, 1, 1), epilogue=ep)
     return ConvRegion(name=f"prebuild{i}", form="conv2d", nodes=(f"prebuild{i}",), x="x", w="w",

@@ -67,8 +67,7 @@ def im2col_ok(problem: ConvProblem) -> bool:
     im2col lowering's rule. A 1x1 conv with so few channels (a squeeze-excite
     expansion, 32 x 4 -> 96) gains nothing from it: the pack is then a second launch
     around a copy (9.0 us against 6.7 as the TMA conv on 8 padded channels, H200)."""
-    return (_common_ok(problem) and problem.pad_c == 0 and problem.c < IM2COL_MAX_C
-            and problem.r * problem.s > 1)
+    return im2col_feasible(problem) and problem.c < IM2COL_MAX_C
 
 
 def im2col_feasible(problem: ConvProblem) -> bool:

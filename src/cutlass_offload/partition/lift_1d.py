@@ -52,9 +52,7 @@ def conv1d_as_conv2d(gm: fx.GraphModule) -> bool:
             target = aten.conv2d.padding if isinstance(padding, str) else aten.conv2d.default
             y4 = _call(graph, target, (x4, w4, bias, [1, _one(stride)], pad, [1, _one(dilation)], groups))
             y = _call(graph, aten.squeeze.dim, (y4, 2))
-        n.replace_all_uses_with(y)
-        graph.erase_node(n)
-        _sink_squeeze(graph, y)
+        _swap(graph, n, y)
         changed = True
     if changed:
         _drop_unsqueeze_of_squeeze(graph)
@@ -75,14 +73,20 @@ def group_norm_3d_as_4d(gm: fx.GraphModule) -> bool:
             x4 = _call(graph, aten.unsqueeze.default, (n.args[0], 2))
             y4 = _call(graph, aten.group_norm.default, (x4,) + tuple(n.args[1:]), n.kwargs)
             y = _call(graph, aten.squeeze.dim, (y4, 2))
-        n.replace_all_uses_with(y)
-        graph.erase_node(n)
-        _sink_squeeze(graph, y)
+        _swap(graph, n, y)
         changed = True
     if changed:
         graph.eliminate_dead_code()
         gm.recompile()
     return changed
+
+
+def _swap(graph, n, y) -> None:
+    """Replace the 3-D call ``n`` by the lifted result ``y`` (a squeeze), and move the
+    squeeze below a SiLU that follows."""
+    n.replace_all_uses_with(y)
+    graph.erase_node(n)
+    _sink_squeeze(graph, y)
 
 
 def _batched(n) -> bool:
