@@ -89,6 +89,41 @@ def test_other_signature_is_declined(fake, change):
     assert fc(ys) is None and fake.count == before and fc.calls == 0
 
 
+def test_guards_and_ints_are_part_of_the_signature(fake):
+    """A guard input (metadata checked, pointer never sent) and the region's int
+    inputs key the cached signature: another guard shape or int value is declined,
+    the cached ones replay with only the operands' pointers patched."""
+    module = fast_call_module()
+    fc = module.FastCall(fake.address, ctypes.sizeof(CoGemmArgs), 5,
+                         [(0, off("a"), 16), (1, off("b"), 16), (2, off("bias"), 16)],
+                         off("d"), 16, off("workspace"), off("workspace_bytes"),
+                         guards=[3], int_inputs=[4])
+    args = CoGemmArgs(m=8, n=32, k=64, l=1, lda=64, ldb=32, ldd=32)
+    mask = torch.ones(8, 8, dtype=torch.bool)
+    assert fc.add(fresh() + (mask, 8), bytes(args), torch.empty(8, 32, dtype=H), 0)
+    before = fake.count
+    ys = fresh()
+    out = fc(ys + (torch.zeros(8, 8, dtype=torch.bool), 8))      # guard's values are not read
+    assert out is not None and fake.count == before + 1
+    sent = fake.last_args(CoGemmArgs)
+    assert (sent.a, sent.b, sent.bias, sent.d) == tuple(y.data_ptr() for y in ys) + (out.data_ptr(),)
+    declined = [fresh() + (torch.ones(8, 9, dtype=torch.bool), 8),      # guard shape
+                fresh() + (torch.ones(8, 16, dtype=torch.bool)[:, ::2], 8),   # guard strides
+                fresh() + (mask.half(), 8),                          # guard dtype
+                fresh() + (mask, 9),                                 # int value
+                fresh() + (mask, 8.0),                               # not an int
+                fresh() + (mask, True),                              # a bool is not an int
+                fresh() + (8, mask)]                                 # kinds swapped
+    for ys in declined:
+        assert fc(ys) is None
+    assert fake.count == before + 1 and fc.calls == 1
+    with pytest.raises(ValueError, match="bad guard"):
+        module.FastCall(fake.address, ctypes.sizeof(CoGemmArgs), 3, [(0, off("a"), 16)], off("d"), 16,
+                        off("workspace"), off("workspace_bytes"), guards=[3])
+    with pytest.raises(ValueError, match="int input is not an int"):
+        fc.add(fresh() + (mask, mask), bytes(args), torch.empty(8, 32, dtype=H), 0)
+
+
 def test_misaligned_operand_is_declined(fake):
     fc, _ = gemm_fast_call(fake)
     a, b, bias = fresh()
@@ -240,6 +275,39 @@ def test_attention_suite_replays_like_python(fake):
             assert not got, n              # a bias tensor keeps the Python path
         replayed += got
     assert replayed >= 20, (replayed, len(mods))       # 24 of 40 when written
+
+
+def test_attention_with_a_checked_mask_replays_with_the_mask_as_a_guard(fake):
+    """A causal mask folded at dynamic sizes (GPT-2's) is checked in Python once per
+    shape; the C++ path replays the checked signatures with the mask's metadata as
+    part of the key, and declines a mask of another shape."""
+    from test_cached_region_mapping import cached_call
+
+    def fn(q, k, v):
+        n = q.shape[2]
+        m = torch.arange(n)[:, None] >= torch.arange(n)[None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    s = torch.export.Dim("s", min=2, max=64)
+    q, k, v = (torch.randn(2, 4, 16, 64, dtype=H) for _ in range(3))
+    cap = capture(Fn(fn), (q, k, v), dynamic_shapes=(({2: s}, {2: s}, {2: s}),))
+    gm = offload(cap.graph_module, select(partition(cap.graph_module), "sm90a"), library_path=None)
+    (mod,) = [m for m in gm.modules() if isinstance(m, RegionModule)]
+    assert mod.region.mask_check and mod._fast_guards() == (mod._im,)
+    n = len([ph for ph in mod.fallback.graph.nodes if ph.op == "placeholder"])
+
+    def call(seq, mask=None):
+        xs = [None] * n
+        for i in (mod._iq, mod._ik, mod._iv):
+            xs[i] = torch.randn(2, 4, seq, 64, dtype=H)
+        xs[mod._im] = torch.ones(seq, seq, dtype=torch.bool).tril() if mask is None else mask
+        return tuple(xs)
+    assert replay_matches_python(mod, call(16), call(16), fake)
+    before = fake.count
+    assert mod._fast(call(16, torch.ones(16, 17, dtype=torch.bool).tril())) is None   # guard shape
+    assert mod._fast(call(20)) is None                    # not checked at this shape yet
+    assert fake.count == before
+    mod._mask_ok.clear()
+    assert cached_call(mod, call(16, torch.ones(16, 16, dtype=torch.bool))) is None   # Python checks
 
 
 def test_module_call_takes_the_cpp_path_and_keeps_hooks(fake):

@@ -111,6 +111,31 @@ def test_everything_else_goes_to_python(env, why):
     assert [t.data_ptr() for t in tensors] == [y.data_ptr() for y in ys]
 
 
+def test_bound_order_maps_tensors_and_ints(env):
+    """A key bound with an input order (a region with int inputs) replays in C++
+    when its ints are the cached ones, and goes to Python with any other ints."""
+    ext, fake, py, op = env
+    fc = ext.FastCall(fake.address, ctypes.sizeof(CoGemmArgs), 4,
+                      [(0, off("a"), 16), (2, off("b"), 16), (3, off("bias"), 16)],
+                      off("d"), 16, off("workspace"), off("workspace_bytes"), int_inputs=[1])
+    a, b, bias = fresh()
+    assert fc.add((a, 128, b, bias), bytes(CoGemmArgs(m=8, n=32, k=64, l=1)), torch.empty(8, 32, dtype=H), 0)
+    # region inputs (a, L, b, bias) <- op tensors [a, b, bias] and ints [L]
+    ext.bind("k_order", fc, [(True, 0), (False, 0), (True, 1), (True, 2)])
+    try:
+        ys, n_py = fresh(), len(py.calls)
+        out = op(ys, [128], "k_order")
+        sent = fake.last_args(CoGemmArgs)
+        assert (sent.a, sent.b, sent.bias, sent.d) == tuple(y.data_ptr() for y in ys) + (out.data_ptr(),)
+        assert fc.calls == 1 and len(py.calls) == n_py
+        for ints in ([127], [], [128, 1]):
+            out = op(fresh(), ints, "k_order")
+            assert torch.equal(out, torch.full((2, 2), 7.0)) and py.calls[-1][1] == ints
+        assert fc.calls == 1 and len(py.calls) == n_py + 3
+    finally:
+        ext.unbind("k_order")
+
+
 def test_python_errors_come_back(env):
     ext, fake, py, op = env
     py.error = ValueError("region refused: test")
@@ -132,7 +157,7 @@ def test_region_module_binds_its_keys_once_it_has_a_fast_call(env):
 
     class Mod:
         def __init__(self):
-            self._fast, self._op_keys = None, []
+            self._fast, self._op_keys = None, {}
 
     m = Mod()
     saved = ops._op_state["cpp"]
@@ -140,14 +165,14 @@ def test_region_module_binds_its_keys_once_it_has_a_fast_call(env):
     try:
         entry = ops.RegionEntry(m, None, "k_module")
         assert entry.cpp
-        m._op_keys.append("k_module")
+        m._op_keys["k_module"] = []
         ops.bind_fast(m)                          # no FastCall yet: nothing bound
         assert not ext.is_bound("k_module")
         m._fast = gemm_fast_call(ext, fake)
         ops.bind_fast(m)
         assert ext.is_bound("k_module")
         ops._forget(m, "k_module")
-        assert not ext.is_bound("k_module") and m._op_keys == []
+        assert not ext.is_bound("k_module") and m._op_keys == {}
         del entry
         gc.collect()
     finally:

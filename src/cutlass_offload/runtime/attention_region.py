@@ -91,12 +91,19 @@ class AttentionRegionModule(RegionModule):
         return (l * h * ev, ev, h * ev, 1)
 
     def _fast_operands(self):
-        # a bias tensor is copied or padded per call, and a checked mask is read on
-        # the host: those regions keep the Python path
-        if self._ib is not None or (self._im is not None and self.region.mask_check):
+        # a bias tensor is copied or padded per call: those regions keep the Python path
+        if self._ib is not None:
             return None
         acc = self.kernel.access * self._esize
         return tuple((i, f, acc) for i, f in self._operands)
+
+    def _fast_guards(self) -> tuple:
+        # A checked mask is compared with the pattern once per (mask shape, seq_q,
+        # seq_kv) (_mask_fits) before a signature is launched, so a signature that
+        # holds the mask's metadata (and q's and k's) stands for a checked fold.
+        if self._im is not None and self.region.mask_check:
+            return (self._im,)
+        return ()
 
     def _fast_out_align(self) -> int:
         return self.kernel.access * self._esize

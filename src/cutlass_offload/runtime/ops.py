@@ -14,11 +14,12 @@ shapes), split by kind. The op:
   alias of an input) with exactly the strides the fake impl promised (a cheap
   check, and a copy if a fallback produced another layout). On CUDA the kernel
   is C++ when the C++ call path builds (csrc/fast_call.cpp ``install_region_op``):
-  a region whose inputs are exactly ``tensors`` binds its key to its FastCall
-  once a signature is cached, and those calls never enter Python (what keeps
-  Inductor's plain-mode glue from paying ~20 us of Python per region call);
-  everything else is handed to the Python impl. A key whose output needed a
-  stride fix-up here is unbound for good;
+  a region binds its key to its FastCall (with the map from ``tensors`` and
+  ``ints`` to its inputs) once a signature is cached, and those calls never enter
+  Python (what keeps Inductor's plain-mode glue from paying ~20 us of Python per
+  region call); the ints are part of the cached signature. Everything else is
+  handed to the Python impl. A key whose output needed a stride fix-up here is
+  unbound for good;
 * fake impl: the region's fallback subgraph run on the fake inputs gives the
   output's shape and dtype (symbolic shapes included); its strides are the
   region module's own layout (``RegionModule.output_strides``: channels_last for
@@ -76,7 +77,7 @@ class RegionEntry:
     def __init__(self, module, order, key):
         self.module, self.order, self.key = module, order, key
         self._strides = {}
-        self.cpp = order is None      # the C++ kernel may replay this key (see bind_fast)
+        self.cpp = True               # the C++ kernel may replay this key (see bind_fast)
 
     def inputs(self, tensors, ints) -> list:
         if self.order is None:
@@ -156,10 +157,9 @@ def register(module, kinds) -> RegionEntry:
             key = f"{base}#{n}"
         entry = RegionEntry(module, None if plain else tuple(order), key)
         _registry[key] = entry
-    if entry.cpp:
-        module._op_keys.append(key)
-        weakref.finalize(entry, _forget, module, key)
-        bind_fast(module)
+    module._op_keys[key] = [] if entry.order is None else list(entry.order)
+    weakref.finalize(entry, _forget, module, key)
+    bind_fast(module)
     return entry
 
 
@@ -170,8 +170,8 @@ def bind_fast(module) -> None:
     ext = _op_state["cpp"]
     if ext is None or module._fast is None:
         return
-    for key in module._op_keys:
-        ext.bind(key, module._fast)
+    for key, order in module._op_keys.items():
+        ext.bind(key, module._fast, order)
 
 
 def _unbind(key: str) -> None:
@@ -182,8 +182,7 @@ def _unbind(key: str) -> None:
 
 def _forget(module, key: str) -> None:
     _unbind(key)
-    if key in module._op_keys:
-        module._op_keys.remove(key)
+    module._op_keys.pop(key, None)
 
 
 def lookup(key: str) -> RegionEntry:

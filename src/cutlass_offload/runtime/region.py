@@ -121,7 +121,7 @@ class RegionModule(torch.nn.Module):
         self._fast = None            # fast_call.FastCall once built, or None
         self._fast_sig = None        # the signature of this call when it is cached
         self._fast_sigs = set()      # signatures offered to the C++ path
-        self._op_keys = []           # region-op keys the op's C++ kernel may replay (ops.py)
+        self._op_keys = {}           # region-op key the op's C++ kernel may replay -> input order (ops.py)
         self.verify = False          # compare the first kernel call with the fallback
         self.disabled = None         # reason, once verification failed: PyTorch from then on
         self._direct = {}            # call signature -> (args with sizes, output shape)
@@ -196,6 +196,11 @@ class RegionModule(torch.nn.Module):
         The output field is ``_out_field``; its alignment ``_fast_out_align()``."""
         return None
 
+    def _fast_guards(self) -> tuple:
+        """Input positions whose sizes / strides / dtype / device are part of a cached
+        signature though the kernel never reads them (checked, not patched)."""
+        return ()
+
     def _fast_out_align(self) -> int:
         return 16
 
@@ -210,6 +215,10 @@ class RegionModule(torch.nn.Module):
         # only a launch that read every operand in place stands for its signature
         if spec is None or any(xs[i].data_ptr() != getattr(args, f) for i, f, _ in spec):
             return
+        # the C++ path takes tensors and ints (part of the signature), nothing else
+        ints = [i for i, x in enumerate(xs) if not isinstance(x, torch.Tensor)]
+        if any(type(xs[i]) is not int for i in ints):
+            return
         fc = self._fast
         if fc is None:
             module = fast_call.load(block=False)
@@ -219,7 +228,8 @@ class RegionModule(torch.nn.Module):
             fc = module.FastCall(ctypes.cast(self._fn, ctypes.c_void_p).value, ctypes.sizeof(t), len(xs),
                                  [(i, getattr(t, f).offset, a) for i, f, a in spec],
                                  getattr(t, self._out_field).offset, self._fast_out_align(),
-                                 t.workspace.offset, t.workspace_bytes.offset)
+                                 t.workspace.offset, t.workspace_bytes.offset,
+                                 guards=list(self._fast_guards()), int_inputs=ints)
             fc.set_workspace(self._ws)
             self._fast = fc
             self._sync_fast()

@@ -8,6 +8,10 @@
 // the args, and call the library's launcher on the current stream. Anything else
 // (a new signature, a misaligned pointer, a status other than ok) returns None and
 // the Python path handles the call, so this file never decides what a call means.
+// A signature may hold more than the operands: "guard" inputs whose metadata must
+// match but whose pointers the kernel never reads (an attention mask folded into
+// the causal argument, checked once per shape in Python), and the values of the
+// region's int inputs (sizes a region reads under dynamic shapes).
 //
 // Built against the running PyTorch (runtime/fast_call.py); uses only libc10 /
 // libtorch / libtorch_python, no CUDA headers: the current stream comes from the
@@ -52,6 +56,7 @@ using RunFn = int (*)(const void* args, void* stream);
 
 constexpr int64_t kMaxArgsBytes = 1024;   // the largest args struct is ~200 bytes
 constexpr int kMaxOperands = 8;
+constexpr int kMaxInputs = 32;             // a call with more inputs is declined
 constexpr int kOk = 0;
 
 struct Operand {
@@ -68,18 +73,50 @@ struct Meta {
 
 struct Entry {
   std::vector<Meta> operands;                 // parallel to FastCall::operands_
+  std::vector<Meta> guards;                   // parallel to FastCall::guards_
+  std::vector<int64_t> ints;                  // parallel to FastCall::int_inputs_
   std::string args;                           // the cached args, pointers to be patched
   std::vector<int64_t> out_sizes, out_strides;
   c10::ScalarType out_dtype;
   int64_t workspace_need;
 };
 
-const at::Tensor* tensor_at(PyObject* xs, int64_t i) {
-  PyObject* o = PyTuple_GET_ITEM(xs, i);
-  if (!THPVariable_Check(o)) {
-    return nullptr;
+// One input of a call: a tensor, or an int (a region's SymInt input at run time).
+struct Input {
+  const at::Tensor* tensor = nullptr;
+  int64_t value = 0;
+  bool is_int = false;
+};
+using Inputs = std::array<Input, kMaxInputs>;
+
+// The inputs of a Python call ``xs`` (a tuple); false when one is neither a tensor
+// nor an int, or there are too many.
+bool inputs_of(PyObject* xs, Inputs& in) {
+  const Py_ssize_t n = PyTuple_GET_SIZE(xs);
+  if (n > kMaxInputs) {
+    return false;
   }
-  return &THPVariable_Unpack(o);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* o = PyTuple_GET_ITEM(xs, i);
+    if (THPVariable_Check(o)) {
+      in[i] = {&THPVariable_Unpack(o), 0, false};
+    } else if (PyLong_CheckExact(o)) {
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+      if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return false;
+      }
+      in[i] = {nullptr, static_cast<int64_t>(v), true};
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+Meta meta_of(const at::Tensor& t) {
+  return {t.sizes().vec(), t.strides().vec(), t.scalar_type(), t.device()};
 }
 
 bool matches(const Meta& m, const at::Tensor& t) {
@@ -96,8 +133,10 @@ class FastCall {
   FastCall(uintptr_t run, int64_t args_bytes, int64_t n_inputs,
            const std::vector<std::tuple<int64_t, int64_t, int64_t>>& operands,
            int64_t out_offset, int64_t out_align, int64_t workspace_offset,
-           int64_t workspace_bytes_offset, int64_t max_entries)
+           int64_t workspace_bytes_offset, int64_t max_entries,
+           const std::vector<int64_t>& guards, const std::vector<int64_t>& int_inputs)
       : run_(reinterpret_cast<RunFn>(run)), args_bytes_(args_bytes), n_inputs_(n_inputs),
+        guards_(guards), int_inputs_(int_inputs),
         out_offset_(out_offset), out_align_(out_align), ws_offset_(workspace_offset),
         ws_bytes_offset_(workspace_bytes_offset), max_entries_(max_entries) {
     if (run == 0) {
@@ -109,6 +148,19 @@ class FastCall {
     }
     if (operands.empty() || operands.size() > kMaxOperands) {
       throw std::invalid_argument("FastCall: 1 to 8 operands");
+    }
+    if (n_inputs > kMaxInputs) {
+      throw std::invalid_argument("FastCall: at most " + std::to_string(kMaxInputs) + " inputs");
+    }
+    for (int64_t i : guards) {
+      if (i < 0 || i >= n_inputs) {
+        throw std::invalid_argument("FastCall: bad guard input");
+      }
+    }
+    for (int64_t i : int_inputs) {
+      if (i < 0 || i >= n_inputs) {
+        throw std::invalid_argument("FastCall: bad int input");
+      }
     }
     for (const auto& [input, offset, align] : operands) {
       check_field(offset, "operand");
@@ -137,13 +189,28 @@ class FastCall {
     if (static_cast<int64_t>(xs.size()) != n_inputs_) {
       throw std::invalid_argument("FastCall.add: wrong number of inputs");
     }
+    Inputs in;
+    if (!inputs_of(xs.ptr(), in)) {
+      throw std::invalid_argument("FastCall.add: an input is neither a tensor nor an int");
+    }
     Entry e;
     for (const Operand& op : operands_) {
-      const at::Tensor* t = tensor_at(xs.ptr(), op.input);
-      if (t == nullptr) {
+      if (in[op.input].tensor == nullptr) {
         throw std::invalid_argument("FastCall.add: an operand is not a tensor");
       }
-      e.operands.push_back({t->sizes().vec(), t->strides().vec(), t->scalar_type(), t->device()});
+      e.operands.push_back(meta_of(*in[op.input].tensor));
+    }
+    for (int64_t g : guards_) {
+      if (in[g].tensor == nullptr) {
+        throw std::invalid_argument("FastCall.add: a guard input is not a tensor");
+      }
+      e.guards.push_back(meta_of(*in[g].tensor));
+    }
+    for (int64_t i : int_inputs_) {
+      if (!in[i].is_int) {
+        throw std::invalid_argument("FastCall.add: an int input is not an int");
+      }
+      e.ints.push_back(in[i].value);
     }
     e.args = std::string(args);
     if (static_cast<int64_t>(e.args.size()) != args_bytes_) {
@@ -188,34 +255,60 @@ class FastCall {
   // small, or the launcher did not return ok (the Python path then takes the call).
   py::object call(py::tuple xs_obj) {
     PyObject* xs = xs_obj.ptr();
-    if (PyTuple_GET_SIZE(xs) != n_inputs_) {
+    Inputs in;
+    if (PyTuple_GET_SIZE(xs) != n_inputs_ || !inputs_of(xs, in)) {
       return py::none();
     }
-    std::array<const at::Tensor*, kMaxOperands> ts{};
-    for (size_t i = 0; i < operands_.size(); ++i) {
-      ts[i] = tensor_at(xs, operands_[i].input);
-      if (ts[i] == nullptr) {
-        return py::none();
-      }
-    }
-    at::Tensor out = launch(ts);
+    at::Tensor out = launch(in);
     if (!out.defined()) {
       return py::none();
     }
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(out)));
   }
 
-  // The same for the region op's ``tensors`` (the region's inputs in order): an
-  // undefined tensor when declined. Needs no GIL.
-  at::Tensor call_tensors(const std::vector<at::Tensor>& xs) {
-    if (!enabled_ || static_cast<int64_t>(xs.size()) != n_inputs_) {
+  // The same for a region op call: its ``tensors`` and ``ints``, which ``order``
+  // maps onto the region's inputs (per input: (is_tensor, index); empty: the
+  // inputs are exactly ``tensors``). An undefined tensor when declined. Needs no GIL.
+  at::Tensor call_op(const std::vector<at::Tensor>& tensors, c10::ArrayRef<c10::IValue> ints,
+                     const std::vector<std::pair<bool, int64_t>>& order) {
+    if (!enabled_) {
       return at::Tensor();
     }
-    std::array<const at::Tensor*, kMaxOperands> ts{};
-    for (size_t i = 0; i < operands_.size(); ++i) {
-      ts[i] = &xs[operands_[i].input];
+    Inputs in;
+    if (order.empty()) {
+      if (static_cast<int64_t>(tensors.size()) != n_inputs_ || !ints.empty()) {
+        return at::Tensor();
+      }
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        in[i] = {&tensors[i], 0, false};
+      }
+      return launch(in);
     }
-    return launch(ts);
+    if (static_cast<int64_t>(order.size()) != n_inputs_) {
+      return at::Tensor();
+    }
+    size_t n_tensors = 0;
+    for (const auto& o : order) {
+      n_tensors += o.first ? 1 : 0;
+    }
+    if (n_tensors != tensors.size() || order.size() - n_tensors != ints.size()) {
+      return at::Tensor();          // not the call this order was made for
+    }
+    for (size_t i = 0; i < order.size(); ++i) {
+      const auto [is_tensor, j] = order[i];
+      if (is_tensor) {
+        if (j < 0 || j >= static_cast<int64_t>(tensors.size())) {
+          return at::Tensor();
+        }
+        in[i] = {&tensors[j], 0, false};
+      } else {
+        if (j < 0 || j >= static_cast<int64_t>(ints.size()) || !ints[j].isInt()) {
+          return at::Tensor();      // a symbolic int: the Python path guards it
+        }
+        in[i] = {nullptr, ints[j].toInt(), true};
+      }
+    }
+    return launch(in);
   }
 
   int64_t calls() const { return calls_; }
@@ -227,13 +320,36 @@ class FastCall {
   void set_enabled(bool on) { enabled_ = on; }
 
  private:
-  at::Tensor launch(const std::array<const at::Tensor*, kMaxOperands>& ts) {
+  at::Tensor launch(const Inputs& in) {
     const size_t n_ops = operands_.size();
+    std::array<const at::Tensor*, kMaxOperands> ts{};
+    for (size_t i = 0; i < n_ops; ++i) {
+      ts[i] = in[operands_[i].input].tensor;
+      if (ts[i] == nullptr || !ts[i]->defined()) {
+        return at::Tensor();
+      }
+    }
+    for (int64_t g : guards_) {
+      if (in[g].tensor == nullptr || !in[g].tensor->defined()) {
+        return at::Tensor();
+      }
+    }
+    for (int64_t i : int_inputs_) {
+      if (!in[i].is_int) {
+        return at::Tensor();
+      }
+    }
     const Entry* hit = nullptr;
     for (const Entry& e : entries_) {
       bool ok = true;
       for (size_t i = 0; i < n_ops && ok; ++i) {
-        ok = ts[i]->defined() && matches(e.operands[i], *ts[i]);
+        ok = matches(e.operands[i], *ts[i]);
+      }
+      for (size_t i = 0; i < guards_.size() && ok; ++i) {
+        ok = matches(e.guards[i], *in[guards_[i]].tensor);
+      }
+      for (size_t i = 0; i < int_inputs_.size() && ok; ++i) {
+        ok = e.ints[i] == in[int_inputs_[i]].value;
       }
       if (ok) {
         hit = &e;
@@ -290,9 +406,9 @@ class FastCall {
     }
   }
 
-  static bool same_key(const Entry& a, const Entry& b) {
-    for (size_t i = 0; i < a.operands.size(); ++i) {
-      const Meta &x = a.operands[i], &y = b.operands[i];
+  static bool same_meta(const std::vector<Meta>& a, const std::vector<Meta>& b) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      const Meta &x = a[i], &y = b[i];
       if (x.sizes != y.sizes || x.strides != y.strides || x.dtype != y.dtype || x.device != y.device) {
         return false;
       }
@@ -300,9 +416,14 @@ class FastCall {
     return true;
   }
 
+  static bool same_key(const Entry& a, const Entry& b) {
+    return same_meta(a.operands, b.operands) && same_meta(a.guards, b.guards) && a.ints == b.ints;
+  }
+
   RunFn run_;
   int64_t args_bytes_, n_inputs_;
   std::vector<Operand> operands_;
+  std::vector<int64_t> guards_, int_inputs_;
   int64_t out_offset_, out_align_, ws_offset_, ws_bytes_offset_;
   int64_t max_entries_;
   std::vector<Entry> entries_;
@@ -314,17 +435,28 @@ class FastCall {
 
 // -- the region op's CUDA kernel -----------------------------------------------------
 
+// An op key's replay: the FastCall and how the op's (tensors, ints) map onto the
+// region's inputs (empty: the inputs are exactly ``tensors``)
+struct Bound {
+  std::shared_ptr<FastCall> fc;
+  std::vector<std::pair<bool, int64_t>> order;
+};
+
 std::mutex g_bound_mutex;
-std::unordered_map<std::string, std::shared_ptr<FastCall>> g_bound;   // op key -> replay
+std::unordered_map<std::string, Bound> g_bound;   // op key -> replay
 // per installed "<namespace>::region" / dispatch key: the Python implementation and
 // the registration (process lifetime: never freed, as the dispatcher may call them
 // until exit)
 std::unordered_map<std::string, py::object*> g_python_run;
 std::unordered_map<std::string, torch::Library*> g_libraries;
 
-void bind(const std::string& key, std::shared_ptr<FastCall> fc) {
+void bind(const std::string& key, std::shared_ptr<FastCall> fc,
+          std::vector<std::pair<bool, int64_t>> order) {
+  if (!fc) {
+    throw std::invalid_argument("bind: no FastCall");
+  }
   const std::lock_guard<std::mutex> lock(g_bound_mutex);
-  g_bound[key] = std::move(fc);
+  g_bound[key] = Bound{std::move(fc), std::move(order)};
 }
 
 void unbind(const std::string& key) {
@@ -337,10 +469,14 @@ bool is_bound(const std::string& key) {
   return g_bound.count(key) != 0;
 }
 
-std::shared_ptr<FastCall> bound(const std::string& key) {
+bool bound(const std::string& key, Bound& out) {
   const std::lock_guard<std::mutex> lock(g_bound_mutex);
   auto it = g_bound.find(key);
-  return it == g_bound.end() ? nullptr : it->second;
+  if (it == g_bound.end()) {
+    return false;
+  }
+  out = it->second;
+  return true;
 }
 
 // region(Tensor[] tensors, SymInt[] ints, str key) -> Tensor, boxed: the bound
@@ -352,10 +488,9 @@ void region_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<at::Tensor> tensors = s[n - 3].toTensorVector();
   const c10::ArrayRef<c10::IValue> ints = s[n - 2].toListRef();
   at::Tensor out;
-  if (ints.empty()) {
-    if (std::shared_ptr<FastCall> fc = bound(key)) {
-      out = fc->call_tensors(tensors);
-    }
+  Bound b;
+  if (bound(key, b)) {
+    out = b.fc->call_op(tensors, ints, b.order);
   }
   if (!out.defined()) {
     py::object* run = nullptr;
@@ -414,10 +549,12 @@ PYBIND11_MODULE(_co_fast_call, m) {
   m.doc() = "cutlass_offload: C++ replay of cached region calls (see runtime/fast_call.py)";
   py::class_<FastCall, std::shared_ptr<FastCall>>(m, "FastCall")
       .def(py::init<uintptr_t, int64_t, int64_t, const std::vector<std::tuple<int64_t, int64_t, int64_t>>&,
-                    int64_t, int64_t, int64_t, int64_t, int64_t>(),
+                    int64_t, int64_t, int64_t, int64_t, int64_t, const std::vector<int64_t>&,
+                    const std::vector<int64_t>&>(),
            py::arg("run"), py::arg("args_bytes"), py::arg("n_inputs"), py::arg("operands"),
            py::arg("out_offset"), py::arg("out_align"), py::arg("workspace_offset"),
-           py::arg("workspace_bytes_offset"), py::arg("max_entries") = 64)
+           py::arg("workspace_bytes_offset"), py::arg("max_entries") = 64,
+           py::arg("guards") = std::vector<int64_t>{}, py::arg("int_inputs") = std::vector<int64_t>{})
       .def("add", &FastCall::add)
       .def("set_workspace", &FastCall::set_workspace)
       .def("clear", &FastCall::clear)
@@ -430,7 +567,10 @@ PYBIND11_MODULE(_co_fast_call, m) {
         py::arg("dispatch_key") = "CUDA",
         "register the C++ kernel of <namespace>::region for a dispatch key (once per pair)");
   m.def("bind", &bind, py::arg("key"), py::arg("fast_call"),
-        "replay calls of the region op's ``key`` with ``fast_call``");
+        py::arg("order") = std::vector<std::pair<bool, int64_t>>{},
+        "replay calls of the region op's ``key`` with ``fast_call``; ``order``: per region "
+        "input (is_tensor, index into the op's tensors / ints), empty when the inputs are "
+        "exactly the op's tensors");
   m.def("unbind", &unbind, py::arg("key"));
   m.def("is_bound", &is_bound, py::arg("key"));
 }
