@@ -13,8 +13,9 @@ Environment variables:
                              per finished unit otherwise; the default), bar, lines, or off
                              (the CLI's -q)
   CUTLASS_OFFLOAD_JOBS       parallel nvcc processes (default: cores, capped by memory)
-  CUTLASS_OFFLOAD_NVCC_STEPS 1 runs nvcc's steps of a unit as a graph, cudafe++ beside
-                             cicc (build/nvcc_steps.py; local builds, opt-in)
+  CUTLASS_OFFLOAD_NVCC_STEPS 0 runs nvcc as one command per unit instead of its steps as
+                             a graph, cudafe++ beside cicc (build/nvcc_steps.py; local
+                             builds; the default)
   CUTLASS_OFFLOAD_FAST_CALL  0 turns off the C++ call path of offloaded regions
                              (runtime/fast_call.py); every call then maps in Python
   CXX                        the host C++ compiler that builds that path (default c++)
@@ -61,7 +62,7 @@ def knobs() -> Knobs:
         fast_call=env.get("CUTLASS_OFFLOAD_FAST_CALL", "1") not in ("", "0"),
         cxx=env.get("CXX") or "c++",
         host_launchers=env.get("CUTLASS_OFFLOAD_HOST_LAUNCHERS", "1") not in ("", "0"),
-        nvcc_steps=env.get("CUTLASS_OFFLOAD_NVCC_STEPS", "0") not in ("", "0"),
+        nvcc_steps=env.get("CUTLASS_OFFLOAD_NVCC_STEPS", "1") not in ("", "0"),
     )
 
 

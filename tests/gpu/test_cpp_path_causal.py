@@ -20,7 +20,7 @@ H = torch.float16
 
 
 class CausalBlock(nn.Module):
-    def __init__(self, d=256, heads=4, max_len=256):
+    def __init__(self, d=256, heads=4, max_len=512):
         super().__init__()
         self.heads = heads
         self.qkv = nn.Linear(d, 3 * d)

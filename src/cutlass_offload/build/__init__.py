@@ -106,10 +106,6 @@ class _Builder:
         include = (toolchain.cuda_include_dir(self.nvcc)
                    if knobs().host_launchers and isinstance(self.executor, LocalExecutor) else None)
         self.host = (knobs().cxx, include, compiler_identity(knobs().cxx)) if include else None
-        # objects compiled through nvcc's steps (build/nvcc_steps.py) carry another module
-        # id: they are cached apart, so an opt-in trial never serves a default build
-        self._steps_tag = (("nvcc-steps",) if knobs().nvcc_steps and isinstance(self.executor, LocalExecutor)
-                           else ())
 
     # -- keys ------------------------------------------------------------------
     def _unit_key(self, tu: TranslationUnit, cutlass=True) -> str:
@@ -117,13 +113,13 @@ class _Builder:
             cmd = toolchain.host_compile_command("c++", "", UNIT_NAME, OBJ_NAME)
             return cache_key(tu.text, toolchain.flags_signature(cmd), self.host[2], *self.versions)
         cmd = toolchain.compile_command("nvcc", self.plan.arch, UNIT_NAME, OBJ_NAME, cutlass)
-        return cache_key(tu.text, toolchain.flags_signature(cmd), *self._steps_tag, *self.versions)
+        return cache_key(tu.text, toolchain.flags_signature(cmd), *self.versions)
 
     def _kernel_key(self, name: str) -> str:
         # a source's defines follow from its code (emit/gemm_sm90.py), so the code covers them
         s = self.sources[name]
         cmd = toolchain.compile_command("nvcc", self.plan.arch, UNIT_NAME, OBJ_NAME)
-        return cache_key(s.code, "\n".join(s.includes), toolchain.flags_signature(cmd), *self._steps_tag,
+        return cache_key(s.code, "\n".join(s.includes), toolchain.flags_signature(cmd),
                          *self.versions)
 
     def _index_path(self, name: str) -> Path:

@@ -14,8 +14,10 @@ instead of before it: 66.8 s measured for that unit (nvcc 13.0).
 too), with two changes: cudafe++ reads the module id instead of generating it, and
 the two sides overlap. A recipe it does not recognise (several gencodes, another
 step list, a wrapper without ``--dryrun``) returns None: the caller runs nvcc as
-usual. Opt-in (``CUTLASS_OFFLOAD_NVCC_STEPS=1``) until a GPU run has checked the
-objects' kernels (the objects differ from nvcc's only in the module id string).
+usual. The default for local builds (``CUTLASS_OFFLOAD_NVCC_STEPS=0`` turns it off):
+the objects differ from nvcc's only in the module id string, so they share nvcc's
+cache keys; kernels built this way passed the GPU tests of 2026-12-01 (session 11:
+the Inductor glue, causal attention and conv-choice tests, cold).
 """
 from __future__ import annotations
 
