@@ -2,6 +2,7 @@
 no CUTLASS, real ELF files.
 
 * ``--version``: a fixed version line.
+* ``--dryrun``: refused (exit 1), as a wrapper without nvcc's step listing would.
 * ``-c SRC -o OBJ``: an object defining one symbol named after SRC's sha256
   (compiled by the host C++ compiler), so equal sources give equal objects.
 * ``-shared OBJ... -o LIB``: a shared library linking those objects plus
@@ -39,6 +40,9 @@ def main(args) -> int:
     if "--version" in args:
         print("nvcc: fake for cutlass_offload tests\nBuild cuda_fake.0")
         return 0
+    if "--dryrun" in args:          # no steps to list: build/nvcc_steps.py runs us whole
+        print("nvcc fake: --dryrun is not supported", file=sys.stderr)
+        return 1
     out = args[args.index("-o") + 1]
     if os.environ.get("FAKE_NVCC_ENOSPC"):
         print(f"{out}: fatal error: can't write to {out}: No space left on device")

@@ -143,6 +143,9 @@ def test_build_through_ray_matches_a_local_build(ray_build, tmp_path, monkeypatc
     # the same compiler for every unit on both sides (a local build compiles its
     # launchers with the host compiler by default, a Ray build through nvcc)
     monkeypatch.setenv("CUTLASS_OFFLOAD_HOST_LAUNCHERS", "0")
+    # and the same nvcc invocation: a Ray task runs nvcc as one command (a local build
+    # runs its steps as a graph by default, build/nvcc_steps.py)
+    monkeypatch.setenv("CUTLASS_OFFLOAD_NVCC_STEPS", "0")
     local_res = build(_plan(1), "sharded", BuildCache(tmp_path / "local"), jobs=1,
                       executor=LocalExecutor())
     assert [u.executor.split(" ")[0] for u in ray_res.compiled] == ["ray"] * len(ray_res.compiled)

@@ -65,12 +65,17 @@ def test_module_id_is_unique_to_the_source(tmp_path):
 
 
 def test_a_stand_in_without_dryrun_leaves_the_compile_to_nvcc_itself(tmp_path):
+    """... and is asked once: a wrapper that compiles whatever it is given must not
+    compile every unit twice."""
     fake = tmp_path / "nvcc"
-    fake.write_text("#!/bin/sh\necho compiled\n")
+    calls = tmp_path / "calls"
+    fake.write_text(f"#!/bin/sh\necho called >> {calls}\necho compiled\n")
     fake.chmod(0o755)
     src = tmp_path / "unit.cu"
     src.write_text("int x;\n")
-    assert nvcc_steps.run([str(fake), "-c", str(src), "-o", str(tmp_path / "unit.o")], src) is None
+    for _ in range(3):
+        assert nvcc_steps.run([str(fake), "-c", str(src), "-o", str(tmp_path / "unit.o")], src) is None
+    assert calls.read_text().count("called") == 1
 
 
 def test_objects_built_either_way_share_cache_entries(tmp_path, monkeypatch):

@@ -88,18 +88,26 @@ def parse_dryrun(text: str, base_env: dict) -> Steps | None:
     return Steps(tuple(commands), env, ids[0][0].strip('"'))
 
 
+# nvcc executables whose --dryrun gave no recipe (a wrapper, a stand-in): asked once,
+# then compiled as one command without asking again
+_NO_RECIPE: set = set()
+
+
 def plan(cmd: list, keep_dir: str) -> Steps | None:
     """The Steps of ``cmd`` (an ``nvcc -c``) with intermediates in ``keep_dir``. nvcc's
     own ``-t`` is left out: it would only redirect each step's output to files."""
+    if cmd[0] in _NO_RECIPE:
+        return None
     cmd = [a for a in cmd if not re.fullmatch(r"-t\d+|--threads(=\d+)?", a)]
     try:
         out = subprocess.run(cmd + ["--dryrun", "--keep", "--keep-dir", keep_dir],
                              capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode != 0:
-        return None
-    return parse_dryrun(out.stdout + out.stderr, dict(os.environ))
+    steps = parse_dryrun(out.stdout + out.stderr, dict(os.environ)) if out.returncode == 0 else None
+    if steps is None:
+        _NO_RECIPE.add(cmd[0])
+    return steps
 
 
 def module_id(source: Path) -> str:
