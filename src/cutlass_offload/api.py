@@ -190,8 +190,11 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
     if keep_regions is not None:          # a reload: the regions that built last time
         plan = _restrict(plan, keep_regions)
     _check_strict(options, plan)
-    if plan.regions:
-        fast_call.prefetch()      # the C++ call path builds beside the kernels
+    if plan.regions and torch.cuda.is_available():
+        # the C++ call path builds beside the kernels; without a GPU no region runs in
+        # this process (a first call elsewhere builds it), and its ~35 s of one core
+        # would slow a cold build on a small machine
+        fast_call.prefetch()
     if plan.regions and library_path is None and warm_inputs is not None:
         return _overlapped(gm, plan, options, phases, tuning, glue, warm_inputs)
     build_info = {}

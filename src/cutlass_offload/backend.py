@@ -185,7 +185,8 @@ def offload_for_inductor(aten_gm, inputs, copts: CompileOptions, record: list):
     _check_strict(copts, plan)
     pending = None
     if plan.regions:
-        fast_call.prefetch()
+        if torch.cuda.is_available():        # no region runs here otherwise (api.py)
+            fast_call.prefetch()
         pending = _PendingBuild(plan, copts)
         offload(aten_gm, plan, pending.library)
     restored = restore(aten_gm, rewrites)

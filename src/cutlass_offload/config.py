@@ -16,6 +16,8 @@ Environment variables:
   CUTLASS_OFFLOAD_NVCC_STEPS 0 runs nvcc as one command per unit instead of its steps as
                              a graph, cudafe++ beside cicc (build/nvcc_steps.py; local
                              builds; the default)
+  CUTLASS_OFFLOAD_LINEINFO   1 compiles kernels with -lineinfo (CUDA source lines in
+                             Nsight Compute; about 8% more cicc time); part of the cache key
   CUTLASS_OFFLOAD_FAST_CALL  0 turns off the C++ call path of offloaded regions
                              (runtime/fast_call.py); every call then maps in Python
   CXX                        the host C++ compiler that builds that path (default c++)
@@ -42,6 +44,7 @@ class Knobs:
     cxx: str
     host_launchers: bool
     nvcc_steps: bool
+    lineinfo: bool
 
 
 def knobs() -> Knobs:
@@ -63,6 +66,7 @@ def knobs() -> Knobs:
         cxx=env.get("CXX") or "c++",
         host_launchers=env.get("CUTLASS_OFFLOAD_HOST_LAUNCHERS", "1") not in ("", "0"),
         nvcc_steps=env.get("CUTLASS_OFFLOAD_NVCC_STEPS", "1") not in ("", "0"),
+        lineinfo=env.get("CUTLASS_OFFLOAD_LINEINFO", "0") not in ("", "0"),
     )
 
 

@@ -17,8 +17,14 @@ from ..errors import ToolchainError
 from ..target import TARGETS
 
 GENCODE = {arch: t.gencode for arch, t in TARGETS.items()}
-BASE_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
-              "-Xcompiler=-fPIC", "-Xcompiler=-Wno-psabi", "-lineinfo")
+# nvcc's -O is the host compiler's level only (the device steps, cicc and ptxas, are
+# the same under -O1 and -O3: nvcc 13.0 --dryrun); -O1 takes 3-5 s off the host
+# compile that ends every CUTLASS unit (2-core mlp sm_90a cold: 64.0 / 57.3 s against
+# 68.9 / 66.4 s at -O3, benchmarks/results/mlp_build_2core_flags_2026-12-01.txt).
+# -lineinfo (source lines for Nsight Compute) costs cicc ~4 s of ~49: only with
+# CUTLASS_OFFLOAD_LINEINFO=1.
+BASE_FLAGS = ("-std=c++17", "-O1", "-DNDEBUG", "--expt-relaxed-constexpr",
+              "-Xcompiler=-fPIC", "-Xcompiler=-Wno-psabi")
 
 
 def find_nvcc() -> str:
@@ -98,7 +104,7 @@ def cutlass_version() -> str:
 def _base(nvcc: str, arch: str) -> list:
     if arch not in GENCODE:
         raise ToolchainError(f"unknown arch {arch!r}; use one of {sorted(GENCODE)}")
-    return [nvcc, *BASE_FLAGS, GENCODE[arch]]
+    return [nvcc, *BASE_FLAGS, *(("-lineinfo",) if knobs().lineinfo else ()), GENCODE[arch]]
 
 
 def _includes() -> list:
