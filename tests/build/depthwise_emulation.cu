@@ -4,6 +4,7 @@
 // rounded once to fp16, on random geometries (padding, vertical stride, ragged Q
 // tiles) and every epilogue form. Compiled by nvcc as host code (no GPU needed) and
 // run by test_depthwise_emulation.py with the header paths defined.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -32,6 +33,9 @@ static double act(int a, double v) {
     case kGeluTanh: return 0.5 * v * (1 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
     case kSilu: return v / (1 + std::exp(-v));
     case kSigmoid: return 1 / (1 + std::exp(-v));
+    case kHardSwish: return v * std::min(std::max(v + 3, 0.0), 6.0) / 6;
+    case kHardSigmoid: return std::min(std::max(v + 3, 0.0), 6.0) / 6;
+    case kQuickGelu: return v / (1 + std::exp(-1.702 * v));
     default: return v;
   }
 }
@@ -111,7 +115,10 @@ int main() {
     fails += trial<5, 1, 4, kSigmoid, kAdd, true, kRelu>(rng, bias);
     fails += trial<1, 1, 2, kGeluTanh, kNone, false, kIdentity>(rng, bias);
     fails += trial<9, 2, 4, kIdentity, kMul, false, kIdentity>(rng, bias);
-    runs += 7;
+    fails += trial<3, 1, 4, kHardSwish, kAdd, false, kIdentity>(rng, bias);
+    fails += trial<3, 2, 2, kHardSigmoid, kNone, false, kIdentity>(rng, bias);
+    fails += trial<7, 1, 4, kQuickGelu, kMul, true, kIdentity>(rng, bias);
+    runs += 10;
   }
   std::printf("trials %d fails %d\n", runs, fails);
   return fails != 0;

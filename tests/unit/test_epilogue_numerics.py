@@ -16,7 +16,12 @@ from cutlass_offload.select import select
 
 H = torch.float16
 ACTS = {"relu": torch.relu, "gelu_erf": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-        "silu": F.silu, "sigmoid": torch.sigmoid}
+        "silu": F.silu, "sigmoid": torch.sigmoid, "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid,
+        "quick_gelu": lambda t: t * torch.sigmoid(1.702 * t)}
+FUNCTORS = {"relu": "cutlass::epilogue::thread::ReLu", "gelu_erf": "cutlass::epilogue::thread::GELU",
+            "gelu_tanh": "cutlass::epilogue::thread::GELU_taylor", "silu": "cutlass::epilogue::thread::SiLu",
+            "sigmoid": "cutlass::epilogue::thread::Sigmoid", "hardswish": "cutlass::epilogue::thread::HardSwish",
+            "hardsigmoid": "co_act::HardSigmoid", "quick_gelu": "co_act::QuickGELU"}
 # odd N (alignment 1): CUTLASS 2.x kernels on either arch; N = 64: 3.x on sm_90a
 SHAPES = {"2x": (12, 40, 63), "3x": (12, 40, 64)}
 
@@ -55,16 +60,15 @@ def gemm_code(act, residual, family, arch="sm90a"):
 @pytest.mark.parametrize("act", sorted(ACTS))
 def test_sm80_epilogue_rounds_bias_add_and_activation_to_the_output_type(act, residual):
     code = gemm_code(act, residual, "2x", "sm80")
-    functor = {"relu": "ReLu", "gelu_erf": "GELU", "gelu_tanh": "GELU_taylor", "silu": "SiLu",
-               "sigmoid": "Sigmoid"}[act]
+    functor = FUNCTORS[act]
     # the activation runs between two round trips through ElementOutput ...
-    assert f"cutlass::epilogue::thread::{functor}<Fragment> act;" in code
+    assert f"{functor}<Fragment> act;" in code
     assert "return widen(narrow(act(widen(narrow(x)))));" in code
     assert "NumericArrayConverter<ElementOutput, T, N, cutlass::FloatRoundStyle::round_to_nearest> narrow;" in code
     # ... and the epilogue uses it, not the bare functor
     epilogue = "LinearCombinationResidualBlock<" if residual else "LinearCombinationGeneric<"
     op = code[code.index(epilogue):code.index(";", code.index(epilogue))]
-    assert "RoundedActivation" in op and functor + "," not in op
+    assert "RoundedActivation" in op and functor.split("::")[-1] + "," not in op
 
 
 @pytest.mark.parametrize("residual", [False, True])
@@ -118,3 +122,19 @@ def test_group_norm_rounds_before_its_fused_silu():
     code = _group_norm_code(silu=True)
     body = code[code.index("if (kSilu) {"):]
     assert body.index("o = IO::widen(IO::narrow(o));") < body.index("__expf(-o[j])")
+
+
+@pytest.mark.parametrize("arch,n", [("sm90a", 64), ("sm80", 63)])
+def test_our_activations_header_only_where_used(arch, n):
+    """templates/activations.h is inlined into a kernel's unit only when its epilogue
+    applies one of our functors: every other kernel's source (and cache key) stays as
+    it was."""
+    from cutlass_offload.emit.activations import ACTIVATIONS_H
+
+    def fn(x, w, b):
+        return (torch.relu(F.linear(x, w, b)), F.hardswish(F.linear(x, w)), F.hardsigmoid(F.linear(x, w, b)),
+                (lambda t: t * torch.sigmoid(1.702 * t))(F.linear(x, w, b.sin())))
+    plan, src = sources(fn, (torch.randn(12, 40, dtype=H), torch.randn(n, 40, dtype=H), torch.randn(n, dtype=H)),
+                        arch)
+    with_header = {k.epilogue.activation: ACTIVATIONS_H in src[k.name].preamble for k in plan.kernels}
+    assert with_header == {"relu": False, "hardswish": False, "hardsigmoid": True, "quick_gelu": True}, with_header

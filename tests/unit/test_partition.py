@@ -51,10 +51,51 @@ def test_linear_bias_gelu_residual():
 
 
 @pytest.mark.parametrize("act,name", [(torch.relu, "relu"), (F.silu, "silu"), (torch.sigmoid, "sigmoid"),
-                                      (lambda t: F.gelu(t, approximate="tanh"), "gelu_tanh")])
+                                      (lambda t: F.gelu(t, approximate="tanh"), "gelu_tanh"),
+                                      (F.hardswish, "hardswish"), (F.hardsigmoid, "hardsigmoid")])
 def test_activations(act, name):
     part = regions_of(lambda x, w: act(x @ w), r(8, 16), r(16, 24))
     assert part.regions[0].problem.epilogue.activation == name
+
+
+@pytest.mark.parametrize("form", ["x*sig(1.702x)", "sig(x*1.702)*x"])
+def test_quick_gelu_is_one_activation(form):
+    """x * sigmoid(1.702 * x) (CLIP's quick_gelu): x has two users, taken as a whole."""
+    def qg(t):
+        return t * torch.sigmoid(1.702 * t) if form == "x*sig(1.702x)" else torch.sigmoid(t * 1.702) * t
+    (reg,) = regions_of(lambda x, w, b, c: qg(F.linear(x, w, b)) + c, r(8, 16), r(24, 16), r(24),
+                        r(8, 24)).regions
+    assert reg.problem.epilogue.tag == "bias_qgelu_resadd"
+    assert len(reg.nodes) == 5          # linear, mul (scale), sigmoid, mul, add
+
+
+@pytest.mark.parametrize("case", ["other_scale", "scale_leaks", "sigmoid_leaks", "after_residual"])
+def test_quick_gelu_lookalikes_stay_out(case):
+    def f(x, w, c):
+        y = x @ w
+        if case == "after_residual":
+            y = y + c
+        a = y * (1.5 if case == "other_scale" else 1.702)
+        s = torch.sigmoid(a)
+        out = y * s
+        if case == "scale_leaks":
+            return out, a
+        if case == "sigmoid_leaks":
+            return out, s
+        return out
+    (reg,) = regions_of(f, r(8, 16), r(16, 24), r(8, 24)).regions
+    assert reg.problem.epilogue.activation == "identity"
+    if case == "after_residual":
+        assert reg.problem.epilogue.residual == "add"
+        assert any("quick" not in n and "activation" in n for n in reg.notes), reg.notes
+
+
+def test_conv_takes_hardswish_and_quick_gelu():
+    x = r(2, 16, 8, 8).contiguous(memory_format=torch.channels_last)
+    regs = regions_of(lambda x, w, b: (F.hardswish(F.conv2d(x, w, b, padding=1)),
+                                       (lambda t: t * torch.sigmoid(1.702 * t))(F.conv2d(x, w, padding=1))),
+                      x, r(32, 16, 3, 3), r(32)).regions
+    assert [g.problem.epilogue.tag for g in regs] == ["bias_hswish", "qgelu"]
 
 
 def test_handwritten_tanh_gelu_is_fused():

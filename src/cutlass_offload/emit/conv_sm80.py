@@ -93,6 +93,7 @@ from string import Template
 from ..families.sm80 import ITERATORS as _ITERATOR
 from ..families.sm80 import choose_iterator, conv_configs  # noqa: F401 - re-exported
 from ..ir import CONV_ITERATORS, ConvKernel, KernelSource
+from . import activations
 from .epilogue_sm80 import (ELEMENT_TYPES, EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FAMILY,
                             INCLUDE_PLAIN_EPILOGUE, INCLUDE_RESIDUAL_EPILOGUE, INCLUDES_COMMON,
                             KERNEL, TILE_TYPES, check_alignments, check_smem, check_warp_tiling, cp_async_ok,
@@ -366,7 +367,8 @@ def emit(kernel: ConvKernel) -> KernelSource:
         launcher=Template(_LAUNCHER).substitute(v),
     )
     includes = _INCLUDES_RESIDUAL if residual else _INCLUDES_PLAIN
-    return KernelSource(name=kernel.name, includes=includes, code=code, args_type="CoConvArgs")
+    return KernelSource(name=kernel.name, includes=includes, code=code, args_type="CoConvArgs",
+                        preamble=activations.preamble(kernel.epilogue.activation))
 
 
 legal_configs = conv_configs     # families/sm80.py (select reads it from there)

@@ -65,7 +65,7 @@ from ..families.conv_sm90 import (  # noqa: F401 - the family's rules, re-export
     _MAX_ACC_PER_THREAD, CANDIDATES, EPILOGUE_SCHEDULE, FAMILY, KERNEL_SCHEDULE, make_config,
     supports)
 from ..ir import ConvKernel, GemmEpilogue, KernelSource
-from . import sm90_parts
+from . import activations, sm90_parts
 from .evt_sm90 import ELEMENT, row_broadcast, semantics, src_fetch
 
 INCLUDES = (
@@ -335,4 +335,4 @@ def emit(kernel: ConvKernel) -> KernelSource:
     """
     code = TEMPLATE.substitute(values(kernel))
     return KernelSource(name=kernel.name, includes=INCLUDES, code=code, args_type="CoConvArgs",
-                        preamble=(sm90_parts.TMA_DRIVER,))
+                        preamble=(sm90_parts.TMA_DRIVER,) + activations.preamble(kernel.epilogue.activation))

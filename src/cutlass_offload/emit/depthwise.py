@@ -34,7 +34,8 @@ INCLUDES = ("cutlass/cutlass.h", "cutlass/array.h", "cutlass/numeric_types.h")
 _COMMON = (Path(__file__).parent / "templates" / "depthwise.cuh").read_text()
 
 # ir.GemmEpilogue -> the template's codes (templates/depthwise.cuh enum Activation / Residual)
-ACTIVATION_CODES = {"identity": 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5}
+ACTIVATION_CODES = {"identity": 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5,
+                    "hardswish": 6, "hardsigmoid": 7, "quick_gelu": 8}
 RESIDUAL_CODES = {"none": 0, "add": 1, "mul": 2}
 POST_CODES = {"identity": 0, "relu": 1}
 

@@ -31,19 +31,13 @@ from ..families.sm80 import (  # noqa: F401 - the family's rules, re-exported fo
     ALIGNMENTS, BYTES, FAMILY, INSTRUCTION, SMEM_LIMIT, check_alignments, check_smem,
     check_warp_tiling, config, cp_async_ok, known_configs)
 from ..ir import GemmEpilogue
+from .activations import FUNCTOR, HEAVY
 
 
 ELEMENT = CPP
 THREAD = "cutlass::epilogue::thread::"
-ACTIVATION = {
-    "identity": THREAD + "Identity",
-    "relu": THREAD + "ReLu",
-    "gelu_erf": THREAD + "GELU",
-    "gelu_tanh": THREAD + "GELU_taylor",
-    "silu": THREAD + "SiLu",
-    "sigmoid": THREAD + "Sigmoid",
-}
-HEAVY = ("gelu_erf", "gelu_tanh", "silu", "sigmoid")
+# ir activation -> functor template (activations.py); the identity is a functor here
+ACTIVATION = {a: f or THREAD + "Identity" for a, f in FUNCTOR.items()}
 BINARY = {"add": "cutlass::plus", "mul": "cutlass::multiplies"}
 POST = {"identity": THREAD + "Identity", "relu": THREAD + "ReLu"}
 

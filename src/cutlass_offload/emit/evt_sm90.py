@@ -16,19 +16,13 @@ from __future__ import annotations
 
 from ..dtypes import BYTES, CPP
 from ..ir import GemmEpilogue
+from .activations import FUNCTOR
 
 # dtype -> (C++ element type, bits); f32 is TF32 tensor-core math on fp32 storage
 ELEMENT = {d: (CPP[d], 8 * BYTES[d]) for d in CPP}
 
-# ir activation -> CUTLASS elementwise functor template (None: no node)
-ACTIVATION = {
-    "identity": None,
-    "relu": "cutlass::epilogue::thread::ReLu",
-    "gelu_erf": "cutlass::epilogue::thread::GELU",
-    "gelu_tanh": "cutlass::epilogue::thread::GELU_taylor",
-    "silu": "cutlass::epilogue::thread::SiLu",
-    "sigmoid": "cutlass::epilogue::thread::Sigmoid",
-}
+# ir activation -> elementwise functor template (None: no node); activations.py
+ACTIVATION = FUNCTOR
 
 RESIDUAL = {"add": "cutlass::plus", "mul": "cutlass::multiplies"}
 

@@ -40,6 +40,7 @@ from string import Template
 
 from ..families.sm80 import gemm_configs
 from ..ir import GemmKernel, KernelSource
+from . import activations
 from .epilogue_sm80 import (ELEMENT_TYPES, EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FAMILY,
                             INCLUDE_PLAIN_EPILOGUE, INCLUDE_RESIDUAL_EPILOGUE, INCLUDES_COMMON,
                             KERNEL, TILE_TYPES, check_alignments,
@@ -244,7 +245,8 @@ def emit(kernel: GemmKernel) -> KernelSource:
         launcher=Template(_LAUNCHER).substitute(v),
     )
     includes = _INCLUDES_RESIDUAL if residual else _INCLUDES_PLAIN
-    return KernelSource(name=kernel.name, includes=includes, code=code)
+    return KernelSource(name=kernel.name, includes=includes, code=code,
+                        preamble=activations.preamble(kernel.epilogue.activation))
 
 
 # ---------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from __future__ import annotations
 import string
 
 from ..ir import GemmKernel, KernelSource
-from . import sm90_parts
+from . import activations, sm90_parts
 from .evt_sm90 import ELEMENT, semantics
 
 FAMILY = "cutlass3x_sm90"
@@ -312,7 +312,7 @@ def emit(kernel: GemmKernel) -> KernelSource:
     """
     code = TEMPLATE.substitute(values(kernel))
     return KernelSource(name=kernel.name, includes=INCLUDES, code=code, defines=defines(kernel),
-                        preamble=(sm90_parts.TMA_DRIVER,))
+                        preamble=(sm90_parts.TMA_DRIVER,) + activations.preamble(kernel.epilogue.activation))
 
 
 def defines(kernel: GemmKernel) -> tuple:

@@ -13,7 +13,9 @@ from ..dtypes import NAMES
 from ..target import TARGETS
 
 DTYPES = NAMES                      # dtypes.py: the dtype table
-ACTIVATIONS = ("identity", "relu", "gelu_erf", "gelu_tanh", "silu", "sigmoid")
+# quick_gelu: x * sigmoid(1.702 x) (OpenAI CLIP; transformers' QuickGELUActivation)
+ACTIVATIONS = ("identity", "relu", "gelu_erf", "gelu_tanh", "silu", "sigmoid", "hardswish", "hardsigmoid",
+               "quick_gelu")
 RESIDUAL_OPS = ("none", "add", "mul")
 POST_ACTIVATIONS = ("identity", "relu")
 LAYOUTS = ("row", "col")
@@ -23,7 +25,8 @@ TILE_SCHEDULERS = ("persistent", "stream_k")
 
 _SHORT = {
     "identity": "id", "relu": "relu", "gelu_erf": "gelu", "gelu_tanh": "gelutanh",
-    "silu": "silu", "sigmoid": "sigmoid", "add": "add", "mul": "mul",
+    "silu": "silu", "sigmoid": "sigmoid", "hardswish": "hswish", "hardsigmoid": "hsigmoid",
+    "quick_gelu": "qgelu", "add": "add", "mul": "mul",
 }
 
 

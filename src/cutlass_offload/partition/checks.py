@@ -273,6 +273,8 @@ ACTIVATION_NAMES = {
     aten.relu.default: lambda n: "relu",
     aten.silu.default: lambda n: "silu",
     aten.sigmoid.default: lambda n: "sigmoid",
+    aten.hardswish.default: lambda n: "hardswish",
+    aten.hardsigmoid.default: lambda n: "hardsigmoid",
     aten.gelu.default: lambda n: "gelu_tanh" if _gelu_approximate(n) == "tanh" else "gelu_erf",
 }
 

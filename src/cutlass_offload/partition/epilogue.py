@@ -5,6 +5,10 @@ names the ops it accepts after the current region output and the checks (small
 named predicates, checks.py) that must all hold. Growth stops where the current
 output has more than one user (no intermediate leaks out of the region), at a
 node another region took, or at an op no row accepts (the note says why).
+
+One activation spans several ops: quick_gelu, ``x * sigmoid(1.702 * x)`` (OpenAI
+CLIP's, transformers' QuickGELUActivation), whose ``x`` has two users; it is
+matched as a whole before the one-user rule applies.
 """
 from __future__ import annotations
 
@@ -30,8 +34,7 @@ EPILOGUE_STAGES = (
     Stage("bias", (aten.add.Tensor,),
           C.all_of(C.no_bias_yet, C.no_activation_yet, C.no_residual_yet, C.alpha_is_one,
                    C.other_is_column_vector, C.other_same_dtype)),
-    Stage("activation", (aten.relu.default, aten.gelu.default, aten.silu.default, aten.sigmoid.default),
-          C.all_of(C.no_activation_yet, C.no_residual_yet)),
+    Stage("activation", tuple(ACTIVATION_NAMES), C.all_of(C.no_activation_yet, C.no_residual_yet)),
     Stage("residual", (aten.add.Tensor, aten.mul.Tensor),
           C.all_of(C.no_residual_yet, C.alpha_is_one, C.other_is_full_shape, C.other_same_dtype,
                    C.other_independent_of_gemm)),
@@ -46,6 +49,16 @@ def grow_epilogue(anchor: fx.Node, ops, taken) -> EpilogueState:
                           residual="add" if ops.c is not None else "none")
     notes = []
     while True:
+        quick = quick_gelu_nodes(state.out)
+        if quick is not None and not any(n in taken for n in quick):
+            refusal = C.all_of(C.no_activation_yet, C.no_residual_yet)(state, quick[-1])
+            if refusal is None:
+                state.activation = "quick_gelu"
+                state.nodes += quick
+                state.out = quick[-1]
+                continue
+            notes.append(note_not_fused(quick[-1].name, f"as activation: {refusal}"))
+            break
         users = list(state.out.users)
         if len(users) != 1:
             if len(users) > 1:
@@ -62,6 +75,39 @@ def grow_epilogue(anchor: fx.Node, ops, taken) -> EpilogueState:
         _apply(stage, state, u)
     state.notes = notes
     return state
+
+
+QUICK_GELU_SCALE = 1.702
+
+
+def _scalar(a):
+    return a if isinstance(a, (int, float)) and not isinstance(a, bool) else None
+
+
+def quick_gelu_nodes(x: fx.Node):
+    """[scale, sigmoid, mul] when ``x``'s users are exactly ``x * sigmoid(1.702 * x)``
+    (either operand order, the scale a number), each intermediate used once; else None."""
+    users = list(x.users)
+    if len(users) != 2:
+        return None
+    for scale in users:
+        if scale.op != "call_function" or scale.target not in (aten.mul.Tensor, aten.mul.Scalar):
+            continue
+        if len(scale.args) != 2 or x not in scale.args:
+            continue
+        other = scale.args[1] if scale.args[0] is x else scale.args[0]
+        if _scalar(other) is None or abs(other - QUICK_GELU_SCALE) > 1e-6:
+            continue
+        (sig,) = list(scale.users) if len(scale.users) == 1 else (None,)
+        if sig is None or sig.op != "call_function" or sig.target is not aten.sigmoid.default:
+            continue
+        (mul,) = list(sig.users) if len(sig.users) == 1 else (None,)
+        if (mul is None or mul.op != "call_function" or mul.target is not aten.mul.Tensor
+                or set(mul.args) != {x, sig} or len(mul.args) != 2 or mul is scale):
+            continue
+        if mul in users:
+            return [scale, sig, mul]
+    return None
 
 
 def _match_stage(state, node):

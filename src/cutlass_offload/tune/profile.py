@@ -77,6 +77,7 @@ EXIT_CUDA_ERROR = 3
 ACTIVATIONS = {
     "identity": lambda x: x, "relu": torch.relu, "gelu_erf": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "sigmoid": torch.sigmoid,
+    "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid, "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
 }
 
 

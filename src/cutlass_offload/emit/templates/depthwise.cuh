@@ -36,7 +36,10 @@ constexpr int kThreads = 128;
 constexpr int kMaxTaps = 81;         // R * S: the filter slice stays within 21 KB of shared memory
 
 // Codes of the epilogue (ir.GemmEpilogue): D = post(residual_op(activation(acc + bias), C))
-enum Activation { kIdentity = 0, kRelu = 1, kGeluErf = 2, kGeluTanh = 3, kSilu = 4, kSigmoid = 5 };
+enum Activation {
+  kIdentity = 0, kRelu = 1, kGeluErf = 2, kGeluTanh = 3, kSilu = 4, kSigmoid = 5,
+  kHardSwish = 6, kHardSigmoid = 7, kQuickGelu = 8
+};
 enum Residual { kNone = 0, kAdd = 1, kMul = 2 };
 
 struct Geometry {
@@ -55,6 +58,10 @@ __host__ __device__ __forceinline__ float activate(float v) {
   }
   if (Act == kSilu) return v / (1.f + expf(-v));
   if (Act == kSigmoid) return 1.f / (1.f + expf(-v));
+  // torch.nn.functional.hardswish / hardsigmoid; x * sigmoid(1.702 x) (CLIP's quick_gelu)
+  if (Act == kHardSwish) return v * fminf(fmaxf(v + 3.f, 0.f), 6.f) / 6.f;
+  if (Act == kHardSigmoid) return v != v ? v : fminf(fmaxf(v + 3.f, 0.f), 6.f) / 6.f;
+  if (Act == kQuickGelu) return v * (1.f / (1.f + expf(-1.702f * v)));
   return v;
 }
 
