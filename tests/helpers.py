@@ -92,6 +92,46 @@ def conv_operands(n, c, h, w, k, r, s, dtype):
     return x, wt, torch.randn(k, device="cuda").to(dtype)
 
 
+def draw_conv_problem(data, name, proto):
+    """A random conv problem for the prototype conv region module ``proto`` (hypothesis
+    ``data``; ``name`` labels the draws): C and K multiples of the kernel's
+    alignments (C any non-multiple of 8 below 64 for a class whose C is zero-padded),
+    N, H, W, filter, padding (asymmetric), stride and dilation drawn freely (1x1,
+    no padding, stride 1 for the direct 1x1 lowering). Returns (problem, pad,
+    stride, dilation); rejects (hypothesis ``assume``) an empty output and, for a TMA
+    class, a problem that kernel does not take (the pipeline would pick another)."""
+    from hypothesis import assume
+    from hypothesis import strategies as st
+
+    from cutlass_offload.emit import conv_sm90
+    from cutlass_offload.ir import replace
+    kern = proto.kernel
+    padded = proto.region.problem.pad_c > 0      # a C % 8 class on sm90a: C zero-padded to 8s
+    if padded:                                   # (select.conv.pad_channels: C < 64, C % 8)
+        c = data.draw(st.integers(1, 63).filter(lambda v: v % 8), label=f"{name} C")
+    else:
+        c = kern.align_a * data.draw(st.integers(1, 64 // kern.align_a), label=f"{name} C/align")
+    k = kern.align_c * data.draw(st.integers(1, 96 // kern.align_c), label=f"{name} K/align")
+    n, h, w = (data.draw(st.integers(1, hi)) for hi in (3, 19, 23))
+    if kern.iterator == "direct":                # the activation is the GEMM's A: 1x1 only
+        r = s = 1
+        pad, stride, dilation = (0, 0, 0, 0), (1, 1), (1, 1)
+    else:                                        # im2col takes any geometry, like the others
+        r, s = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))
+        pad = tuple(data.draw(st.integers(0, 3)) for _ in range(4))
+        stride = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)))
+        dilation = (data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)))
+    try:
+        problem = replace(proto.region.problem, c=c, k=k, h=h, w=w, r=r, s=s, pad=pad,
+                          stride=stride, dilation=dilation, n=n, n_hint=n,
+                          pad_c=-c % 8 if padded else 0)
+    except ValueError:           # empty output
+        assume(False)
+    if kern.config.family == "cutlass3x_sm90" and not kern.iterator:
+        assume(conv_sm90.supports(problem))
+    return problem, pad, stride, dilation
+
+
 def check_conv_call(mod, what, x, wt, b, res, k, reference):
     """Run the conv region module ``mod`` on NHWC ``x``, filter ``wt``, bias ``b`` and a
     fresh residual of kind ``res`` ("none", "full_add": (N, K, P, Q), "channel_mul":

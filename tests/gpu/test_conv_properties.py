@@ -13,14 +13,13 @@ random ones. A failure found here becomes a case in conv_cases.py.
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 import cutlass_offload as co
-from cutlass_offload.emit import conv_sm90
 from cutlass_offload.ir import replace
-from helpers import (TOLERANCE, check_conv_call, conv_operands, conv_region_module, poison_allocator,
-                     property_settings, rel_err)
+from helpers import (TOLERANCE, check_conv_call, conv_operands, conv_region_module, draw_conv_problem,
+                     poison_allocator, property_settings, rel_err)
 
 pytestmark = pytest.mark.gpu
 PROPERTY_SETTINGS = property_settings()
@@ -95,32 +94,9 @@ def prototypes():
 def test_random_conv_problems_match_float32_reference(prototypes, data):
     for cls, proto in zip(CLASSES, prototypes):
         name, dt, _, _, _, res, _ = cls
-        kern = proto.kernel
-        padded = proto.region.problem.pad_c > 0    # a C % 8 class on sm90a: C zero-padded to 8s
-        if padded:                                 # (select.conv.pad_channels: C < 64, C % 8)
-            c = data.draw(st.integers(1, 63).filter(lambda v: v % 8), label=f"{name} C")
-        else:
-            c = kern.align_a * data.draw(st.integers(1, 64 // kern.align_a), label=f"{name} C/align")
-        k = kern.align_c * data.draw(st.integers(1, 96 // kern.align_c), label=f"{name} K/align")
-        n, h, w = (data.draw(st.integers(1, hi)) for hi in (3, 19, 23))
-        if kern.iterator == "direct":              # the activation is the GEMM's A: 1x1 only
-            r = s = 1
-            pad, stride, dilation = (0, 0, 0, 0), (1, 1), (1, 1)
-        else:                                      # im2col takes any geometry, like the others
-            r, s = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))
-            pad = tuple(data.draw(st.integers(0, 3)) for _ in range(4))
-            stride = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)))
-            dilation = (data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)))
-        try:
-            problem = replace(proto.region.problem, c=c, k=k, h=h, w=w, r=r, s=s, pad=pad,
-                              stride=stride, dilation=dilation, n=n, n_hint=n,
-                              pad_c=-c % 8 if padded else 0)
-        except ValueError:           # empty output
-            assume(False)
-        if kern.config.family == "cutlass3x_sm90" and not kern.iterator:
-            assume(conv_sm90.supports(problem))    # else the pipeline picks another kernel
-        x, wt, b = conv_operands(n, c, h, w, k, r, s, dt)
-        check_conv_call(conv_region_module(proto, problem), f"{name} {problem}", x, wt, b, res, k,
+        p, pad, stride, dilation = draw_conv_problem(data, name, proto)
+        x, wt, b = conv_operands(p.n, p.c, p.h, p.w, p.k, p.r, p.s, dt)
+        check_conv_call(conv_region_module(proto, p), f"{name} {p}", x, wt, b, res, p.k,
                         lambda *t: forward_class(cls, *t, pad, stride, dilation))
 
 

@@ -9,14 +9,12 @@ at run time; CUTLASS_OFFLOAD_PROPERTY_EXAMPLES=500 runs that many random example
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 import cutlass_offload as co
-from cutlass_offload.emit import conv_sm90
-from cutlass_offload.ir import replace
-from helpers import (TOLERANCE, check_conv_call, conv_operands, conv_region_module, poison_allocator,
-                     property_settings, rel_err)
+from helpers import (TOLERANCE, check_conv_call, conv_operands, conv_region_module, draw_conv_problem,
+                     poison_allocator, property_settings, rel_err)
 
 pytestmark = pytest.mark.gpu
 PROPERTY_SETTINGS = property_settings()
@@ -137,26 +135,7 @@ def convs():
 def test_conv_activations_match_float32_reference(convs, data):
     for cls, proto in zip(CONVS, convs):
         name, dt, _, _, _, res, _ = cls
-        kern = proto.kernel
-        padded = proto.region.problem.pad_c > 0
-        if padded:
-            c = data.draw(st.integers(1, 63).filter(lambda v: v % 8), label=f"{name} C")
-        else:
-            c = kern.align_a * data.draw(st.integers(1, 64 // kern.align_a), label=f"{name} C/align")
-        k = kern.align_c * data.draw(st.integers(1, 96 // kern.align_c), label=f"{name} K/align")
-        n, h, w = (data.draw(st.integers(1, hi)) for hi in (3, 19, 23))
-        r, s = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))
-        pad = tuple(data.draw(st.integers(0, 3)) for _ in range(4))
-        stride = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)))
-        dilation = (data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)))
-        try:
-            problem = replace(proto.region.problem, c=c, k=k, h=h, w=w, r=r, s=s, pad=pad,
-                              stride=stride, dilation=dilation, n=n, n_hint=n,
-                              pad_c=-c % 8 if padded else 0)
-        except ValueError:           # empty output
-            assume(False)
-        if kern.config.family == "cutlass3x_sm90" and not kern.iterator:
-            assume(conv_sm90.supports(problem))
-        x, wt, b = conv_operands(n, c, h, w, k, r, s, dt)
-        check_conv_call(conv_region_module(proto, problem), f"{name} {problem}", x, wt, b, res, k,
+        p, pad, stride, dilation = draw_conv_problem(data, name, proto)
+        x, wt, b = conv_operands(p.n, p.c, p.h, p.w, p.k, p.r, p.s, dt)
+        check_conv_call(conv_region_module(proto, p), f"{name} {p}", x, wt, b, res, p.k,
                         lambda *t: conv_class(cls, *t, pad, stride, dilation))

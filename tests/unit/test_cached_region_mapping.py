@@ -184,9 +184,10 @@ def test_attention_repeat_call_maps_like_the_first(attention_suite):
     assert cached_regions >= 20 and misaligned >= 20, (cached_regions, misaligned)
 
 
-def test_attention_folded_mask_is_checked_on_the_cached_path():
-    """A mask folded into the causal argument at dynamic sizes is still checked per
-    shape when the signature is cached: a call whose mask is not the pattern falls back."""
+def folded_mask_attention(arch):
+    """(attention region module, its input count): SDPA with a causal boolean mask
+    built from the dynamic sequence length, folded into the causal argument and
+    checked per shape (``mask_check``); no library (the caller sets a launcher)."""
     def fn(q, k, v):
         n = q.shape[2]
         m = torch.arange(n)[:, None] >= torch.arange(n)[None, :]
@@ -194,12 +195,17 @@ def test_attention_folded_mask_is_checked_on_the_cached_path():
     s = torch.export.Dim("s", min=2, max=64)
     q, k, v = (torch.randn(2, 4, 16, 64, dtype=H) for _ in range(3))
     cap = capture(Fn(fn), (q, k, v), dynamic_shapes=(({2: s}, {2: s}, {2: s}),))   # *xs
-    p = partition(cap.graph_module)
-    (r,) = p.regions
-    gm = offload(cap.graph_module, select(p, "sm80"), library_path=None)
+    gm = offload(cap.graph_module, select(partition(cap.graph_module), arch), library_path=None)
     (mod,) = [m for m in gm.modules() if isinstance(m, RegionModule)]
-    assert r.mask_check and mod._im is not None and mod._ib is None
-    n = len([ph for ph in mod.fallback.graph.nodes if ph.op == "placeholder"])
+    assert mod.region.mask_check and mod._im is not None and mod._ib is None
+    return mod, len([ph for ph in mod.fallback.graph.nodes if ph.op == "placeholder"])
+
+
+def test_attention_folded_mask_is_checked_on_the_cached_path():
+    """A mask folded into the causal argument at dynamic sizes is still checked per
+    shape when the signature is cached: a call whose mask is not the pattern falls back."""
+    mod, n = folded_mask_attention("sm80")
+    q, k, v = (torch.randn(2, 4, 16, 64, dtype=H) for _ in range(3))
 
     def call(q, k, v, mask):
         xs = [None] * n

@@ -281,19 +281,10 @@ def test_attention_with_a_checked_mask_replays_with_the_mask_as_a_guard(fake):
     """A causal mask folded at dynamic sizes (GPT-2's) is checked in Python once per
     shape; the C++ path replays the checked signatures with the mask's metadata as
     part of the key, and declines a mask of another shape."""
-    from test_cached_region_mapping import cached_call
+    from test_cached_region_mapping import cached_call, folded_mask_attention
 
-    def fn(q, k, v):
-        n = q.shape[2]
-        m = torch.arange(n)[:, None] >= torch.arange(n)[None, :]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-    s = torch.export.Dim("s", min=2, max=64)
-    q, k, v = (torch.randn(2, 4, 16, 64, dtype=H) for _ in range(3))
-    cap = capture(Fn(fn), (q, k, v), dynamic_shapes=(({2: s}, {2: s}, {2: s}),))
-    gm = offload(cap.graph_module, select(partition(cap.graph_module), "sm90a"), library_path=None)
-    (mod,) = [m for m in gm.modules() if isinstance(m, RegionModule)]
-    assert mod.region.mask_check and mod._fast_guards() == (mod._im,)
-    n = len([ph for ph in mod.fallback.graph.nodes if ph.op == "placeholder"])
+    mod, n = folded_mask_attention("sm90a")
+    assert mod._fast_guards() == (mod._im,)
 
     def call(seq, mask=None):
         xs = [None] * n
