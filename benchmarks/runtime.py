@@ -705,16 +705,19 @@ def _json_ready(x):
 
 
 def load_partial(path: Path, models) -> tuple:
-    """({model: partial result}, peaks) from an earlier run's JSON ({} and None
-    when there is none)."""
+    """({model: partial result}, peaks, others) from an earlier run's JSON ({}, None
+    and [] when there is none): the results of ``models`` to resume (a failed one
+    runs again), and those of the models this run does not name, kept as they are
+    (a resumed run with fewer models must not drop the others' results)."""
     if not path.is_file():
-        return {}, None
+        return {}, None, []
     try:
         old = json.loads(path.read_text())
     except json.JSONDecodeError:
-        return {}, None
+        return {}, None, []
     done = {m["model"]: m for m in old.get("models", []) if m.get("model") in models and "error" not in m}
-    return done, old.get("peaks")
+    others = [m for m in old.get("models", []) if m.get("model") not in models]
+    return done, old.get("peaks"), others
 
 
 def _write(path: Path, result: dict) -> None:
@@ -734,13 +737,13 @@ def main(argv=None) -> int:
             _folder(a.from_tpl, name)
     from _runtime_report import format_report
     path = Path(a.json) if a.json else Path(os.environ.get("OUT", ".")) / "runtime.json"
-    partial, old_peaks = load_partial(path, a.models) if a.resume else ({}, None)
+    partial, old_peaks, others = load_partial(path, a.models) if a.resume else ({}, None, [])
     torch.manual_seed(0)
     peaks = old_peaks or measure_peaks(a.reps)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": a.dtype,
               "reps": a.reps, "region_reps": a.region_reps, "tune_in_build": tune_supported(),
               "overhead_target_us": OVERHEAD_TARGET_US, "peaks": peaks,
-              "target_ratio": TARGET_RATIO, "tolerance": TOLERANCE[a.dtype], "models": []}
+              "target_ratio": TARGET_RATIO, "tolerance": TOLERANCE[a.dtype], "models": list(others)}
     budget = Budget(a.budget_s)
     incomplete = None
     for name in a.models:

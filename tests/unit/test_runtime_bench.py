@@ -278,11 +278,12 @@ def test_fresh_inputs_and_second_batch():
 
 def test_resume_keeps_finished_models_and_peaks(tmp_path):
     path = tmp_path / "r.json"
-    assert runtime.load_partial(path, ["llama"]) == ({}, None)
+    assert runtime.load_partial(path, ["llama"]) == ({}, None, [])
     path.write_text('{"peaks": {"tflops": 1}, "models": [{"model": "llama", "eager": {}}, '
                     '{"model": "gpt2", "error": "x"}, {"model": "bert-base"}]}')
-    done, peaks = runtime.load_partial(path, ["llama", "gpt2"])
+    done, peaks, others = runtime.load_partial(path, ["llama", "gpt2"])
     assert list(done) == ["llama"] and peaks == {"tflops": 1}          # a failed model runs again
+    assert others == [{"model": "bert-base"}]                           # not named: kept
     b = runtime.Budget(None)
     assert not b.exhausted()
     b = runtime.Budget(0.0)
