@@ -209,7 +209,10 @@ def _glue_args(p, default, saved):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="cutlass-offload", description=__doc__)
+    from .config import __doc__ as knobs_doc
+    env = knobs_doc[knobs_doc.index("Environment variables:"):]
+    p = argparse.ArgumentParser(prog="cutlass-offload", description=__doc__, epilog=env,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="offload a model's GEMMs, convs, attention and norms and build the library (no GPU needed)")
     from .models import BUILTIN, DEFAULT_SIZES
@@ -218,10 +221,11 @@ def main(argv=None) -> int:
     c.add_argument("--out", required=True, help="output folder")
     c.add_argument("--arch", default=None, help="sm_90a or sm_80 (default: the visible GPU)")
     c.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
-    sizes = "; ".join(f"{m}: {b} x {q}" for m, (b, q) in DEFAULT_SIZES.items())
-    c.add_argument("--batch", type=int, default=None, help=f"default: 8 ({sizes})")
+    batches = "; ".join(f"{m}: {b}" for m, (b, q) in DEFAULT_SIZES.items())
+    seqs = "; ".join(f"{m}: {q}" for m, (b, q) in DEFAULT_SIZES.items())
+    c.add_argument("--batch", type=int, default=None, help=f"default: 8 ({batches})")
     c.add_argument("--seq", type=int, default=None,
-                   help=f"default: 128 ({sizes}); tokens, mel frames (whisper-encoder), image side "
+                   help=f"default: 128 ({seqs}); tokens, mel frames (whisper-encoder), image side "
                         "(resnet50, convnext-tiny, efficientnet-b0) or latent side (vae-decoder)")
     c.add_argument("--dynamic-batch", action="store_true", help="export with a dynamic batch dim")
     c.add_argument("--tf32", action="store_true", help="allow fp32 GEMMs and convs to run as TF32")
@@ -249,7 +253,7 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="run a compiled folder on the GPU against PyTorch")
     r.add_argument("dir")
     r.add_argument("--json", default=None, help="write the results here")
-    r.add_argument("--tolerance", type=float, default=1e-2, help="max relative error (exit 1 above)")
+    r.add_argument("--tolerance", type=float, default=1e-2, help="max relative error (exit 1 above; default 1e-2)")
     r.add_argument("--verify", action="store_true",
                    help="check each region against PyTorch on its first call; fall back where it disagrees")
     _glue_args(r, default=None, saved=" (default: the folder's, saved by compile)")

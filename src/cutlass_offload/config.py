@@ -13,9 +13,11 @@ Environment variables:
                              per finished unit otherwise; the default), bar, lines, or off
                              (the CLI's -q)
   CUTLASS_OFFLOAD_JOBS       parallel nvcc processes (default: cores, capped by memory)
-  CUTLASS_OFFLOAD_NVCC_STEPS 0 runs nvcc as one command per unit instead of its steps as
-                             a graph, cudafe++ beside cicc (build/nvcc_steps.py; local
-                             builds; the default)
+  CUTLASS_OFFLOAD_NVCC_STEPS default 1: nvcc's steps of a unit run as a graph, cudafe++
+                             beside cicc (build/nvcc_steps.py; local builds); 0: one nvcc
+                             command per unit
+  CUTLASS_OFFLOAD_HOST_LAUNCHERS  0 compiles the launchers with nvcc, not the host C++
+                             compiler (default 1 when nvcc's CUDA headers are found)
   CUTLASS_OFFLOAD_LINEINFO   1 compiles kernels with -lineinfo (CUDA source lines in
                              Nsight Compute; about 8% more cicc time); part of the cache key
   CUTLASS_OFFLOAD_FAST_CALL  0 turns off the C++ call path of offloaded regions

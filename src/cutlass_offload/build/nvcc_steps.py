@@ -7,8 +7,9 @@ compiler on cudafe++'s output, which includes the stub cicc writes and the fatbi
 The two sides meet only there and in one small file: cudafe++ writes a module id
 (a per-unit name suffix for internal-linkage entities) that cicc reads. Written
 beforehand and read by both, it lets the host side (preprocessing and cudafe++:
-13.4 s of a 3-kernel sm_90a GEMM unit's 76.3 s on 2 cores) run beside cicc (49 s)
-instead of before it: 66.8 s measured for that unit (nvcc 13.0).
+14.5 s of a 3-kernel sm_90a GEMM unit's 76.3 s on 2 cores, cudafe++ 13.4 of them) run
+beside cicc (49 s) instead of before it: that unit's steps took 66.8 s as a graph
+(nvcc 13.0; benchmarks/results/mlp_build_2core_nvcc_steps_2026-12-01.txt).
 
 ``run`` executes exactly the commands ``nvcc --dryrun`` prints (its environment
 too), with two changes: cudafe++ reads the module id instead of generating it, and
