@@ -91,3 +91,25 @@ def test_targets_are_one_row_each():
     assert arch_name("sm90a") == "sm_90a"
     assert target.for_capability((9, 0)) == "sm90a" and target.for_capability((8, 6)) == "sm80"
     assert target.for_capability((10, 0)) is None
+
+
+def test_every_environment_knob_is_documented():
+    """config.py is the one place that reads the environment: every variable it reads
+    is in its docstring (what `cutlass-offload --help` prints) and in the README, and
+    no other source file reads a variable (the CLI may set one; a subprocess may be
+    handed the whole environment)."""
+    import re
+
+    from cutlass_offload import config
+    src = Path(config.__file__).read_text()
+    read = set(re.findall(r'env\.get\("([A-Z_]+)"', src))
+    assert read >= {"CUTLASS_OFFLOAD_CACHE_DIR", "CUTLASS_OFFLOAD_NVCC_STEPS"}, read
+    readme = (Path(config.__file__).parents[2] / "README.md").read_text()
+    for var in sorted(read - {"XDG_CACHE_HOME"}):
+        assert var in config.__doc__, f"{var} is read but not in config.py's docstring"
+        assert var in readme, f"{var} is read but not in the README"
+    pkg = Path(config.__file__).parent
+    others = [p.relative_to(pkg) for p in pkg.rglob("*.py")
+              if p.name != "config.py"
+              and re.search(r"os\.getenv\(|os\.environ\.get\(|os\.environ\[[^\]]+\](?!\s*=)", p.read_text())]
+    assert others == [], others
