@@ -26,6 +26,9 @@ def conformance_cases() -> list:
         {"x": [2, 9, 64], "w": [64, 64], "transpose_w": True, "epilogue": "sigmoid", "residual": "mul"},
         {"x": [33, 128], "w": [128, 128], "transpose_w": True, "epilogue": "gelu_tanh", "residual": "mul_relu"},
         {"x": [256, 64], "w": [64, 192], "transpose_w": True, "epilogue": "bias", "residual": "none"},
+        # partial batch broadcast ((5, 1) x (5, 3), (3, 1, 1) x (2, 1)): both operands expanded
+        {"x": [5, 1, 32, 16], "w": [5, 3, 16, 24], "transpose_w": False, "epilogue": "bias", "residual": "none"},
+        {"x": [3, 1, 1, 8, 64], "w": [2, 1, 64, 40], "transpose_w": True, "epilogue": "relu", "residual": "none"},
     ]
     for c in data["matmul_3d_bias_fp16_tol_1e-2"]:   # bias of the full output shape
         cases.append({"x": c["x"], "w": c["w"], "transpose_w": False, "epilogue": "bias",

@@ -227,8 +227,10 @@ def test_gemm_suite_replays_like_python(fake):
     gm = offload(cap.graph_module, select(partition(cap.graph_module), "sm90a"), library_path=None)
     mods = {n: m for n, m in gm.named_children() if isinstance(m, RegionModule)}
     seen = recorded_calls(gm, mods, *(suite_inputs(cases, example_dims(cases, 23), H) for _ in range(2)))
-    replayed = sum(replay_matches_python(mods[n], *calls, fake) for n, calls in seen.items())
-    assert replayed == len(mods) == len(cases), (replayed, len(mods))
+    replayed = {n for n, calls in seen.items() if replay_matches_python(mods[n], *calls, fake)}
+    # every region whose operands are read in place; a partial batch broadcast copies one
+    copying = {n for n, m in mods.items() if m.region.batch_mode == "expand"}
+    assert len(mods) == len(cases) and copying and replayed == set(mods) - copying, (replayed, copying)
 
 
 def test_conv_suite_replays_like_python(fake):

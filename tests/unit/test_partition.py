@@ -138,10 +138,10 @@ def test_batch_modes():
     assert fold.problem.m == 3 * 6 * 32
 
 
-def test_partial_batch_broadcast_falls_back():
+def test_partial_batch_broadcast_expands():
     part = regions_of(lambda x, w: x @ w, r(5, 1, 32, 8), r(5, 3, 8, 10))
-    assert not part.regions
-    assert "partial batch broadcast" in part.fallbacks[0].reason
+    (reg,) = part.regions
+    assert reg.batch_mode == "expand" and reg.problem.batch == 15 and not reg.problem.a_batch_broadcast
 
 
 def test_mixed_dtypes_fall_back():

@@ -35,13 +35,11 @@ def test_offload_decision_and_alignment(m, k, n, ba, bb, dtype):
     part = partition(capture(MatMul(), (x, w)).graph_module)
     sa, sb = _strip(ba), _strip(bb)
     partial = bool(sa) and bool(sb) and sa != sb
-    if partial:
-        assert not part.regions and "partial batch broadcast" in part.fallbacks[0].reason
-        return
     (region,) = part.regions
     p = region.problem
     assert p.n == n and p.k == k and p.dtype == {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
     assert k % p.align_a == 0 and n % p.align_c == 0 and p.align_a <= 8
     assert (k if p.layout_b == "col" else n) % p.align_b == 0
     assert p.epilogue.activation == "relu"
-    assert region.batch_mode == ("fold" if not sb else "a_broadcast" if not sa else "batched")
+    assert region.batch_mode == ("fold" if not sb else "a_broadcast" if not sa
+                                 else "expand" if partial else "batched")

@@ -101,13 +101,18 @@ def test_repeat_calls_map_exactly_like_the_first():
     seen = {name: [] for name in mods}
 
     def recording(name, m):
-        def fields(mapped):                # snapshot: the structs are reused
-            return None if mapped is None else (mapped[0], {f: getattr(mapped[1], f) for f in FIELDS})
+        def fields(mapped, args):         # snapshot: the structs are reused
+            if mapped is None:
+                return None
+            ptrs = {t.data_ptr() for t in args if isinstance(t, torch.Tensor)}
+            # an operand copied per call (a partial batch broadcast) has a new address each time
+            return (mapped[0], {f: ("copy" if f in ("a", "b") and getattr(mapped[1], f) not in ptrs
+                                    else getattr(mapped[1], f)) for f in FIELDS})
 
         def forward(*args):
-            general = fields(m._map_general(args))
+            general = fields(m._map_general(args), args)
             m._map(args)                   # fills the cache when no copy was needed
-            again = fields(m._map(args))   # served from the cache
+            again = fields(m._map(args), args)   # served from the cache
             seen[name].append((general, again))
             return m.fallback(*args)
         return forward
@@ -124,3 +129,37 @@ def test_repeat_calls_map_exactly_like_the_first():
             assert general[1] == again[1], name
             assert general[0].shape == again[0].shape and again[0].dtype == general[0].dtype
     assert direct > len(cases)              # most calls take the cached path
+
+
+def emulate_gemm(mod, args, keep, xs):
+    """The GEMM the kernel would compute from ``args`` (no epilogue), in float32: each
+    operand read from the tensor (among ``keep`` and ``xs``) whose data pointer the
+    args hold, through the args' strides, as the kernel reads memory."""
+    def at(ptr):
+        return next(t for t in list(keep) + list(xs) if isinstance(t, torch.Tensor) and t.data_ptr() == ptr)
+    l, m, n, k = args.l, args.m, args.n, args.k
+    a_t, b_t = at(args.a), at(args.b)
+    a = a_t.as_strided((l, m, k), (args.batch_stride_a, args.lda, 1), a_t.storage_offset())
+    b_strides = (args.batch_stride_b, 1, args.ldb) if mod.kernel.layout_b == "col" else \
+        (args.batch_stride_b, args.ldb, 1)
+    b = b_t.as_strided((l, k, n), b_strides, b_t.storage_offset())
+    return a.float() @ b.float()
+
+
+@pytest.mark.parametrize("xa,wb", [((5, 1, 32, 8), (5, 3, 8, 16)), ((3, 1, 1, 16, 16), (2, 1, 16, 24)),
+                                    ((2, 4, 8, 16), (1, 4, 16, 8))])
+def test_partial_batch_broadcast_maps_onto_expanded_operands(xa, wb):
+    """(5, 1) x (5, 3) batches: one batch stride per operand cannot repeat A within a
+    group, so both are expanded to the broadcast batch; the kernel's view of memory
+    then computes torch.matmul's product (float32 emulation from the args)."""
+    def fn(x, w):
+        return x @ w
+    x, w = torch.randn(*xa, dtype=H), torch.randn(*wb, dtype=H)
+    mod = region_module(fn, x, w)
+    assert mod.region.batch_mode == "expand"
+    x, w = torch.randn(*xa, dtype=H), torch.randn(*wb, dtype=H)           # fresh values
+    out, args, keep = mod._map((x, w))
+    want = torch.matmul(x.float(), w.float())
+    assert out.shape == want.shape and args.l == want.shape[:-2].numel()
+    got = emulate_gemm(mod, args, keep, (x, w)).reshape(want.shape)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -177,7 +177,9 @@ class GemmRegion(_Region):
     form: the anchor op ("linear", "matmul", "mm", "addmm", "bmm").
     b_nk: B is given as stored (N, K) (a Linear weight): logical B = b^T.
     batch_mode: "fold" (batch dims folded into M, L = 1), "batched" (A and B
-      have the same batch dims) or "a_broadcast" (A is shared by every batch).
+      have the same batch dims), "a_broadcast" (A is shared by every batch) or
+      "expand" (the batch dims broadcast partially, e.g. (3, 1) x (3, 2): each
+      operand is expanded to the broadcast batch, copying the one that repeats).
     """
 
     name: str
@@ -193,4 +195,4 @@ class GemmRegion(_Region):
     notes: tuple = ()
 
     def __post_init__(self):
-        _check(self.batch_mode, ("fold", "batched", "a_broadcast"), "batch_mode")
+        _check(self.batch_mode, ("fold", "batched", "a_broadcast", "expand"), "batch_mode")

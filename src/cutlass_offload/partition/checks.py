@@ -120,8 +120,30 @@ def _batched(form, a, b, options) -> Operands:
     if same_shape(ab, bb):      # equal batch dims once leading 1s are dropped
         return Operands(form, a, b, False, (av.shape[-2],), n, k, dtype,
                         batch_mode="batched", batch_dims=tuple(av.shape[:-2]))
-    raise UnsupportedRegion(
-        f"partial batch broadcast {tuple(av.shape[:-2])} x {tuple(bv.shape[:-2])}")
+    batch = _broadcast_dims(ab, bb)
+    if batch is None:
+        raise UnsupportedRegion(
+            f"batch dims {tuple(av.shape[:-2])} x {tuple(bv.shape[:-2])} do not broadcast provably")
+    # a partial broadcast ((3, 1) x (3, 2)): the repeated operand is expanded (a copy
+    # of it per call), since one batch stride cannot walk it
+    return Operands(form, a, b, False, (av.shape[-2],), n, k, dtype,
+                    batch_mode="expand", batch_dims=batch)
+
+
+def _broadcast_dims(da, db):
+    """The broadcast of two batch shapes, right-aligned, when every pair of dims is
+    provably equal or one of them is a static 1; else None."""
+    out = []
+    for i in range(1, max(len(da), len(db)) + 1):
+        x = da[-i] if i <= len(da) else 1
+        y = db[-i] if i <= len(db) else 1
+        if static_int(x) == 1:
+            out.append(y)
+        elif static_int(y) == 1 or same_dim(x, y):
+            out.append(x)
+        else:
+            return None
+    return tuple(reversed(out))
 
 
 def _strip_ones(dims):

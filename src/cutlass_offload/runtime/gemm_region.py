@@ -118,10 +118,16 @@ class GemmRegionModule(RegionModule):
             if a.dim() < 2 or (r.batch_mode == "a_broadcast" and a.numel() != a.shape[-2] * k) or \
                     (r.batch_mode == "batched" and _strip(a.shape[:-2]) != _strip(bl.shape[:-2])):
                 return None
-            batch = torch.broadcast_shapes(a.shape[:-2], bl.shape[:-2])
+            try:
+                batch = torch.broadcast_shapes(a.shape[:-2], bl.shape[:-2])
+            except RuntimeError:
+                return None
             lsize = math.prod(batch)
             m = a.shape[-2]
             out_shape = batch + (m, n)
+            if r.batch_mode == "expand":      # one batch stride per operand: expand (copy) both
+                a = a.expand(batch + (m, k))
+                bl = bl.expand(batch + (k, n))
             a3 = a.reshape(1, m, k) if r.batch_mode == "a_broadcast" else a.reshape(lsize, m, k)
             b3 = bl.reshape(lsize, k, n)
         lsize, m = b3.shape[0] if r.batch_mode != "fold" else 1, a3.shape[1]
@@ -136,7 +142,7 @@ class GemmRegionModule(RegionModule):
                 b3 = b3.contiguous()
             ldb = b3.stride(-2) if k > 1 else n
         lda = a3.stride(-2) if m > 1 else k
-        bsa = 0 if (r.batch_mode != "batched" or lsize == 1) else a3.stride(0)
+        bsa = 0 if (r.batch_mode not in ("batched", "expand") or lsize == 1) else a3.stride(0)
         bsb = 0 if lsize == 1 else b3.stride(0)
         if not (self._ok(a3, lda, bsa, al_a) and self._ok(b3, ldb, bsb, al_b)):
             return None
