@@ -107,18 +107,18 @@ def region_call_costs(mod, xs, n=2000) -> dict:
 
 
 def _region_op_call(mod, xs):
-    """(torch.ops.cutlass_offload.region.default, key) with ``mod`` registered under
-    the key and its FastCall bound (what Inductor's glue calls), or (None, None)
-    when the region takes other inputs than tensors."""
+    """(torch.ops.cutlass_offload.region.default, key, entry) with ``mod`` registered
+    under the key and its FastCall bound (what Inductor's glue calls; the caller keeps
+    ``entry`` alive: the registry holds it weakly), or (None, None, None) when the
+    region takes other inputs than tensors."""
     from cutlass_offload.runtime import ops
     kinds = ops.input_kinds(xs)
     if kinds is None or any(k != "tensor" for k in kinds):
-        return None, None
+        return None, None, None
     op = ops.region_op()
     entry = ops.register(mod, kinds)
-    _region_op_call.keep = entry            # the registry holds entries weakly
     op(list(xs), [], entry.key)             # binds, and checks the op runs
-    return op, entry.key
+    return op, entry.key, entry
 
 
 def main():
@@ -170,7 +170,7 @@ def main():
             result["host_region_call_us"] = host_us(lambda: compiled(xs))
             result["host_region_cpp_object_us"] = host_us(lambda: mod._fast(xs_seen))
             result["host_launcher_only_us"] = host_us(lambda: mod._fn(ref, stream))
-            op, key = _region_op_call(mod, xs_seen)
+            op, key, entry = _region_op_call(mod, xs_seen)
             if op is not None:
                 result["host_region_op_call_us"] = host_us(lambda: op(list(xs_seen), [], key))
             result["host_torch_empty_cuda_us"] = host_us(

@@ -12,6 +12,7 @@ matched as a whole before the one-user rule applies.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,7 +21,7 @@ import torch.fx as fx
 from ..ir import note_not_fused, note_stops
 from . import checks as C
 from .checks import ACTIVATION_NAMES, EpilogueState
-from .graph_utils import aten, same_shape, val
+from .graph_utils import aten, is_call, same_shape, val
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def grow_epilogue(anchor: fx.Node, ops, taken) -> EpilogueState:
     while True:
         quick = quick_gelu_nodes(state.out)
         if quick is not None and not any(n in taken for n in quick):
-            refusal = C.all_of(C.no_activation_yet, C.no_residual_yet)(state, quick[-1])
+            refusal = _STAGES["activation"].check(state, quick[-1])
             if refusal is None:
                 state.activation = "quick_gelu"
                 state.nodes += quick
@@ -77,11 +78,8 @@ def grow_epilogue(anchor: fx.Node, ops, taken) -> EpilogueState:
     return state
 
 
+_STAGES = {stage.name: stage for stage in EPILOGUE_STAGES}
 QUICK_GELU_SCALE = 1.702
-
-
-def _scalar(a):
-    return a if isinstance(a, (int, float)) and not isinstance(a, bool) else None
 
 
 def quick_gelu_nodes(x: fx.Node):
@@ -91,23 +89,21 @@ def quick_gelu_nodes(x: fx.Node):
     if len(users) != 2:
         return None
     for scale in users:
-        if scale.op != "call_function" or scale.target not in (aten.mul.Tensor, aten.mul.Scalar):
+        if not is_call(scale, aten.mul.Tensor, aten.mul.Scalar) or len(scale.args) != 2 or x not in scale.args:
             continue
-        if len(scale.args) != 2 or x not in scale.args:
+        factor = scale.args[1] if scale.args[0] is x else scale.args[0]
+        if (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                or not math.isclose(factor, QUICK_GELU_SCALE, rel_tol=1e-6)):
             continue
-        other = scale.args[1] if scale.args[0] is x else scale.args[0]
-        if _scalar(other) is None or abs(other - QUICK_GELU_SCALE) > 1e-6:
-            continue
-        (sig,) = list(scale.users) if len(scale.users) == 1 else (None,)
-        if sig is None or sig.op != "call_function" or sig.target is not aten.sigmoid.default:
-            continue
-        (mul,) = list(sig.users) if len(sig.users) == 1 else (None,)
-        if (mul is None or mul.op != "call_function" or mul.target is not aten.mul.Tensor
-                or set(mul.args) != {x, sig} or len(mul.args) != 2 or mul is scale):
-            continue
-        if mul in users:
+        sig = _only_user(scale)
+        mul = _only_user(sig) if is_call(sig, aten.sigmoid.default) else None
+        if is_call(mul, aten.mul.Tensor) and mul in users and set(mul.args) == {x, sig}:
             return [scale, sig, mul]
     return None
+
+
+def _only_user(n: fx.Node):
+    return next(iter(n.users)) if len(n.users) == 1 else None
 
 
 def _match_stage(state, node):
