@@ -529,7 +529,7 @@ def print_tables(rows, summary):
 # -- the learned table ---------------------------------------------------------------------
 
 def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, note: str,
-                base: dict | None = None):
+                base: dict | None = None, search: str = "full"):
     """select/sm90.py's table from a full search: per (M, N, K, batch, B layout), the
     winner of the shape's plain fp16 problem when there is one, else of its first
     problem. Only CUTLASS 3.x winners. ``base``: a table (same GPU and SM count) whose
@@ -562,7 +562,7 @@ def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, n
         note += (f"; merged into the table of {base['date']} ({len(kept)} entries, "
                  f"{len(set(kept) & set(entries))} re-measured)")
     data = {"gpu": gpu, "num_sms": num_sms, "date": datetime.date.today().isoformat(),
-            "cutlass": cutlass_version(), "source": "benchmarks/kernels.py --search full --write-table",
+            "cutlass": cutlass_version(), "source": f"benchmarks/kernels.py --search {search} --write-table",
             "note": note, "entries": sorted(merged.values(), key=lambda e: (e["m"], e["n"], e["k"]))}
     path = Path(path)
     tmp = path.with_suffix(".tmp")
@@ -578,7 +578,10 @@ def parse_args(argv=None):
     p.add_argument("--corpus", default=str(CORPUS))
     p.add_argument("--kinds", default="gemm,conv,attention")
     p.add_argument("--dtypes", default="fp16,bf16")
-    p.add_argument("--search", default="full", choices=["full", "heuristic"])
+    p.add_argument("--search", default="full", choices=["full", "fitted", "heuristic"],
+                   help="GEMMs: full = the sm90 search space and the wave-fitted tiles; fitted = "
+                        "the heuristic's (the table's) choice against the fitted tiles only "
+                        "(tune's docstring); conv / attention search only with full")
     p.add_argument("--grid", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--write-table", default=None, metavar="FILE")
     p.add_argument("--write-attention-table", default=None, metavar="FILE",
@@ -598,6 +601,9 @@ def parse_args(argv=None):
     p.add_argument("--remeasure", action=argparse.BooleanOptionalAction, default=True,
                    help="after --write-table, time the heuristic again with the new table")
     p.add_argument("--limit", type=int, default=None, help="first N GEMM problems only (smoke runs)")
+    p.add_argument("--gemm-shapes", default=None, metavar="MxNxK,...",
+                   help="GEMM problems of these shapes only (M counts every batch entry's rows), "
+                        "every epilogue and dtype of each: a search that fits a time budget")
     p.add_argument("--gemm-set", default="corpus", choices=["corpus", "lowered-convs", "both"],
                    help="GEMM problems: the corpus's GEMMs (and the grid), the GEMMs of the convs "
                         "sm90a lowers onto the GEMM (families/conv_gemm_sm90.py), or both")
@@ -674,13 +680,18 @@ def main(argv=None) -> int:
             if args.gemm_set != "corpus":
                 problems += lowered_conv_gemms(corpus, dt)
         problems = problems[:args.limit] if args.limit else problems
+        if args.gemm_shapes:
+            wanted = {tuple(int(v) for v in t.split("x")) for t in args.gemm_shapes.split(",")}
+            problems = [(p, i) for p, i in problems
+                        if (p.m * (p.batch or 1), p.n, p.k) in wanted]
+            print(f"{len(problems)} GEMM problems of {len(wanted)} shapes", flush=True)
         rows, report = bench_gemms(problems, args.search, sms)
         result["rows"] += rows
         result["gemm_build"] = report.build
         result["ranking"] = report.ranking
         result["seconds"]["gemm"] = time.perf_counter() - t0
         save()
-        if args.write_table and args.search == "full":
+        if args.write_table and args.search in ("full", "fitted"):
             base = None
             if args.merge_table:
                 from cutlass_offload.select import sm90 as sm90_rules
@@ -688,7 +699,7 @@ def main(argv=None) -> int:
             n = write_table(report.problems, problems, Path(args.write_table), gpu, sms,
                             note=f"from {len(problems)} problems of {args.corpus} "
                                  f"(GEMM set {args.gemm_set}{', grid' if args.grid else ''})",
-                            base=base)
+                            base=base, search=args.search)
             print(f"learned table: {n} shapes -> {args.write_table}", flush=True)
             # select reads the new table from here on (the conv part's lowered convs too)
             from cutlass_offload.select import sm90

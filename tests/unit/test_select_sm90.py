@@ -198,9 +198,48 @@ def test_search_space_heuristic_first_then_plausible_configs(shape):
     space = sm90.search_space(p, SMS)
     assert space[0] == choose_kernel(p, "sm90a").config
     assert len(set(space)) == len(space) >= 3
-    assert all(sm90.plausible(p, c, SMS) for c in space[1:])
+    fitted = set(sm90.fitted_configs(p, SMS))
+    assert all(sm90.plausible(p, c, SMS) for c in space[1:] if c not in fitted)
+    assert fitted <= set(space)
     m = shape[0]
     assert all(c.tile[0] <= 128 for c in space[1:]) if m <= 128 else True
+
+
+def test_tile_estimate_counts_whole_waves():
+    # 2048 x 5632 on 132 SMs: 128x128 tiles make 704 CTAs (6 waves, the last a third
+    # full), 128x176 make 512 (4 waves): fewer waves of a slightly larger tile
+    t128 = sm90.tile_estimate(2048, 5632, 128, 128, 132)
+    t176 = sm90.tile_estimate(2048, 5632, 128, 176, 132)
+    assert t176 < t128
+    # one CTA more than a wave costs a whole wave more
+    assert sm90.tile_estimate(128 * 133, 128, 128, 128, 132) == 2 * sm90.tile_estimate(
+        128 * 132, 128, 128, 128, 132)
+
+
+@pytest.mark.parametrize("shape, tile", [
+    ((512, 1280, 1280), (64, 96, 64)),       # the UNet's: 8 x 14 = 112 CTAs, one wave
+    ((8192, 320, 320), (128, 160, 64)),      # 64 x 2 = 128 CTAs: one wave, N not padded
+])
+def test_fitted_tiles_fill_the_waves_and_emit(shape, tile):
+    p = _problem(*shape)
+    fitted = sm90.fitted_configs(p, SMS)
+    assert tile in {c.tile for c in fitted}
+    assert not set(fitted) & set(sm90.SPACE)
+    for c in fitted:
+        assert c.tile[1] % 32 == 0 and c.tile[1] not in sm90._FIXED_N[c.tile[0]]
+        est = sm90.tile_estimate(shape[0], shape[1], c.tile[0], c.tile[1], SMS)
+        best_fixed = min(sm90.tile_estimate(shape[0], shape[1], c.tile[0], n, SMS)
+                         for n in sm90._FIXED_N[c.tile[0]])
+        assert est * sm90.FIT_MIN_GAIN <= best_fixed
+        code = gemm_sm90.emit(_kernel(c)).code
+        assert f"cute::_{c.tile[1]}" in code
+
+
+def test_no_fitted_tiles_where_fixed_ones_fill_or_cannot_apply():
+    assert sm90.fitted_configs(_problem(4096, 4096, 4096), SMS) == ()      # 256 CTAs of 128x256
+    assert sm90.fitted_configs(_problem(77, 1280, 768), SMS) == ()         # one row of tiles
+    row_b = replace(_problem(2048, 5632, 2048), layout_b="row")
+    assert sm90.fitted_configs(row_b, SMS) == ()
 
 
 def test_launch_variants_default_first_stream_k_decompositions_only_on_stream_k():

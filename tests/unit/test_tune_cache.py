@@ -31,6 +31,7 @@ from cutlass_offload.tune.result import (
 from cutlass_offload.tune.runner import profile_candidates
 
 GPU = ("NVIDIA H200", 132, 0)
+SMS = GPU[1]
 OPTIONS = CompileOptions(arch="sm90a", tune=True)
 
 
@@ -318,6 +319,23 @@ def test_a_heuristic_search_times_the_heuristic_alone_and_caches_nothing(tmp_pat
     assert fp.searches == [None] and "variants" not in fp.calls[0][0]
     assert rep.problems[0].winner == rep.problems[0].heuristic
     assert not list(tmp_path.rglob("*.json"))
+
+
+def test_a_fitted_search_ranks_the_heuristic_against_the_fitted_tiles_only(tmp_path):
+    p = _problem(8192, 320, 320)                             # a UNet projection
+    fitted = sm90.fitted_configs(replace(p, epilogue=GemmEpilogue()), SMS)
+    assert fitted
+    fast = fitted[0].tag
+
+    def by_fit(tag, spec, launch):
+        return 5.0 if tag.split("+")[0] == fast else 8.0
+    fb, fp = FakeBuild(), FakeProfiler(by_fit)
+    rep = tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=fb, profiler=fp,
+               search="fitted")
+    ranked = [k.config for k in fb.plans[0].kernels]
+    assert ranked == [choose_kernel(p, "sm90a").config, *fitted]
+    assert rep.problems[0].winner_config == config_to_dict(fitted[0])
+    assert not list(tmp_path.rglob("*.json"))                # nothing cached
 
 
 # -- the profiling subprocess's crash handling -----------------------------------------------

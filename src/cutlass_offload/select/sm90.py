@@ -48,6 +48,18 @@ whose splits and decomposition are run-time knobs (``launch_variants``), as are
 raster order, swizzle and PDL for every kernel (ir.GemmLaunch): trying a knob costs
 no compile. What each config costs to build shows in the build report (seconds per
 unit and the kernels it holds).
+
+To ``SPACE`` the search adds tiles fitted to the problem's waves
+(``fitted_configs``): a tile N of a multiple of 32 from 64 to 256 whose grid
+fills the SMs' waves better than the fixed tiles do. cuBLAS does this: it ran
+llama's 2048x5632x2048 with 176x128 tiles (512 or 528 CTAs, as the 176 lies
+along N or M: four waves on 132 SMs) at 65 us, where our best fixed tile (128x128,
+704 CTAs: 5.3 waves) took 71 us (glue_profile_2026-12-01_h200.log,
+kernels_2026-12-01_h200.log). Measured on 21 corpus shapes (``--search fitted``,
+kernels_fitted_2026-12-01_h200.*), they won nowhere by more than the noise:
+CUTLASS's 128x176 ran that GEMM at 137 us (see FIT_TILE_N), 128x160 and 64x96 /
+64x160 came within 0-15% of the fixed tiles' winners. So the wave count alone
+does not explain cuBLAS's lead there.
 """
 from __future__ import annotations
 
@@ -282,10 +294,62 @@ def plausible(problem: GemmProblem, config: KernelConfig, num_sms: int) -> bool:
 
 
 def search_space(problem: GemmProblem, num_sms: int) -> tuple:
-    """The configs of ``SPACE`` worth profiling on ``problem``: the heuristic's
-    choice first, then every plausible one (``plausible``) in SPACE order."""
+    """The configs worth profiling on ``problem``: the heuristic's choice first,
+    then every plausible one of ``SPACE`` (``plausible``) in SPACE order, then the
+    tiles fitted to its waves (``fitted_configs``)."""
     first, _ = choose(problem, num_sms)
-    return (first,) + tuple(c for c in SPACE if c != first and plausible(problem, c, num_sms))
+    out = (first,) + tuple(c for c in SPACE if c != first and plausible(problem, c, num_sms))
+    return out + tuple(c for c in fitted_configs(problem, num_sms) if c not in out)
+
+
+# Wave-fitted tiles (fitted_configs). wgmma takes any N that is a multiple of 8 up to
+# 256, but tiles whose N is an odd multiple of 16 ran about half as fast on the H200
+# (CUTLASS's automatic epilogue tile, gcd(32, N) columns, falls to 16 for them):
+# 2048x5632x2048 took 137 us in 128x176 tiles against 69 us in 128x128
+# (kernels_fitted_2026-12-01_h200.json), so only multiples of 32.
+FIT_TILE_N = tuple(range(64, 257, 32))
+FIT_PER_M = 2            # fitted tile Ns proposed per tile M
+FIT_MIN_GAIN = 1.03      # estimated gain over the best fixed tile of that M to propose one
+FIT_I0 = 16.0            # intensity (MACs per element loaded) at which a tile runs at half rate
+_FIXED_N = {64: (64, 128, 192, 256), 128: (64, 96, 128, 192, 256)}   # SPACE's tile Ns
+
+
+def tile_estimate(m: int, n: int, tm: int, tn: int, num_sms: int) -> float:
+    """Relative device time of an (m, n) output computed in tm x tn tiles, per unit
+    of K: whole waves of CTAs (a persistent kernel's last wave costs a full one)
+    times one tile's time, tm * tn MACs at a rate that grows with the tile's
+    arithmetic intensity I = tm * tn / (tm + tn) as I / (I + FIT_I0): a roofline
+    of our own, only good for ranking tiles of one problem (it proposes search
+    candidates; profiles decide)."""
+    waves = math.ceil(math.ceil(m / tm) * math.ceil(n / tn) / num_sms)
+    intensity = tm * tn / (tm + tn)
+    return waves * tm * tn * (intensity + FIT_I0) / intensity
+
+
+def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
+    """Configs whose tile N is fitted to ``problem``'s waves on ``num_sms`` SMs.
+
+    For tile M 128 (cooperative, clusters 1x1 and 2x1) and 64 (ping-pong, 1x1):
+    the ``FIT_PER_M`` tile Ns of ``FIT_TILE_N`` outside SPACE with the smallest
+    ``tile_estimate``, each only when it beats the best of SPACE's tile Ns for
+    that M by ``FIT_MIN_GAIN``. None for M <= 128 rows (one tile row: the fixed
+    small tiles cover it) or an N-contiguous B (its shared-memory swizzle needs N
+    in multiples of 64 for full width). Returns a tuple of KernelConfig.
+    """
+    m, n, _ = gemm_mnk(problem)
+    if m <= SMALL_M or problem.layout_b != "col":
+        return ()
+    out = []
+    for tm, sched, clusters in ((128, COOP, (_C11, _C21)), (64, PINGPONG, (_C11,))):
+        best_fixed = min(tile_estimate(m, n, tm, tn, num_sms) for tn in _FIXED_N[tm])
+        ranked = sorted((tile_estimate(m, n, tm, tn, num_sms), tn) for tn in FIT_TILE_N
+                        if tn not in _FIXED_N[tm] and not (tn >= 2 * n))
+        for est, tn in ranked[:FIT_PER_M]:
+            if est * FIT_MIN_GAIN > best_fixed:
+                continue
+            tiles_m = math.ceil(m / tm)
+            out += [_config((tm, tn, 64), c, sched) for c in clusters if c[0] <= tiles_m]
+    return tuple(out)
 
 
 def launch_variants(config: KernelConfig, problem: GemmProblem, num_sms: int) -> tuple:

@@ -26,7 +26,11 @@ sizes, dtypes, layouts, alignments, epilogue) not in the tuning cache:
    and every result, per key, in the tuning cache (tune/cache.py).
 
 ``search="heuristic"`` profiles the heuristic's kernel alone (a measurement, not
-a tuning: benchmarks/kernels.py). Dynamic dimensions are tuned at the example
+a tuning: benchmarks/kernels.py). ``search="fitted"`` ranks only the heuristic's
+(the learned table's) choice against the tiles fitted to the problem's waves
+(sm90.fitted_configs), then goes on as a full search: it adds those tiles to a
+table a full search made, at a fraction of the compiles; like "heuristic" it
+neither reads nor fills the tuning cache. Dynamic dimensions are tuned at the example
 (hint) size. A candidate that fails to compile, is refused, errs, computes a wrong
 result or crashes is skipped and recorded; a problem where none runs keeps the
 heuristic's kernel. Nothing here fails the compile except a missing GPU
@@ -57,7 +61,7 @@ __all__ = ["TuningCache", "TuningReport", "gpu_identity", "tune"]
 
 TOP = 3          # ranked configs built with the problem's own epilogue
 KNOB_TOP = 2     # of those, how many are retimed with every launch variant
-SEARCHES = ("full", "heuristic")
+SEARCHES = ("full", "fitted", "heuristic")
 
 
 def gpu_identity(arch: str) -> tuple:
@@ -105,7 +109,8 @@ def tune(plan: Plan, options, *, cache: TuningCache | None = None, gpu: tuple | 
     options: the CompileOptions (arch resolved; num_sms as for select).
     gpu: (name, SM count, device index); None = the current CUDA device.
     builder / profiler: the build stage and tune.runner.profile_candidates (tests
-    pass fakes). search: "full" (the module docstring) or "heuristic" (time the
+    pass fakes). search: "full" (the module docstring), "fitted" (the heuristic's
+    choice against the wave-fitted tiles; nothing cached) or "heuristic" (time the
     heuristic's kernel only; nothing is cached). Returns a TuningReport whose
     ``winners`` go to select. Raises DeviceError without a suitable GPU,
     ValueError for an unknown search.
@@ -141,7 +146,7 @@ def tune(plan: Plan, options, *, cache: TuningCache | None = None, gpu: tuple | 
     report = TuningReport(gpu=name)
     if todo:
         ctx = _Context(arch, num_sms, device, builder, profiler, report)
-        ranking = _rank(todo, ctx) if search == "full" else {}
+        ranking = _rank(todo, ctx, search) if search != "heuristic" else {}
         _final(todo, counts, ranking, ctx, done, search)
         records = {p.key: _record(p, arch, version, name, sms) for p in done.values()
                    if not p.cached and all(c.status != "not profiled" for c in p.candidates)}
@@ -167,9 +172,10 @@ def _proxy(problem):
     return replace(problem, epilogue=GemmEpilogue(), dtype=dtype)
 
 
-def _rank(todo, ctx) -> dict:
+def _rank(todo, ctx, search="full") -> dict:
     """{proxy tuning id: [KernelConfig, ...] fastest first} for the 3.x problems of
-    ``todo`` (step 1 of the module docstring); the rows go to report.ranking."""
+    ``todo`` (step 1 of the module docstring; ``search`` "fitted": the heuristic's
+    config and the fitted tiles only); the rows go to report.ranking."""
     proxies = {}
     for _, _, problem in todo:
         if choose_kernel(problem, ctx.arch, ctx.num_sms).config.family != "cutlass3x_sm90":
@@ -178,7 +184,9 @@ def _rank(todo, ctx) -> dict:
         proxies.setdefault(tuning_id(proxy), proxy)
     jobs = []
     for pid, (ptid, proxy) in enumerate(proxies.items()):
-        for config in sm90.search_space(proxy, ctx.num_sms):
+        space = (sm90.search_space(proxy, ctx.num_sms) if search == "full" else
+                 (sm90.choose(proxy, ctx.num_sms)[0],) + sm90.fitted_configs(proxy, ctx.num_sms))
+        for config in dict.fromkeys(space):
             jobs.append((str(pid), proxy, _kernel(proxy, ctx.arch, config), False))
     results, _, _ = _build_and_profile(jobs, {str(i): p for i, p in enumerate(proxies.values())},
                                        ctx, knob_search=None, phase="rank")
@@ -197,7 +205,7 @@ def _final(todo, counts, ranking, ctx, done, search):
     for i, (tid, key, problem) in enumerate(todo):
         first = choose_kernel(problem, ctx.arch, ctx.num_sms)
         kernels = [first]
-        if search == "full":
+        if search != "heuristic":
             if first.config.family == "cutlass3x_sm90":
                 ranked = ranking.get(tuning_id(_proxy(problem)), [])
                 kernels += [_kernel(problem, ctx.arch, c) for c in ranked[:TOP]
@@ -207,9 +215,9 @@ def _final(todo, counts, ranking, ctx, done, search):
         specs[str(i)] = problem
         owners.append((tid, key, first, len(jobs), len(kernels)))
         for k in kernels:
-            knobs = search == "full" and k.config.family == "cutlass3x_sm90"
+            knobs = search != "heuristic" and k.config.family == "cutlass3x_sm90"
             jobs.append((str(i), problem, k, knobs))
-    knob_search = {"top": KNOB_TOP, "pdl": True} if search == "full" else None
+    knob_search = {"top": KNOB_TOP, "pdl": True} if search != "heuristic" else None
     results, torch_us, extra = _build_and_profile(jobs, specs, ctx, knob_search, phase="final")
     for i, (tid, key, first, start, n) in enumerate(owners):
         rows = results[start:start + n] + extra.get(str(i), [])
