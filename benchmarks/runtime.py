@@ -119,6 +119,9 @@ def parse_args(argv=None):
                         "(exported, the default) or specialized like torch.compile's (auto)")
     p.add_argument("--regions", action=argparse.BooleanOptionalAction, default=True,
                    help="per-region table (default on)")
+    p.add_argument("--combine-gemms", action=argparse.BooleanOptionalAction, default=True,
+                   help="ours with sibling linears combined into one GEMM (co.compile's "
+                        "combine_gemms; --no-combine-gemms for the A/B)")
     p.add_argument("--reps", type=int, default=20, help="timed forwards per measurement")
     p.add_argument("--region-reps", type=int, default=10, help="graph replays per region timing")
     p.add_argument("--top", type=int, default=12, help="worst-offender rows printed per variant")
@@ -507,6 +510,8 @@ def _load_or_compile(name, tpl, model, inputs, tune, a, glue="eager"):
         kw = {"tune": True} if tune else {}
         if "glue" in inspect.signature(co.compile).parameters:
             kw["glue"] = glue
+        if not a.combine_gemms:
+            kw["combine_gemms"] = False
         reference, source = None, "compiled here" + (" (dynamic batch)" if a.dynamic_batch else "")
         try:
             compiled = co.compile(model, inputs, dynamic_batch=a.dynamic_batch, **kw)

@@ -70,7 +70,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
             verify: bool = False, executor: str = "local",
             ray_address: str | None = None, tune: bool = False,
             glue: str = "auto", mode: str | None = None,
-            options: dict | None = None, offload_norms: str = "auto") -> CompiledModel:
+            options: dict | None = None, offload_norms: str = "auto",
+            combine_gemms: bool = True) -> CompiledModel:
     """Offload ``model``'s GEMM, conv2d, attention and norm regions to CUTLASS kernels
     in one shared library.
 
@@ -102,6 +103,9 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     offload_norms: which norms become regions ("all", "group", "none"); "auto"
       (the default) leaves layer / RMS norms to Inductor when the glue is Inductor
       (it fuses them with their neighbours; see CompileOptions), else "all".
+    combine_gemms: run sibling linears on one input with nothing fused but a bias
+      (attention's q / k / v projections) as one GEMM over their concatenated
+      weights, a copy made now (partition/parallel_gemm.py).
     With Inductor glue and CUDA example inputs on a GPU of ``arch``, the library
     is built in a background thread while the first call (Dynamo + Inductor's
     compile of the glue) runs on the example inputs; its regions wait for the
@@ -118,7 +122,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     options = resolve_norms(CompileOptions(
         arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict, num_sms=num_sms,
         build_strategy=build_strategy, executor=executor, ray_address=ray_address, tune=tune,
-        offload_norms=offload_norms), glue_spec.resolved())
+        offload_norms=offload_norms, combine_gemms=combine_gemms), glue_spec.resolved())
     _executor(options)      # a missing Ray extra fails now, not after the capture
     if out_dir is not None:
         check_out_dir(out_dir)      # and a path we must not replace, before any work
@@ -374,7 +378,8 @@ def _saved_glue(manifest: dict, override) -> GlueSpec:
 
 
 def _load_once(out: Path, manifest: dict, device, override=None) -> tuple:
-    options = CompileOptions(**manifest["options"])
+    # a folder saved before combine_gemms existed was partitioned without it
+    options = CompileOptions(**{"combine_gemms": False, **manifest["options"]})
     glue = _saved_glue(manifest, override)
     ep = torch.export.load(str(out / "model.pt2"))
     inputs = torch.load(out / "inputs.pt")

@@ -29,7 +29,8 @@ def _cmd_compile(a) -> int:
     compiled = co_compile(model, inputs, arch=a.arch, allow_tf32=a.tf32, dynamic_batch=a.dynamic_batch,
                           out_dir=a.out, strict=a.strict, build_strategy=a.build,
                           executor=a.executor, ray_address=a.ray_address, tune=a.tune,
-                          glue=a.glue, mode=a.mode, offload_norms=a.norms)
+                          glue=a.glue, mode=a.mode, offload_norms=a.norms,
+                          combine_gemms=a.combine_gemms)
     rep = compiled.report
     rep.phases = {"model": t_model, **rep.phases}
     print(rep)
@@ -249,6 +250,9 @@ def main(argv=None) -> int:
     c.add_argument("--norms", default="auto", choices=["auto", "all", "group", "none"],
                    help="which norms become regions (auto: layer / RMS norms left to Inductor "
                         "when the glue is Inductor, which fuses them with their neighbours; else all)")
+    c.add_argument("--no-combine-gemms", dest="combine_gemms", action="store_false",
+                   help="keep sibling linears on one input (q / k / v projections) as GEMMs of "
+                        "their own instead of one GEMM over their concatenated weights")
     c.set_defaults(fn=_cmd_compile)
     r = sub.add_parser("run", help="run a compiled folder on the GPU against PyTorch")
     r.add_argument("dir")

@@ -110,6 +110,10 @@ class CompileOptions:
       its group norm is not measured yet, so ours stays), "all" with eager glue
       or ``strict``. Resolved by ``resolve_norms`` before partitioning; a norm left
       to the glue is listed as kept with the reason.
+    combine_gemms: sibling linears on one input (attention's q / k / v projections)
+      with nothing fused but a bias run as one GEMM over their concatenated weights,
+      each output a slice of its output (partition/parallel_gemm.py). The combined
+      weights are a copy made at compile time.
     """
 
     arch: str | None = None
@@ -122,6 +126,7 @@ class CompileOptions:
     tune: bool = False
     pytorch_when_faster: bool = True
     offload_norms: str = "auto"
+    combine_gemms: bool = True
 
     def __post_init__(self):
         if self.build_strategy not in ("sharded", "single", "per-region"):

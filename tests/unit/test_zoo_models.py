@@ -89,9 +89,12 @@ def test_llama_small_forward_and_partition():
     assert out.shape == (*ids.shape, 1000)             # logits
     part, kinds = _partition("llama")
     layers = 2
-    # q, k, v, o, gate, up, down per layer + the LM head; 2 RMS norms per layer + final
-    assert kinds == {"GemmRegion": 7 * layers + 1, "NormRegion": 2 * layers + 1,
+    # q + k + v as one GEMM (partition/parallel_gemm.py), o, gate, up, down per layer
+    # + the LM head; 2 RMS norms per layer + final
+    assert kinds == {"GemmRegion": 5 * layers + 1, "NormRegion": 2 * layers + 1,
                      "AttentionRegion": layers}
+    qkv = [r for r in part.regions if any("combines" in n for n in r.notes)]
+    assert [r.problem.n for r in qkv] == [256 + 2 * 64] * layers     # 8 query, 2 KV heads of 32
     att = [r for r in part.regions if isinstance(r, AttentionRegion)]
     # transformers repeats the 2 KV heads (its mask is materialized under export), so
     # the SDPA is a plain 8-head causal attention
@@ -103,9 +106,9 @@ def test_whisper_encoder_small_forward_and_partition():
     out, (feats,) = _forward("whisper-encoder")
     assert out.shape == (2, 32, 128)                   # seq / 2 positions
     part, kinds = _partition("whisper-encoder")
-    # q, k, v, out, fc1, fc2 per layer; 2 layer norms per layer + final; the conv1d
-    # stem's two convs as conv2d regions over a height of 1, each with its GELU
-    assert kinds == {"GemmRegion": 12, "NormRegion": 5, "AttentionRegion": 2, "ConvRegion": 2}
+    # q + k + v as one GEMM, out, fc1, fc2 per layer; 2 layer norms per layer + final;
+    # the conv1d stem's two convs as conv2d regions over a height of 1, each with its GELU
+    assert kinds == {"GemmRegion": 8, "NormRegion": 5, "AttentionRegion": 2, "ConvRegion": 2}
     convs = [r for r in part.regions if type(r).__name__ == "ConvRegion"]
     assert [(r.problem.h, r.problem.epilogue.activation) for r in convs] == [(1, "gelu_erf")] * 2
     assert part.fallbacks == ()

@@ -15,12 +15,14 @@ matmul-, conv-, attention- and norm-like op that stays in PyTorch.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch.fx as fx
 
 from ..config import CompileOptions
 from ..errors import UnsupportedRegion
 from ..ir import Fallback, PartitionResult
+from .parallel_gemm import combine_parallel_linears
 from .patterns import ANCHOR_BY_TARGET
 from .unanchored import unanchored_fallbacks
 
@@ -30,9 +32,29 @@ log = logging.getLogger(__name__)
 def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) -> PartitionResult:
     """Find the regions of a canonicalized ATen graph with FakeTensor metadata.
 
-    Returns a PartitionResult; never raises for an unsupported op (it becomes a
-    Fallback). Node names in the result refer to ``gm.graph``.
+    With ``options.combine_gemms``, sibling linears the first pass found as plain
+    or bias-only GEMM regions on one input are rewritten into one linear over
+    their concatenated weights (partition/parallel_gemm.py; ``gm`` changes in
+    place) and the graph is partitioned again; the combined region's notes name
+    its members. Returns a PartitionResult; never raises for an unsupported op (it
+    becomes a Fallback). Node names in the result refer to ``gm.graph``.
     """
+    result = _find_regions(gm, options)
+    if not options.combine_gemms:
+        return result
+    combined = dict(combine_parallel_linears(gm, result.regions))
+    if not combined:
+        return result
+    result = _find_regions(gm, options)
+    regions = tuple(
+        replace(r, notes=r.notes + (f"combines the sibling linears {', '.join(combined[r.nodes[0]])} "
+                                    f"into one GEMM over their concatenated weights",))
+        if r.nodes and r.nodes[0] in combined else r for r in result.regions)
+    return PartitionResult(regions, result.fallbacks)
+
+
+def _find_regions(gm: fx.GraphModule, options: CompileOptions) -> PartitionResult:
+    """One pass of the pattern table over ``gm`` (``partition`` without combining)."""
     regions, fallbacks, taken = [], [], set()
     for first in (True, False):
         for node in gm.graph.nodes:
