@@ -113,3 +113,14 @@ def test_weights_computed_in_forward_stay_apart():
             return F.linear(x, self.a.weight * 2) + 0 * F.linear(x, self.b.weight)
     _, part = _partition(Scaled().eval(), torch.randn(16, 64))
     assert all("combines" not in " ".join(r.notes) for r in _gemms(part))
+
+
+def test_members_that_fill_the_gpu_alone_stay_apart():
+    # 132 tiles of 128x128 per projection: a wave of the 132-SM target each
+    x = torch.randn(1, 128 * 132, 64)
+    _, part = _partition(QKV().eval(), x, options=CompileOptions(arch="sm90a", allow_tf32=True,
+                                                                  num_sms=132))
+    assert len(_gemms(part)) == 3
+    _, part = _partition(QKV().eval(), x, options=CompileOptions(arch="sm90a", allow_tf32=True,
+                                                                  num_sms=133))
+    assert len(_gemms(part)) == 1

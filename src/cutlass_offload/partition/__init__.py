@@ -22,6 +22,7 @@ import torch.fx as fx
 from ..config import CompileOptions
 from ..errors import UnsupportedRegion
 from ..ir import Fallback, PartitionResult
+from ..target import TARGETS
 from .parallel_gemm import combine_parallel_linears
 from .patterns import ANCHOR_BY_TARGET
 from .unanchored import unanchored_fallbacks
@@ -33,7 +34,8 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
     """Find the regions of a canonicalized ATen graph with FakeTensor metadata.
 
     With ``options.combine_gemms``, sibling linears the first pass found as plain
-    or bias-only GEMM regions on one input are rewritten into one linear over
+    or bias-only GEMM regions on one input, each under a wave of tiles on the
+    target, are rewritten into one linear over
     their concatenated weights (partition/parallel_gemm.py; ``gm`` changes in
     place) and the graph is partitioned again; the combined region's notes name
     its members. Returns a PartitionResult; never raises for an unsupported op (it
@@ -42,7 +44,9 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
     result = _find_regions(gm, options)
     if not options.combine_gemms:
         return result
-    combined = dict(combine_parallel_linears(gm, result.regions))
+    target = TARGETS.get(options.arch)
+    num_sms = options.num_sms or (target.num_sms if target else TARGETS["sm90a"].num_sms)
+    combined = dict(combine_parallel_linears(gm, result.regions, num_sms))
     if not combined:
         return result
     result = _find_regions(gm, options)

@@ -7,6 +7,15 @@ SMs' waves badly (llama's k and v are 2048x256x2048 each: 128 CTAs of 64x64).
 Combined, they are one GEMM over the concatenated weights, N the sum of theirs,
 and each member's output is a slice of its output (a view: no copy).
 
+Only members too small to fill the GPU alone join: fewer 128x128 output tiles than
+the target has SMs (``UNDER_FILLED``). Measured on the H200 (runtime.py A/B, same
+machine, ms per forward, reduce-overhead / CUDA graph of eager glue): combining
+every sibling made bert-base (1024 tokens: 48 tiles per projection) faster, 1.20
+-> 1.05 / 0.849 -> 0.738, but whisper-encoder (6000 tokens: 282 tiles) slower,
+4.18 -> 4.27 / 4.250 -> 4.409, and llama (2048 tokens; q: 256 tiles) 6.38 -> 6.45 /
+7.396 -> 7.505 (runtime_ab_*_2026-12-01_h200.*): a GEMM that already fills its
+waves gains nothing from a wider N and pays for strided slices in the glue.
+
 ``combine_parallel_linears(gm, regions)`` rewrites ``gm`` after a first partition
 (partition/__init__.py runs the partition again on the rewritten graph). A group
 is two or more GEMM regions that
@@ -16,7 +25,8 @@ is two or more GEMM regions that
 * read the same input node, with 2-D module-constant (``get_attr``) weights of one
   dtype, device and K, and constant biases or none;
 * each have N a multiple of 8, so every slice starts 16 bytes into a row whose
-  length is a multiple of 16 bytes (what TMA and the attention kernel's reads need).
+  length is a multiple of 16 bytes (what TMA and the attention kernel's reads need);
+* each fill less than a wave of 128x128 tiles at the example size.
 
 The rewrite registers the concatenated weight (and bias: zeros for a member without
 one, exact since x + 0.0 == x) on ``gm`` as buffers ``_co_combined_<i>_weight`` /
@@ -30,6 +40,7 @@ not seen by the combined GEMM (as with folded batch norms, canonicalize.py).
 from __future__ import annotations
 
 import collections
+import math
 
 import torch
 import torch.fx as fx
@@ -38,15 +49,22 @@ from ..ir import GemmRegion
 from .graph_utils import aten, attr_tensor, is_call, metadata_checks
 
 ALIGN = 8            # elements: every member's N, so each slice is 16-byte aligned (16-bit types)
+UNDER_FILLED = (128, 128)   # a member joins with fewer output tiles of this shape than SMs
 PREFIX = "_co_combined_"
 
 
-def _member(gm: fx.GraphModule, region, nodes: dict):
+def _member(gm: fx.GraphModule, region, nodes: dict, num_sms: int):
     """(linear node, input node, weight, bias or None) of a region that may join a
     group, else None."""
     if not isinstance(region, GemmRegion) or region.form != "linear" \
             or region.problem.epilogue.tag not in ("plain", "bias"):
         return None
+    p = region.problem
+    rows = (p.m if p.m is not None else p.m_hint) * max(1, p.batch if p.batch is not None
+                                                        else p.batch_hint)
+    tm, tn = UNDER_FILLED
+    if math.ceil(rows / tm) * math.ceil(p.n / tn) >= num_sms:
+        return None             # it fills the GPU alone (module docstring: measured)
     lin = nodes.get(region.nodes[0])
     if not is_call(lin, aten.linear.default) or metadata_checks(lin):
         return None         # a check torch.export put on the output may pin its strides
@@ -63,15 +81,16 @@ def _member(gm: fx.GraphModule, region, nodes: dict):
     return lin, x, w, b
 
 
-def combine_parallel_linears(gm: fx.GraphModule, regions) -> list:
+def combine_parallel_linears(gm: fx.GraphModule, regions, num_sms: int) -> list:
     """Rewrite each group of sibling linear regions (module docstring) of ``gm``
-    into one linear and slices, in place. Returns [(combined node name, [member
-    linear names])], empty when nothing was combined (``gm`` untouched then)."""
+    into one linear and slices, in place; ``num_sms``: the target's SM count.
+    Returns [(combined node name, [member linear names])], empty when nothing was
+    combined (``gm`` untouched then)."""
     nodes = {n.name: n for n in gm.graph.nodes}
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     groups = collections.defaultdict(list)
     for r in regions:
-        m = _member(gm, r, nodes)
+        m = _member(gm, r, nodes, num_sms)
         if m is not None:
             lin, x, w, _ = m
             groups[(x, w.dtype, w.device, w.shape[1])].append(m)
