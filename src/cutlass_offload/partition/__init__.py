@@ -21,7 +21,7 @@ import torch.fx as fx
 
 from ..config import CompileOptions
 from ..errors import UnsupportedRegion
-from ..ir import Fallback, PartitionResult
+from ..ir import Fallback, Note, PartitionResult
 from ..target import TARGETS
 from .parallel_gemm import combine_parallel_linears
 from .patterns import ANCHOR_BY_TARGET
@@ -51,8 +51,11 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
         return result
     result = _find_regions(gm, options)
     regions = tuple(
-        replace(r, notes=r.notes + (f"combines the sibling linears {', '.join(combined[r.nodes[0]])} "
-                                    f"into one GEMM over their concatenated weights",))
+        replace(r, notes=r.notes + (Note(
+            f"combines the sibling linears {', '.join(combined[r.nodes[0]])} into one GEMM "
+            f"over their concatenated weights",
+            f"combines {len(combined[r.nodes[0]])} sibling linears into one GEMM "
+            f"(partition/parallel_gemm.py)"),))
         if r.nodes and r.nodes[0] in combined else r for r in result.regions)
     return PartitionResult(regions, result.fallbacks)
 
