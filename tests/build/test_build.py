@@ -100,6 +100,27 @@ def test_saved_folder_reloads(sm80_model):
         loaded(*inputs)
 
 
+class Siblings(nn.Module):
+    """Two linears on one input with nothing fused: one combined GEMM region."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, 32), nn.Linear(d, 48, bias=False)
+
+    def forward(self, x):
+        return torch.cat([self.a(x), self.b(x)], dim=-1)
+
+
+def test_a_folder_with_combined_linears_reloads_the_same_plan(tmp_path):
+    out = tmp_path / "siblings"
+    compiled = co.compile(Siblings().half(), _inputs(), arch="sm_80", out_dir=out)
+    (gemm,) = compiled.plan.regions
+    assert gemm.problem.n == 80 and any("combines" in n for n in gemm.notes)
+    loaded, _, _ = co.load(out)        # re-captures and partitions again: the same plan
+    assert [(r.name, r.problem.n, r.notes) for r in loaded.plan.regions] == \
+        [(r.name, r.problem.n, r.notes) for r in compiled.plan.regions]
+
+
 def test_nvcc_error_names_region_and_keeps_source(monkeypatch, tmp_path):
     from cutlass_offload.emit import gemm_sm80
     real = gemm_sm80.emit
