@@ -52,6 +52,7 @@ def test_q_k_v_become_one_gemm_and_the_graph_computes_the_same():
     (gemm,) = _gemms(part)
     assert gemm.problem.n == 64 + 64 + 32 and gemm.problem.epilogue.tag == "bias"
     assert any("combines the sibling linears" in n for n in gemm.notes)
+    assert not any("stops at" in n for n in gemm.notes)       # its slices are the point
     # in graph order: forward computes v before k
     w = gm.get_buffer("_co_combined_0_weight")
     assert torch.equal(w, torch.cat([model.q.weight, model.v.weight, model.k.weight]))
@@ -124,3 +125,8 @@ def test_members_that_fill_the_gpu_alone_stay_apart():
     _, part = _partition(QKV().eval(), x, options=CompileOptions(arch="sm90a", allow_tf32=True,
                                                                   num_sms=133))
     assert len(_gemms(part)) == 1
+    # the target's own SM count, spelled either way: sm_80 has 108
+    x108 = torch.randn(1, 128 * 108, 64)
+    for arch in ("sm80", "sm_80"):
+        _, part = _partition(QKV().eval(), x108, options=CompileOptions(arch=arch, allow_tf32=True))
+        assert len(_gemms(part)) == 3, arch

@@ -22,7 +22,7 @@ import torch.fx as fx
 from ..config import CompileOptions
 from ..errors import UnsupportedRegion
 from ..ir import Fallback, Note, PartitionResult
-from ..target import TARGETS
+from ..target import ALIASES, TARGETS
 from .parallel_gemm import combine_parallel_linears
 from .patterns import ANCHOR_BY_TARGET
 from .unanchored import unanchored_fallbacks
@@ -44,20 +44,29 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
     result = _find_regions(gm, options)
     if not options.combine_gemms:
         return result
-    target = TARGETS.get(options.arch)
+    # "sm_80" as the CLI spells it, "sm80" as resolve_arch does; sm90a's count otherwise
+    target = TARGETS.get(ALIASES.get(options.arch, options.arch))
     num_sms = options.num_sms or (target.num_sms if target else TARGETS["sm90a"].num_sms)
     combined = dict(combine_parallel_linears(gm, result.regions, num_sms))
     if not combined:
         return result
     result = _find_regions(gm, options)
-    regions = tuple(
-        replace(r, notes=r.notes + (Note(
-            f"combines the sibling linears {', '.join(combined[r.nodes[0]])} into one GEMM "
-            f"over their concatenated weights",
-            f"combines {len(combined[r.nodes[0]])} sibling linears into one GEMM "
-            f"(partition/parallel_gemm.py)"),))
-        if r.nodes and r.nodes[0] in combined else r for r in result.regions)
-    return PartitionResult(regions, result.fallbacks)
+    return PartitionResult(tuple(_note_combined(r, combined) for r in result.regions),
+                           result.fallbacks)
+
+
+def _note_combined(region, combined: dict):
+    """``region`` with a note naming the linears it combines, if it is a combined one
+    (and without the note that its epilogue stops at the slices: they are the point)."""
+    if not region.nodes or region.nodes[0] not in combined:
+        return region
+    members = combined[region.nodes[0]]
+    stops = f"epilogue stops at {region.nodes[0]}:"
+    notes = tuple(n for n in region.notes if not str(n).startswith(stops))
+    return replace(region, notes=notes + (Note(
+        f"combines the sibling linears {', '.join(members)} into one GEMM over their "
+        f"concatenated weights",
+        f"combines {len(members)} sibling linears into one GEMM (partition/parallel_gemm.py)"),))
 
 
 def _find_regions(gm: fx.GraphModule, options: CompileOptions) -> PartitionResult:
