@@ -83,8 +83,9 @@ def _progress(value: str) -> str:
 class CompileOptions:
     """User-facing options of one compile.
 
-    arch: "sm90a" (CUTLASS 3.x TMA warp-specialized, H100/H200) or "sm80" (2.x);
-      None = from the visible GPU, else an error when no GPU is visible.
+    arch: "sm90a" (CUTLASS 3.x TMA warp-specialized, H100/H200) or "sm80" (2.x), or an
+      alias of one ("sm_90a", "sm_80", ...: target.py); None = from the visible GPU,
+      else an error when no GPU is visible. Another name raises ValueError.
     allow_tf32: let fp32 GEMMs run as TF32 (10-bit mantissa inputs).
     strict: a region that falls back raises instead.
     num_sms: SM count used by tile selection (132 on H100/H200 SXM, 108 on A100).
@@ -129,6 +130,10 @@ class CompileOptions:
     combine_gemms: bool = True
 
     def __post_init__(self):
+        from .target import ALIASES
+        if self.arch is not None and self.arch not in ALIASES:
+            raise ValueError(f"arch must be one of {', '.join(sorted(ALIASES))} (or None), "
+                             f"got {self.arch!r}")
         if self.build_strategy not in ("sharded", "single", "per-region"):
             raise ValueError(f"build_strategy must be sharded, single or per-region, "
                              f"got {self.build_strategy!r}")

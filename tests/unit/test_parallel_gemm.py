@@ -130,3 +130,10 @@ def test_members_that_fill_the_gpu_alone_stay_apart():
     for arch in ("sm80", "sm_80"):
         _, part = _partition(QKV().eval(), x108, options=CompileOptions(arch=arch, allow_tf32=True))
         assert len(_gemms(part)) == 3, arch
+
+
+def test_compile_options_refuse_an_unknown_arch():
+    # partition reads the target's SM count from the arch: a typo must not pass silently
+    with pytest.raises(ValueError, match="arch must be one of"):
+        CompileOptions(arch="sm_86")
+    assert CompileOptions(arch="sm_90a").arch == "sm_90a"      # aliases as given
