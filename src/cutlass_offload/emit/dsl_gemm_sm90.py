@@ -37,9 +37,11 @@ scheduler of our own replaces it before a release that drops it.
 # as objects, and cute exists only inside _kernel_class
 import math
 
-ACTIVATIONS = ("identity", "relu", "gelu_erf", "gelu_tanh", "silu", "sigmoid", "hardswish",
-               "hardsigmoid", "quick_gelu")
-RESIDUALS = ("none", "add", "mul")
+from ..ir.common import RESIDUAL_OPS
+from .activations import FUNCTOR
+
+ACTIVATIONS = tuple(FUNCTOR)        # the C++ emitters' (activations.py)
+RESIDUALS = RESIDUAL_OPS
 TILES = ((64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (128, 256))
 CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
 DTYPES = ("f16", "bf16")

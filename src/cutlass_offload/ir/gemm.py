@@ -57,6 +57,14 @@ class GemmProblem:
         if self.dtype == "f32" and not self.tf32:
             raise ValueError("fp32 GEMMs run only as TF32, which must be opted in")
 
+    @property
+    def rows(self) -> int:
+        """The rows the tiles cover at the example size: M (or m_hint) times the batch
+        (or batch_hint) for a batched GEMM, every batch entry tiled on its own."""
+        m = self.m if self.m is not None else self.m_hint
+        batch = self.batch if self.batch is not None else self.batch_hint
+        return m * max(1, batch)
+
     def summary(self) -> dict:
         """The problem as the report shows it (JSON-able)."""
         return {"n": self.n, "k": self.k, "m_hint": self.m_hint}

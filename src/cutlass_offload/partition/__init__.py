@@ -21,7 +21,7 @@ import torch.fx as fx
 
 from ..config import CompileOptions
 from ..errors import UnsupportedRegion
-from ..ir import Fallback, Note, PartitionResult
+from ..ir import Fallback, Note, PartitionResult, note_stops
 from ..target import ALIASES, TARGETS
 from .parallel_gemm import combine_parallel_linears
 from .patterns import ANCHOR_BY_TARGET
@@ -44,9 +44,9 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
     result = _find_regions(gm, options)
     if not options.combine_gemms:
         return result
-    # "sm_80" as the CLI spells it, "sm80" as resolve_arch does; sm90a's count otherwise
-    target = TARGETS.get(ALIASES.get(options.arch, options.arch))
-    num_sms = options.num_sms or (target.num_sms if target else TARGETS["sm90a"].num_sms)
+    # any spelling CompileOptions accepts ("sm_80", "sm80"); sm90a's count without one
+    target = TARGETS[ALIASES[options.arch]] if options.arch else TARGETS["sm90a"]
+    num_sms = options.num_sms or target.num_sms
     combined = dict(combine_parallel_linears(gm, result.regions, num_sms))
     if not combined:
         return result
@@ -61,8 +61,8 @@ def _note_combined(region, combined: dict):
     if not region.nodes or region.nodes[0] not in combined:
         return region
     members = combined[region.nodes[0]]
-    stops = f"epilogue stops at {region.nodes[0]}:"
-    notes = tuple(n for n in region.notes if not str(n).startswith(stops))
+    stops = note_stops("epilogue", region.nodes[0], len(members))     # one use per slice
+    notes = tuple(n for n in region.notes if n != stops)
     return replace(region, notes=notes + (Note(
         f"combines the sibling linears {', '.join(members)} into one GEMM over their "
         f"concatenated weights",

@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from .lift_1d import conv1d_as_conv2d, group_norm_3d_as_4d
-from .graph_utils import aten, attr_tensor, fake_value, users, val
+from .graph_utils import aten, attr_tensor, fake_like, fake_value, users, val
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 _UNARY = (aten.relu.default, aten.gelu.default, aten.silu.default, aten.sigmoid.default)
@@ -168,22 +168,13 @@ def _fold_batch_norm(gm: fx.GraphModule):
         with graph.inserting_before(conv):
             w_node, b_node2 = graph.get_attr(names[0]), graph.get_attr(names[1])
         w_node.meta["val"] = conv.args[1].meta.get("val")
-        b_node2.meta["val"] = _fake_like(conv.args[1].meta.get("val"), new_b)
+        b_node2.meta["val"] = fake_like(conv.args[1].meta.get("val"), new_b)
         args = list(conv.args) + [None] * (3 - len(conv.args))
         args[1], args[2] = w_node, b_node2
         conv.args = tuple(args)
         conv.kwargs = {k: v for k, v in conv.kwargs.items() if k != "bias"}
         bn.replace_all_uses_with(conv)
         graph.erase_node(bn)
-
-
-def _fake_like(fake_ref, real):
-    """A FakeTensor of real's shape/dtype in fake_ref's fake mode (for meta['val'])."""
-    mode = _fake_mode(fake_ref)
-    if mode is None:
-        return None
-    with mode:
-        return torch.empty(real.shape, dtype=real.dtype, device=fake_ref.device)
 
 
 _CONVS = (aten.conv2d.default, aten.conv2d.padding, aten.convolution.default)

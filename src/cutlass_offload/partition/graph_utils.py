@@ -83,6 +83,16 @@ def fake_value(target, args, kwargs=None):
         return target(*vals, **kw)
 
 
+def fake_like(fake_ref, real):
+    """A FakeTensor of ``real``'s shape and dtype on ``fake_ref``'s device, in
+    ``fake_ref``'s fake mode (a new node's ``meta['val']``); None without one."""
+    mode = getattr(fake_ref, "fake_mode", None)
+    if mode is None:
+        return None
+    with mode:
+        return torch.empty(real.shape, dtype=real.dtype, device=fake_ref.device)
+
+
 def is_tensor_node(node) -> bool:
     return isinstance(node, fx.Node) and isinstance(val(node), torch.Tensor)
 

@@ -46,7 +46,7 @@ import torch
 import torch.fx as fx
 
 from ..ir import GemmRegion
-from .graph_utils import aten, attr_tensor, is_call, metadata_checks
+from .graph_utils import aten, attr_tensor, fake_like, is_call, metadata_checks
 
 ALIGN = 8            # elements: every member's N, so each slice is 16-byte aligned (16-bit types)
 UNDER_FILLED = (128, 128)   # a member joins with fewer output tiles of this shape than SMs
@@ -59,11 +59,8 @@ def _member(gm: fx.GraphModule, region, nodes: dict, num_sms: int):
     if not isinstance(region, GemmRegion) or region.form != "linear" \
             or region.problem.epilogue.tag not in ("plain", "bias"):
         return None
-    p = region.problem
-    rows = (p.m if p.m is not None else p.m_hint) * max(1, p.batch if p.batch is not None
-                                                        else p.batch_hint)
     tm, tn = UNDER_FILLED
-    if math.ceil(rows / tm) * math.ceil(p.n / tn) >= num_sms:
+    if math.ceil(region.problem.rows / tm) * math.ceil(region.problem.n / tn) >= num_sms:
         return None             # it fills the GPU alone (module docstring: measured)
     lin = nodes.get(region.nodes[0])
     if not is_call(lin, aten.linear.default) or metadata_checks(lin):
@@ -119,9 +116,9 @@ def _rewrite(gm: fx.GraphModule, members: list, index: int) -> tuple:
     # specialize) a dynamic batch; a fresh tensor of its shape and a slice of the
     # static last dim cannot.
     xv = x.meta["val"]
+    wv = fake_like(xv, w_cat)
+    bv = fake_like(xv, b_cat) if has_bias else None
     with xv.fake_mode:
-        wv = torch.empty(w_cat.shape, dtype=w_cat.dtype, device=xv.device)
-        bv = torch.empty(b_cat.shape, dtype=b_cat.dtype, device=xv.device) if has_bias else None
         out = xv.new_empty((*xv.shape[:-1], w_cat.shape[0]))
         bounds, off = [], 0
         for _, _, w, _ in members:

@@ -145,9 +145,7 @@ def supports(problem: GemmProblem) -> bool:
 def gemm_mnk(problem: GemmProblem) -> tuple:
     """(M, N, K) the tiles cover: the example's rows, times the batch for a batched
     GEMM (every batch entry is tiled on its own)."""
-    m = problem.m if problem.m is not None else problem.m_hint
-    batch = problem.batch if problem.batch is not None else problem.batch_hint
-    return m * max(1, batch), problem.n, problem.k
+    return problem.rows, problem.n, problem.k
 
 
 def _ctas(problem: GemmProblem, config: KernelConfig) -> int:
