@@ -3,10 +3,16 @@ GEMM with fused epilogues (emit/dsl_gemm_sm90.py) compiles for sm_90a without a
 GPU, exports an object file whose device code is an sm_90a cubin, and links with
 the C ABI shim (CoGemmArgs -> the DSL's tensor structs) into a shared library."""
 import ctypes
+import subprocess
 
 import pytest
 
 from dsl_helpers import shim_library
+
+from cutlass_offload.abi import WORKSPACE_SUFFIX
+from cutlass_offload.build.dsl import symbol
+from cutlass_offload.emit.dsl_gemm_sm90 import DslGemmConfig
+from cutlass_offload.runtime.library import Library
 
 pytestmark = pytest.mark.build
 pytest.importorskip("cutlass.cute", reason="the CuTe DSL is not installed (pip install '.[dsl]')")
@@ -32,6 +38,15 @@ def _embedded_cubins(obj: bytes) -> list:
 
 def test_kernels_compile_without_a_gpu_export_and_link(tmp_path):
     lib = shim_library(tmp_path, CONFIGS)
-    for i in range(len(CONFIGS)):
-        assert _embedded_cubins((tmp_path / f"dsl_k{i}.o").read_bytes()), f"dsl_k{i}.o: no device code"
-    assert ctypes.CDLL(str(lib)).co_test_run       # loads; the entry point resolves
+    for c in CONFIGS:
+        name = DslGemmConfig(*c).name
+        assert _embedded_cubins((tmp_path / f"{name}.o").read_bytes()), f"{name}.o: no device code"
+    # the DSL runtime's host functions are linked in, not left for the loader
+    nm = subprocess.run(["nm", "-D", "--undefined-only", str(lib)], capture_output=True, text=True)
+    assert nm.returncode == 0 and " _cuda" not in nm.stdout and " _cuKernel" not in nm.stdout, nm.stdout
+    info = Library(lib).info
+    assert info == {"kind": "dsl_gemm", "kernels": [DslGemmConfig(*c).name for c in CONFIGS]}
+    dll = ctypes.CDLL(str(lib))                  # loads; every entry point resolves
+    for c in CONFIGS:
+        sym = symbol(DslGemmConfig(*c))
+        assert getattr(dll, sym) and getattr(dll, sym + WORKSPACE_SUFFIX)

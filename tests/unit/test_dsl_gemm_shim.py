@@ -19,3 +19,28 @@ def test_shim_passes_only_the_operands_the_epilogue_reads():
     assert "const_cast<void*>(args.d), {n}}" in plain and "args.bias != nullptr" not in plain
     fused = dsl.shim("k", "p", True, "add")
     assert "args.bias != nullptr" in fused and "args.ldc, args.batch_stride_c" in fused
+
+
+def test_config_names_are_distinct_c_identifiers():
+    a = dsl.DslGemmConfig((128, 128), (1, 1), "f16")
+    b = dsl.DslGemmConfig((128, 128), (2, 1), "f16", "gelu_erf", True, "add", True)
+    assert a.name == "dsl_gemm_128x128_1x1_f16_plain"
+    assert b.name == "dsl_gemm_128x128_2x1_f16_bias_gelu_erf_resadd_relu"
+    assert a.name.isidentifier() and b.name.isidentifier() and a != b
+    with pytest.raises(ValueError, match="tile"):
+        dsl.DslGemmConfig((96, 128))
+
+
+def test_problems_the_kernel_does_not_run_get_a_reason():
+    from cutlass_offload.ir import GemmEpilogue, GemmProblem
+    ok = GemmProblem(n=768, k=768, dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                     m=512, epilogue=GemmEpilogue(bias=True, activation="gelu_erf"))
+    assert dsl.unsupported(ok) is None
+    c = dsl.config_for(ok, (128, 256), (2, 1))
+    assert (c.bias, c.activation, c.cluster) == (True, "gelu_erf", (2, 1))
+    row_b = GemmProblem(n=768, k=768, dtype="f16", layout_b="row", align_a=8, align_b=8, align_c=8)
+    assert "layouts" in dsl.unsupported(row_b)
+    odd = GemmProblem(n=770, k=768, dtype="f16", layout_b="col", align_a=8, align_b=2, align_c=2)
+    assert "aligned" in dsl.unsupported(odd)
+    with pytest.raises(ValueError, match="does not run"):
+        dsl.config_for(odd, (128, 128))

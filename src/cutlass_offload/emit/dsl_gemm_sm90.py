@@ -36,13 +36,16 @@ scheduler of our own replaces it before a release that drops it.
 # no ``from __future__ import annotations``: the DSL reads the kernels' annotations
 # as objects, and cute exists only inside _kernel_class
 import math
+from dataclasses import dataclass
 
 from ..ir.common import RESIDUAL_OPS
 from .activations import FUNCTOR
 
 ACTIVATIONS = tuple(FUNCTOR)        # the C++ emitters' (activations.py)
 RESIDUALS = RESIDUAL_OPS
-TILES = ((64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (128, 256))
+# M: one or two wgmma m64 rows per consumer warp group; N: what wgmma takes, in
+# steps of 32 (odd multiples of 16 ran ~2x slower in the C++ kernels: select/sm90.py)
+TILES = tuple((m, n) for m in (64, 128) for n in range(64, 257, 32))
 CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
 DTYPES = ("f16", "bf16")
 
@@ -59,6 +62,73 @@ def check(tile_mn, cluster_mn, dtype: str, activation: str, residual: str) -> No
         raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
     if residual not in RESIDUALS:
         raise ValueError(f"residual {residual!r} is not one of {RESIDUALS}")
+
+
+@dataclass(frozen=True)
+class DslGemmConfig:
+    """One DSL kernel: tile (M, N) and cluster (M, N) in CTAs' elements / CTAs,
+    dtype ("f16" / "bf16", fp32 accumulation) and the epilogue (evt_sm90.py's
+    semantics). Raises ValueError for a configuration ``check`` refuses."""
+
+    tile: tuple
+    cluster: tuple = (1, 1)
+    dtype: str = "f16"
+    activation: str = "identity"
+    bias: bool = False
+    residual: str = "none"
+    post_relu: bool = False
+    gated: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "tile", tuple(self.tile))
+        object.__setattr__(self, "cluster", tuple(self.cluster))
+        check(self.tile, self.cluster, self.dtype, self.activation, self.residual)
+        if self.gated and (self.bias or self.residual != "none" or self.post_relu
+                           or self.activation == "identity"):
+            raise ValueError("a gated GEMM (D = act(x W_gate^T) * (x W_up^T)) takes an "
+                             "activation and no bias, residual or post relu")
+
+    @property
+    def name(self) -> str:
+        """A C identifier naming the configuration (the exported prefix)."""
+        epi = [self.activation] if self.activation != "identity" else []
+        epi = (["bias"] if self.bias else []) + epi
+        epi += [f"res{self.residual}"] if self.residual != "none" else []
+        epi += ["relu"] if self.post_relu else []
+        epi = ["gated"] + epi if self.gated else epi
+        return "dsl_gemm_{}x{}_{}x{}_{}_{}".format(*self.tile, *self.cluster, self.dtype,
+                                                  "_".join(epi) or "plain")
+
+
+def unsupported(problem) -> str | None:
+    """Why the DSL kernel cannot run ``problem`` (an ir.GemmProblem), or None: A
+    (M, K) K-contiguous, B an (N, K) K-contiguous weight, every operand 16-byte
+    aligned, fp16 / bf16, a full-shape residual, post activation relu or none."""
+    e = problem.epilogue
+    if problem.dtype not in DTYPES or problem.tf32:
+        return f"dtype {problem.dtype}"
+    if problem.layout_a != "row" or problem.layout_b != "col":
+        return f"layouts A {problem.layout_a}, B {problem.layout_b} (needs row, col)"
+    if (problem.align_a, problem.align_b, problem.align_c) != (8, 8, 8):
+        return "operands not 16-byte aligned"
+    if problem.a_batch_broadcast:
+        return "A broadcast over the batch"
+    if e.residual_broadcast:
+        return "residual broadcast over rows"
+    if e.activation not in ACTIVATIONS or e.post_activation not in ("identity", "relu"):
+        return f"epilogue {e.tag}"
+    return None
+
+
+def config_for(problem, tile, cluster=(1, 1)) -> DslGemmConfig:
+    """The DslGemmConfig running ``problem``'s dtype and epilogue at ``tile`` /
+    ``cluster``. Raises ValueError where ``unsupported`` gives a reason."""
+    why = unsupported(problem)
+    if why:
+        raise ValueError(f"the DSL GEMM does not run this problem: {why}")
+    e = problem.epilogue
+    return DslGemmConfig(tile, cluster, problem.dtype, e.activation, e.bias, e.residual,
+                         e.post_activation == "relu")
 
 
 def _kernel_class():
@@ -100,8 +170,9 @@ def _kernel_class():
         """One compiled configuration: tile (M, N), cluster (M, N), epilogue."""
 
         def __init__(self, tile_mn, cluster_mn, activation="identity", bias=False,
-                     residual="none", post_relu=False):
+                     residual="none", post_relu=False, gated=False):
             self.tile_mn, self.cluster_mn = tuple(tile_mn), tuple(cluster_mn)
+            self.gated = bool(gated)
             self.activation, self.has_bias = activation, bool(bias)
             self.residual, self.post_relu = residual, bool(post_relu)
             # two consumer warp groups split 128 x 256 tiles (accumulator registers)
@@ -157,7 +228,13 @@ def _kernel_class():
             tma_d, t_d = cute.nvgpu.cpasync.make_tiled_tma_atom(
                 cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), d,
                 cute.slice_(self.epi_smem, (None, None, 0)), self.epi_tile)
-            tiles = cute.zipped_divide(d, tiler=cute.slice_(self.tile_mnk, (None, None, 0)))
+            # the accumulators' (M, N, L) space: D's, or for a gated GEMM B's 2N
+            # interleaved columns, whose tiles are scheduled and stored two to one
+            acc_space = t_d
+            if cutlass.const_expr(self.gated):
+                acc_space = cute.make_identity_tensor(
+                    (cute.size(a, mode=[0]), cute.size(b, mode=[0]), cute.size(a, mode=[2])))
+            tiles = cute.zipped_divide(acc_space, tiler=cute.slice_(self.tile_mnk, (None, None, 0)))
             sched = utils.PersistentTileSchedulerParams(
                 tiles[(0, (None, None, None))].shape, (*self.cluster_mn, 1), 1, True)
             grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_active_clusters)
@@ -173,7 +250,7 @@ def _kernel_class():
                                       self.buffer_align_bytes]
 
             self.shared_storage = SharedStorage
-            self.kernel(tma_a, t_a, tma_b, t_b, tma_d, t_d, d, bias, c, self.tiled_mma,
+            self.kernel(tma_a, t_a, tma_b, t_b, tma_d, acc_space, d, bias, c, self.tiled_mma,
                         self.cta_layout_mnk, self.a_smem, self.b_smem, self.epi_smem, sched).launch(
                 grid=grid, block=[self.threads_per_cta, 1, 1], cluster=(*self.cluster_mn, 1),
                 min_blocks_per_mp=1, stream=stream)
@@ -283,9 +360,12 @@ def _kernel_class():
             thr_r2s = r2s.get_slice(tidx - self.threads_per_wg)
             tRS_sD = thr_r2s.partition_D(sD)
             tRS_acc = r2s.retile(acc)
-            # each register's (row, column) inside an epilogue subtile
-            tRS_crd = thr_r2s.partition_D(cute.make_identity_tensor(self.epi_tile))
+            # each register's (row, column) inside an epilogue subtile: the copy's
+            # source side (what this thread holds), not its destination side (the
+            # rows whose addresses it gives stmatrix, which holds other threads' values)
+            tRS_crd = thr_r2s.partition_S(cute.make_identity_tensor(self.epi_tile))
             rd_layout = cute.make_layout(cute.shape(thr_r2s.partition_S(sD))[:3])
+            assert cute.shape(tRS_crd) == rd_layout.shape, (cute.shape(tRS_crd), rd_layout.shape)
             rD = cute.make_rmem_tensor(rd_layout.shape, cutlass.Float32)
             rD_out = cute.make_rmem_tensor(rd_layout.shape, self.d_dtype)
             n_rd = cute.size(rD)
@@ -318,8 +398,9 @@ def _kernel_class():
                     release.advance()
 
                 tiles_d = cute.zipped_divide(gD[(None, None, *mnl)], self.epi_tile)
-                bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
-                    tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), tiles_d)
+                if cutlass.const_expr(not self.gated):
+                    bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
+                        tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), tiles_d)
                 n_epi = cute.size(tiles_d, mode=[1])
                 epi_shape = tiles_d.shape[1]
                 epi_layout = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
@@ -331,7 +412,20 @@ def _kernel_class():
                     for v in cutlass.range_constexpr(n_rd):
                         rD[v] = tRS_acc[e * n_rd + v]
                     x = rD.load()
-                    if cutlass.const_expr(self.has_bias or self.residual != "none"):
+                    if cutlass.const_expr(self.gated):
+                        # registers v, v + 1 hold columns c, c + 1 (c even: the wgmma
+                        # accumulator layout), B's rows gate_j, up_j: D[:, j] =
+                        # act(gate) * up, rounded where PyTorch's ops would round
+                        x = x.to(self.d_dtype).to(cutlass.Float32)
+                        rD.store(x)
+                        rG = cute.make_rmem_tensor(rd_layout.shape, cutlass.Float32)
+                        rG.store(activate(x, self.activation).to(self.d_dtype).to(cutlass.Float32))
+                        for v in cutlass.range_constexpr(0, n_rd, 2):
+                            r, col = tRS_crd[v]
+                            row, col = row0 + r, col0 + col
+                            if row < m_size and col < n_size * 2:
+                                mD[row, col // 2, mnl[2]] = (rG[v] * rD[v + 1]).to(self.d_dtype)
+                    if cutlass.const_expr(not self.gated and (self.has_bias or self.residual != "none")):
                         # per-register operands, read with bounds checks
                         rB = cute.make_rmem_tensor(rd_layout.shape, cutlass.Float32)
                         rC = cute.make_rmem_tensor(rd_layout.shape, cutlass.Float32)
@@ -349,7 +443,7 @@ def _kernel_class():
                             rC[v] = cv
                         if cutlass.const_expr(self.has_bias):
                             x = (x + rB.load()).to(self.d_dtype).to(cutlass.Float32)
-                    if cutlass.const_expr(self.activation != "identity"):
+                    if cutlass.const_expr(not self.gated and self.activation != "identity"):
                         x = activate(x, self.activation).to(self.d_dtype).to(cutlass.Float32)
                     if cutlass.const_expr(self.residual == "add"):
                         x = (x + rC.load()).to(self.d_dtype).to(cutlass.Float32)
@@ -357,16 +451,17 @@ def _kernel_class():
                         x = (x * rC.load()).to(self.d_dtype).to(cutlass.Float32)
                     if cutlass.const_expr(self.post_relu):
                         x = activate(x, "relu")
-                    rD_out.store(x.to(self.d_dtype))
-                    buf = (done_before + e) % cute.size(tRS_sD, mode=[3])
-                    cute.copy(r2s, rD_out, tRS_sD[(None, None, None, buf)])
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    self.epi_barrier.arrive_and_wait()
-                    if warp_idx == self.store_warp_id:
-                        cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, (em, en))])
-                        store_pipe.producer_commit()
-                        store_pipe.producer_acquire()
-                    self.epi_barrier.arrive_and_wait()
+                    if cutlass.const_expr(not self.gated):
+                        rD_out.store(x.to(self.d_dtype))
+                        buf = (done_before + e) % cute.size(tRS_sD, mode=[3])
+                        cute.copy(r2s, rD_out, tRS_sD[(None, None, None, buf)])
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        self.epi_barrier.arrive_and_wait()
+                        if warp_idx == self.store_warp_id:
+                            cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, (em, en))])
+                            store_pipe.producer_commit()
+                            store_pipe.producer_acquire()
+                        self.epi_barrier.arrive_and_wait()
                 sched.advance_to_next_work()
                 work = sched.get_current_work()
             store_pipe.producer_tail()
@@ -377,8 +472,15 @@ def _kernel_class():
 DTYPE_NAMES = {"f16": "Float16", "bf16": "BFloat16"}
 
 
+def compile_config(config: DslGemmConfig, num_sms=132):
+    """``compile_sm90`` of one DslGemmConfig."""
+    c = config
+    return compile_sm90(c.tile, c.cluster, c.dtype, c.activation, c.bias, c.residual,
+                        c.post_relu, num_sms, c.gated)
+
+
 def compile_sm90(tile_mn, cluster_mn, dtype="f16", activation="identity", bias=False,
-                 residual="none", post_relu=False, num_sms=132):
+                 residual="none", post_relu=False, num_sms=132, gated=False):
     """Compile one configuration for sm_90a on fake tensors (no GPU needed): A, B, D,
     bias and C of run-time sizes, the contiguous extents divisible by 8. Returns the
     DSL's compiled function (``export_to_c`` writes its object file and header).
@@ -396,7 +498,7 @@ def compile_sm90(tile_mn, cluster_mn, dtype="f16", activation="identity", bias=F
         return make_fake_compact_tensor(element, (cute.SymInt(), cute.SymInt(divisibility=8),
                                                   cute.SymInt()), stride_order=(1, 0, 2))
     vector = make_fake_compact_tensor(element, (cute.SymInt(divisibility=8),), stride_order=(0,))
-    gemm = _kernel_class()(tile_mn, cluster_mn, activation, bias, residual, post_relu)
+    gemm = _kernel_class()(tile_mn, cluster_mn, activation, bias, residual, post_relu, gated)
     clusters = num_sms // (cluster_mn[0] * cluster_mn[1])
     # the target: CUTE_DSL_ARCH is read when the DSL is first imported and otherwise
     # defaults to the visible GPU's (sm_100a without one); a compile option alone
@@ -446,7 +548,7 @@ int run(const CoGemmArgs& args, cudaStream_t stream) {
   std::call_once(co_loaded, [] { ${prefix}_Kernel_Module_Load(&co_module); });
   const int32_t m = int32_t(args.m), n = int32_t(args.n), k = int32_t(args.k), l = int32_t(args.l);
   ${prefix}_Tensor_a_t a{const_cast<void*>(args.a), {m, k, l}, {args.lda, args.batch_stride_a}};
-  ${prefix}_Tensor_b_t b{const_cast<void*>(args.b), {n, k, l}, {args.ldb, args.batch_stride_b}};
+  ${prefix}_Tensor_b_t b{const_cast<void*>(args.b), {${b_rows}, k, l}, {args.ldb, args.batch_stride_b}};
   ${prefix}_Tensor_d_t d{args.d, {m, n, l}, {args.ldd, args.batch_stride_d}};
   // operands the epilogue does not read get D's pointer (never dereferenced)
   ${prefix}_Tensor_bias_t bias{const_cast<void*>(${bias_ptr}), {n}};
@@ -459,11 +561,12 @@ int run(const CoGemmArgs& args, cudaStream_t stream) {
 """
 
 
-def shim(name: str, prefix: str, bias: bool, residual: str) -> str:
+def shim(name: str, prefix: str, bias: bool, residual: str, gated: bool = False) -> str:
     """The C++ of ``namespace <name> { workspace_size; run }`` over the exported
     kernel ``prefix`` (``SHIM``): CoGemmArgs (prelude.h) -> the DSL's tensor structs.
     A is (M, K, L) with strides (lda, batch), B (N, K, L) K-contiguous (layout_b
-    "col"), D and C (M, N, L). Needs <mutex> and the DSL's header before it."""
+    "col"; gated: (2N, K, L), rows gate_0, up_0, gate_1, ...), D and C (M, N, L).
+    Needs <mutex> and the DSL's header before it."""
     import string
     checks = ""
     if bias:
@@ -471,7 +574,7 @@ def shim(name: str, prefix: str, bias: bool, residual: str) -> str:
     if residual != "none":
         checks += " && args.c != nullptr && co_aligned(args.c) && args.ldc % 8 == 0"
     return string.Template(SHIM).substitute(
-        name=name, prefix=prefix, checks=checks,
+        name=name, prefix=prefix, checks=checks, b_rows="2 * n" if gated else "n",
         bias_ptr="args.bias" if bias else "args.d",
         c_ptr="args.c" if residual != "none" else "args.d",
         c_strides="args.ldc, args.batch_stride_c" if residual != "none"
