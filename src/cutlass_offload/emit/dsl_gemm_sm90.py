@@ -175,17 +175,21 @@ def _kernel_class():
             self.gated = bool(gated)
             self.activation, self.has_bias = activation, bool(bias)
             self.residual, self.post_relu = residual, bool(post_relu)
+            self.has_c = residual != "none"
             # two consumer warp groups split 128 x 256 tiles (accumulator registers)
             self.atom_layout_mnk = (2, 1, 1) if tile_mn[0] > 64 and tile_mn[1] > 128 else (1, 1, 1)
             self.mma_warp_groups = math.prod(self.atom_layout_mnk)
             self.threads_per_wg = 128
             self.threads_per_cta = (1 + self.mma_warp_groups) * self.threads_per_wg
-            self.load_warp_id = 0
+            self.load_warp_id = 0                     # A and B, by TMA
+            self.c_load_warp_id = 1                   # the residual C, by TMA
             self.store_warp_id = 4                    # the first consumer warp
             self.num_mma_threads = self.mma_warp_groups * self.threads_per_wg
             self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
             self.smem_capacity = cutlass.memory.get_smem_capacity_in_bytes("sm_90")
             self.buffer_align_bytes = 1024
+            self.epi_stage = 4
+            self.c_stage = 4 if self.has_c else 1
 
         def _setup(self):
             self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
@@ -196,18 +200,27 @@ def _kernel_class():
             self.tile_mnk = (*self.tile_mn, k_inst * 4)          # 64-deep K tiles for 16-bit types
             self.cta_layout_mnk = cute.make_layout((*self.cluster_mn, 1))
             self.mcast_a, self.mcast_b = self.cluster_mn[1], self.cluster_mn[0]
+            # the accumulators' epilogue subtile; D's is half as wide for a gated GEMM
             self.epi_tile = sm90_utils.compute_tile_shape_or_override(
                 self.tile_mnk, self.d_dtype, is_cooperative=self.mma_warp_groups == 2)
+            epi_m, epi_n = cute.size(self.epi_tile, mode=[0]), cute.size(self.epi_tile, mode=[1])
+            self.epi_n = epi_n
+            self.epi_tile_d = (epi_m, epi_n // 2) if self.gated else (epi_m, epi_n)
+            self.tile_d = (self.tile_mn[0], self.tile_mn[1] // 2) if self.gated else self.tile_mn
             ab_bytes = (self.tile_mnk[0] + self.tile_mnk[1]) * self.tile_mnk[2] * self.a_dtype.width // 8
-            self.epi_stage = 4
-            epi_bytes = cute.size(self.epi_tile) * self.d_dtype.width // 8 * self.epi_stage
-            self.ab_stage = (self.smem_capacity - 1024 - epi_bytes) // ab_bytes
+            epi_bytes = epi_m * self.epi_tile_d[1] * self.d_dtype.width // 8 * self.epi_stage
+            c_bytes = epi_m * epi_n * self.d_dtype.width // 8 * self.c_stage if self.has_c else 0
+            bias_bytes = self.tile_mn[1] * 4
+            self.ab_stage = (self.smem_capacity - 2048 - epi_bytes - c_bytes - bias_bytes) // ab_bytes
             self.a_smem = sm90_utils.make_smem_layout_a(self.a_layout, self.tile_mnk, self.a_dtype,
                                                         self.ab_stage)
             self.b_smem = sm90_utils.make_smem_layout_b(self.b_layout, self.tile_mnk, self.b_dtype,
                                                         self.ab_stage)
             self.epi_smem = sm90_utils.make_smem_layout_epi(self.d_dtype, self.d_layout,
-                                                            self.epi_tile, self.epi_stage)
+                                                            self.epi_tile_d, self.epi_stage)
+            # C's subtiles as the accumulators' (a 1-stage stand-in when there is no C)
+            self.c_smem = sm90_utils.make_smem_layout_epi(self.d_dtype, self.d_layout,
+                                                          self.epi_tile, self.c_stage)
 
         @cute.jit
         def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, bias: cute.Tensor,
@@ -227,7 +240,10 @@ def _kernel_class():
                 (self.tile_mnk[1], self.tile_mnk[2]), num_multicast=self.mcast_b)
             tma_d, t_d = cute.nvgpu.cpasync.make_tiled_tma_atom(
                 cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), d,
-                cute.slice_(self.epi_smem, (None, None, 0)), self.epi_tile)
+                cute.slice_(self.epi_smem, (None, None, 0)), self.epi_tile_d)
+            # C's loads by TMA (the same atom type as D's stand-in without a C)
+            tma_c, t_c = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                g2s, c if self.has_c else d, cute.slice_(self.c_smem, (None, None, 0)), self.epi_tile)
             # the accumulators' (M, N, L) space: D's, or for a gated GEMM B's 2N
             # interleaved columns, whose tiles are scheduled and stored two to one
             acc_space = t_d
@@ -242,32 +258,40 @@ def _kernel_class():
             @cute.struct
             class SharedStorage:
                 barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stage * 2]
+                c_barriers: cute.struct.MemRange[cutlass.Int64, self.c_stage * 2]
+                bias: cute.struct.MemRange[cutlass.Float32, self.tile_mn[1]]
                 sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem)],
                                       self.buffer_align_bytes]
                 sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem)],
                                       self.buffer_align_bytes]
                 sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.epi_smem)],
                                       self.buffer_align_bytes]
+                sC: cute.struct.Align[cute.struct.MemRange[
+                    self.d_dtype, cute.cosize(self.c_smem) if self.has_c else 8], self.buffer_align_bytes]
 
             self.shared_storage = SharedStorage
-            self.kernel(tma_a, t_a, tma_b, t_b, tma_d, acc_space, d, bias, c, self.tiled_mma,
-                        self.cta_layout_mnk, self.a_smem, self.b_smem, self.epi_smem, sched).launch(
+            self.kernel(tma_a, t_a, tma_b, t_b, tma_d, t_d, tma_c, t_c, acc_space, d, bias,
+                        self.tiled_mma, self.cta_layout_mnk, self.a_smem, self.b_smem,
+                        self.epi_smem, self.c_smem, sched).launch(
                 grid=grid, block=[self.threads_per_cta, 1, 1], cluster=(*self.cluster_mn, 1),
                 min_blocks_per_mp=1, stream=stream)
 
         @cute.kernel
         def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom,
-                   mB: cute.Tensor, tma_d: cute.CopyAtom, mD_tma: cute.Tensor, mD: cute.Tensor,
-                   mBias: cute.Tensor, mC: cute.Tensor, tiled_mma: cute.TiledMma,
+                   mB: cute.Tensor, tma_d: cute.CopyAtom, mD_tma: cute.Tensor,
+                   tma_c: cute.CopyAtom, mC_tma: cute.Tensor, acc_space: cute.Tensor,
+                   mD: cute.Tensor, mBias: cute.Tensor, tiled_mma: cute.TiledMma,
                    cta_layout_mnk: cute.Layout, a_smem: cute.ComposedLayout,
                    b_smem: cute.ComposedLayout, epi_smem: cute.ComposedLayout,
-                   sched_params: utils.PersistentTileSchedulerParams):
+                   c_smem: cute.ComposedLayout, sched_params: utils.PersistentTileSchedulerParams):
             tidx, _, _ = cute.arch.thread_idx()
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             if warp_idx == 0:
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_d)
+                if cutlass.const_expr(self.has_c):
+                    cute.nvgpu.cpasync.prefetch_descriptor(tma_c)
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
             cluster_coord = cta_layout_mnk.get_flat_coord(rank)
             a_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=1)
@@ -286,14 +310,25 @@ def _kernel_class():
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, arrivals),
                 tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
                 defer_sync=True)
+            # C's subtiles: this CTA's own loads, released by its consumer warps
+            c_pipe = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.c_barriers.data_ptr(), num_stages=self.c_stage,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.mma_warp_groups * 4),
+                tx_count=cute.size_in_bytes(self.d_dtype, cute.slice_(c_smem, (None, None, 0))),
+                cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
             pipeline_init_arrive(cluster_shape_mn=self.cluster_mn, is_relaxed=True)
 
             sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
             sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
             sD = storage.sD.get_tensor(epi_smem.outer, swizzle=epi_smem.inner)
+            sC = storage.sC.get_tensor(c_smem.outer, swizzle=c_smem.inner)
+            sBias = storage.bias.get_tensor(cute.make_layout(self.tile_mn[1]))
             gA = cute.local_tile(mA, cute.slice_(self.tile_mnk, (None, 0, None)), (None, None, None))
             gB = cute.local_tile(mB, cute.slice_(self.tile_mnk, (0, None, None)), (None, None, None))
-            gD = cute.local_tile(mD_tma, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None))
+            gAcc = cute.local_tile(acc_space, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None))
+            gD = cute.local_tile(mD_tma, self.tile_d, (None, None, None))
+            gC = cute.local_tile(mC_tma, self.tile_mn, (None, None, None))
             tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
                 tma_a, cluster_coord[1], cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape),
                 cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
@@ -306,7 +341,7 @@ def _kernel_class():
                 cute.make_layout(self.mma_warp_groups, stride=self.threads_per_wg)(wg - 1))
             tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-            acc = cute.make_rmem_tensor(thr_mma.partition_C(gD).shape[:3], cutlass.Float32)
+            acc = cute.make_rmem_tensor(thr_mma.partition_C(gAcc).shape[:3], cutlass.Float32)
             k_tiles = cute.size(gA, mode=[3])
             pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
 
@@ -335,20 +370,47 @@ def _kernel_class():
                         sched.advance_to_next_work()
                         work = sched.get_current_work()
                     ab_pipe.producer_tail(state)
+                if cutlass.const_expr(self.has_c):
+                    if warp_idx == self.c_load_warp_id:
+                        # C's subtiles, in the consumers' order, c_stage ahead of them
+                        sched = utils.StaticPersistentTileScheduler.create(
+                            sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+                        work = sched.initial_work_tile_info()
+                        c_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                               self.c_stage)
+                        while work.is_valid_tile:
+                            mnl = work.tile_idx
+                            tiles_c = cute.zipped_divide(gC[(None, None, *mnl)], self.epi_tile)
+                            bGS_sC, bGS_gC = cute.nvgpu.cpasync.tma_partition(
+                                tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), tiles_c)
+                            epi_shape = tiles_c.shape[1]
+                            epi_layout = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+                            for e in cutlass.range_constexpr(cute.size(tiles_c, mode=[1])):
+                                em, en = epi_layout.get_hier_coord(e)
+                                c_pipe.producer_acquire(c_state)
+                                cute.copy(tma_c, bGS_gC[(None, (em, en))], bGS_sC[(None, c_state.index)],
+                                          tma_bar_ptr=c_pipe.producer_get_barrier(c_state))
+                                c_pipe.producer_commit(c_state)
+                                c_state.advance()
+                            sched.advance_to_next_work()
+                            work = sched.get_current_work()
+                        c_pipe.producer_tail(c_state)
             if wg > 0:                                           # consumer warp groups
                 cute.arch.setmaxregister_increase(232)
-                self._consume(tidx, warp_idx, ab_pipe, sched_params, tiled_mma, tCrA, tCrB, acc,
-                              k_tiles, sD, gD, tma_d, mD, mBias, mC)
+                self._consume(tidx, warp_idx, ab_pipe, c_pipe, sched_params, tiled_mma, tCrA, tCrB,
+                              acc, k_tiles, sD, sC, sBias, gAcc, gD, tma_d, mD, mBias)
 
         @cute.jit
-        def _consume(self, tidx, warp_idx, ab_pipe, sched_params, tiled_mma, tCrA, tCrB, acc,
-                     k_tiles, sD, gD, tma_d, mD, mBias, mC):
+        def _consume(self, tidx, warp_idx, ab_pipe, c_pipe, sched_params, tiled_mma, tCrA, tCrB,
+                     acc, k_tiles, sD, sC, sBias, gAcc, gD, tma_d, mD, mBias):
             sched = utils.StaticPersistentTileScheduler.create(
                 sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
             work = sched.initial_work_tile_info()
             read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
             release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
+            c_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.c_stage)
             k_blocks = cute.size(tCrA, mode=[2])
+            epi_t = tidx - self.threads_per_wg                   # 0 .. consumer threads - 1
 
             # registers -> shared memory (stmatrix), laid out as the wgmma accumulators
             r2s = cute.make_tiled_copy_S(
@@ -357,22 +419,21 @@ def _kernel_class():
                 cute.make_tiled_copy_C_atom(
                     cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(
                         self.d_layout.is_m_major_c(), 4), self.d_dtype), tiled_mma))
-            thr_r2s = r2s.get_slice(tidx - self.threads_per_wg)
-            tRS_sD = thr_r2s.partition_D(sD)
+            thr_r2s = r2s.get_slice(epi_t)
             tRS_acc = r2s.retile(acc)
-            # each register's (row, column) inside an epilogue subtile: the copy's
+            # each register's (row, column) inside an accumulator subtile: the copy's
             # source side (what this thread holds), not its destination side (the
             # rows whose addresses it gives stmatrix, which holds other threads' values)
             tRS_crd = thr_r2s.partition_S(cute.make_identity_tensor(self.epi_tile))
-            rd_layout = cute.make_layout(cute.shape(thr_r2s.partition_S(sD))[:3])
-            assert cute.shape(tRS_crd) == rd_layout.shape, (cute.shape(tRS_crd), rd_layout.shape)
+            rd_layout = cute.make_layout(cute.shape(tRS_crd))
             rD = cute.make_rmem_tensor(rd_layout.shape, cutlass.Float32)
             rD_out = cute.make_rmem_tensor(rd_layout.shape, self.d_dtype)
             n_rd = cute.size(rD)
             store_pipe = pipeline.PipelineTmaStore.create(
                 num_stages=self.epi_stage,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads))
-            m_size, n_size = cute.size(mD, mode=[0]), cute.size(mD, mode=[1])
+            n_size = cute.size(mD, mode=[1])
+            n_stage_d = cute.size(sD, mode=[2])
 
             while work.is_valid_tile:
                 mnl = work.tile_idx
@@ -397,18 +458,31 @@ def _kernel_class():
                     ab_pipe.consumer_release(release)
                     release.advance()
 
-                tiles_d = cute.zipped_divide(gD[(None, None, *mnl)], self.epi_tile)
-                if cutlass.const_expr(not self.gated):
-                    bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
-                        tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), tiles_d)
+                if cutlass.const_expr(self.has_bias):
+                    # this tile's bias columns into shared memory, coalesced, once (the
+                    # last subtile's barrier of the previous tile ended its reads)
+                    for j in cutlass.range_constexpr((self.tile_mn[1] + self.num_mma_threads - 1)
+                                                     // self.num_mma_threads):
+                        i = epi_t + j * self.num_mma_threads
+                        if i < self.tile_mn[1]:
+                            col = mnl[1] * self.tile_mn[1] + i
+                            bv = cutlass.Float32(0.0)
+                            if col < n_size:
+                                bv = mBias[col].to(cutlass.Float32)
+                            sBias[i] = bv
+                    self.epi_barrier.arrive_and_wait()
+
+                tiles_d = cute.zipped_divide(gD[(None, None, *mnl)], self.epi_tile_d)
+                bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
+                    tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), tiles_d)
+                tRS_sD = thr_r2s.partition_D(sD)
                 n_epi = cute.size(tiles_d, mode=[1])
                 epi_shape = tiles_d.shape[1]
                 epi_layout = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
                 done_before = sched.num_tiles_executed * n_epi
                 for e in cutlass.range_constexpr(n_epi):
                     em, en = epi_layout.get_hier_coord(e)
-                    row0 = mnl[0] * self.tile_mnk[0] + em * self.epi_tile[0]
-                    col0 = mnl[1] * self.tile_mnk[1] + en * self.epi_tile[1]
+                    buf = (done_before + e) % n_stage_d
                     for v in cutlass.range_constexpr(n_rd):
                         rD[v] = tRS_acc[e * n_rd + v]
                     x = rD.load()
@@ -422,46 +496,39 @@ def _kernel_class():
                         rG.store(activate(x, self.activation).to(self.d_dtype).to(cutlass.Float32))
                         for v in cutlass.range_constexpr(0, n_rd, 2):
                             r, col = tRS_crd[v]
-                            row, col = row0 + r, col0 + col
-                            if row < m_size and col < n_size * 2:
-                                mD[row, col // 2, mnl[2]] = (rG[v] * rD[v + 1]).to(self.d_dtype)
-                    if cutlass.const_expr(not self.gated and (self.has_bias or self.residual != "none")):
-                        # per-register operands, read with bounds checks
-                        rB = cute.make_rmem_tensor(rd_layout.shape, cutlass.Float32)
-                        rC = cute.make_rmem_tensor(rd_layout.shape, cutlass.Float32)
-                        for v in cutlass.range_constexpr(n_rd):
-                            r, col = tRS_crd[v]
-                            row, col = row0 + r, col0 + col
-                            bv = cutlass.Float32(0.0)
-                            cv = cutlass.Float32(0.0)
-                            if row < m_size and col < n_size:
-                                if cutlass.const_expr(self.has_bias):
-                                    bv = mBias[col].to(cutlass.Float32)
-                                if cutlass.const_expr(self.residual != "none"):
-                                    cv = mC[row, col, mnl[2]].to(cutlass.Float32)
-                            rB[v] = bv
-                            rC[v] = cv
+                            sD[(r, col // 2, buf)] = (rG[v] * rD[v + 1]).to(self.d_dtype)
+                    else:
                         if cutlass.const_expr(self.has_bias):
+                            rB = cute.make_rmem_tensor(rd_layout.shape, cutlass.Float32)
+                            for v in cutlass.range_constexpr(n_rd):
+                                rB[v] = sBias[en * self.epi_n + tRS_crd[v][1]]
                             x = (x + rB.load()).to(self.d_dtype).to(cutlass.Float32)
-                    if cutlass.const_expr(not self.gated and self.activation != "identity"):
-                        x = activate(x, self.activation).to(self.d_dtype).to(cutlass.Float32)
-                    if cutlass.const_expr(self.residual == "add"):
-                        x = (x + rC.load()).to(self.d_dtype).to(cutlass.Float32)
-                    if cutlass.const_expr(self.residual == "mul"):
-                        x = (x * rC.load()).to(self.d_dtype).to(cutlass.Float32)
-                    if cutlass.const_expr(self.post_relu):
-                        x = activate(x, "relu")
-                    if cutlass.const_expr(not self.gated):
+                        if cutlass.const_expr(self.activation != "identity"):
+                            x = activate(x, self.activation).to(self.d_dtype).to(cutlass.Float32)
+                        if cutlass.const_expr(self.has_c):
+                            # C's subtile, loaded by TMA (zeros outside the tensor)
+                            rC = cute.make_rmem_tensor(rd_layout.shape, cutlass.Float32)
+                            c_pipe.consumer_wait(c_read)
+                            for v in cutlass.range_constexpr(n_rd):
+                                r, col = tRS_crd[v]
+                                rC[v] = sC[(r, col, c_read.index)].to(cutlass.Float32)
+                            c_pipe.consumer_release(c_read)
+                            c_read.advance()
+                            if cutlass.const_expr(self.residual == "add"):
+                                x = (x + rC.load()).to(self.d_dtype).to(cutlass.Float32)
+                            if cutlass.const_expr(self.residual == "mul"):
+                                x = (x * rC.load()).to(self.d_dtype).to(cutlass.Float32)
+                        if cutlass.const_expr(self.post_relu):
+                            x = activate(x, "relu")
                         rD_out.store(x.to(self.d_dtype))
-                        buf = (done_before + e) % cute.size(tRS_sD, mode=[3])
                         cute.copy(r2s, rD_out, tRS_sD[(None, None, None, buf)])
-                        cute.arch.fence_proxy("async.shared", space="cta")
-                        self.epi_barrier.arrive_and_wait()
-                        if warp_idx == self.store_warp_id:
-                            cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, (em, en))])
-                            store_pipe.producer_commit()
-                            store_pipe.producer_acquire()
-                        self.epi_barrier.arrive_and_wait()
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    self.epi_barrier.arrive_and_wait()
+                    if warp_idx == self.store_warp_id:
+                        cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, (em, en))])
+                        store_pipe.producer_commit()
+                        store_pipe.producer_acquire()
+                    self.epi_barrier.arrive_and_wait()
                 sched.advance_to_next_work()
                 work = sched.get_current_work()
             store_pipe.producer_tail()
