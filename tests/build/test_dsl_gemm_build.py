@@ -17,10 +17,11 @@ from cutlass_offload.runtime.library import Library
 pytestmark = pytest.mark.build
 pytest.importorskip("cutlass.cute", reason="the CuTe DSL is not installed (pip install '.[dsl]')")
 
-CONFIGS = [  # tile, cluster, dtype, activation, bias, residual, post relu
+CONFIGS = [  # tile, cluster, dtype, activation, bias, residual, post relu[, gated]
     ((128, 128), (1, 1), "f16", "identity", False, "none", False),
     ((128, 256), (2, 1), "bf16", "gelu_erf", True, "add", False),
     ((64, 128), (1, 2), "f16", "silu", False, "mul", True),
+    ((128, 256), (2, 1), "f16", "silu", False, "none", False, True),      # gated
 ]
 
 EM_CUDA = 190  # ELF e_machine of NVIDIA device code

@@ -44,3 +44,13 @@ def test_problems_the_kernel_does_not_run_get_a_reason():
     assert "aligned" in dsl.unsupported(odd)
     with pytest.raises(ValueError, match="does not run"):
         dsl.config_for(odd, (128, 128))
+
+
+def test_gated_configs_take_an_activation_alone_and_read_twice_the_rows_of_b():
+    g = dsl.DslGemmConfig((128, 256), (2, 1), "f16", "silu", gated=True)
+    assert g.name == "dsl_gemm_128x256_2x1_f16_gated_silu"
+    for bad in ({"activation": "identity"}, {"bias": True}, {"residual": "add"}, {"post_relu": True}):
+        with pytest.raises(ValueError, match="gated"):
+            dsl.DslGemmConfig((128, 128), (1, 1), "f16", **{"activation": "silu", **bad}, gated=True)
+    assert "{2 * n, k, l}" in dsl.shim("k", "p", False, "none", gated=True)
+    assert "{n, k, l}" in dsl.shim("k", "p", False, "none")

@@ -3,12 +3,12 @@
     D = post(residual_op(activation(acc + bias), C))        (evt_sm90.py's semantics)
 
 A second kernel source beside the C++ emitters: the DSL compiles one of these in
-about a second and a half on a CPU-only machine, against ~40 s of nvcc for the
-C++ unit of the same tile (benchmarks/dsl_compile_time.py), and exports it ahead of
-time as an object file and a C header (``export_to_c``) that link into a shared
-library. Not on the default path: it has not yet run on a GPU (tests/gpu/
-test_dsl_gemm.py checks it against float32 there; ``compile_sm90`` is what the
-build-tier test and the benchmark compile on a CPU).
+1-3 s on a CPU-only machine, against 34-47 s of nvcc for the C++ unit of the same
+tile (benchmarks/dsl_compile_time.py), and exports it ahead of time as an object
+file and a C header (``export_to_c``) that link into a shared library
+(build/dsl.py). Correct on the H200 (tests/gpu/test_dsl_gemm.py) at 0.87x our C++
+kernels' speed over the GEMM corpus, 0.94x on the problems of 20 us or more
+(benchmarks/dsl_gemm.py, README "Measured in session 13"): not on the default path.
 
 The kernel (our composition of the DSL's Hopper building blocks, in the manner of
 NVIDIA's persistent dense GEMM example): a persistent, warp-specialized kernel on
@@ -19,14 +19,17 @@ of 128 x 256, splitting the rows as CUTLASS's cooperative schedule does) run the
 wgmma mainloop and the epilogue: the accumulators in subtiles of ``epi_tile``,
 the fused ops in fp32 rounding to D's dtype where PyTorch's separate ops would
 (after the bias add, the activation, the residual op: evt_sm90.py), registers ->
-shared memory (stmatrix) -> global memory (TMA store).
+shared memory (stmatrix) -> global memory (TMA store). The residual C comes in by
+TMA on the producer group's second warp, ``c_stage`` subtiles ahead; the bias is
+staged in shared memory once per tile. ``gated``: B's rows interleave two weights
+(gate_0, up_0, gate_1, ...) and D = act(x W_gate^T) * (x W_up^T) is half as wide as
+the accumulators, each pair of adjacent columns (one thread's registers) giving one
+element (a gated MLP's up projection in one GEMM).
 
 Operands: A (M, K, L) K-contiguous; B (N, K, L) K-contiguous (an nn.Linear weight);
 D and C (M, N, L) N-contiguous; bias (N,); fp16 or bf16, fp32 accumulation. M, N, K
 and L are run-time sizes (one kernel for every shape); the contiguous extents must
-be multiples of 8 (16-byte TMA rows). Bias and residual values are read per
-element from global memory with bounds checks (the C++ kernels load them by TMA /
-row broadcast: a first version, to be measured).
+be multiples of 8 (16-byte TMA rows).
 
 Imports the DSL (``nvidia-cutlass-dsl``, the ``[dsl]`` extra) when called, never at
 package import. The tile scheduler is the wheel's ``StaticPersistentTileScheduler``,
