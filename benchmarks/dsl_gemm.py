@@ -85,11 +85,8 @@ def candidates(problem, kernel, configs) -> tuple:
 def time_dsl(lib, problem, configs, device) -> dict:
     """{config name: profiler record} for ``problem`` (tune/profile.profile_job)."""
     from cutlass_offload.build.dsl import symbol
-    from cutlass_offload.tune import profile
-    from cutlass_offload.tune import _problem_spec
-    spec = _problem_spec(problem)
-    copies = [profile.Operands(spec, seed=1000 * i + 17, device=device)
-              for i in range(profile._copies(spec))]
+    from cutlass_offload.tune import problem_spec, profile
+    copies = profile.operand_copies(problem_spec(problem), device)
     ref = copies[0].reference()
     out = {}
     for c in configs:

@@ -54,3 +54,24 @@ def test_gated_configs_take_an_activation_alone_and_read_twice_the_rows_of_b():
             dsl.DslGemmConfig((128, 128), (1, 1), "f16", **{"activation": "silu", **bad}, gated=True)
     assert "{2 * n, k, l}" in dsl.shim("k", "p", False, "none", gated=True)
     assert "{n, k, l}" in dsl.shim("k", "p", False, "none")
+
+
+def test_a_failed_compile_is_reported_per_config_and_never_linked(tmp_path, monkeypatch):
+    from cutlass_offload.build import dsl as dsl_build
+    ok, bad = dsl.DslGemmConfig((128, 128)), dsl.DslGemmConfig((64, 64))
+
+    def fake_compile(config, num_sms=132):
+        if config == bad:
+            raise RuntimeError("the DSL refused it")
+        return config
+
+    def fake_export(compiled, out_dir, prefix):
+        (tmp_path / f"{prefix}.o").write_bytes(b"")
+        (tmp_path / f"{prefix}.h").write_text("")
+    monkeypatch.setattr(dsl, "compile_config", fake_compile)
+    monkeypatch.setattr(dsl, "export", fake_export)
+    got = dsl_build.compile_objects([ok, bad, ok], tmp_path, jobs=1)
+    assert set(got) == {ok.name, bad.name}
+    assert isinstance(got[bad.name], RuntimeError) and isinstance(got[ok.name], float)
+    with pytest.raises(FileNotFoundError, match="not compiled|nvcc"):
+        dsl_build.link_library(tmp_path, [ok, bad])

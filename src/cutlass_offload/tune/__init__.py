@@ -80,7 +80,10 @@ def gpu_identity(arch: str) -> tuple:
     return props.name, props.multi_processor_count, index
 
 
-def _problem_spec(problem) -> dict:
+def problem_spec(problem) -> dict:
+    """The profiler's description of an ir.GemmProblem (tune/profile.py Operands):
+    m and batch at their example sizes when dynamic, n, k, dtype, layout_b,
+    a_batch_broadcast and the epilogue's fields."""
     m = problem.m if problem.m is not None else problem.m_hint
     batch = problem.batch if problem.batch is not None else problem.batch_hint
     return {"m": m, "n": problem.n, "k": problem.k, "batch": batch, "dtype": problem.dtype,
@@ -274,7 +277,7 @@ def _build_and_profile(jobs, specs, ctx, knob_search, phase) -> tuple:
                 job["variants"] = [asdict(v) for v in sm90.launch_variants(k.config, problem, ctx.num_sms)]
             prof_jobs.append(job)
         if prof_jobs:
-            got, torch_us = ctx.profiler(built.library, {p: _problem_spec(s) for p, s in specs.items()},
+            got, torch_us = ctx.profiler(built.library, {p: problem_spec(s) for p, s in specs.items()},
                                          prof_jobs, tags, device=ctx.device, knob_search=knob_search)
             results.update(got)
     except CutlassOffloadError as e:                 # the candidate build itself failed

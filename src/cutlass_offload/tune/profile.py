@@ -154,6 +154,12 @@ def _copies(spec: dict) -> int:
     return max(1, min(MAX_COPIES, math.ceil(COPY_BYTES / max(1, nbytes))))
 
 
+def operand_copies(spec: dict, device) -> list:
+    """The Operands a problem is timed on: enough fresh random copies to exceed the
+    L2 cache together (``_copies``), seeded per copy."""
+    return [Operands(spec, seed=1000 * i + 17, device=device) for i in range(_copies(spec))]
+
+
 def _rel_err(out, ref) -> float:
     out, ref = out.double(), ref.double()
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
@@ -300,7 +306,7 @@ def _run(req, problems, jobs, log) -> int:
     for pid in order:
         spec = problems[pid]
         log(event="setup", problem=pid)
-        copies = [Operands(spec, seed=1000 * i + 17, device=device) for i in range(_copies(spec))]
+        copies = operand_copies(spec, device)
         ref = copies[0].reference()
         torch_us, _ = time_us(_torch_launches(copies), launches_for(spec))
         log(event="torch", problem=pid, us=torch_us)
