@@ -15,7 +15,9 @@ graph's ``meta['val']`` so PyTorch can be timed on them. Prints a summary table.
 Resumable: the JSON is rewritten (atomically) after each model, and a model already
 in it with the same key (schema, sizes, dtype, arch and package versions) is not
 captured again unless ``--force``. A model that fails (e.g. timm missing) is recorded
-with its error and tried again on the next run; the exit status is 1 then.
+with its error and tried again on the next run; the exit status is 1 then. A model
+recorded ok before keeps that record and its problems (``refresh_error`` says why it
+was not refreshed).
 
 JSON schema (``schema_version`` 1; benchmarks/corpus/corpus.json):
 
@@ -474,9 +476,15 @@ def main(argv=None) -> int:
         except Exception as e:            # recorded; the other models go on
             failed.append(name)
             print(f"{name}: FAILED: {type(e).__name__}: {e}", flush=True)
-            drop_model(corpus, name)
-            corpus["models"][name] = {"status": "error", "error": f"{type(e).__name__}: {e}",
-                                      "key": key, "created": _today(), "versions": vers}
+            if old and old.get("status") == "ok":
+                # a refresh that fails (a package missing here) loses nothing: the
+                # model's earlier record and problems stay, marked with the failure
+                old["refresh_error"] = f"{_today()}: {type(e).__name__}: {e}"
+                print(f"{name}: kept its record of {old.get('created')}", flush=True)
+            else:
+                drop_model(corpus, name)
+                corpus["models"][name] = {"status": "error", "error": f"{type(e).__name__}: {e}",
+                                          "key": key, "created": _today(), "versions": vers}
             write(corpus, a.out, vers)
             continue
         merge(corpus, name, entries)

@@ -104,3 +104,26 @@ def test_main_resumes_and_writes_valid_json(monkeypatch, tmp_path, capsys):
     corpus.main(["--models", "m1", "--out", str(out), "--force"])
     assert calls[-1] == "m1"
     assert "distinct, all models" in capsys.readouterr().out
+
+
+def test_a_failed_refresh_keeps_the_models_earlier_record(monkeypatch, tmp_path):
+    broken = {"now": False}
+
+    def fake_collect(name):
+        if broken["now"]:
+            raise ImportError("torchvision missing here")
+        record = {"batch": 1, "seq": 1, "inputs": [], "capture_s": 0.0, "partition_s": 0.0,
+                  "regions": {"gemm": 1}, "fallbacks": {}, "pytorch_ops": {},
+                  "problems": {"gemm": [1, 1], "conv2d": [0, 0], "attention": [0, 0]},
+                  "gflop": {"offloaded": 0.0, "pytorch": 0.0}}
+        return record, {"gemm": [_entry(7, 1)]}
+
+    monkeypatch.setattr(corpus, "collect", fake_collect)
+    out = tmp_path / "c.json"
+    assert corpus.main(["--models", "timm-model", "--out", str(out)]) == 0
+    broken["now"] = True
+    assert corpus.main(["--models", "timm-model", "--out", str(out), "--force"]) == 1
+    data = json.loads(out.read_text())
+    kept = data["models"]["timm-model"]
+    assert kept["status"] == "ok" and "torchvision missing here" in kept["refresh_error"]
+    assert data["gemm"][0]["counts"] == {"timm-model": 1}       # its problems stay
