@@ -147,19 +147,39 @@ class QuickGELU(nn.Module):
         return x * torch.sigmoid(1.702 * x)
 
 
+class TransposedLinear(nn.Module):
+    """A Linear on a transposed view: A is M-contiguous (the VAE's attention input)."""
+
+    def __init__(self, k=128, n=256):
+        super().__init__()
+        self.lin, self.act = nn.Linear(k, n), QuickGELU()
+
+    def forward(self, x):
+        return self.act(self.lin(x.t()))
+
+
 def test_sm90a_kernel_compiles_to_wgmma(tmp_path):
     """One CUTLASS 3.x TMA warp-specialized kernel for sm_90a (about a minute on 2
-    cores), its EVT applying one of our activations (emit/templates/activations.h)."""
-    model = nn.Sequential(nn.Linear(128, 256), QuickGELU()).half()
-    compiled = co.compile(model, (torch.randn(64, 128).half(),), arch="sm_90a")
+    cores), reading a column-major A (TMA + wgmma, MN-major), its EVT applying one
+    of our activations (emit/templates/activations.h)."""
+    compiled = co.compile(TransposedLinear().half(), (torch.randn(128, 64).half(),), arch="sm_90a")
     (k,) = compiled.plan.distinct_kernels
     assert k.config.family == "cutlass3x_sm90" and k.epilogue.tag == "bias_qgelu"
+    assert k.layout_a == "col" and "_nn_" in k.name
     assert compiled.library_path.stat().st_size > 0
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump:   # the device machine has it; CI and dev machines do not
         sass = subprocess.run([cuobjdump, "--dump-sass", str(compiled.library_path)],
                               capture_output=True, text=True, check=True).stdout
         assert "HGMMA" in sass, "the 3.x kernel does not use wgmma"
+
+
+def test_sm80_column_major_a_compiles(tmp_path):
+    """The 2.x kernel of a Linear on a transposed view: A ColumnMajor."""
+    compiled = co.compile(TransposedLinear(64, 32).half(), (torch.randn(64, 16).half(),), arch="sm_80")
+    (k,) = compiled.plan.distinct_kernels
+    assert k.config.family == "cutlass2x_sm80" and k.layout_a == "col"
+    assert compiled.library_path.stat().st_size > 0
 
 
 def _exports(lib_path):

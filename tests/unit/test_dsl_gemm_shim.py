@@ -3,6 +3,7 @@ no DSL, nvcc or GPU needed: tests/build/test_dsl_gemm_build.py compiles and link
 import pytest
 
 from cutlass_offload.emit import dsl_gemm_sm90 as dsl
+from cutlass_offload.emit import dsl_shim
 
 
 def test_refused_configurations():
@@ -15,9 +16,9 @@ def test_refused_configurations():
 
 
 def test_shim_passes_only_the_operands_the_epilogue_reads():
-    plain = dsl.shim("k", "p", False, "none")
+    plain = dsl_shim.shim("k", "p", False, "none")
     assert "const_cast<void*>(args.d), {n}}" in plain and "args.bias != nullptr" not in plain
-    fused = dsl.shim("k", "p", True, "add")
+    fused = dsl_shim.shim("k", "p", True, "add")
     assert "args.bias != nullptr" in fused and "args.ldc, args.batch_stride_c" in fused
 
 
@@ -52,8 +53,8 @@ def test_gated_configs_take_an_activation_alone_and_read_twice_the_rows_of_b():
     for bad in ({"activation": "identity"}, {"bias": True}, {"residual": "add"}, {"post_relu": True}):
         with pytest.raises(ValueError, match="gated"):
             dsl.DslGemmConfig((128, 128), (1, 1), "f16", **{"activation": "silu", **bad}, gated=True)
-    assert "{2 * n, k, l}" in dsl.shim("k", "p", False, "none", gated=True)
-    assert "{n, k, l}" in dsl.shim("k", "p", False, "none")
+    assert "{2 * n, k, l}" in dsl_shim.shim("k", "p", False, "none", gated=True)
+    assert "{n, k, l}" in dsl_shim.shim("k", "p", False, "none")
 
 
 def test_a_failed_compile_is_reported_per_config_and_never_linked(tmp_path, monkeypatch):

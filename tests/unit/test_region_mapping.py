@@ -139,7 +139,9 @@ def emulate_gemm(mod, args, keep, xs):
         return next(t for t in list(keep) + list(xs) if isinstance(t, torch.Tensor) and t.data_ptr() == ptr)
     l, m, n, k = args.l, args.m, args.n, args.k
     a_t, b_t = at(args.a), at(args.b)
-    a = a_t.as_strided((l, m, k), (args.batch_stride_a, args.lda, 1), a_t.storage_offset())
+    a_strides = (args.batch_stride_a, 1, args.lda) if mod.kernel.layout_a == "col" else \
+        (args.batch_stride_a, args.lda, 1)
+    a = a_t.as_strided((l, m, k), a_strides, a_t.storage_offset())
     b_strides = (args.batch_stride_b, 1, args.ldb) if mod.kernel.layout_b == "col" else \
         (args.batch_stride_b, args.ldb, 1)
     b = b_t.as_strided((l, k, n), b_strides, b_t.storage_offset())
@@ -163,3 +165,40 @@ def test_partial_batch_broadcast_maps_onto_expanded_operands(xa, wb):
     assert out.shape == want.shape and args.l == want.shape[:-2].numel()
     got = emulate_gemm(mod, args, keep, (x, w)).reshape(want.shape)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 64, 48), (2, 3, 64, 48), (64, 48)])
+def test_linear_on_a_transposed_view_reads_a_column_major_in_place(shape):
+    """A Linear on ``x.transpose(-1, -2)`` (the VAE's attention projections): A is
+    M-contiguous, read in place by a column-major-A kernel, one batch entry per
+    leading index sharing the weight (B broadcast); the kernel's view of memory
+    computes F.linear's product (float32 emulation from the args)."""
+    def fn(x, w):
+        return torch.nn.functional.linear(x.transpose(-1, -2), w)
+    w = torch.randn(40, shape[-2], dtype=H)
+    mod = region_module(fn, torch.randn(*shape, dtype=H), w)
+    assert mod.region.problem.layout_a == "col" and mod.kernel.layout_a == "col"
+    assert mod.region.batch_mode == ("b_broadcast" if len(shape) > 2 else "fold")
+    assert any("column-major" in n for n in mod.region.notes)
+    x = torch.randn(*shape, dtype=H).transpose(-1, -2)        # fresh values, the region's A
+    out, args, keep = mod._map((x, w))
+    want = torch.nn.functional.linear(x.float(), w.float())
+    assert args.a == x.data_ptr() and args.lda == shape[-1] and out.shape == want.shape
+    assert args.batch_stride_b == 0 and args.l == max(1, torch.Size(shape[:-2]).numel())
+    got = emulate_gemm(mod, args, keep, (x, w)).reshape(want.shape)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_transposed_view_whose_batch_cannot_merge_is_copied_column_major():
+    def fn(x, w):
+        return torch.nn.functional.linear(x.transpose(-1, -2), w)
+    w = torch.randn(40, 64, dtype=H)
+    mod = region_module(fn, torch.randn(2, 3, 64, 48, dtype=H), w)
+    x = torch.randn(3, 2, 64, 48, dtype=H).permute(1, 0, 3, 2)    # batch strides do not merge
+    out, args, keep = mod._map((x, w))
+    assert args.a != x.data_ptr() and keep[0].stride(-2) == 1   # a column-major copy
+    got = emulate_gemm(mod, args, keep, (x, w)).reshape(out.shape)
+    want = torch.nn.functional.linear(x.float(), w.float())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    odd = torch.randn(2, 3, 64, 44, dtype=H).transpose(-1, -2)  # M = 44: not a multiple of 8
+    assert mod._map((odd, w)) is None

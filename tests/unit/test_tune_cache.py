@@ -449,18 +449,20 @@ def test_a_profiler_that_cannot_start_marks_everything_not_profiled():
 
 # -- the profiler's operands (its CUDA parts run in tests/gpu/test_tune.py) -------------------
 
-@pytest.mark.parametrize("layout_b, batch, broadcast", [("col", 1, False), ("row", 3, False),
-                                                        ("col", 2, True)])
-def test_profiler_operands_describe_their_tensors(layout_b, batch, broadcast):
+@pytest.mark.parametrize("layout_b, batch, broadcast, layout_a", [
+    ("col", 1, False, "row"), ("row", 3, False, "row"), ("col", 2, True, "row"), ("col", 3, False, "col")])
+def test_profiler_operands_describe_their_tensors(layout_b, batch, broadcast, layout_a):
     from cutlass_offload.tune.profile import Operands
     spec = {"m": 24, "n": 16, "k": 40, "batch": batch, "dtype": "f32", "layout_b": layout_b,
-            "a_batch_broadcast": broadcast,
+            "a_batch_broadcast": broadcast, "layout_a": layout_a,
             "epilogue": {"bias": True, "activation": "gelu_erf", "residual": "add", "post_activation": "relu"}}
     ops = Operands(spec, seed=1, device="cpu")
     a = ops.args
     assert (a.m, a.n, a.k, a.l) == (24, 16, 40, batch)
     assert (a.a, a.b, a.c, a.d, a.bias) == tuple(t.data_ptr() for t in (ops.a, ops.b, ops.c, ops.d, ops.bias))
-    assert a.lda == ops.a.stride(1) and a.ldd == ops.d.stride(1) == a.ldc
+    a_ld = ops.a.stride(2) if layout_a == "col" else ops.a.stride(1)
+    assert ops.a.stride(1 if layout_a == "col" else 2) == 1          # M or K contiguous
+    assert a.lda == a_ld and a.ldd == ops.d.stride(1) == a.ldc
     assert a.ldb == (ops.b.stride(1))
     assert a.batch_stride_a == (0 if broadcast or batch == 1 else ops.a.stride(0))
     assert a.batch_stride_b == (ops.b.stride(0) if batch > 1 else 0)

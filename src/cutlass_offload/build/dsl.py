@@ -20,6 +20,7 @@ from pathlib import Path
 from ..abi import WORKSPACE_SUFFIX
 from ..emit import TEMPLATES
 from ..emit import dsl_gemm_sm90 as dsl
+from ..emit import dsl_shim
 
 
 def compile_object(config: dsl.DslGemmConfig, out_dir: str) -> tuple:
@@ -99,7 +100,7 @@ def link_library(out_dir: Path, configs, lib_name: str = "libdsl_gemm.so") -> Pa
             raise FileNotFoundError(f"{obj}: configuration {c.name} was not compiled")
         objects.append(str(obj))
         sym = symbol(c)
-        sources.append(f'#include "{c.name}.h"\n' + dsl.shim(f"k{i}", c.name, c.bias, c.residual, c.gated)
+        sources.append(f'#include "{c.name}.h"\n' + dsl_shim.shim(f"k{i}", c.name, c.bias, c.residual, c.gated)
                        + f'extern "C" int {sym}(const CoGemmArgs* args, cudaStream_t stream) '
                        f"{{ return k{i}::run(*args, stream); }}\n"
                        f'extern "C" int64_t {sym}{WORKSPACE_SUFFIX}(const CoGemmArgs* args) '

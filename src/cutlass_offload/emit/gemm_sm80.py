@@ -47,7 +47,7 @@ from .epilogue_sm80 import (ELEMENT_TYPES, EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FA
                             check_smem, check_warp_tiling, cp_async_ok, epilogue_values,
                             semantics, shape_values)
 
-_LAYOUT_B = {"col": "cutlass::layout::ColumnMajor", "row": "cutlass::layout::RowMajor"}
+_LAYOUT = {"col": "cutlass::layout::ColumnMajor", "row": "cutlass::layout::RowMajor"}
 
 _INCLUDES_PLAIN = INCLUDES_COMMON + (
     INCLUDE_PLAIN_EPILOGUE,
@@ -64,7 +64,7 @@ _INCLUDES_RESIDUAL = INCLUDES_COMMON + (
 
 # Types shared by both variants.
 _TYPES = ELEMENT_TYPES + """\
-using LayoutA = cutlass::layout::RowMajor;
+using LayoutA = ${layout_a};
 using LayoutB = ${layout_b};
 using LayoutC = cutlass::layout::RowMajor;
 """ + TILE_TYPES + """
@@ -176,9 +176,9 @@ def check(kernel: GemmKernel) -> None:
     cfg = kernel.config
     if cfg.family != FAMILY:
         raise ValueError(f"gemm_sm80 emits only {FAMILY} kernels, got family {cfg.family!r}")
-    if kernel.layout_a != "row":
-        raise ValueError(f"A must be row-major, got layout_a={kernel.layout_a!r}")
-    if kernel.layout_b not in _LAYOUT_B:
+    if kernel.layout_a not in _LAYOUT:
+        raise ValueError(f"layout_a must be 'row' or 'col', got {kernel.layout_a!r}")
+    if kernel.layout_b not in _LAYOUT:
         raise ValueError(f"layout_b must be 'row' or 'col', got {kernel.layout_b!r}")
     if kernel.accumulate != "f32":
         raise ValueError(f"only f32 accumulation is supported, got {kernel.accumulate!r}")
@@ -218,7 +218,8 @@ def values(kernel: GemmKernel) -> dict:
     return {
         "name": kernel.name,
         "semantics": semantics(ep, "acc", "C"),
-        "layout_b": _LAYOUT_B[kernel.layout_b],
+        "layout_a": _LAYOUT[kernel.layout_a],
+        "layout_b": _LAYOUT[kernel.layout_b],
         **shape_values(kernel),
         **epilogue_values(ep),
         "operand_checks": operand_checks,

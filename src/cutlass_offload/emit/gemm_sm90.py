@@ -84,7 +84,7 @@ using ElementD = ${element_d};
 using ElementBias = ${element_d};
 using ElementAccumulator = float;
 using ElementCompute = float;
-using LayoutA = cutlass::layout::RowMajor;
+using LayoutA = ${layout_a};
 using LayoutB = ${layout_b};
 using LayoutC = cutlass::layout::RowMajor;
 using LayoutD = cutlass::layout::RowMajor;
@@ -106,8 +106,8 @@ using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
 
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
-static_assert(cute::is_same_v<typename GemmKernel::StrideA, cute::Stride<int64_t, cute::_1, int64_t>>,
-              "A: row-major (M, K, L)");
+static_assert(cute::is_same_v<typename GemmKernel::StrideA, ${stride_a_type}>,
+              "A: ${layout_a_doc}");
 static_assert(cute::is_same_v<typename GemmKernel::StrideB, ${stride_b_type}>,
               "B: ${layout_b_doc}");
 static_assert(cute::is_same_v<typename GemmKernel::StrideD, cute::Stride<int64_t, cute::_1, int64_t>>,
@@ -119,7 +119,7 @@ static inline typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
       {static_cast<int>(args.m), static_cast<int>(args.n), static_cast<int>(args.k),
        static_cast<int>(args.l)},
       {static_cast<ElementA const*>(args.a),
-       cute::make_stride(int64_t(args.lda), cute::_1{}, int64_t(args.batch_stride_a)),
+       ${stride_a_value},
        static_cast<ElementB const*>(args.b),
        ${stride_b_value}},
       {{},
@@ -203,8 +203,12 @@ def validate(kernel: GemmKernel) -> None:
         raise ValueError(f"gemm_sm90 emits family {FAMILY!r}, got {cfg.family!r}")
     if kernel.arch != "sm90a":
         raise ValueError(f"{FAMILY} needs arch 'sm90a', got {kernel.arch!r}")
-    if kernel.layout_a != "row":
-        raise ValueError(f"layout_a must be 'row' (K contiguous), got {kernel.layout_a!r}")
+    if kernel.layout_a not in ("row", "col"):
+        raise ValueError(f"layout_a must be 'row' or 'col', got {kernel.layout_a!r}")
+    if kernel.dtype == "f32" and kernel.layout_a != "row":
+        raise NotImplementedError(
+            "TF32 on sm90 wgmma needs K-major operands; A with layout 'col' (M contiguous) "
+            "is not supported")
     if kernel.accumulate != "f32":
         raise ValueError(f"only f32 accumulation is supported, got {kernel.accumulate!r}")
     if kernel.dtype == "f32" and kernel.layout_b != "col":
@@ -256,6 +260,16 @@ def values(kernel: GemmKernel) -> dict:
     element = ELEMENT[kernel.dtype][0]
     residual = ep.residual != "none"
 
+    if kernel.layout_a == "row":  # (M, K), K contiguous: the source every kernel had before
+        layout_a = "cutlass::layout::RowMajor"
+        stride_a_type = "cute::Stride<int64_t, cute::_1, int64_t>"
+        stride_a_value = "cute::make_stride(int64_t(args.lda), cute::_1{}, int64_t(args.batch_stride_a))"
+        layout_a_doc = "row-major (M, K, L)"
+    else:  # (M, K), M contiguous (TMA and wgmma read 16-bit A MN-major)
+        layout_a = "cutlass::layout::ColumnMajor"
+        stride_a_type = "cute::Stride<cute::_1, int64_t, int64_t>"
+        stride_a_value = "cute::make_stride(cute::_1{}, int64_t(args.lda), int64_t(args.batch_stride_a))"
+        layout_a_doc = "column-major (M, K, L), M contiguous"
     if kernel.layout_b == "col":  # stored (N, K), K contiguous
         layout_b = "cutlass::layout::ColumnMajor"
         stride_b_type = "cute::Stride<int64_t, cute::_1, int64_t>"
@@ -277,6 +291,10 @@ def values(kernel: GemmKernel) -> dict:
         "element_ab": element,
         "element_c": element if residual else "void",
         "element_d": element,
+        "layout_a": layout_a,
+        "layout_a_doc": layout_a_doc,
+        "stride_a_type": stride_a_type,
+        "stride_a_value": stride_a_value,
         "layout_b": layout_b,
         "layout_b_doc": layout_b_doc,
         **sm90_parts.shape_values(kernel),   # alignments, tile, cluster

@@ -22,8 +22,10 @@ class GemmProblem:
     m: rows (the product of the leading dims), ``None`` when dynamic; m_hint is the
     value seen in the example inputs, used only for tile selection.
     batch: L, ``None`` when dynamic; 1 when the batch was folded into M.
-    layout_a is always "row" (K contiguous). layout_b "col" means B is stored
-    (N, K) with K contiguous (a Linear weight), "row" means (K, N).
+    layout_a "row": A (L, M, K) with K contiguous; "col": M contiguous (a transposed
+    view, e.g. ``x.transpose(1, 2)`` fed to a Linear), each batch entry column-major.
+    layout_b "col" means B is stored (N, K) with K contiguous (a Linear weight),
+    "row" means (K, N).
     align_*: elements, the largest of 8/4/2/1 (for 16-bit types) that divides the
     contiguous extent and leading dimension; checked again on every call.
     a_batch_broadcast: A has no batch dims and is shared by every batch entry of B
@@ -48,7 +50,10 @@ class GemmProblem:
 
     def __post_init__(self):
         _check(self.dtype, DTYPES, "dtype")
-        _check(self.layout_a, ("row",), "layout_a")
+        _check(self.layout_a, LAYOUTS, "layout_a")
+        if self.layout_a == "col" and self.tf32:
+            raise ValueError("TF32 needs A with K contiguous (layout_a 'row'): wgmma reads "
+                             "32-bit operands K-major only")
         _check(self.layout_b, LAYOUTS, "layout_b")
         for a in (self.align_a, self.align_b, self.align_c):
             _check(a, (1, 2, 4, 8), "alignment")
@@ -176,6 +181,9 @@ class GemmKernel:
                 f"_align{self.align_a}{self.align_b}{self.align_c}_{self.epilogue.tag}")
 
 
+BATCH_MODES = ("fold", "batched", "a_broadcast", "b_broadcast", "expand")
+
+
 @dataclass(frozen=True)
 class GemmRegion(_Region):
     """A GEMM-family subgraph to offload: anchor op + fused epilogue.
@@ -185,9 +193,11 @@ class GemmRegion(_Region):
     form: the anchor op ("linear", "matmul", "mm", "addmm", "bmm").
     b_nk: B is given as stored (N, K) (a Linear weight): logical B = b^T.
     batch_mode: "fold" (batch dims folded into M, L = 1), "batched" (A and B
-      have the same batch dims), "a_broadcast" (A is shared by every batch) or
-      "expand" (the batch dims broadcast partially, e.g. (3, 1) x (3, 2): each
-      operand is expanded to the broadcast batch, copying the one that repeats).
+      have the same batch dims), "a_broadcast" (A is shared by every batch),
+      "b_broadcast" (B is shared by every batch: a Linear on a column-major A, whose
+      leading dims cannot fold into M) or "expand" (the batch dims broadcast
+      partially, e.g. (3, 1) x (3, 2): each operand is expanded to the broadcast
+      batch, copying the one that repeats).
     """
 
     name: str
@@ -203,4 +213,4 @@ class GemmRegion(_Region):
     notes: tuple = ()
 
     def __post_init__(self):
-        _check(self.batch_mode, ("fold", "batched", "a_broadcast", "expand"), "batch_mode")
+        _check(self.batch_mode, BATCH_MODES, "batch_mode")

@@ -34,6 +34,7 @@ class Operands:
     batch_dims: tuple = ()     # sizes of L when batched
     bias: Optional[fx.Node] = None
     c: Optional[fx.Node] = None  # addmm input of full output shape: residual add
+    layout_a: str = "row"        # "col": M contiguous (a transposed view; Linear only)
 
 
 @dataclass
@@ -68,10 +69,21 @@ def _static(x, what) -> int:
     return s
 
 
-def _check_a_row_major(a):
+def _a_layout(a) -> str:
+    """"row" when A's K is contiguous (or K is 1), "col" when its M is (a transposed
+    view); UnsupportedRegion when neither is."""
     v = val(a)
-    if v.dim() >= 2 and static_int(v.shape[-1]) != 1 and static_int(v.stride(-1)) != 1:
-        raise UnsupportedRegion("A is not row-major (K not contiguous)")
+    if v.dim() < 2 or static_int(v.shape[-1]) == 1 or static_int(v.stride(-1)) == 1:
+        return "row"
+    if static_int(v.stride(-2)) == 1:
+        return "col"
+    raise UnsupportedRegion("A has neither K nor M contiguous (copy it with .contiguous())")
+
+
+def _check_a_row_major(a):
+    if _a_layout(a) != "row":
+        raise UnsupportedRegion("A is not row-major (K not contiguous): only a Linear reads "
+                                "an M-contiguous A in place")
 
 
 def _b_layout_ok(b):
@@ -91,11 +103,21 @@ def linear_operands(node, options) -> Operands:
         raise UnsupportedRegion("linear needs a 2-D weight")
     k = _static(xv.shape[-1], "K")
     n = _static(wv.shape[0], "N")
-    _check_a_row_major(x)
+    layout_a = _a_layout(x)
     _b_layout_ok(w)
     if bias is not None:
         if tensor_dtype(bias, "bias") != dtype or val(bias).dim() != 1:
             raise UnsupportedRegion("linear bias must be a 1-D vector of the input dtype")
+    if layout_a == "col":
+        if dtype == "f32":
+            raise UnsupportedRegion("an fp32 (TF32) Linear needs its input K-contiguous "
+                                    "(wgmma reads 32-bit operands K-major only)")
+        # (..., M, K) with M contiguous: each leading index is one column-major
+        # (M, K) matrix, all sharing the weight (their rows cannot fold into M)
+        lead = tuple(xv.shape[:-2])
+        return Operands("linear", x, w, True, (xv.shape[-2],), n, k, dtype, bias=bias,
+                        batch_mode="b_broadcast" if lead else "fold", batch_dims=lead,
+                        layout_a="col")
     return Operands("linear", x, w, True, tuple(xv.shape[:-1]), n, k, dtype, bias=bias)
 
 

@@ -32,15 +32,30 @@ def _make_region(index, anchor, ops, state) -> GemmRegion:
     layout_b = "col" if ops.b_nk else ("row" if static_int(val(ops.b).stride(-1)) == 1 else "col")
     align_b = max_alignment(ops.k if layout_b == "col" else ops.n, dtype)
     problem = GemmProblem(
-        n=ops.n, k=ops.k, dtype=dtype, layout_b=layout_b,
-        align_a=max_alignment(ops.k, dtype), align_b=align_b, align_c=max_alignment(ops.n, dtype),
+        n=ops.n, k=ops.k, dtype=dtype, layout_b=layout_b, layout_a=ops.layout_a,
+        align_a=_align_a(ops, dtype), align_b=align_b, align_c=max_alignment(ops.n, dtype),
         epilogue=epilogue, m=m, m_hint=max(1, m_hint(m_dims)), batch=batch,
         batch_hint=max(1, m_hint(ops.batch_dims)) if ops.batch_mode != "fold" else 1,
         a_batch_broadcast=ops.batch_mode == "a_broadcast", tf32=dtype == "f32")
+    notes = tuple(state.notes)
+    if ops.layout_a == "col":
+        notes += ("A is read column-major (M contiguous: a transposed view), in place",)
     name = f"region{index}_{ops.form}_{epilogue.tag}"
     return GemmRegion(
         name=name, form=ops.form, nodes=tuple(n.name for n in state.nodes),
         a=ops.a.name, b=ops.b.name, problem=problem,
         bias=ops.bias.name if ops.bias is not None else None,
         c=state.c.name if state.c is not None else None,
-        b_nk=ops.b_nk, batch_mode=ops.batch_mode, notes=tuple(state.notes))
+        b_nk=ops.b_nk, batch_mode=ops.batch_mode, notes=notes)
+
+
+def _align_a(ops, dtype) -> int:
+    """A's alignment in elements: over K and its row stride for a row-major A; over
+    M (the example's when dynamic: every call checks it again) and its column
+    stride for a column-major one."""
+    if ops.layout_a == "row":
+        return max_alignment(ops.k, dtype)
+    v = val(ops.a)
+    m = static_int(v.shape[-2]) or m_hint(ops.m_dims)
+    lda = static_int(v.stride(-1))
+    return max_alignment(math.gcd(m, lda) if lda else m, dtype)

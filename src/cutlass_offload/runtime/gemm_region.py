@@ -105,15 +105,21 @@ class GemmRegionModule(RegionModule):
         bl = b.transpose(-1, -2) if r.b_nk else b          # logical (..., K, N)
         if a.shape[-1] != k or bl.dim() < 2 or bl.shape[-2] != k or bl.shape[-1] != n:
             return None                      # not the problem this kernel was built for
+        col_a = self.kernel.layout_a == "col"
         if r.batch_mode == "fold":
-            if bl.numel() != k * n:
+            if bl.numel() != k * n or (col_a and a.dim() != 2):
                 return None
             if r.form == "linear":
                 out_shape = a.shape[:-1] + (n,)
             else:
                 out_shape = torch.broadcast_shapes(a.shape[:-2], bl.shape[:-2]) + (a.shape[-2], n)
-            a3 = a.reshape(1, -1, k)
+            a3 = a.reshape(1, -1, k) if not col_a else a
             b3 = bl.reshape(1, k, n)
+        elif r.batch_mode == "b_broadcast":   # a Linear on a column-major A: L = A's leading dims
+            if a.dim() < 3 or bl.numel() != k * n:
+                return None
+            out_shape = a.shape[:-1] + (n,)
+            a3, b3 = a, bl.reshape(1, k, n)
         else:
             if a.dim() < 2 or (r.batch_mode == "a_broadcast" and a.numel() != a.shape[-2] * k) or \
                     (r.batch_mode == "batched" and _strip(a.shape[:-2]) != _strip(bl.shape[:-2])):
@@ -130,8 +136,17 @@ class GemmRegionModule(RegionModule):
                 bl = bl.expand(batch + (k, n))
             a3 = a.reshape(1, m, k) if r.batch_mode == "a_broadcast" else a.reshape(lsize, m, k)
             b3 = bl.reshape(lsize, k, n)
-        lsize, m = b3.shape[0] if r.batch_mode != "fold" else 1, a3.shape[1]
-        if a3.stride(-1) != 1 and k > 1:
+        if col_a:
+            # (L, M, K) with M contiguous: a view where A's leading dims merge, else a
+            # column-major copy (never a row-major one, which this kernel cannot read)
+            m = a3.shape[-2]
+            at = a3.transpose(-1, -2).reshape(-1, k, m)
+            if at.stride(-1) != 1 and m > 1:
+                at = at.contiguous()
+            a3 = at.transpose(-1, -2)
+        lsize = a3.shape[0] if r.batch_mode == "b_broadcast" else (b3.shape[0] if r.batch_mode != "fold" else 1)
+        m = a3.shape[1]
+        if not col_a and a3.stride(-1) != 1 and k > 1:
             a3 = a3.contiguous()
         if self.kernel.layout_b == "col":
             if b3.stride(-2) != 1 and k > 1:
@@ -141,9 +156,14 @@ class GemmRegionModule(RegionModule):
             if b3.stride(-1) != 1 and n > 1:
                 b3 = b3.contiguous()
             ldb = b3.stride(-2) if k > 1 else n
-        lda = a3.stride(-2) if m > 1 else k
-        bsa = 0 if (r.batch_mode not in ("batched", "expand") or lsize == 1) else a3.stride(0)
-        bsb = 0 if lsize == 1 else b3.stride(0)
+        if col_a:
+            lda = a3.stride(-1) if k > 1 else m
+            if m % al_a:                      # the contiguous extent, dynamic: checked per call
+                return None
+        else:
+            lda = a3.stride(-2) if m > 1 else k
+        bsa = 0 if (r.batch_mode not in ("batched", "expand", "b_broadcast") or lsize == 1) else a3.stride(0)
+        bsb = 0 if (lsize == 1 or r.batch_mode == "b_broadcast") else b3.stride(0)
         if not (self._ok(a3, lda, bsa, al_a) and self._ok(b3, ldb, bsb, al_b)):
             return None
         out = torch.empty(out_shape, dtype=a.dtype, device=a.device)

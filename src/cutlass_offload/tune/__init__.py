@@ -87,7 +87,8 @@ def problem_spec(problem) -> dict:
     m = problem.m if problem.m is not None else problem.m_hint
     batch = problem.batch if problem.batch is not None else problem.batch_hint
     return {"m": m, "n": problem.n, "k": problem.k, "batch": batch, "dtype": problem.dtype,
-            "layout_b": problem.layout_b, "a_batch_broadcast": problem.a_batch_broadcast,
+            "layout_b": problem.layout_b, "layout_a": problem.layout_a,
+            "a_batch_broadcast": problem.a_batch_broadcast,
             "epilogue": {f: getattr(problem.epilogue, f)
                          for f in ("bias", "activation", "residual", "post_activation")}}
 

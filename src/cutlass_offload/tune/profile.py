@@ -84,7 +84,8 @@ ACTIVATIONS = {
 class Operands:
     """One copy of a problem's tensors on the GPU and the CoGemmArgs reading them.
 
-    a (La, M, K) row-major, La = 1 when A is broadcast over the batch or L = 1;
+    a (La, M, K), La = 1 when A is broadcast over the batch or L = 1: row-major, or
+    M-contiguous for layout_a "col" (stored (La, K, M));
     b stored (L, N, K) for layout_b "col" (a Linear weight), (L, K, N) for "row";
     bias (N,), c (L, M, N) when the epilogue reads them; d (L, M, N) the output.
     """
@@ -99,7 +100,8 @@ class Operands:
 
         la = 1 if spec.get("a_batch_broadcast") or batch == 1 else batch
         self.spec = spec
-        self.a = rand(la, m, k)
+        col_a = spec.get("layout_a", "row") == "col"
+        self.a = rand(la, k, m).transpose(-1, -2) if col_a else rand(la, m, k)
         # B scaled so that the accumulator is about unit size whatever K is
         self.b = rand(batch, *((n, k) if spec["layout_b"] == "col" else (k, n)), scale=k ** -0.5)
         self.bias = rand(n, scale=0.5) if ep["bias"] else None
@@ -110,7 +112,7 @@ class Operands:
         args.bias = self.bias.data_ptr() if self.bias is not None else None
         args.c = self.c.data_ptr() if self.c is not None else None
         args.m, args.n, args.k, args.l = m, n, k, batch
-        args.lda, args.ldb = k, (k if spec["layout_b"] == "col" else n)
+        args.lda, args.ldb = (m if col_a else k), (k if spec["layout_b"] == "col" else n)
         args.ldc = args.ldd = n
         args.batch_stride_a = m * k if la > 1 else 0
         args.batch_stride_b = n * k if batch > 1 else 0
