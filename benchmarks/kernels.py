@@ -210,7 +210,7 @@ def gemm_row(p, info, kernel, tp) -> dict:
     """The table row of one GEMM problem from its TunedProblem (or None: not run)."""
     m = p.m * (p.batch or 1)
     row = {"kind": "gemm", "dtype": p.dtype, "m": p.m, "n": p.n, "k": p.k, "batch": p.batch,
-           "layout_b": p.layout_b, "align": [p.align_a, p.align_b, p.align_c],
+           "layout_a": p.layout_a, "layout_b": p.layout_b, "align": [p.align_a, p.align_b, p.align_c],
            "epilogue": p.epilogue.tag,
            # bias alone is part of cuBLAS's own call (addmm: cublasLt's bias epilogue)
            "fused": p.epilogue.tag not in ("plain", "bias"),
@@ -547,7 +547,8 @@ def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, n
     order = sorted(problems, key=lambda pi: (pi[0].epilogue.tag != "plain", pi[0].dtype != "f16"))
     for p, _ in order:
         tp = by_tid.get(tuning_id(p))
-        if tp is None or tp.winner_config is None or tp.winner_config["family"] != "cutlass3x_sm90":
+        if tp is None or tp.winner_config is None or tp.winner_config["family"] != "cutlass3x_sm90" \
+                or p.layout_a != "row":      # the table's keys know B's layout only
             continue
         key = (p.m, p.n, p.k, p.batch or 1, p.layout_b)
         if key in entries:

@@ -197,8 +197,8 @@ class Table:
     def lookup(self, problem: GemmProblem, num_sms: int):
         """(KernelConfig, GemmLaunch) for ``problem``, or None: the exact shape, else
         the nearest profiled one within NEAREST_MAX_RATIO in M, N and K."""
-        if num_sms != self.num_sms:
-            return None
+        if num_sms != self.num_sms or problem.layout_a != "row":
+            return None        # measured on row-major A only: a column-major A takes the rules
         m, n, k = gemm_mnk(problem)
         hit = self.entries.get((m, n, k, problem.layout_b))
         if hit is not None:
