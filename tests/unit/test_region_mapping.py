@@ -180,6 +180,7 @@ def test_linear_on_a_transposed_view_reads_a_column_major_in_place(shape):
     assert mod.region.problem.layout_a == "col" and mod.kernel.layout_a == "col"
     assert mod.region.batch_mode == ("b_broadcast" if len(shape) > 2 else "fold")
     assert any("column-major" in n for n in mod.region.notes)
+    assert mod.region.problem.summary()["layout_a"] == "col"      # report.json shows it
     x = torch.randn(*shape, dtype=H).transpose(-1, -2)        # fresh values, the region's A
     out, args, keep = mod._map((x, w))
     want = torch.nn.functional.linear(x.float(), w.float())

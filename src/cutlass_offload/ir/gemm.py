@@ -71,8 +71,12 @@ class GemmProblem:
         return m * max(1, batch)
 
     def summary(self) -> dict:
-        """The problem as the report shows it (JSON-able)."""
-        return {"n": self.n, "k": self.k, "m_hint": self.m_hint}
+        """The problem as the report shows it (JSON-able); A's layout only when it is
+        not the usual row-major one."""
+        out = {"n": self.n, "k": self.k, "m_hint": self.m_hint}
+        if self.layout_a != "row":
+            out["layout_a"] = self.layout_a
+        return out
 
 
 RASTER_ORDERS = ("heuristic", "along_m", "along_n")
