@@ -50,16 +50,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
     import torch.nn.functional as F
-    try:
-        import cutlass.cute  # noqa: F401
-    except ImportError:
-        print("the CuTe DSL is not installed (pip install 'cutlass_offload[dsl]')", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        print("needs an sm_90 GPU", file=sys.stderr)
-        return 2
     from _timing import graph_ms
-    from dsl_gemm import parse_configs
+    from dsl_gemm import json_path, missing, parse_configs
+    why = missing()
+    if why:
+        print(why, file=sys.stderr)
+        return 2
 
     from cutlass_offload.build import dsl as dsl_build
     from cutlass_offload.emit.dsl_gemm_sm90 import DslGemmConfig
@@ -139,8 +135,7 @@ def main(argv=None) -> int:
               "torch": torch.__version__, "cutlass_dsl": getattr(cutlass, "__version__", None),
               "compile_s": {k: (v if not isinstance(v, Exception) else repr(v)) for k, v in compiled.items()},
               "rows": rows}
-    out_path = Path(args.json) if args.json else (Path(os.environ["OUT"]) if os.environ.get("OUT")
-                                                  else HERE / "results") / "dsl_gated_mlp.json"
+    out_path = json_path(args.json, "dsl_gated_mlp")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {out_path}")

@@ -44,6 +44,25 @@ DEFAULT_CONFIGS = ("128x128:1x1,128x128:2x1,128x128:1x2,128x256:1x1,128x256:2x1,
 KEEP = 0.98          # issue 21: "at >= 0.98x the speed" of the C++ kernel
 
 
+def missing() -> str | None:
+    """Why these benchmarks cannot run here (no CuTe DSL, no sm_90 GPU), or None."""
+    import torch
+    try:
+        import cutlass.cute  # noqa: F401
+    except ImportError:
+        return "the CuTe DSL is not installed (pip install 'cutlass_offload[dsl]')"
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        return "needs an sm_90 GPU"
+    return None
+
+
+def json_path(arg, name: str) -> Path:
+    """``--json``, else $OUT/<name>.json, else benchmarks/results/<name>.json."""
+    if arg:
+        return Path(arg)
+    return (Path(os.environ["OUT"]) if os.environ.get("OUT") else HERE / "results") / f"{name}.json"
+
+
 def parse_configs(text: str) -> list:
     """"MxN:CMxCN,..." -> [((M, N), (CM, CN))]."""
     out = []
@@ -108,18 +127,14 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=DEFAULT_CONFIGS)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--limit", type=int, default=None, help="the first N problems only")
-    ap.add_argument("--no-cpp", action="store_true", help="DSL and anchors only (no nvcc kernels)")
+    ap.add_argument("--no-cpp", action="store_true", help="DSL kernels only (no nvcc kernels and no anchors: both come from the tuner run)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
     import torch
-    try:
-        import cutlass.cute  # noqa: F401
-    except ImportError:
-        print("the CuTe DSL is not installed (pip install 'cutlass_offload[dsl]')", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        print("needs an sm_90 GPU", file=sys.stderr)
+    why = missing()
+    if why:
+        print(why, file=sys.stderr)
         return 2
     from cutlass_offload.build import dsl as dsl_build
     from cutlass_offload.runtime.library import Library
@@ -214,8 +229,7 @@ def main(argv=None) -> int:
               "configs": args.configs, "compile_wall_s": compile_wall, "link_s": link_s,
               "compile_s": {n: (v if not isinstance(v, Exception) else repr(v)) for n, v in compiled.items()},
               "skipped": skipped, "summary": summary, "rows": rows}
-    out = Path(args.json) if args.json else (Path(os.environ["OUT"]) if os.environ.get("OUT")
-                                             else HERE / "results") / "dsl_gemm.json"
+    out = json_path(args.json, "dsl_gemm")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {out}")

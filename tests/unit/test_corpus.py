@@ -80,6 +80,14 @@ def test_merge_replaces_a_models_counts_and_drops_orphans():
     assert c["gemm"][1]["forms"] == {"b": ["linear"]}
 
 
+def _record() -> dict:
+    """What collect() records for a model with one GEMM region."""
+    return {"batch": 1, "seq": 1, "inputs": [], "capture_s": 0.0, "partition_s": 0.0,
+            "regions": {"gemm": 1}, "fallbacks": {}, "pytorch_ops": {},
+            "problems": {"gemm": [1, 1], "conv2d": [0, 0], "attention": [0, 0]},
+            "gflop": {"offloaded": 0.0, "pytorch": 0.0}}
+
+
 def test_main_resumes_and_writes_valid_json(monkeypatch, tmp_path, capsys):
     calls = []
 
@@ -87,11 +95,7 @@ def test_main_resumes_and_writes_valid_json(monkeypatch, tmp_path, capsys):
         calls.append(name)
         if name == "broken":
             raise ImportError("timm missing")
-        record = {"batch": 1, "seq": 1, "inputs": [], "capture_s": 0.0, "partition_s": 0.0,
-                  "regions": {"gemm": 1}, "fallbacks": {}, "pytorch_ops": {},
-                  "problems": {"gemm": [1, 1], "conv2d": [0, 0], "attention": [0, 0]},
-                  "gflop": {"offloaded": 0.0, "pytorch": 0.0}}
-        return record, {"gemm": [_entry(7, 1)]}
+        return _record(), {"gemm": [_entry(7, 1)]}
 
     monkeypatch.setattr(corpus, "collect", fake_collect)
     out = tmp_path / "c.json"
@@ -112,11 +116,7 @@ def test_a_failed_refresh_keeps_the_models_earlier_record(monkeypatch, tmp_path)
     def fake_collect(name):
         if broken["now"]:
             raise ImportError("torchvision missing here")
-        record = {"batch": 1, "seq": 1, "inputs": [], "capture_s": 0.0, "partition_s": 0.0,
-                  "regions": {"gemm": 1}, "fallbacks": {}, "pytorch_ops": {},
-                  "problems": {"gemm": [1, 1], "conv2d": [0, 0], "attention": [0, 0]},
-                  "gflop": {"offloaded": 0.0, "pytorch": 0.0}}
-        return record, {"gemm": [_entry(7, 1)]}
+        return _record(), {"gemm": [_entry(7, 1)]}
 
     monkeypatch.setattr(corpus, "collect", fake_collect)
     out = tmp_path / "c.json"
