@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import sys
 import tempfile
@@ -116,11 +115,6 @@ def time_dsl(lib, problem, configs, device) -> dict:
     return out
 
 
-def geomean(xs):
-    xs = [x for x in xs if x]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="fp16")
@@ -200,7 +194,7 @@ def main(argv=None) -> int:
         rs = [r for r in rows if r["dtype"] == dt]
         for key in ("dsl_best_vs_anchor", "cpp_vs_anchor", "dsl_best_vs_cpp", "dsl_same_vs_cpp"):
             vals = [r[key] for r in rs if r.get(key)]
-            summary[f"{dt} {key}"] = {"geomean": geomean(vals), "min": min(vals) if vals else None,
+            summary[f"{dt} {key}"] = {"geomean": kernels.geomean(vals), "min": min(vals) if vals else None,
                                       "n": len(vals)}
         vals = [r["dsl_best_vs_cpp"] for r in rs if r.get("dsl_best_vs_cpp")]
         summary[f"{dt} dsl_best_at_least_{KEEP}_of_cpp"] = sum(v >= KEEP for v in vals)

@@ -31,12 +31,20 @@ ACT = {"identity": lambda t: t, "relu": F.relu, "gelu_erf": F.gelu,
        "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
 
 
+GATED = [((128, 256), (1, 1), "f16", "silu"), ((128, 128), (2, 1), "bf16", "gelu_tanh")]
+
+
 @pytest.fixture(scope="module")
 def library(tmp_path_factory):
+    """Every configuration (CONFIGS, then GATED) in one library, compiled once:
+    ([run of each CONFIGS entry], [run of each GATED entry])."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
-    lib = Library(str(shim_library(tmp_path_factory.mktemp("dsl"), CONFIGS)))
-    return [lib.launcher(symbol(DslGemmConfig(*c)))[0] for c in CONFIGS]
+    configs = [DslGemmConfig(*c) for c in CONFIGS]
+    gated = [DslGemmConfig(t, c, d, act, gated=True) for t, c, d, act in GATED]
+    lib = Library(str(shim_library(tmp_path_factory.mktemp("dsl"), configs + gated)))
+    return ([lib.launcher(symbol(c))[0] for c in configs],
+            [lib.launcher(symbol(c))[0] for c in gated])
 
 
 def _reference(a, b, bias, c, act, residual, post):
@@ -70,7 +78,7 @@ def test_matches_float32(library, which, m, n, k, l):
                       lda=k, ldb=k, ldc=n, ldd=n, batch_stride_a=m * k, batch_stride_b=n * k,
                       batch_stride_c=m * n, batch_stride_d=m * n)
     stream = torch.cuda.current_stream().cuda_stream
-    assert library[which](ctypes.byref(args), stream) == 0
+    assert library[0][which](ctypes.byref(args), stream) == 0
     torch.cuda.synchronize()
     ref = _reference(a, b, bias, c, act, residual, post)
     assert not d.isnan().any(), "elements left unwritten"
@@ -78,19 +86,12 @@ def test_matches_float32(library, which, m, n, k, l):
     assert err < TOLERANCE[dt], (CONFIGS[which], (m, n, k, l), err)
 
 
-GATED = [((128, 256), (1, 1), "f16", "silu"), ((128, 128), (2, 1), "bf16", "gelu_tanh")]
-
-
 @pytest.mark.parametrize("which", range(len(GATED)))
 @pytest.mark.parametrize("m, n, k", [(200, 136, 64), (1024, 520, 1024)])
-def test_gated_matches_float32(tmp_path_factory, which, m, n, k):
+def test_gated_matches_float32(library, which, m, n, k):
     """D = act(x Wg^T) * (x Wu^T) from one (2N, K) weight interleaving Wg and Wu rows."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs an sm_90 GPU")
     tile, cluster, dtype, act = GATED[which]
-    config = DslGemmConfig(tile, cluster, dtype, act, gated=True)
-    lib = Library(str(shim_library(tmp_path_factory.mktemp("gated"), [config])))
-    run = lib.launcher(symbol(config))[0]
+    run = library[1][which]
     dt = DT[dtype]
     g = torch.Generator(device="cuda").manual_seed(which * 7 + m + n + k)
     x = torch.randn(m, k, generator=g, device="cuda").to(dt)

@@ -40,23 +40,20 @@ def compile_objects(configs, out_dir: Path, jobs: int = 1) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = list(dict.fromkeys(configs))
-    results = {}
     if jobs <= 1:
-        for c in todo:
-            try:
-                results[c.name] = compile_object(c, str(out_dir))[1]
-            except Exception as e:  # noqa: BLE001 - reported per configuration
-                results[c.name] = e
-        return results
+        return {c.name: _seconds_or_error(compile_object, c, str(out_dir)) for c in todo}
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo)) or 1, mp_context=ctx) as pool:
         futures = {c.name: pool.submit(compile_object, c, str(out_dir)) for c in todo}
-        for name, f in futures.items():
-            try:
-                results[name] = f.result()[1]
-            except Exception as e:  # noqa: BLE001 - reported per configuration
-                results[name] = e
-    return results
+        return {name: _seconds_or_error(f.result) for name, f in futures.items()}
+
+
+def _seconds_or_error(fn, *args):
+    """``fn(*args)``'s seconds, or the exception it raised (reported per configuration)."""
+    try:
+        return fn(*args)[1]
+    except Exception as e:  # noqa: BLE001 - one configuration's failure, the others go on
+        return e
 
 
 def runtime_archive() -> Path:

@@ -542,34 +542,34 @@ def _kernel_class():
 DTYPE_NAMES = {"f16": "Float16", "bf16": "BFloat16"}
 
 
-def compile_config(config: DslGemmConfig, num_sms=132):
-    """``compile_sm90`` of one DslGemmConfig."""
-    c = config
-    return compile_sm90(c.tile, c.cluster, c.dtype, c.activation, c.bias, c.residual,
-                        c.post_relu, num_sms, c.gated)
-
-
 def compile_sm90(tile_mn, cluster_mn, dtype="f16", activation="identity", bias=False,
                  residual="none", post_relu=False, num_sms=132, gated=False):
+    """``compile_config`` of the DslGemmConfig of these fields (which validates them)."""
+    return compile_config(DslGemmConfig(tile_mn, cluster_mn, dtype, activation, bias, residual,
+                                        post_relu, gated), num_sms)
+
+
+def compile_config(config: DslGemmConfig, num_sms=132):
     """Compile one configuration for sm_90a on fake tensors (no GPU needed): A, B, D,
     bias and C of run-time sizes, the contiguous extents divisible by 8. Returns the
     DSL's compiled function (``export_to_c`` writes its object file and header).
-    Raises ValueError for a configuration ``check`` refuses, ImportError without the
-    DSL, and what the DSL raises for code it cannot compile."""
-    check(tile_mn, cluster_mn, dtype, activation, residual)
+    Raises ImportError without the DSL, and what the DSL raises for code it cannot
+    compile (DslGemmConfig raised ValueError for a configuration it refuses)."""
+    c = config
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor
 
-    element = getattr(cutlass, DTYPE_NAMES[dtype])
+    element = getattr(cutlass, DTYPE_NAMES[c.dtype])
 
     def matrix():        # (rows, cols, batch), cols contiguous
         return make_fake_compact_tensor(element, (cute.SymInt(), cute.SymInt(divisibility=8),
                                                   cute.SymInt()), stride_order=(1, 0, 2))
     vector = make_fake_compact_tensor(element, (cute.SymInt(divisibility=8),), stride_order=(0,))
-    gemm = _kernel_class()(tile_mn, cluster_mn, activation, bias, residual, post_relu, gated)
-    clusters = num_sms // (cluster_mn[0] * cluster_mn[1])
+    gemm = _kernel_class()(c.tile, c.cluster, c.activation, c.bias, c.residual, c.post_relu,
+                           c.gated)
+    clusters = num_sms // (c.cluster[0] * c.cluster[1])
     # the target: CUTE_DSL_ARCH is read when the DSL is first imported and otherwise
     # defaults to the visible GPU's (sm_100a without one); a compile option alone
     # leaves export_to_c unable to write the object file, so set the DSL's own
