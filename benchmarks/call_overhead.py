@@ -6,12 +6,18 @@ times whole region calls of a tiny GEMM (launch-bound, so the host path shows).
 Prints microseconds per call; writes JSON. The ``host_*`` figures are taken with
 the GPU kept busy (``host_us``), so they are host time alone; the others are
 wall time per call, which for this launch-bound kernel is the GPU's pace.
+``host_launcher_only_us`` repeats one call (the launcher's stored Params serve it),
+``host_launcher_miss_us`` changes the output address on every call (the launcher
+builds its Params: checks, TMA descriptors; plus a Python list lookup), and
+``host_bare_launch_us`` is the floor: one empty kernel launched from Python
+(``torch.cuda._sleep(0)``).
 
     python benchmarks/call_overhead.py [--arch sm_90a] [--json call_overhead.json]
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -74,6 +80,16 @@ def host_us(fn, n=200, rounds=15, busy_ms=30.0) -> float:
         times.append((time.perf_counter() - t0) / n * 1e6)
         torch.cuda.synchronize()
     return statistics.median(times)
+
+
+MISS_ADDRESSES = 64     # above the 16 Params a launcher keeps (prelude.h CoParamsCache)
+
+
+def _with_d(args, d):
+    """A copy of the ctypes argument struct ``args`` with D at address ``d``."""
+    copy = type(args).from_buffer_copy(args)
+    copy.d = d
+    return copy
 
 
 def region_call_costs(mod, xs, n=2000) -> dict:
@@ -150,8 +166,8 @@ def main():
             hook.remove()
             result.update({f"region_{k}": v for k, v in region_call_costs(mod, seen[0], 5000).items()})
             # the parts of a C++-path call: the C++ object alone (operand check, output
-            # allocation, launch), and the library's launcher alone (CUTLASS's host
-            # side: arguments, TMA descriptors, cudaLaunchKernelEx) on cached args
+            # allocation, launch), and the library's launcher alone on cached args (a
+            # repeated call: the launcher's stored Params, then cudaLaunchKernelEx)
             import ctypes
             from cutlass_offload.runtime.region import current_stream
             xs_seen = seen[0]
@@ -170,6 +186,15 @@ def main():
             result["host_region_call_us"] = host_us(lambda: compiled(xs))
             result["host_region_cpp_object_us"] = host_us(lambda: mod._fast(xs_seen))
             result["host_launcher_only_us"] = host_us(lambda: mod._fn(ref, stream))
+            # the launcher's Params cache (prelude.h CoParamsCache) missed on every call:
+            # D rotates over more output addresses than a launcher keeps
+            big = torch.empty(MISS_ADDRESSES, 8 * 64, dtype=torch.float16, device="cuda")
+            rotating = [ctypes.byref(_with_d(args, big[i].data_ptr())) for i in range(MISS_ADDRESSES)]
+            turn = itertools.count()
+            result["host_launcher_miss_us"] = host_us(
+                lambda: mod._fn(rotating[next(turn) % MISS_ADDRESSES], stream))
+            # the floor: one bare kernel launch from Python (pybind11 + cudaLaunchKernel)
+            result["host_bare_launch_us"] = host_us(lambda: torch.cuda._sleep(0))
             op, key, entry = _region_op_call(mod, xs_seen)
             if op is not None:
                 result["host_region_op_call_us"] = host_us(lambda: op(list(xs_seen), [], key))

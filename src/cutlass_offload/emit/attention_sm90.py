@@ -193,19 +193,29 @@ int64_t workspace_size(const CoAttentionArgs& args) {
   return lse_bytes(args);
 }
 
+// Params of earlier calls by their argument bytes (prelude.h): a repeated call skips
+// the checks and the TMA descriptor encodes
+static CoParamsCache<CoAttentionArgs, typename Kernel::Params> co_params_cache;
+
+static int launch(const typename Kernel::Params& p, cudaStream_t stream) {
+  const int status = prepare_smem();
+  if (status != CO_OK) return status;
+  cutlass::device_kernel<Kernel>
+      <<<Kernel::get_grid_shape(p), Kernel::get_block_shape(), kSmemBytes, stream>>>(p);
+  if (cudaGetLastError() != cudaSuccess) return CO_LAUNCH_FAILED;
+  return CO_OK;
+}
+
 int run(const CoAttentionArgs& args, cudaStream_t stream) {
+  if (auto cached = co_params_cache.find(args)) return launch(*cached, stream);
   if (args.batch < 0 || args.heads < 0 || args.seq_q < 0) return CO_CANNOT_IMPLEMENT;
   if (empty(args)) return CO_OK;  // empty output: nothing to launch
   if (!supported(args)) return CO_CANNOT_IMPLEMENT;
   if (args.workspace_bytes < lse_bytes(args)) return CO_WORKSPACE_TOO_SMALL;
   if (args.workspace == nullptr || !ptr_aligned(args.workspace, 16)) return CO_CANNOT_IMPLEMENT;
-  const int status = prepare_smem();
-  if (status != CO_OK) return status;
-  typename Kernel::Params p = make_params(args);
-  cutlass::device_kernel<Kernel>
-      <<<Kernel::get_grid_shape(p), Kernel::get_block_shape(), kSmemBytes, stream>>>(p);
-  if (cudaGetLastError() != cudaSuccess) return CO_LAUNCH_FAILED;
-  return CO_OK;
+  const typename Kernel::Params p = make_params(args);
+  co_params_cache.put(args, p);   // the LSE workspace needs no initialization
+  return launch(p, stream);
 }
 
 }  // namespace ${name}

@@ -201,8 +201,8 @@ int64_t workspace_size(const CoConvArgs& args) {
   return static_cast<int64_t>(Conv::get_workspace_size(make_arguments(args, make_problem(args))));
 }
 
-int run(const CoConvArgs& args, cudaStream_t stream) {
-  if (!co_args_ok(args)) {
+""" + sm90_parts.launcher("ConvKernel", "CoConvArgs", _LAUNCH) + """int run(const CoConvArgs& args, cudaStream_t stream) {
+""" + sm90_parts.CACHE_HIT + """  if (!co_args_ok(args)) {
     return CO_CANNOT_IMPLEMENT;
   }
   if (args.n == 0) {
@@ -220,7 +220,7 @@ int run(const CoConvArgs& args, cudaStream_t stream) {
   if (Conv::can_implement(arguments) != cutlass::Status::kSuccess) {
     return CO_CANNOT_IMPLEMENT;
   }
-""" + sm90_parts.run_tail("Conv", "ConvKernel", _LAUNCH))
+""" + sm90_parts.run_tail("Conv", "ConvKernel"))
 
 
 def _reads_source(ep: GemmEpilogue) -> bool:

@@ -8,7 +8,7 @@ tile (benchmarks/dsl_compile_time.py), and exports it ahead of time as an object
 file and a C header (``export_to_c``) that link into a shared library
 (build/dsl.py). Correct on the H200 (tests/gpu/test_dsl_gemm.py) at 0.87x our C++
 kernels' speed over the GEMM corpus, 0.94x on the problems of 20 us or more
-(benchmarks/dsl_gemm.py, README "Measured in session 13"): not on the default path.
+(benchmarks/dsl_gemm.py, docs/measured.md "Measured in session 13"): not on the default path.
 
 The kernel (our composition of the DSL's Hopper building blocks, in the manner of
 NVIDIA's persistent dense GEMM example): a persistent, warp-specialized kernel on

@@ -159,8 +159,8 @@ int64_t workspace_size(const CoGemmArgs& args) {
   return static_cast<int64_t>(Gemm::get_workspace_size(make_arguments(args)));
 }
 
-int run(const CoGemmArgs& args, cudaStream_t stream) {
-  if (!(co_fits_int(args.m) && co_fits_int(args.n) && co_fits_int(args.k) && co_fits_int(args.l))) {
+""" + sm90_parts.launcher("GemmKernel", "CoGemmArgs", _LAUNCH) + """int run(const CoGemmArgs& args, cudaStream_t stream) {
+""" + sm90_parts.CACHE_HIT + """  if (!(co_fits_int(args.m) && co_fits_int(args.n) && co_fits_int(args.k) && co_fits_int(args.l))) {
     return CO_CANNOT_IMPLEMENT;
   }
   if (args.m == 0 || args.n == 0 || args.l == 0) {
@@ -174,7 +174,7 @@ int run(const CoGemmArgs& args, cudaStream_t stream) {
   if (Gemm::can_implement(arguments) != cutlass::Status::kSuccess) {
     return CO_CANNOT_IMPLEMENT;
   }
-""" + sm90_parts.run_tail("Gemm", "GemmKernel", _LAUNCH))
+""" + sm90_parts.run_tail("Gemm", "GemmKernel"))
 
 
 # CUTLASS's grid dependency control (griddepcontrol.wait before the first global read,

@@ -9,9 +9,12 @@ the plain-vs-EVT fusion and stage-count values they substitute.
   ``${epilogue_schedule}`` placeholders).
 * ``TMA_DRIVER``: templates/tma_driver.h, the preamble of every TMA unit (the
   driver entry point of the descriptor encodes looked up once, not per encode).
-* ``run_tail(...)``: ``run``'s end, from the workspace check to the launch: what
-  the device adapter's ``initialize`` + ``run`` do, with the shared-memory opt-in
-  done once per device (prelude.h ``co_opt_in_smem``) instead of on every call.
+* ``launcher(...)``, ``CACHE_HIT``, ``run_tail(...)``: the launch path. ``run``
+  starts with ``CACHE_HIT`` (a call with the arguments of an earlier one launches
+  its stored Params: no checks, no TMA descriptor encodes) and ends with
+  ``run_tail``: what the device adapter's ``initialize`` + ``run`` do, with the
+  shared-memory opt-in done once per device (prelude.h ``co_opt_in_smem``) instead
+  of on every call.
 """
 from __future__ import annotations
 
@@ -63,22 +66,20 @@ CONV_EXTENTS_OK = """\
   }
 """
 
-_RUN_TAIL = """\
-  int64_t needed = static_cast<int64_t>(@ADAPTER@::get_workspace_size(arguments));
-  if (args.workspace_bytes < needed || (needed > 0 && args.workspace == nullptr)) {
-    return CO_WORKSPACE_TOO_SMALL;
-  }
-  // What @ADAPTER@::initialize + run do, with the shared memory opt-in once per device
+# Defined before ``run``: the launcher's Params cache (prelude.h CoParamsCache) and
+# ``co_launch``, the launch of given Params: the shared memory opt-in once per device
+# (prelude.h ``co_opt_in_smem``; CUTLASS's initialize does it on every call), then
+# the adapter's run.
+_LAUNCHER = """\
+static CoParamsCache<@ARGS@, typename @KERNEL@::Params> co_params_cache;
+
+static int co_launch(typename @KERNEL@::Params params, const @ARGS@& args, cudaStream_t stream) {
   static std::atomic<int> smem_ready[kCoMaxDevices];
   int ready = co_opt_in_smem(cutlass::device_kernel<@KERNEL@>,
                              static_cast<int>(@KERNEL@::SharedStorageSize), smem_ready, 9);
   if (ready != CO_OK) {
     return ready;
   }
-  if (@KERNEL@::initialize_workspace(arguments, args.workspace, stream) != cutlass::Status::kSuccess) {
-    return CO_INIT_FAILED;
-  }
-  typename @KERNEL@::Params params = @KERNEL@::to_underlying_arguments(arguments, args.workspace);
 @LAUNCH@    return CO_LAUNCH_FAILED;
   }
   if (cudaGetLastError() != cudaSuccess) {
@@ -87,18 +88,54 @@ _RUN_TAIL = """\
   return CO_OK;
 }
 
+"""
+
+# The first statement of ``run``: a call whose arguments were launched before reuses
+# their Params (every check passed then, and Params depend on the arguments alone)
+CACHE_HIT = """\
+  if (auto cached = co_params_cache.find(args)) {
+    return co_launch(*cached, args, stream);
+  }
+"""
+
+_RUN_TAIL = """\
+  int64_t needed = static_cast<int64_t>(@ADAPTER@::get_workspace_size(arguments));
+  if (args.workspace_bytes < needed || (needed > 0 && args.workspace == nullptr)) {
+    return CO_WORKSPACE_TOO_SMALL;
+  }
+  // What @ADAPTER@::initialize + run do (the opt-in in co_launch)
+  if (@KERNEL@::initialize_workspace(arguments, args.workspace, stream) != cutlass::Status::kSuccess) {
+    return CO_INIT_FAILED;
+  }
+  typename @KERNEL@::Params params = @KERNEL@::to_underlying_arguments(arguments, args.workspace);
+  if (needed == 0) {
+    co_params_cache.put(args, params);   // a workspace is initialized per call: never cached
+  }
+  return co_launch(params, args, stream);
+}
+
 }  // namespace ${name}
 """
 
 
-def run_tail(adapter: str, kernel: str, launch: str) -> str:
-    """Template text of ``run``'s end for the device adapter type ``adapter`` (e.g.
-    "Gemm") over the kernel type ``kernel`` (e.g. "GemmKernel"); ``launch``: the
-    line(s) from the ``if (`` of the adapter's run call up to its opening brace,
-    newline included. Expects ``arguments`` (the adapter's Arguments) in scope and
-    closes ``run`` and the kernel's namespace."""
-    return (_RUN_TAIL.replace("@ADAPTER@", adapter).replace("@KERNEL@", kernel)
+def launcher(kernel: str, args: str, launch: str) -> str:
+    """Template text of the Params cache and ``co_launch`` (before ``run``) for the
+    kernel type ``kernel`` (e.g. "GemmKernel") and the argument struct ``args``
+    (e.g. "CoGemmArgs"); ``launch``: the line(s) from the ``if (`` of the adapter's
+    run call up to its opening brace, newline included, reading ``params`` and
+    ``args``."""
+    return (_LAUNCHER.replace("@KERNEL@", kernel).replace("@ARGS@", args)
             .replace("@LAUNCH@", launch))
+
+
+def run_tail(adapter: str, kernel: str) -> str:
+    """Template text of ``run``'s end for the device adapter type ``adapter`` (e.g.
+    "Gemm") over the kernel type ``kernel`` (e.g. "GemmKernel"): the workspace
+    check, its initialization, the Params (stored in the cache when no workspace
+    needs initializing) and ``co_launch`` (``launcher(...)``). Expects ``arguments``
+    (the adapter's Arguments) in scope and closes ``run`` and the kernel's
+    namespace."""
+    return _RUN_TAIL.replace("@ADAPTER@", adapter).replace("@KERNEL@", kernel)
 
 
 def fusion(ep: GemmEpilogue, residual_source=None) -> tuple:

@@ -1,7 +1,12 @@
 // cutlass_offload C ABI: shared by every generated library.
 #pragma once
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <type_traits>
 #include <cuda_runtime.h>
 
 // Arguments of one GEMM call. Element offsets, not bytes.
@@ -211,3 +216,57 @@ inline int co_opt_in_smem(Kernel* kernel, int bytes, std::atomic<int>* done, int
   }
   return CO_OK;
 }
+
+// The bytes of an argument struct that say everything about a call: the whole struct
+// but its tail padding (CoGemmArgs ends in five int32 fields: 4 bytes of padding that
+// a caller need not initialize). The other structs have no padding (asserted).
+constexpr size_t co_key_bytes(const CoGemmArgs*) { return offsetof(CoGemmArgs, pdl) + sizeof(int32_t); }
+constexpr size_t co_key_bytes(const CoConvArgs*) { return sizeof(CoConvArgs); }
+constexpr size_t co_key_bytes(const CoAttentionArgs*) { return sizeof(CoAttentionArgs); }
+static_assert(sizeof(CoConvArgs) == 22 * 8, "CoConvArgs has no padding");
+static_assert(sizeof(CoAttentionArgs) == 5 * 8 + 22 * 8 + 4 + 4 + 8 + 8, "CoAttentionArgs has no padding");
+
+// The kernel Params of a launcher's last few calls, keyed by the call's argument
+// bytes (pointers, sizes, strides, launch knobs). An eager model's steady state
+// repeats its calls with the same tensors (PyTorch's caching allocator hands the
+// same blocks back), and a hit skips the argument checks, can_implement, the
+// workspace query and the TMA descriptor encodes: the host side of a call is then
+// the launch alone. Only Params that depend on nothing but the arguments and the
+// device info fixed at the first call (co_device_info) may be stored, and only by a
+// launcher with no workspace to initialize per call. kEntries slots, replaced round
+// robin (a kernel shared by many layers sees each layer's call); one mutex per
+// launcher, so concurrent callers are safe.
+template <class Args, class Params, int kEntries = 16>
+class CoParamsCache {
+  static_assert(std::is_trivially_copyable<Params>::value,
+                "kernel Params are copied as bytes, as a launch does");
+  static constexpr size_t kKeyBytes = co_key_bytes(static_cast<const Args*>(nullptr));
+
+ public:
+  // The Params stored for ``args``, if any
+  std::optional<Params> find(const Args& args) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int i = 0; i < used_; ++i) {
+      if (std::memcmp(keys_[i], &args, kKeyBytes) == 0) {
+        Params p;
+        std::memcpy(static_cast<void*>(&p), params_[i], sizeof(Params));
+        return p;
+      }
+    }
+    return std::nullopt;
+  }
+
+  void put(const Args& args, const Params& params) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int i = used_ < kEntries ? used_++ : next_;
+    next_ = (i + 1) % kEntries;
+    std::memcpy(keys_[i], &args, kKeyBytes);
+    std::memcpy(params_[i], static_cast<const void*>(&params), sizeof(Params));
+  }
+
+ private:
+  std::mutex mu_;
+  int used_ = 0, next_ = 0;
+  unsigned char keys_[kEntries][kKeyBytes];
+  alignas(Params) unsigned char params_[kEntries][sizeof(Params)];
+};
