@@ -377,6 +377,18 @@ def _saved_glue(manifest: dict, override) -> GlueSpec:
     return GlueSpec(glue or saved.get("glue", "auto"), mode, options)
 
 
+def _indexed(device) -> torch.device:
+    """``device`` with its index: "cuda" is the current CUDA device. The move pass
+    writes the device it is given into the graph's ``_assert_tensor_metadata``
+    checks (from ``.to(dtype)`` calls), and those compare devices exactly: "cuda"
+    against a tensor on "cuda:0" fails them (Inductor glue then could not trace a
+    loaded sd-unet, llama or vae-decoder on the H200)."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
 def _load_once(out: Path, manifest: dict, device, override=None) -> tuple:
     # a folder saved before combine_gemms existed was partitioned without it
     options = CompileOptions(**{"combine_gemms": False, **manifest["options"]})
@@ -385,7 +397,7 @@ def _load_once(out: Path, manifest: dict, device, override=None) -> tuple:
     inputs = torch.load(out / "inputs.pt")
     if device is not None:
         # moves parameters, buffers, lifted constants and device= arguments alike
-        ep = move_to_device_pass(ep, device)
+        ep = move_to_device_pass(ep, _indexed(device))
         inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
     lib = out / build_stage.LIB_NAME
     from .tune.result import choice_from_dict

@@ -264,13 +264,36 @@ class InductorGlue:
         except torch._dynamo.exc.TorchDynamoException as e:
             if not self.fallback_to_eager:
                 raise
-            self.failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            self.failed = _describe(e)
             warnings.warn(f"cutlass_offload: Inductor could not compile the glue ({self.failed}); "
                           "the model runs with eager glue", RuntimeWarning, stacklevel=3)
             return gm(*args, **kwargs)
         if first:
             self.first_call_s = time.perf_counter() - t0
         return out
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _describe(e: BaseException) -> str:
+    """``e``'s first line, with what Dynamo says stopped it: its wrappers ("RuntimeError
+    when making fake tensor call") give the failing node and error on an
+    "Explanation:" line, or chain the error as ``__cause__`` (the innermost one's
+    first line is added)."""
+    text = _first_line(e)
+    for line in str(e).splitlines()[1:]:
+        if line.strip().startswith("Explanation:"):
+            explanation = line.strip()[len("Explanation:"):].strip()
+            text += f"; {explanation[:400]}"
+            break
+    root, seen = e, {id(e)}
+    while root.__cause__ is not None and id(root.__cause__) not in seen:
+        root = root.__cause__
+        seen.add(id(root))
+    return text if root is e else f"{text}; caused by {_first_line(root)}"
 
 
 def _mark_buffers_static(gm: fx.GraphModule) -> None:
