@@ -64,6 +64,8 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))                  # compile_time (_changed)
 sys.path.insert(0, str(HERE.parents[1] / "src"))
 
+from _budget import Budget, OutOfBudget, finish  # noqa: E402
+
 OURS = ("ours_cold", "ours_load", "ours_warm", "ours_changed")
 NEEDS_CACHE = ("ours_load", "ours_warm", "ours_changed")     # what ours_cold leaves behind
 LOAD_TARGET_S = 2.0                  # issue 17: loading sd-unet's folder
@@ -269,22 +271,6 @@ def run_child(step: str, name: str, arch: str, work: Path, jobs: int | None) -> 
         res = {"error": f"the step's process exited {proc.returncode} without a result"}
     res["process_s"] = wall
     return res
-
-
-class Budget:
-    """Stops the run before a step once ``seconds`` have passed; the first step of
-    a run always starts (each run makes progress)."""
-
-    def __init__(self, seconds):
-        self.seconds, self.t0, self.started = seconds, time.perf_counter(), False
-
-    def exhausted(self) -> bool:
-        return (self.started and self.seconds is not None
-                and time.perf_counter() - self.t0 > self.seconds)
-
-
-class OutOfBudget(Exception):
-    pass
 
 
 def done(rec) -> bool:
@@ -505,14 +491,7 @@ def main(argv=None, runner=None) -> int:
         except OutOfBudget as e:
             incomplete = str(e)
             break
-    result["incomplete"] = incomplete
-    write_json(path, result)
-    print(table(result))
-    print(f"wrote {path}")
-    if incomplete:
-        print(f"stopped before {incomplete} (--budget-s {a.budget_s:g}): run again with --resume")
-        return 3
-    return 0
+    return finish(result, incomplete, lambda: write_json(path, result), table(result), path, a.budget_s)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ from _region_stats import (
     target_flag,
     time_lost_us,
 )
+from _budget import Budget, OutOfBudget, finish  # noqa: E402
 from _timing import events_ms, graph_ms
 
 import cutlass_offload as co
@@ -544,23 +545,6 @@ def _eager_variant(label, compiled, reference, source, setup_s, inputs, ref, che
     return res
 
 
-class Budget:
-    """Stops the run before a step once ``seconds`` have passed since it started;
-    the first step of a run always starts (each run makes progress)."""
-
-    def __init__(self, seconds):
-        self.seconds, self.t0 = seconds, time.perf_counter()
-        self.started = False
-
-    def exhausted(self) -> bool:
-        return (self.started and self.seconds is not None
-                and time.perf_counter() - self.t0 > self.seconds)
-
-
-class OutOfBudget(Exception):
-    pass
-
-
 def bench_model(name, a, peaks, res=None, save=lambda: None, budget=None) -> dict:
     """One model's steps, skipping those ``res`` (a partial result) already holds;
     ``save()`` after each. Raises OutOfBudget before a step once ``budget`` is spent."""
@@ -768,14 +752,8 @@ def main(argv=None) -> int:
             print(f"{name}: FAILED: {res['error']}", flush=True)
         _free()
         _write(path, result)
-    result["incomplete"] = incomplete
-    _write(path, result)
-    print(format_report(result, a.top, OVERHEAD_TARGET_US))
-    print(f"wrote {path}")
-    if incomplete:
-        print(f"stopped before {incomplete} (--budget-s {a.budget_s:g}): run again with --resume")
-        return 3
-    return 0
+    return finish(result, incomplete, lambda: _write(path, result),
+                  format_report(result, a.top, OVERHEAD_TARGET_US), path, a.budget_s)
 
 
 if __name__ == "__main__":
