@@ -19,7 +19,7 @@ from .capture import Captured, capture, from_exported
 from .config import CompileOptions, resolve_norms
 from .errors import CutlassOffloadError, DamagedFileError, DeviceError
 # the output folder's format (folder.py); check_folder is re-exported for the CLI
-from .folder import MANIFEST, _checked, _fingerprint, check_folder, check_out_dir, save  # noqa: F401
+from .folder import MANIFEST, _checked, _fingerprint, check_folder, check_out_dir, load_exported, save  # noqa: F401
 from .ir import Plan
 from .partition import partition
 from .report import Report
@@ -393,7 +393,7 @@ def _load_once(out: Path, manifest: dict, device, override=None) -> tuple:
     # a folder saved before combine_gemms existed was partitioned without it
     options = CompileOptions(**{"combine_gemms": False, **manifest["options"]})
     glue = _saved_glue(manifest, override)
-    ep = torch.export.load(str(out / "model.pt2"))
+    ep = load_exported(out / "model.pt2")
     inputs = torch.load(out / "inputs.pt")
     if device is not None:
         # moves parameters, buffers, lifted constants and device= arguments alike
