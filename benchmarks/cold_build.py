@@ -491,6 +491,8 @@ def main(argv=None, runner=None) -> int:
         except OutOfBudget as e:
             incomplete = str(e)
             break
+    if work_root.is_dir() and not any(work_root.iterdir()):
+        work_root.rmdir()           # every model's work was removed: leave no empty folder
     return finish(result, incomplete, lambda: write_json(path, result), table(result), path, a.budget_s)
 
 
