@@ -104,10 +104,8 @@ def _wait_fast_call() -> float:
     """Wait for the C++ call path's background build (started by compile / load on a
     GPU machine) so it does not run on into the next step; its extra seconds."""
     from cutlass_offload.runtime import fast_call
-    t = getattr(fast_call, "_state", {}).get("thread")
     t0 = time.perf_counter()
-    if t is not None:
-        t.join()
+    fast_call.wait()
     return time.perf_counter() - t0
 
 

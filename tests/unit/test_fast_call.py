@@ -376,3 +376,18 @@ def test_calls_never_wait_for_a_background_build(monkeypatch):
     release.set()
     fast_call._state["thread"].join(10)
     assert fast_call.load(block=False) is sentinel and fast_call.load() is sentinel
+
+
+def test_wait_joins_the_background_build_and_starts_none(monkeypatch):
+    import threading
+
+    from cutlass_offload.runtime import fast_call
+    monkeypatch.setitem(fast_call._state, "thread", None)
+    fast_call.wait()                                    # none started: returns at once
+    assert fast_call._state["thread"] is None
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (threading.Event().wait(0.2), done.set()))
+    monkeypatch.setitem(fast_call._state, "thread", t)
+    t.start()
+    fast_call.wait()
+    assert done.is_set()

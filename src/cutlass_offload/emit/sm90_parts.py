@@ -73,7 +73,7 @@ CONV_EXTENTS_OK = """\
 _LAUNCHER = """\
 static CoParamsCache<@ARGS@, typename @KERNEL@::Params> co_params_cache;
 
-static int co_launch(typename @KERNEL@::Params params, const @ARGS@& args, cudaStream_t stream) {
+static int co_launch(typename @KERNEL@::Params& params, const @ARGS@& args, cudaStream_t stream) {
   static std::atomic<int> smem_ready[kCoMaxDevices];
   int ready = co_opt_in_smem(cutlass::device_kernel<@KERNEL@>,
                              static_cast<int>(@KERNEL@::SharedStorageSize), smem_ready, 9);

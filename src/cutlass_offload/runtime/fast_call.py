@@ -147,6 +147,14 @@ def load(block: bool = True):
     return _state["module"]
 
 
+def wait() -> None:
+    """Wait for the background build that ``prefetch`` started, if any (starts none:
+    a process without one returns at once)."""
+    t = _state["thread"]
+    if t is not None:
+        t.join()
+
+
 def prefetch() -> None:
     """Build and import the extension in a background thread (once per process)."""
     if not enabled() or _state["module"] is not None or _state["error"] is not None:
