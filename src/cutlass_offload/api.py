@@ -14,7 +14,7 @@ import torch
 from torch.export.passes import move_to_device_pass
 
 from . import build as build_stage
-from . import target
+from . import target, weights
 from .capture import Captured, capture, from_exported
 from .config import CompileOptions, resolve_norms
 from .errors import CutlassOffloadError, DamagedFileError, DeviceError
@@ -394,6 +394,8 @@ def _load_once(out: Path, manifest: dict, device, override=None) -> tuple:
     options = CompileOptions(**{"combine_gemms": False, **manifest["options"]})
     glue = _saved_glue(manifest, override)
     ep = load_exported(out / "model.pt2")
+    if manifest.get("weights") is not None:       # raw weights beside the program
+        weights.attach(ep, out, None if device is None else _indexed(device))
     inputs = torch.load(out / "inputs.pt")
     if device is not None:
         # moves parameters, buffers, lifted constants and device= arguments alike

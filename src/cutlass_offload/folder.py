@@ -4,7 +4,11 @@ pipeline stages).
 
 An output folder (``compile(..., out_dir=...)`` / ``cutlass-offload compile --out``)
 holds:
-  model.pt2              the captured ExportedProgram (torch.export.save)
+  model.pt2              the captured ExportedProgram (torch.export.save), its
+                         tensors as meta tensors when weights.bin holds them
+  weights.bin, .json     the program's parameters, buffers and constants, raw
+                         (weights.py; absent for a program with tensors of
+                         other kinds, which model.pt2 then holds)
   inputs.pt              the example inputs (torch.save)
   libcutlass_offload.so  the CUTLASS library (absent when no region was offloaded)
   src/                   every CUDA source of the library, for inspection
@@ -14,10 +18,12 @@ holds:
 manifest.json (FOLDER_FORMAT 2) is a JSON object: "format", "options" (the
 CompileOptions), "fingerprint" ([region, kernel] pairs the library was built for;
 ``api.load`` re-partitions and requires the same), "tuned" (tuning winners by problem),
-"torch" (its version), "glue" ({"glue", "mode", "options"}), "save_id" (a fresh
-uuid per save), "files" ({relative path: {"size", "sha256"}} of every other file)
+"torch" (its version), "glue" ({"glue", "mode", "options"}), "weights" (the
+weights index's name, or null when model.pt2 holds the tensors), "save_id" (a fresh
+uuid per save), "files" ({relative path: integrity.record} of every other file)
 and "checksum" (sha256 of the manifest's sorted JSON without "checksum"). Format 1
-folders (no "files", no "checksum") still load, with cheaper checks.
+folders (no "files", no "checksum") still load, with cheaper checks; format 2
+ones (no "weights") as before; a format newer than this package's is refused.
 
 Publishing is atomic: the folder is written beside ``out_dir`` in a temporary
 folder (``.NAME.tmp-*``; stale ones an hour old are removed), then swapped into
@@ -53,7 +59,7 @@ from pathlib import Path
 import torch
 
 from . import build as build_stage
-from . import integrity
+from . import integrity, weights
 from .build.cache import remove_stale
 from .capture import Captured
 from .config import CompileOptions
@@ -63,8 +69,10 @@ from .runtime.glue import GlueSpec
 
 MANIFEST = "manifest.json"
 # 2: the manifest records every file's size and sha256 ("files") and its own
-# checksum; folders without them (format 1) still load, with cheaper checks
-FOLDER_FORMAT = 2
+# checksum; folders without them (format 1) still load, with cheaper checks.
+# 3: the weights may lie in weights.bin (manifest "weights"), model.pt2 then holding
+# meta tensors: a package that reads format 2 only would load those
+FOLDER_FORMAT = 3
 
 
 def _fingerprint(plan) -> list:
@@ -225,7 +233,15 @@ def _umask() -> int:
 
 
 def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue) -> None:
-    torch.export.save(cap.exported, str(tmp / "model.pt2"))
+    parts = weights.split(cap.exported)
+    if parts is not None and not parts[1]:
+        parts = None             # no tensors: nothing to put beside the program
+    if parts is None:            # or tensors weights.bin cannot hold: torch's archive holds them
+        torch.export.save(cap.exported, str(tmp / "model.pt2"))
+    else:
+        program, tensors = parts
+        torch.export.save(program, str(tmp / "model.pt2"))
+        weights.write(tensors, tmp)
     torch.save(tuple(example_inputs), tmp / "inputs.pt")
     if compiled.library_path:
         shutil.copy2(compiled.library_path, tmp / build_stage.LIB_NAME)
@@ -237,7 +253,8 @@ def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue) -> No
     manifest = {"format": FOLDER_FORMAT, "options": asdict(options),
                 "fingerprint": _fingerprint(compiled.plan),
                 "tuned": compiled.report.tuning.get("winners", {}),
-                "torch": torch.__version__, "glue": (glue or GlueSpec()).to_json()}
+                "torch": torch.__version__, "glue": (glue or GlueSpec()).to_json(),
+                "weights": None if parts is None else weights.INDEX}
     manifest["save_id"] = uuid.uuid4().hex     # tells a loader that the folder changed
     manifest["files"] = integrity.records(tmp, skip={MANIFEST})
     manifest["checksum"] = _manifest_checksum(manifest)
@@ -317,9 +334,17 @@ def _checked(out: Path, text: str) -> dict:
     missing = [k for k in ("options", "fingerprint") if k not in manifest]
     if missing:
         raise DamagedFileError(path, f"lacks {', '.join(missing)}", _fix(out))
+    fmt = manifest.get("format", 1)
+    if not isinstance(fmt, int) or fmt > FOLDER_FORMAT:
+        raise CutlassOffloadError(f"{out} was saved in folder format {fmt!r} by a newer "
+                                  f"cutlass_offload; this one reads formats 1-{FOLDER_FORMAT}: "
+                                  "upgrade it, or compile the model again with this one")
     files = manifest.get("files")
+    if manifest.get("weights") is not None and not isinstance(files, dict):
+        raise DamagedFileError(path, "names a weights file but records no files", _fix(out))
     if isinstance(files, dict):
-        for name in (build_stage.LIB_NAME, "model.pt2", "inputs.pt", "report.json"):
+        for name in (build_stage.LIB_NAME, "model.pt2", "inputs.pt", "report.json",
+                     weights.INDEX, weights.BIN):
             if name in files:        # the files load uses first, then the sources
                 integrity.check(out / name, files[name], _fix(out))
         for name, rec in files.items():

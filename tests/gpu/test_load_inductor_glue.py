@@ -44,3 +44,24 @@ def test_folder_loaded_on_cuda_compiles_its_glue(tmp_path):
             err = rel_err(compiled(x), ref(x.float()))
             assert err < TOLERANCE[torch.float16], err
     assert compiled.glue == "inductor"
+
+
+def test_folder_of_a_cuda_model_loads_its_weights_back_on_cuda(tmp_path):
+    """weights.bin of a model exported on the GPU: co.load without a device puts
+    every tensor back on cuda:0 (one copy per storage), and it runs."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU (sm_90a kernels)")
+    torch.manual_seed(2)
+    model = CastsAndSiblings().half().eval().cuda()
+    ref = copy.deepcopy(model).float()
+    co.compile(model, (torch.randn(2, 64, 256, device="cuda").half(),), arch="sm_90a",
+               out_dir=tmp_path / "out", glue="eager")
+    assert (tmp_path / "out" / "weights.bin").is_file()
+    compiled, reference, _ = co.load(tmp_path / "out")
+    assert all(p.device.type == "cuda" for p in reference.parameters())
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    with torch.no_grad():
+        x = torch.randn(2, 64, 256, generator=gen, device="cuda").half()
+        poison_allocator()
+        err = rel_err(compiled(x), ref(x.float()))
+    assert err < TOLERANCE[torch.float16], err

@@ -8,9 +8,11 @@ import shutil
 import zipfile
 
 import pytest
+import torch
 
 import cutlass_offload as co
-from cutlass_offload import cli, integrity
+from cutlass_offload import cli, integrity, weights
+from cutlass_offload.folder import load_exported
 from cutlass_offload.build.cache import DamagedCacheEntryWarning
 from cutlass_offload.errors import CutlassOffloadError, DamagedFileError
 from fault_helpers import LIB, committed_entries, damage, damaged_entries, fake_env, nvcc_calls, small_model
@@ -52,7 +54,9 @@ def test_manifest_records_every_file_and_the_folder_loads(saved, tmp_path):
     out = _copy(saved, tmp_path)
     manifest = json.loads((out / "manifest.json").read_text())
     on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} - {"manifest.json"}
-    assert set(manifest["files"]) == on_disk and {LIB, "model.pt2", "inputs.pt", "report.json"} <= on_disk
+    assert set(manifest["files"]) == on_disk and {LIB, "model.pt2", "inputs.pt", "report.json",
+                                                  weights.BIN, weights.INDEX} <= on_disk
+    assert manifest["weights"] == weights.INDEX
     for name, rec in manifest["files"].items():
         assert rec == integrity.record(out / name)
     loaded, _, _ = co.load(out)                 # opens the (fake) library: it is a real ELF file
@@ -60,7 +64,8 @@ def test_manifest_records_every_file_and_the_folder_loads(saved, tmp_path):
 
 
 @pytest.mark.parametrize("how", HOW)
-@pytest.mark.parametrize("kind", [LIB, "model.pt2", "inputs.pt", "report.json", "src"])
+@pytest.mark.parametrize("kind", [LIB, "model.pt2", "inputs.pt", "report.json", "src",
+                                  weights.BIN, weights.INDEX])
 def test_a_damaged_file_gives_one_error_naming_it(saved, tmp_path, capsys, kind, how):
     out = _copy(saved, tmp_path)
     path = _file(out, kind)
@@ -99,8 +104,15 @@ def test_a_folder_without_manifest_says_what_to_do(saved, tmp_path):
 
 
 def _legacy(out):
-    """The folder as saved before files were recorded (manifest format 1)."""
+    """The folder as saved before files were recorded (manifest format 1): the
+    weights inside model.pt2, no weights.bin."""
     manifest = json.loads((out / "manifest.json").read_text())
+    if manifest.pop("weights", None):
+        ep = load_exported(out / "model.pt2")
+        weights.attach(ep, out)
+        torch.export.save(ep, str(out / "model.pt2"))
+        (out / weights.BIN).unlink()
+        (out / weights.INDEX).unlink()
     for key in ("files", "checksum", "format"):
         del manifest[key]
     (out / "manifest.json").write_text(json.dumps(manifest))

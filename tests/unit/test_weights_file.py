@@ -1,0 +1,141 @@
+"""weights.py: an output folder's weights beside its program (no nvcc, no GPU).
+The program saved with meta tensors plus weights.bin loads back to the same
+tensors (values, dtypes, strides, shared storages, parameters); a damaged or
+mismatched index is refused; chunked digests find the damaged chunk."""
+import json
+import os
+
+import pytest
+import torch
+
+from cutlass_offload import integrity, weights
+from cutlass_offload.errors import DamagedFileError
+from cutlass_offload.folder import load_exported
+
+
+class Tied(torch.nn.Module):
+    """Tied and transposed weights, a buffer, a bf16 parameter, a lifted constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(12, 20)
+        self.b = torch.nn.Linear(20, 12)
+        self.b.weight = torch.nn.Parameter(self.a.weight.t())   # a view of a's storage
+        self.c = torch.nn.Parameter(torch.randn(3, 5, dtype=torch.bfloat16))
+        self.register_buffer("scale", torch.rand(12) + 0.5)
+        self.register_buffer("row", torch.randn(4, 12)[1])     # a view with an offset
+
+    def forward(self, x):
+        y = self.b(torch.relu(self.a(x))) * self.scale + self.row
+        return y + self.c.float().sum() + torch.tensor([0.25, 0.5] * 6)
+
+
+def _save(ep, folder):
+    program, tensors = weights.split(ep)
+    torch.export.save(program, str(folder / "model.pt2"))
+    weights.write(tensors, folder)
+    return tensors
+
+
+def _load(folder):
+    ep = load_exported(folder / "model.pt2")
+    weights.attach(ep, folder)
+    return ep
+
+
+def test_round_trip_keeps_values_strides_ties_and_parameters(tmp_path):
+    torch.manual_seed(0)
+    ep = torch.export.export(Tied(), (torch.randn(2, 12),))
+    tensors = _save(ep, tmp_path)
+    assert len(tensors) == len([t for t in [*ep.state_dict.values(), *ep.constants.values()]
+                                if isinstance(t, torch.Tensor)])
+    # model.pt2 holds no tensor bytes: the weights are in weights.bin only
+    torch.export.save(ep, str(tmp_path / "whole.pt2"))
+    stored = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for _, _, t in tensors}.values())
+    assert os.path.getsize(tmp_path / "model.pt2") <= os.path.getsize(tmp_path / "whole.pt2") - stored // 2
+    back = _load(tmp_path)
+    for table in ("state_dict", "constants"):
+        old, new = getattr(ep, table), getattr(back, table)
+        assert set(old) == set(new)
+        for name, t in old.items():
+            if not isinstance(t, torch.Tensor):
+                continue
+            n = new[name]
+            assert type(n) is type(t) and n.dtype == t.dtype and n.stride() == t.stride(), name
+            assert torch.equal(n, t) and n.requires_grad == t.requires_grad, name
+    sd = back.state_dict
+    assert sd["b.weight"].untyped_storage().data_ptr() == sd["a.weight"].untyped_storage().data_ptr()
+    assert sd["b.weight"].data_ptr() == sd["a.weight"].data_ptr()
+    x = torch.randn(2, 12)
+    torch.testing.assert_close(back.module()(x), ep.module()(x), rtol=0, atol=0)
+
+
+def test_loaded_weights_are_private_to_the_process(tmp_path):
+    ep = torch.export.export(Tied(), (torch.randn(2, 12),))
+    _save(ep, tmp_path)
+    before = (tmp_path / weights.BIN).read_bytes()
+    back = _load(tmp_path)
+    with torch.no_grad():
+        back.state_dict["a.weight"].mul_(0)          # copy-on-write: the file is unchanged
+    assert (tmp_path / weights.BIN).read_bytes() == before
+
+
+def test_split_refuses_other_tensor_kinds_and_leaves_the_program_alone():
+    m = torch.nn.Linear(4, 4)
+    ep = torch.export.export(m, (torch.randn(2, 4),))
+    ep._state_dict["weight"] = torch.nn.Parameter(ep.state_dict["weight"].to_sparse(), requires_grad=False)
+    assert weights.split(ep) is None
+    ep2 = torch.export.export(m, (torch.randn(2, 4),))
+    program, _ = weights.split(ep2)
+    assert ep2.state_dict["weight"].device.type == "cpu"         # the original is untouched
+    assert program.state_dict["weight"].device.type == "meta"
+
+
+@pytest.mark.parametrize("edit", ["shape", "dtype", "name", "extent", "format", "json"])
+def test_an_index_that_does_not_describe_the_program_is_refused(tmp_path, edit):
+    ep = torch.export.export(Tied(), (torch.randn(2, 12),))
+    _save(ep, tmp_path)
+    path = tmp_path / weights.INDEX
+    index = json.loads(path.read_text())
+    e = next(e for e in index["tensors"] if e["name"] == "a.weight")
+    if edit == "shape":
+        e["shape"] = [20, 13]
+    elif edit == "dtype":
+        e["dtype"] = "float64"
+    elif edit == "name":
+        e["name"] = "a.weights"
+    elif edit == "extent":
+        e["storage_offset"] = 1
+    elif edit == "format":
+        index["format"] = 99
+    text = "{not json" if edit == "json" else json.dumps(index)
+    path.write_text(text)
+    with pytest.raises(DamagedFileError) as err:
+        _load(tmp_path)
+    assert err.value.path == str(path)
+
+
+def test_a_short_weights_file_is_refused(tmp_path):
+    ep = torch.export.export(Tied(), (torch.randn(2, 12),))
+    _save(ep, tmp_path)
+    data = (tmp_path / weights.BIN).read_bytes()
+    (tmp_path / weights.BIN).write_bytes(data[:-64])
+    with pytest.raises(DamagedFileError, match="bytes where"):
+        _load(tmp_path)
+
+
+def test_chunked_records_name_the_damaged_chunk(tmp_path, monkeypatch):
+    monkeypatch.setattr(integrity, "PARALLEL_MIN", 1000)
+    monkeypatch.setattr(integrity, "CHUNK_BYTES", 256)
+    p = tmp_path / "big.bin"
+    data = bytearray(os.urandom(3000))
+    p.write_bytes(bytes(data))
+    rec = integrity.record(p)
+    assert rec["chunk_bytes"] == 256 and len(rec["sha256_chunks"]) == 12 and "sha256" not in rec
+    assert integrity.problem(p, rec) is None
+    data[600] ^= 1
+    p.write_bytes(bytes(data))
+    assert integrity.problem(p, rec) == "is corrupted (bytes 512-767 differ from what was written)"
+    p.write_bytes(bytes(data[:2000]))
+    assert "truncated" in integrity.problem(p, rec)
+    assert integrity.problem(p, {**rec, "size": None, "sha256_chunks": "x"}).startswith("has a damaged record")
