@@ -75,20 +75,32 @@ def _folder_state(out: Path) -> str:
 def test_kill_9_at_random_points_then_recompile(worker, tmp_path):
     seed = int(os.environ.get("CUTLASS_OFFLOAD_FAULT_SEED", time.time_ns() % 2**32))
     rng = random.Random(seed)
-    ref = worker(op="run", out=str(tmp_path / "ref"), env=_env(tmp_path / "ref_cache"))
-    assert ref["exit"] == 0 and not ref["killed"], Path(worker.err.name).read_text()[-2000:]
-    want = (tmp_path / "ref" / LIB).read_bytes()
+    # the reference duration: the faster of two undisturbed cold compiles (the first
+    # child also reads the modules torch imports lazily from disk: slower than the rest)
+    refs = [worker(op="run", out=str(tmp_path / f"ref{j}"), env=_env(tmp_path / f"ref_cache{j}"))
+            for j in range(2)]
+    for ref in refs:
+        assert ref["exit"] == 0 and not ref["killed"], Path(worker.err.name).read_text()[-2000:]
+    ref = min(refs, key=lambda r: r["seconds"])
+    want = (tmp_path / "ref0" / LIB).read_bytes()
+    assert (tmp_path / "ref1" / LIB).read_bytes() == want
     out = tmp_path / "out"
-    shutil.copytree(tmp_path / "ref", out)            # kills during save meet an earlier folder
+    shutil.copytree(tmp_path / "ref0", out)           # kills during save meet an earlier folder
     rounds, killed = 6, 0
     for i in range(rounds):
         # one point in each sixth of the last 70% of a cold compile (the first part is
         # torch.export's capture, which writes nothing): shards, launchers, link, save
-        delay = ref["seconds"] * (0.3 + 0.7 * (i + rng.random()) / rounds)
+        share = 0.3 + 0.7 * (i + rng.random()) / rounds
+        delay = ref["seconds"] * share
         root = tmp_path / f"round{i}"
-        what = f"seed {seed}, round {i}, killed after {delay:.2f} of {ref['seconds']:.2f} s"
         r = worker(op="run", out=str(out), delay=delay, env=_env(root))
+        if not r["killed"]:
+            # this compile outran the reference: once more, at the same share of its time
+            root = tmp_path / f"round{i}b"
+            delay = r["seconds"] * share * 0.95
+            r = worker(op="run", out=str(out), delay=delay, env=_env(root))
         killed += r["killed"]
+        what = f"seed {seed}, round {i}, killed after {delay:.2f} of {ref['seconds']:.2f} s"
         assert damaged_entries(root / "cache") == [], what
         assert all(meta.get("ok") for _, meta, _ in committed_entries(root / "cache")), what
         _folder_state(out)                            # the earlier folder or the new one, whole
