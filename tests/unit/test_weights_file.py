@@ -139,3 +139,14 @@ def test_chunked_records_name_the_damaged_chunk(tmp_path, monkeypatch):
     p.write_bytes(bytes(data[:2000]))
     assert "truncated" in integrity.problem(p, rec)
     assert integrity.problem(p, {**rec, "size": None, "sha256_chunks": "x"}).startswith("has a damaged record")
+
+
+def test_load_without_reference_returns_none_in_its_place(tmp_path):
+    import cutlass_offload as co
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    co.compile(model, (torch.randn(2, 8),), arch="sm_90a", out_dir=tmp_path / "m", glue="eager")
+    compiled, ref, inputs = co.load(tmp_path / "m", reference=False)
+    assert ref is None and isinstance(inputs, tuple)
+    _, ref, _ = co.load(tmp_path / "m")
+    torch.testing.assert_close(ref(*inputs), model(*inputs))
