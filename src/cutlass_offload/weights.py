@@ -58,7 +58,8 @@ def _meta_like(t: torch.Tensor) -> torch.Tensor:
 
 def split(ep: torch.export.ExportedProgram):
     """(program, tensors): a shallow copy of ``ep`` whose parameters, buffers and
-    tensor constants are meta tensors of the same shape, strides and dtype, and
+    tensor constants are meta tensors of the same shape, strides and dtype (and
+    without its example inputs, which the folder's inputs.pt holds), and
     [(kind, name, tensor)] of the real ones; None when a tensor is of a kind this
     format does not store (see the module docstring) or the program's layout is
     not the one this was written for. ``ep`` itself is not changed."""
@@ -73,6 +74,8 @@ def split(ep: torch.export.ExportedProgram):
                     return None
                 tensors.append((kind, name, t))
     stripped = copy.copy(ep)
+    if hasattr(stripped, "_example_inputs"):
+        stripped._example_inputs = None     # inputs.pt holds them: not a second copy
     for kind, table in tables.items():
         setattr(stripped, "_" + kind, {n: _meta_like(t) if isinstance(t, torch.Tensor) else t
                                        for n, t in table.items()})
