@@ -50,10 +50,10 @@ def build_once(plan, strategy: str, jobs, root: Path) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")
-    p.add_argument("--arch", default="sm_90a")
-    p.add_argument("--jobs", default="16,8,4", help="job counts of the sharded builds, comma-separated")
+    p.add_argument("--arch", default="sm_90a", help="target (default: sm_90a)")
+    p.add_argument("--jobs", default="16,8,4", help="job counts of the sharded builds, comma-separated (default: 16,8,4)")
     p.add_argument("--single", action="store_true", help="also build with the single strategy")
-    p.add_argument("--json", default="shard_sweep.json")
+    p.add_argument("--json", default="shard_sweep.json", help="output (default: ./shard_sweep.json)")
     p.add_argument("--work", default=None, help="folder for the caches (default: a temporary one)")
     a = p.parse_args(argv)
 

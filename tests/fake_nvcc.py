@@ -22,8 +22,10 @@ import tempfile
 import time
 
 
-def _cxx(args):
-    subprocess.run([os.environ.get("CXX") or "c++", *args], check=True)
+def _cxx(args, cwd):
+    # run in the temporary folder on relative names: no random path in the output
+    # (the file symbol), so equal inputs give byte-equal objects and libraries
+    subprocess.run([os.environ.get("CXX") or "c++", *args], check=True, cwd=cwd)
 
 
 def _write_slowly(data: bytes, out: str, seconds: float) -> None:
@@ -57,14 +59,15 @@ def main(args) -> int:
             c = os.path.join(d, "obj.cc")
             with open(c, "w") as f:
                 f.write(f'extern "C" const char co_fake_{digest[:24]}[] = "{digest}";\n')
-            _cxx(["-c", "-fPIC", "-O0", c, "-o", tmp])
+            _cxx(["-c", "-fPIC", "-O0", "obj.cc", "-o", "out"], d)
             what = f"compile {digest}"
         else:
             objs = [a for a in args if a.endswith(".o")]
             c = os.path.join(d, "info.cc")
             with open(c, "w") as f:
                 f.write('extern "C" const char* co_library_info() { return "{}"; }\n')
-            _cxx(["-shared", "-fPIC", "-O0", c, *objs, "-o", tmp])
+            _cxx(["-shared", "-fPIC", "-O0", "info.cc", *[os.path.abspath(o) for o in objs],
+                  "-o", "out"], d)
             what = f"link {os.path.basename(out)}"
         data = open(tmp, "rb").read()
     _write_slowly(data, out, delay / 2)

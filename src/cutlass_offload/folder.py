@@ -99,7 +99,7 @@ def check_out_dir(out_dir) -> None:
 
 def _fix(out: Path) -> str:
     return (f"the output folder {out} is damaged: compile the model again into it "
-            f"(cutlass-offload compile MODEL --out {out})")
+            f"(cutlass-offload compile MODEL --out {out}, or co.compile(..., out_dir=...))")
 
 
 def _manifest_checksum(manifest: dict) -> str:

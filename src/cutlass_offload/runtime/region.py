@@ -309,7 +309,9 @@ class RegionModule(torch.nn.Module):
         a = xs[self.primary]
         if not a.is_cuda:
             raise DeviceError(f"{self.region.name}: inputs are on {a.device}; the compiled "
-                              "model runs its offloaded regions on a CUDA GPU")
+                              "model runs its offloaded regions on a CUDA GPU: move it and its "
+                              "inputs there (model.to('cuda'); a folder: co.load(folder, "
+                              "device='cuda'))")
         if self._fn is None:
             self._bind(a.device)
         self._calls += 1
