@@ -391,6 +391,22 @@ def _indexed(device) -> torch.device:
     return d
 
 
+def _load_glue_cache(path: Path, saved_torch) -> None:
+    """Hand a folder's Inductor cache artifacts (folder.GLUE_CACHE, checked with the
+    folder's files) to ``torch.compiler.load_cache_artifacts``, so the glue's first
+    compile can be served from them. Only for the torch version that wrote them; a
+    failure is a warning (the first call then compiles the glue)."""
+    load_artifacts = getattr(torch.compiler, "load_cache_artifacts", None)
+    if load_artifacts is None or saved_torch != torch.__version__:
+        return
+    try:
+        load_artifacts(path.read_bytes())
+    except Exception as e:  # noqa: BLE001 - an optimization: never a reason not to load
+        import warnings
+        warnings.warn(f"cutlass_offload: {path} could not be handed to Inductor ({e}); the "
+                      "glue compiles on the first call", RuntimeWarning, stacklevel=3)
+
+
 def _load_once(out: Path, manifest: dict, device, override=None, reference=True) -> tuple:
     # a folder saved before combine_gemms existed was partitioned without it
     options = CompileOptions(**{"combine_gemms": False, **manifest["options"]})
@@ -403,6 +419,8 @@ def _load_once(out: Path, manifest: dict, device, override=None, reference=True)
         # moves parameters, buffers, lifted constants and device= arguments alike
         ep = move_to_device_pass(ep, _indexed(device))
         inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
+    if manifest.get("glue_cache") and glue.resolved() == "inductor":
+        _load_glue_cache(out / manifest["glue_cache"], manifest.get("torch"))
     lib = out / build_stage.LIB_NAME
     from .tune.result import choice_from_dict
     tuned = {tid: choice_from_dict(c) for tid, c in manifest.get("tuned", {}).items()}

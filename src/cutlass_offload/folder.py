@@ -10,6 +10,11 @@ holds:
                          (weights.py; absent for a program with tensors of
                          other kinds, which model.pt2 then holds)
   inputs.pt              the example inputs (torch.save)
+  glue_cache.bin         Inductor's cache artifacts of the glue, when it was compiled
+                         before the save (torch.compiler.save_cache_artifacts; a
+                         GPU compile with Inductor glue): ``api.load`` hands them to
+                         torch.compiler.load_cache_artifacts, so the first call on
+                         another machine need not compile the glue again
   libcutlass_offload.so  the CUTLASS library (absent when no region was offloaded)
   src/                   every CUDA source of the library, for inspection
   report.json            the compile's Report
@@ -19,7 +24,8 @@ manifest.json (FOLDER_FORMAT 2) is a JSON object: "format", "options" (the
 CompileOptions), "fingerprint" ([region, kernel] pairs the library was built for;
 ``api.load`` re-partitions and requires the same), "tuned" (tuning winners by problem),
 "torch" (its version), "glue" ({"glue", "mode", "options"}), "weights" (the
-weights index's name, or null when model.pt2 holds the tensors), "save_id" (a fresh
+weights index's name, or null when model.pt2 holds the tensors), "glue_cache" (its
+file's name, or null), "save_id" (a fresh
 uuid per save), "files" ({relative path: integrity.record} of every other file)
 and "checksum" (sha256 of the manifest's sorted JSON without "checksum"). Format 1
 folders (no "files", no "checksum") still load, with cheaper checks; format 2
@@ -243,6 +249,7 @@ def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue) -> No
         torch.export.save(program, str(tmp / "model.pt2"))
         weights.write(tensors, tmp)
     torch.save(tuple(example_inputs), tmp / "inputs.pt")
+    glue_cache = _glue_cache(compiled, tmp)
     if compiled.library_path:
         shutil.copy2(compiled.library_path, tmp / build_stage.LIB_NAME)
         (tmp / "src").mkdir()
@@ -254,11 +261,36 @@ def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue) -> No
                 "fingerprint": _fingerprint(compiled.plan),
                 "tuned": compiled.report.tuning.get("winners", {}),
                 "torch": torch.__version__, "glue": (glue or GlueSpec()).to_json(),
-                "weights": None if parts is None else weights.INDEX}
+                "weights": None if parts is None else weights.INDEX,
+                "glue_cache": glue_cache}
     manifest["save_id"] = uuid.uuid4().hex     # tells a loader that the folder changed
     manifest["files"] = integrity.records(tmp, skip={MANIFEST})
     manifest["checksum"] = _manifest_checksum(manifest)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+GLUE_CACHE = "glue_cache.bin"
+
+
+def _glue_cache(compiled, tmp: Path) -> str | None:
+    """Write Inductor's cache artifacts (``torch.compiler.save_cache_artifacts``:
+    what this process compiled, the glue among it) as GLUE_CACHE when the
+    compiled model's Inductor glue has compiled; its name, or None (nothing
+    compiled yet, a torch without the API, or no artifacts)."""
+    ind = getattr(compiled, "inductor", None)
+    if ind is None or ind.first_call_s is None or ind.failed:
+        return None
+    save_artifacts = getattr(torch.compiler, "save_cache_artifacts", None)
+    if save_artifacts is None:
+        return None
+    try:
+        got = save_artifacts()
+    except Exception:  # noqa: BLE001 - the folder is whole without them: its first call compiles
+        return None
+    if not got or not got[0]:
+        return None
+    (tmp / GLUE_CACHE).write_bytes(got[0])
+    return GLUE_CACHE
 
 
 def _swap_into_place(new: Path, out: Path) -> None:
@@ -344,7 +376,7 @@ def _checked(out: Path, text: str) -> dict:
         raise DamagedFileError(path, "names a weights file but records no files", _fix(out))
     if isinstance(files, dict):
         for name in (build_stage.LIB_NAME, "model.pt2", "inputs.pt", "report.json",
-                     weights.INDEX, weights.BIN):
+                     weights.INDEX, weights.BIN, GLUE_CACHE):
             if name in files:        # the files load uses first, then the sources
                 integrity.check(out / name, files[name], _fix(out))
         for name, rec in files.items():
