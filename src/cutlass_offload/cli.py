@@ -152,8 +152,14 @@ def _cmd_prebuild(a) -> int:
     if bad:
         raise ValueError(f"unknown dtype {bad[0]!r}: prebuild takes {', '.join(_DTYPES)}")
     dtypes = [_DTYPES[d] for d in a.dtype.split(",")]
-    kernels = prebuild_kernels(arch, dtypes, [t for t in a.epilogues.split(",") if t],
-                               [x for x in a.layouts.split(",") if x])
+    plan = None
+    if a.models:
+        from .prebuild import model_plan
+        plan = model_plan([m for m in a.models.split(",") if m], arch, dtypes)
+        kernels = []
+    else:
+        kernels = prebuild_kernels(arch, dtypes, [t for t in a.epilogues.split(",") if t],
+                                   [x for x in a.layouts.split(",") if x])
     if a.attention:
         if arch != "sm90a":
             raise ValueError(f"--attention: the Hopper attention kernels are sm_90a only, not {arch}")
@@ -164,22 +170,23 @@ def _cmd_prebuild(a) -> int:
             raise ValueError(f"--convs: the TMA conv kernels are sm_90a only, not {arch}")
         from .prebuild import chosen_conv_kernels
         kernels += chosen_conv_kernels(dtypes)
+    listed = list({k.name: k for k in (plan.kernels if plan is not None else ()) + tuple(kernels)}.values())
     if a.list:
-        for k in kernels:
+        for k in listed:
             print(k.name)
-        print(f"{len(kernels)} kernels")
+        print(f"{len(listed)} kernels")
         return 0
     if a.jobs:
         os.environ["CUTLASS_OFFLOAD_JOBS"] = str(a.jobs)
     if a.quiet:
         os.environ["CUTLASS_OFFLOAD_PROGRESS"] = "off"
     t0 = time.perf_counter()
-    res = prebuild(arch, kernels, executor=make_executor(a.executor, a.ray_address))
+    res = prebuild(arch, kernels, executor=make_executor(a.executor, a.ray_address), plan=plan)
     info = res.to_dict()
     units = info.get("units", [])
     hits = sum(1 for u in units if u.get("cache_hit"))
     failed = [u["name"] for u in units if not u.get("ok", True)]
-    print(f"prebuilt {len(kernels)} kernels for {arch} in {time.perf_counter() - t0:.1f} s: "
+    print(f"prebuilt {len(listed)} kernels for {arch} in {time.perf_counter() - t0:.1f} s: "
           f"{len(units)} units ({hits} already cached)" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
@@ -277,6 +284,11 @@ def main(argv=None) -> int:
     b.add_argument("--convs", action="store_true",
                    help="sm_90a: also the TMA conv kernels select can choose (the rule's tiles and "
                         "the learned conv table's choices) for the common conv epilogues")
+    b.add_argument("--models", default="",
+                   help="comma-separated model names (built-ins or package.module:factory): "
+                        "compile the kernels `compile MODEL` selects for them (every kind, every "
+                        "norm offloaded) instead of the generic GEMM set; --attention / --convs "
+                        "still add theirs")
     b.add_argument("--list", action="store_true", help="print the kernels and build nothing")
     b.add_argument("--jobs", type=int, default=0, help="parallel nvcc processes")
     b.add_argument("--executor", default="local", choices=["local", "ray"])

@@ -13,8 +13,13 @@ which several machines may share): a later compile whose kernels are all there
 compiles only its launchers. The launch knobs of sm90 kernels are run-time
 arguments, so one object serves every raster order, swizzle and PDL choice.
 
-The regions built here are stand-ins (one per kernel, named ``prebuild<i>``); the
-library they link into is cached like any other and not used.
+``model_plan`` takes the kernels of named models instead (``prebuild --models``):
+the plans ``cutlass-offload compile MODEL`` would build, every kind of kernel
+(lowered convs, norms, sm80 fallbacks included), merged into one plan.
+
+The regions built here are stand-ins (one per kernel, named ``prebuild<i>``) or the
+models' own regions (renamed ``<model>_<dtype>_<region>``); the library they link
+into is cached like any other and not used.
 """
 from __future__ import annotations
 
@@ -154,8 +159,41 @@ def stand_in_plan(arch: str, kernels) -> Plan:
     return Plan(arch=arch, regions=tuple(regions), kernels=tuple(kernels), fallbacks=())
 
 
-def prebuild(arch: str, kernels, executor=None):
-    """Compile ``kernels`` into the cache (sharded build). Returns the build's
-    result (build/result.py: units, seconds, cache hits); a kernel that fails to
-    compile is reported there and cached as failed, the others are kept."""
-    return build_stage.build(stand_in_plan(arch, kernels), "sharded", executor=executor)
+def model_plan(names, arch: str, dtypes=("f16",)) -> Plan:
+    """One Plan holding the regions and kernels that ``cutlass-offload compile NAME
+    --arch ARCH --dtype D`` selects for each model name (built-ins or
+    ``package.module:factory``, models.load_model) and dtype, with every norm
+    offloaded (the eager glue's choice, a superset of the Inductor glue's); regions
+    renamed ``<name>_<dtype>_<region>`` so that models never clash. Raises what
+    load_model, capture and partition raise (an unknown name: ValueError)."""
+    from dataclasses import replace as _replace
+
+    from .capture import capture
+    from .config import CompileOptions, resolve_norms
+    from .models import load_model
+    from .partition import partition
+    from .select import select
+    regions, kernels = [], []
+    for name, dtype in product(names, dtypes):
+        model, inputs = load_model(name, _CLI[dtype])
+        options = resolve_norms(CompileOptions(arch=arch), "eager")
+        plan = select(partition(capture(model, inputs).graph_module, options), arch, options)
+        tag = f"{name.replace(':', '_').replace('.', '_').replace('-', '_')}_{dtype}_"
+        regions += [_replace(r, name=tag + r.name) for r in plan.regions]
+        kernels += list(plan.kernels)
+    return Plan(arch=arch, regions=tuple(regions), kernels=tuple(kernels), fallbacks=())
+
+
+_CLI = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}
+
+
+def prebuild(arch: str, kernels, executor=None, plan: Plan | None = None):
+    """Compile ``kernels`` (or, given ``plan``, its kernels: ``model_plan``) into the
+    cache (sharded build). Returns the build's result (build/result.py: units,
+    seconds, cache hits); a kernel that fails to compile is reported there and
+    cached as failed, the others are kept."""
+    if plan is not None and kernels:
+        plan = Plan(arch=arch, regions=plan.regions + stand_in_plan(arch, kernels).regions,
+                    kernels=plan.kernels + tuple(kernels), fallbacks=())
+    return build_stage.build(plan if plan is not None else stand_in_plan(arch, kernels), "sharded",
+                             executor=executor)

@@ -111,3 +111,30 @@ def test_prebuilt_tma_convs_leave_a_conv_model_only_its_launchers(tmp_path, monk
     assert [k.name for k in compiled.plan.kernels][0] in {k.name for k in ks}
     new = nvcc_calls(tmp_path)[len(before):]
     assert [c.split()[0] for c in new] == ["compile", "link"], new
+
+
+def test_prebuild_of_named_models_leaves_their_compile_no_kernel_to_build(tmp_path, monkeypatch, capsys):
+    for k, v in fake_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    assert cli.main(["prebuild", "--arch", "sm_80", "--models", "mlp", "--dtype", "fp16", "--list"]) == 0
+    listed = capsys.readouterr().out.split()
+    assert nvcc_calls(tmp_path) == []                          # --list builds nothing
+    assert cli.main(["prebuild", "--arch", "sm_80", "--models", "mlp", "--dtype", "fp16", "-q"]) == 0
+    assert any(c.startswith("compile") for c in nvcc_calls(tmp_path))
+    before = len(nvcc_calls(tmp_path))
+    assert cli.main(["compile", "mlp", "--arch", "sm_80", "--out", str(tmp_path / "m"), "-q"]) == 0
+    new = nvcc_calls(tmp_path)[before:]
+    # the model's kernels were all there: its launchers and the link only
+    assert [c.split()[0] for c in new] == ["compile", "link"], new
+    kernels = {k for k in listed if k.startswith("cutlass")}
+    import json
+    report = json.loads((tmp_path / "m" / "report.json").read_text())
+    assert {r["kernel"] for r in report["regions"]} <= kernels and kernels
+
+
+def test_model_plan_renames_regions_apart():
+    from cutlass_offload.prebuild import model_plan
+    plan = model_plan(["mlp"], "sm80", ["f16", "bf16"])
+    names = [r.name for r in plan.regions]
+    assert len(names) == len(set(names)) and all(n.startswith(("mlp_f16_", "mlp_bf16_")) for n in names)
+    assert {k.dtype for k in plan.kernels} == {"f16", "bf16"}
