@@ -9,11 +9,16 @@ as many shards as the job slots allow while a split still shortens the longest
 shard: the floor of the wall time is about fixed + the longest shard's work.
 
 Costs, in seconds (relative weights for balancing, not predictions):
-* 3.x sm90a: fixed 43 s, ~7 s per kernel on the 16-core H200 host
-  (../shared/design.md); on a 2-core machine a one-kernel TU took 104.9 s, a
-  second kernel on the same mainloop +7.5 s, a kernel with another mainloop
-  +29.2 s (measured here with nvcc 13.0, bert-base's kernels). Hence 43 / 9 / 3.
-* 2.x sm80: fixed 10 s, ~1.6 s per kernel on the H200 host (design.md): 10 / 2 / 0.8.
+* 3.x sm90a: on the 16-core H200 host a one-kernel unit takes about 35 s alone and
+  each further kernel in it 7-9 s (sd-unet's 17 GEMMs in one unit 147 s, nine TMA
+  convs 100-109 s; benchmarks/results/shard_sweep_sdunet_2026-12-02_h200.json); on
+  a 2-core machine a one-kernel TU took 104.9 s, a second kernel on the same
+  mainloop +7.5 s, a kernel with another mainloop +29.2 s (nvcc 13.0, bert-base's
+  kernels). Hence 43 / 9 / 3. With 16 slots the planner's 17 units built sd-unet in
+  90.6 s against 100.6-152.6 s for 13 down to 9 units (the same sweep): fewer units
+  save CPU (1120 -> 608 s) but lengthen the longest.
+* 2.x sm80: fixed 10 s, ~1.6 s per kernel on the H200 host (an early H200
+  measurement): 10 / 2 / 0.8.
 * rowwise_norm (emit/norm.py): on 2 cores a one-kernel TU takes 9-13 s, almost all of
   it parsing cutlass/numeric_types.h (9.5 s for the headers alone, 9.1 s for seven
   kernels), ~350 MB peak: a fixed part below a 2.x TU's, kernels nearly free: 4 / 0.3 / 0.3.
@@ -37,7 +42,8 @@ from .toolchain import available_memory
 COST = {"cutlass3x_sm90": (43.0, 9.0, 3.0), "cutlass2x_sm80": (10.0, 2.0, 0.8),  # fixed, mainloop, epilogue
         "rowwise_norm": (4.0, 0.3, 0.3), "nhwc_group_norm": (4.0, 0.3, 0.3),
         "direct_depthwise": (4.0, 1.0, 1.0), "attention": (12.0, 6.0, 6.0)}
-PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30,  # bytes per nvcc (design.md)
+# bytes per nvcc of a unit (3.x: 4.1-5.2 GB for 1-5 kernels in the sweep above, 7.6 GB for 17)
+PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30,
                "rowwise_norm": 0.5 * 2**30, "nhwc_group_norm": 0.5 * 2**30,
                "direct_depthwise": 0.5 * 2**30,
                "attention": 0.6 * 2**30}

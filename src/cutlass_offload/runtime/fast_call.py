@@ -5,7 +5,7 @@ A region call that repeats a cached signature (runtime/region.py) is replayed by
 ``FastCall`` object in C++: check the operands' sizes / strides / dtype / device,
 patch their pointers and a new output into the cached args, launch on the current
 stream. It saves the Python mapping, ctypes and ``torch.empty`` of each call
-(issue 6 item 4: a region call's host cost under 5 us).
+(issue 17: a region call's host cost under 5 us).
 
 The extension is compiled with the host C++ compiler (``CXX``, else ``c++``)
 against ``torch.utils.cpp_extension``'s include and library paths, once per

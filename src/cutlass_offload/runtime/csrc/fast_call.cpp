@@ -1,4 +1,4 @@
-// Host fast path of an offloaded-region call (issue 6: under 5 us per call).
+// Host fast path of an offloaded-region call (issue 17: under 5 us per call).
 //
 // The Python path (runtime/region.py) maps a call onto the launcher's args struct
 // and, once a call signature (sizes, strides, dtype, device of each operand) has
