@@ -140,7 +140,8 @@ def child_ours_load(out: Path) -> dict:
     t0 = time.perf_counter()
     compiled, _, inputs = co.load(str(out), device=device, reference=False)   # a deployment's load
     res = {"seconds": time.perf_counter() - t0, "device": device or "cpu (as exported)",
-           "import_s": import_s, "glue": compiled.glue}
+           "import_s": import_s, "glue": compiled.glue,
+           "phases": getattr(compiled, "load_phases", {})}
     if device == "cuda":         # no region runs without a GPU
         with torch.no_grad():
             t0 = time.perf_counter()

@@ -336,6 +336,8 @@ def load(out_dir, device=None, glue: str | None = None, mode: str | None = None,
       may serve it); nothing is rebuilt with nvcc.
     reference: False returns None in place of the reference GraphModule (the saved
       program unlifted again: about 0.6 s of sd-unet's load on 2 cores).
+    The CompiledModel's ``load_phases`` says where the load's time went (seconds
+    by phase: the file checks, the program, the weights, ...).
     Every file is checked first (``check_folder``): nothing damaged is loaded.
     Re-partitions the saved ExportedProgram and checks that it gives the same
     regions and kernels as when the library was built (else CutlassOffloadError).
@@ -350,7 +352,10 @@ def load(out_dir, device=None, glue: str | None = None, mode: str | None = None,
         before = None
         try:
             before = (out / MANIFEST).read_text(errors="replace")
-            loaded = _load_once(out, _checked(out, before), device, override, reference)
+            phases = _Phases()
+            with phases("check files"):
+                manifest = _checked(out, before)
+            loaded = _load_once(out, manifest, device, override, reference, phases)
             if (out / MANIFEST).read_text(errors="replace") == before:
                 return loaded
         except (FileNotFoundError, NotADirectoryError):
@@ -407,31 +412,44 @@ def _load_glue_cache(path: Path, saved_torch) -> None:
                       "glue compiles on the first call", RuntimeWarning, stacklevel=3)
 
 
-def _load_once(out: Path, manifest: dict, device, override=None, reference=True) -> tuple:
+def _load_once(out: Path, manifest: dict, device, override=None, reference=True,
+               phases: _Phases | None = None) -> tuple:
+    phases = phases or _Phases()
     # a folder saved before combine_gemms existed was partitioned without it
     options = CompileOptions(**{"combine_gemms": False, **manifest["options"]})
     glue = _saved_glue(manifest, override)
-    ep = load_exported(out / "model.pt2")
-    if manifest.get("weights") is not None:       # raw weights beside the program
-        weights.attach(ep, out, None if device is None else _indexed(device))
-    inputs = torch.load(out / "inputs.pt")
-    if device is not None:
-        # moves parameters, buffers, lifted constants and device= arguments alike
-        ep = move_to_device_pass(ep, _indexed(device))
-        inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
-    if manifest.get("glue_cache") and glue.resolved() == "inductor":
-        _load_glue_cache(out / manifest["glue_cache"], manifest.get("torch"))
+    with phases("program"):
+        ep = load_exported(out / "model.pt2")
+    with phases("weights"):
+        if manifest.get("weights") is not None:       # raw weights beside the program
+            weights.attach(ep, out, None if device is None else _indexed(device))
+    with phases("inputs and device move"):
+        inputs = torch.load(out / "inputs.pt")
+        if device is not None:
+            # moves parameters, buffers, lifted constants and device= arguments alike
+            ep = move_to_device_pass(ep, _indexed(device))
+            inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
+    with phases("glue cache"):
+        if manifest.get("glue_cache") and glue.resolved() == "inductor":
+            _load_glue_cache(out / manifest["glue_cache"], manifest.get("torch"))
     lib = out / build_stage.LIB_NAME
     from .tune.result import choice_from_dict
     tuned = {tid: choice_from_dict(c) for tid, c in manifest.get("tuned", {}).items()}
-    compiled = _compile_graph(from_exported(ep), options, _Phases(),
-                              library_path=lib if lib.exists() else None,
-                              keep_regions=[name for name, _ in manifest["fingerprint"]],
-                              tuned=tuned)
+    with phases("unlift"):
+        gm = from_exported(ep)
+    with phases("partition, select, offload"):
+        compiled = _compile_graph(gm, options, _Phases(),
+                                  library_path=lib if lib.exists() else None,
+                                  keep_regions=[name for name, _ in manifest["fingerprint"]],
+                                  tuned=tuned)
     if _fingerprint(compiled.plan) != manifest["fingerprint"]:
         raise CutlassOffloadError(f"{out}: the saved model partitions differently now "
                                   "(package version changed?); compile it again")
     compiled.report = Report(**json.loads((out / "report.json").read_text()))
-    glue.apply(compiled)
-    compiled.open_library()
-    return compiled, ep.module() if reference else None, inputs
+    with phases("glue and library"):
+        glue.apply(compiled)
+        compiled.open_library()
+    with phases("reference"):
+        ref = ep.module() if reference else None
+    compiled.load_phases = dict(phases.seconds)
+    return compiled, ref, inputs

@@ -150,3 +150,14 @@ def test_load_without_reference_returns_none_in_its_place(tmp_path):
     assert ref is None and isinstance(inputs, tuple)
     _, ref, _ = co.load(tmp_path / "m")
     torch.testing.assert_close(ref(*inputs), model(*inputs))
+
+
+def test_load_says_where_its_time_went(tmp_path):
+    import cutlass_offload as co
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    compiled = co.compile(model, (torch.randn(2, 8),), arch="sm_90a", out_dir=tmp_path / "m", glue="eager")
+    assert compiled.load_phases is None
+    loaded, _, _ = co.load(tmp_path / "m", reference=False)
+    phases = loaded.load_phases
+    assert {"check files", "program", "weights", "unlift", "partition, select, offload"} <= set(phases)
+    assert all(v >= 0 for v in phases.values()) and phases["reference"] < 1.0

@@ -157,6 +157,7 @@ class CompiledModel(torch.nn.Module):
     torch.compile(backend="inductor") with the regions as opaque custom ops
     (runtime/glue.py), compiled on the first call; "auto" is Inductor where a GPU and
     Triton are present (eager if Inductor then fails to compile), else eager.
+    ``load_phases``: for a model from ``co.load``, the load's seconds by phase; else None.
     """
 
     def __init__(self, graph_module: fx.GraphModule, plan: Plan, report, library_path):
@@ -167,6 +168,7 @@ class CompiledModel(torch.nn.Module):
         self.library_path = library_path
         self._validated = set()      # input signatures torch.export's input check passed
         self.__dict__["_glue"] = None   # glue.InductorGlue or None (a plain attribute)
+        self.load_phases = None
 
     # -- glue -----------------------------------------------------------------------
     def set_glue(self, glue: str | None = "auto", mode: str | None = None,
