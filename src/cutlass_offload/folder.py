@@ -20,7 +20,7 @@ holds:
   report.json            the compile's Report
   manifest.json          written last: a folder without it is incomplete
 
-manifest.json (FOLDER_FORMAT 2) is a JSON object: "format", "options" (the
+manifest.json (FOLDER_FORMAT 3) is a JSON object: "format", "options" (the
 CompileOptions), "fingerprint" ([region, kernel] pairs the library was built for;
 ``api.load`` re-partitions and requires the same), "tuned" (tuning winners by problem),
 "torch" (its version), "glue" ({"glue", "mode", "options"}), "weights" (the
