@@ -361,16 +361,18 @@ def _checked(out: Path, text: str) -> dict:
                                _fix(out)) from None
     if not isinstance(manifest, dict):
         raise DamagedFileError(path, "is not a JSON object", _fix(out))
+    fmt = manifest.get("format", 1)          # first: a newer format may check otherwise
+    if isinstance(fmt, int) and fmt > FOLDER_FORMAT:
+        raise CutlassOffloadError(f"{out} was saved in folder format {fmt} by a newer "
+                                  f"cutlass_offload; this one reads formats 1-{FOLDER_FORMAT}: "
+                                  "upgrade it, or compile the model again with this one")
     if "checksum" in manifest and manifest["checksum"] != _manifest_checksum(manifest):
         raise DamagedFileError(path, "is corrupted (its checksum does not match its content)", _fix(out))
+    if not isinstance(fmt, int):
+        raise DamagedFileError(path, f"has a format that is not a number ({fmt!r})", _fix(out))
     missing = [k for k in ("options", "fingerprint") if k not in manifest]
     if missing:
         raise DamagedFileError(path, f"lacks {', '.join(missing)}", _fix(out))
-    fmt = manifest.get("format", 1)
-    if not isinstance(fmt, int) or fmt > FOLDER_FORMAT:
-        raise CutlassOffloadError(f"{out} was saved in folder format {fmt!r} by a newer "
-                                  f"cutlass_offload; this one reads formats 1-{FOLDER_FORMAT}: "
-                                  "upgrade it, or compile the model again with this one")
     files = manifest.get("files")
     if manifest.get("weights") is not None and not isinstance(files, dict):
         raise DamagedFileError(path, "names a weights file but records no files", _fix(out))

@@ -10,15 +10,14 @@ existed) at least has its ELF headers checked against its size.
 
 Large files (``PARALLEL_MIN`` bytes and up: an output folder's weights) are
 recorded as the sha256 of each ``CHUNK_BYTES`` chunk rather than of the whole file,
-so that writing and checking them is spread over several cores (hashlib releases
-the GIL while it hashes): one sha256 of sd-unet's 1.73 GB took 1.0 s on the 2-core
+so that writing and checking them is spread over several cores (hashlib and
+os.pread release the GIL): one sha256 of sd-unet's 1.73 GB took 1.0 s on the 2-core
 machine, every load.
 """
 from __future__ import annotations
 
 import errno
 import hashlib
-import mmap
 import os
 import struct
 import threading
@@ -31,6 +30,7 @@ _CHUNK = 1 << 20
 # files of at least PARALLEL_MIN bytes are recorded chunk by chunk (see above)
 PARALLEL_MIN = 64 << 20
 CHUNK_BYTES = 16 << 20
+MIN_CHUNK_BYTES = 4096        # a record asking for smaller chunks is damaged
 # (dev, inode, size, mtime_ns, ctime_ns) -> sha256: a file is hashed once per
 # process while it is unchanged (a warm rebuild looks the same objects up often)
 _digests: dict = {}
@@ -59,10 +59,10 @@ def sha256_file(path) -> str:
 
 def chunk_digests(path, chunk_bytes: int = CHUNK_BYTES) -> list:
     """Hex sha256 of each ``chunk_bytes`` chunk of a file (the last one shorter), in
-    order, hashed by up to 8 threads over one read-only memory map. Raises OSError,
-    ValueError for a chunk size below 1."""
-    if chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    order, read and hashed by up to 8 threads. Raises OSError, ValueError for a
+    chunk size below MIN_CHUNK_BYTES."""
+    if chunk_bytes < MIN_CHUNK_BYTES:
+        raise ValueError(f"chunk_bytes must be at least {MIN_CHUNK_BYTES}, got {chunk_bytes}")
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
         ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, chunk_bytes)
@@ -70,18 +70,24 @@ def chunk_digests(path, chunk_bytes: int = CHUNK_BYTES) -> list:
             hit = _digests.get(ident)
         if hit is not None:
             return list(hit)
-        if st.st_size == 0:
+        fd = f.fileno()
+
+        def one(start):
+            # read, not mapped: a file cut short meanwhile gives a short read (and
+            # another digest), where a mapping would kill the process with SIGBUS
+            h, end = hashlib.sha256(), min(start + chunk_bytes, st.st_size)
+            while start < end:
+                block = os.pread(fd, min(_CHUNK * 4, end - start), start)
+                if not block:
+                    break
+                h.update(block)
+                start += len(block)
+            return h.hexdigest()
+        starts = range(0, st.st_size, chunk_bytes)
+        if not starts:
             return []
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            view = memoryview(m)
-            try:
-                def one(start):
-                    return hashlib.sha256(view[start:start + chunk_bytes]).hexdigest()
-                starts = range(0, st.st_size, chunk_bytes)
-                with ThreadPoolExecutor(min(8, os.cpu_count() or 1, len(starts))) as pool:
-                    digests = list(pool.map(one, starts))
-            finally:
-                view.release()
+        with ThreadPoolExecutor(min(8, os.cpu_count() or 1, len(starts))) as pool:
+            digests = list(pool.map(one, starts))
     with _digests_lock:
         if len(_digests) > 4096:
             _digests.clear()
@@ -137,7 +143,7 @@ def problem(path, rec: dict) -> str | None:
             return "is corrupted (its sha256 differs from the one recorded when it was written)"
     chunks, step = rec.get("sha256_chunks"), rec.get("chunk_bytes")
     if chunks is not None:
-        if not (isinstance(chunks, list) and isinstance(step, int) and step > 0):
+        if not (isinstance(chunks, list) and isinstance(step, int) and step >= MIN_CHUNK_BYTES):
             return "has a damaged record (its chunk digests are unreadable)"
         try:
             digests = chunk_digests(path, step)

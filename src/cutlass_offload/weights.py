@@ -22,6 +22,10 @@ weights.json (``FORMAT`` 1)::
                   "parameter" (bool), "requires_grad" (bool)}, ...]}
 
 Tensors sharing a storage (tied weights, views) share it again after loading.
+Weights left on the CPU stay a mapping of the file, read page by page after the
+folder's checks: a later save swaps a new folder in by rename and never touches
+this file, but a file edited or truncated in place under a loaded model is not
+checked again (a truncation kills the process with SIGBUS, as for the library).
 A program with any other kind of tensor (a subclass, sparse, quantized, on the
 meta device) is saved whole by ``torch.export.save`` (``split`` returns None).
 """
@@ -45,8 +49,10 @@ _KINDS = ("state_dict", "constants")
 
 
 def _plain(t) -> bool:
+    # a pending conjugate / negation is a flag beside the bytes: not stored here
     return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided
-            and not t.is_quantized and t.device.type != "meta")
+            and not t.is_quantized and t.device.type != "meta" and not t.is_conj()
+            and not t.is_neg())
 
 
 def _meta_like(t: torch.Tensor) -> torch.Tensor:
@@ -86,15 +92,22 @@ def write(tensors, folder) -> None:
     """Write ``tensors`` ([(kind, name, tensor)], from ``split``) as weights.bin and
     weights.json into ``folder``. Raises OSError (ENOSPC for a full disk)."""
     folder = Path(folder)
-    storages, spans, entries = {}, [], []
-    offset = 0
-    for kind, name, t in tensors:
+    # one span per start address, as long as the longest storage starting there (two
+    # storages may share a start and differ in length: frombuffer views of one buffer)
+    longest = {}
+    for _, _, t in tensors:
         st = t.untyped_storage()
         key = (t.device, st.data_ptr())
-        if key not in storages:
-            storages[key] = (len(spans), st)
-            spans.append([offset, st.nbytes()])
-            offset += -(-st.nbytes() // ALIGN) * ALIGN
+        if key not in longest or st.nbytes() > longest[key].nbytes():
+            longest[key] = st
+    storages, spans, entries = {}, [], []
+    offset = 0
+    for key, st in longest.items():
+        storages[key] = (len(spans), st)
+        spans.append([offset, st.nbytes()])
+        offset += -(-st.nbytes() // ALIGN) * ALIGN
+    for kind, name, t in tensors:
+        key = (t.device, t.untyped_storage().data_ptr())
         entries.append({"kind": kind, "name": name, "storage": storages[key][0],
                         "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                         "stride": list(t.stride()), "storage_offset": t.storage_offset(),
@@ -142,7 +155,7 @@ def attach(ep: torch.export.ExportedProgram, folder, device=None) -> None:
     blob = (torch.from_file(str(folder / BIN), shared=False, size=total, dtype=torch.uint8)
             if total else torch.empty(0, dtype=torch.uint8))
     tables = {"state_dict": ep._state_dict, "constants": ep._constants}
-    placed = {}       # (storage, dtype, device) -> that storage's bytes as a tensor there
+    placed = {}       # (storage, device) -> that storage's bytes (uint8) there
     for e in entries:
         try:
             kind, name = e["kind"], e["name"]
@@ -161,20 +174,25 @@ def attach(ep: torch.export.ExportedProgram, folder, device=None) -> None:
             where = torch.device(e["device"]) if device is None else device
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as err:
             raise DamagedFileError(path, f"does not describe model.pt2's tensors ({err})", fix) from None
-        key = (e["storage"], dtype, where)
-        if key not in placed:
-            base = blob[start:start + numel * dtype.itemsize].view(dtype)
+        key = (e["storage"], where)
+        if key not in placed:           # one copy per storage: shared stays shared, any dtype
+            raw = blob[start:start + nbytes]
             if where.type != "cpu":
                 try:
-                    base = base.to(where)
+                    raw = raw.to(where)
                 except (RuntimeError, AssertionError) as err:
-                    raise DeviceError(f"{folder}: {kind} tensor {name!r} was exported on {where}, "
-                                      f"which this machine cannot use ({err}); pass a device to "
-                                      "load") from None
-            placed[key] = base
-        t = placed[key].as_strided(shape, stride, placed[key].storage_offset() + offset)
-        tables[kind][name] = (torch.nn.Parameter(t, requires_grad=bool(e["requires_grad"]))
-                              if e["parameter"] else t)
+                    said = ("was exported there" if device is None else "was asked for")
+                    raise DeviceError(f"{folder}: the device {where} {said}, and this machine "
+                                      f"cannot use it ({err}); pass another device to load") from None
+            placed[key] = raw
+        base = placed[key][:numel * dtype.itemsize].view(dtype)
+        t = base.as_strided(shape, stride, base.storage_offset() + offset)
+        grad = bool(e["requires_grad"])
+        if e["parameter"]:
+            t = torch.nn.Parameter(t, requires_grad=grad)
+        elif grad and (t.is_floating_point() or t.is_complex()):
+            t.requires_grad_(True)        # a buffer that required grad when exported
+        tables[kind][name] = t
     left = [f"{k}:{n}" for k in _KINDS for n, t in tables[k].items()
             if isinstance(t, torch.Tensor) and t.device.type == "meta"]
     if left:

@@ -125,20 +125,63 @@ def test_a_short_weights_file_is_refused(tmp_path):
 
 
 def test_chunked_records_name_the_damaged_chunk(tmp_path, monkeypatch):
-    monkeypatch.setattr(integrity, "PARALLEL_MIN", 1000)
-    monkeypatch.setattr(integrity, "CHUNK_BYTES", 256)
+    monkeypatch.setattr(integrity, "PARALLEL_MIN", 10000)
+    monkeypatch.setattr(integrity, "CHUNK_BYTES", 4096)
     p = tmp_path / "big.bin"
-    data = bytearray(os.urandom(3000))
+    data = bytearray(os.urandom(30000))
     p.write_bytes(bytes(data))
     rec = integrity.record(p)
-    assert rec["chunk_bytes"] == 256 and len(rec["sha256_chunks"]) == 12 and "sha256" not in rec
+    assert rec["chunk_bytes"] == 4096 and len(rec["sha256_chunks"]) == 8 and "sha256" not in rec
     assert integrity.problem(p, rec) is None
-    data[600] ^= 1
+    data[9000] ^= 1
     p.write_bytes(bytes(data))
-    assert integrity.problem(p, rec) == "is corrupted (bytes 512-767 differ from what was written)"
-    p.write_bytes(bytes(data[:2000]))
+    assert integrity.problem(p, rec) == "is corrupted (bytes 8192-12287 differ from what was written)"
+    p.write_bytes(bytes(data[:20000]))
     assert "truncated" in integrity.problem(p, rec)
-    assert integrity.problem(p, {**rec, "size": None, "sha256_chunks": "x"}).startswith("has a damaged record")
+    for bad in ({"sha256_chunks": "x"}, {"chunk_bytes": 1}):   # damaged, or absurd, records
+        assert integrity.problem(p, {**rec, "size": None, **bad}).startswith("has a damaged record")
+    with pytest.raises(ValueError, match="at least"):
+        integrity.chunk_digests(p, 16)
+
+
+class Odd(torch.nn.Module):
+    """Storages of one start but two lengths, a buffer that requires grad."""
+
+    def __init__(self):
+        super().__init__()
+        buf = bytearray(torch.randn(16).numpy().tobytes())
+        self.register_buffer("short", torch.frombuffer(buf, dtype=torch.float32, count=4))
+        self.register_buffer("long", torch.frombuffer(buf, dtype=torch.float32))
+        self.register_buffer("g", torch.randn(16, requires_grad=True) * 2)
+
+    def forward(self, x):
+        return x + self.long + self.short.sum() + self.g
+
+
+def test_odd_storages_and_buffers_that_require_grad_round_trip(tmp_path):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # frombuffer of a bytearray: writable, fine
+        ep = torch.export.export(Odd(), (torch.randn(2, 16),))
+    _save(ep, tmp_path)
+    back = _load(tmp_path)
+    for name in ("short", "long", "g"):
+        old, new = ep.state_dict[name], back.state_dict[name]
+        assert torch.equal(new, old) and new.requires_grad == old.requires_grad, name
+    assert back.state_dict["long"].data_ptr() == back.state_dict["short"].data_ptr()
+
+
+def test_pending_conjugates_are_left_to_torchs_archive():
+    class Conj(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("c", torch.randn(3, dtype=torch.complex64).conj())
+
+        def forward(self, x):
+            return x + self.c.real
+    ep = torch.export.export(Conj(), (torch.randn(3),))
+    if ep.state_dict["c"].is_conj():
+        assert weights.split(ep) is None
 
 
 def test_load_without_reference_returns_none_in_its_place(tmp_path):
