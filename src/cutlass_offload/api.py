@@ -418,16 +418,17 @@ def _load_once(out: Path, manifest: dict, device, override=None, reference=True,
     # a folder saved before combine_gemms existed was partitioned without it
     options = CompileOptions(**{"combine_gemms": False, **manifest["options"]})
     glue = _saved_glue(manifest, override)
+    device = None if device is None else _indexed(device)
     with phases("program"):
         ep = load_exported(out / "model.pt2")
     with phases("weights"):
         if manifest.get("weights") is not None:       # raw weights beside the program
-            weights.attach(ep, out, None if device is None else _indexed(device))
+            weights.attach(ep, out, device)
     with phases("inputs and device move"):
         inputs = torch.load(out / "inputs.pt")
         if device is not None:
             # moves parameters, buffers, lifted constants and device= arguments alike
-            ep = move_to_device_pass(ep, _indexed(device))
+            ep = move_to_device_pass(ep, device)
             inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
     with phases("glue cache"):
         if manifest.get("glue_cache") and glue.resolved() == "inductor":

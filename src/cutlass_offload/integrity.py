@@ -31,30 +31,38 @@ _CHUNK = 1 << 20
 PARALLEL_MIN = 64 << 20
 CHUNK_BYTES = 16 << 20
 MIN_CHUNK_BYTES = 4096        # a record asking for smaller chunks is damaged
-# (dev, inode, size, mtime_ns, ctime_ns) -> sha256: a file is hashed once per
+# (dev, inode, size, mtime_ns, ctime_ns, tag) -> digest(s): a file is hashed once per
 # process while it is unchanged (a warm rebuild looks the same objects up often)
 _digests: dict = {}
 _digests_lock = threading.Lock()
 
 
-def sha256_file(path) -> str:
-    """Hex sha256 of a file's bytes. Raises OSError."""
+def _memoized(path, tag, compute):
+    """``compute(file, stat)`` for ``path`` opened for reading, remembered under the
+    file's identity (_digests) and ``tag`` while the file is unchanged."""
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
-        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, tag)
         with _digests_lock:
             hit = _digests.get(ident)
         if hit is not None:
             return hit
-        h = hashlib.sha256()
-        for block in iter(lambda: f.read(_CHUNK), b""):
-            h.update(block)
-        digest = h.hexdigest()
+        value = compute(f, st)
     with _digests_lock:
         if len(_digests) > 4096:
             _digests.clear()
-        _digests[ident] = digest
-    return digest
+        _digests[ident] = value
+    return value
+
+
+def sha256_file(path) -> str:
+    """Hex sha256 of a file's bytes. Raises OSError."""
+    def whole(f, st):
+        h = hashlib.sha256()
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            h.update(block)
+        return h.hexdigest()
+    return _memoized(path, None, whole)
 
 
 def chunk_digests(path, chunk_bytes: int = CHUNK_BYTES) -> list:
@@ -63,13 +71,8 @@ def chunk_digests(path, chunk_bytes: int = CHUNK_BYTES) -> list:
     chunk size below MIN_CHUNK_BYTES."""
     if chunk_bytes < MIN_CHUNK_BYTES:
         raise ValueError(f"chunk_bytes must be at least {MIN_CHUNK_BYTES}, got {chunk_bytes}")
-    with open(path, "rb") as f:
-        st = os.fstat(f.fileno())
-        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, chunk_bytes)
-        with _digests_lock:
-            hit = _digests.get(ident)
-        if hit is not None:
-            return list(hit)
+
+    def chunks(f, st):
         fd = f.fileno()
 
         def one(start):
@@ -85,14 +88,10 @@ def chunk_digests(path, chunk_bytes: int = CHUNK_BYTES) -> list:
             return h.hexdigest()
         starts = range(0, st.st_size, chunk_bytes)
         if not starts:
-            return []
+            return ()
         with ThreadPoolExecutor(min(8, os.cpu_count() or 1, len(starts))) as pool:
-            digests = list(pool.map(one, starts))
-    with _digests_lock:
-        if len(_digests) > 4096:
-            _digests.clear()
-        _digests[ident] = tuple(digests)
-    return digests
+            return tuple(pool.map(one, starts))
+    return list(_memoized(path, chunk_bytes, chunks))
 
 
 def record(path) -> dict:

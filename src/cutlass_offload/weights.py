@@ -100,21 +100,21 @@ def write(tensors, folder) -> None:
         key = (t.device, st.data_ptr())
         if key not in longest or st.nbytes() > longest[key].nbytes():
             longest[key] = st
-    storages, spans, entries = {}, [], []
+    index_of, spans, entries = {}, [], []
     offset = 0
     for key, st in longest.items():
-        storages[key] = (len(spans), st)
+        index_of[key] = len(spans)
         spans.append([offset, st.nbytes()])
         offset += -(-st.nbytes() // ALIGN) * ALIGN
     for kind, name, t in tensors:
         key = (t.device, t.untyped_storage().data_ptr())
-        entries.append({"kind": kind, "name": name, "storage": storages[key][0],
+        entries.append({"kind": kind, "name": name, "storage": index_of[key],
                         "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                         "stride": list(t.stride()), "storage_offset": t.storage_offset(),
                         "device": str(t.device), "parameter": isinstance(t, torch.nn.Parameter),
                         "requires_grad": bool(t.requires_grad)})
     with open(folder / BIN, "wb") as f:
-        for (start, nbytes), (_, st) in zip(spans, sorted(storages.values(), key=lambda v: v[0])):
+        for (start, nbytes), st in zip(spans, longest.values()):
             if f.tell() != start:
                 f.write(b"\0" * (start - f.tell()))
             if nbytes:
