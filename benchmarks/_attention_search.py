@@ -86,7 +86,7 @@ def time_region(m, xs, graph_us, rel_err, tol):
 def _tag(config) -> str:
     q, kv, d = config.tile
     sched = "pingpong" if config.kernel_schedule.endswith("Pingpong") else "coop"
-    return f"{q}x{kv}x{d}_s{config.stages}_{sched}"
+    return f"{q}x{kv}x{d}_s{config.stages}_{sched}" + ("_lpt" if config.tile_scheduler == "lpt" else "")
 
 
 def search(rows, model, inputs, firsts, *, region_inputs, graph_us, rel_err) -> dict:
@@ -138,7 +138,10 @@ def write_table(rows, path: Path, gpu: str, num_sms: int) -> int:
     """families/attention_sm90_table.json from the searched rows: per problem class
     (head dim, causal, length buckets) the config with the least summed time over
     the class's rows that timed it on every row, kept only where it beats the
-    default by MIN_GAIN. Returns the number of rows written."""
+    default by MIN_GAIN. Where ``path`` holds a table already, the rows of the
+    classes this run did not search stay (a run over some models updates their
+    classes only); a searched class whose winner no longer beats the default loses
+    its row. Returns the number of rows written."""
     from cutlass_offload.build.toolchain import cutlass_version
     from cutlass_offload.families.attention_sm90 import CONFIGS
     from cutlass_offload.families.attention_sm90_table import class_key
@@ -149,7 +152,11 @@ def write_table(rows, path: Path, gpu: str, num_sms: int) -> int:
             continue
         key = class_key(r["head_dim"], r.get("causal", "none") != "none", r["seq_q"], r["seq_kv"])
         classes.setdefault(key, []).append(r)
+    path = Path(path)
     out = {}
+    if path.exists():
+        out = {k: v for k, v in json.loads(path.read_text()).get("rows", {}).items()
+               if k not in classes}
     for key, rs in sorted(classes.items()):
         tags = set.intersection(*({t for t, v in r["search"].items() if isinstance(v, float)} for r in rs))
         default = rs[0].get("search_default")
@@ -161,13 +168,13 @@ def write_table(rows, path: Path, gpu: str, num_sms: int) -> int:
             continue
         cfg = by_tag[best]
         out[key] = {"head": cfg.tile[2], "block_kv": cfg.tile[1], "schedule": cfg.kernel_schedule,
+                    "tile_scheduler": cfg.tile_scheduler,
                     "us": total[best] / len(rs), "default_us": total[default] / len(rs),
                     "from": sorted({f"{r['dtype']} b{r['batch']} h{r['heads']}" for r in rs})}
     data = {"gpu": gpu, "num_sms": num_sms, "date": datetime.date.today().isoformat(),
             "cutlass": cutlass_version(),
             "source": "benchmarks/kernels.py --kinds attention --search full --write-attention-table",
-            "min_gain": MIN_GAIN, "rows": out}
-    path = Path(path)
+            "min_gain": MIN_GAIN, "rows": dict(sorted(out.items()))}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)

@@ -597,6 +597,9 @@ def parse_args(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--write-pytorch-faster", default=None, metavar="FILE",
                    help="write the conv/attention problems PyTorch ran faster (select/pytorch_faster.py)")
+    p.add_argument("--merge-pytorch-faster", action="store_true",
+                   help="with --write-pytorch-faster: keep the FILE's entries of problems this run "
+                        "did not measure (a run over some models updates their problems only)")
     p.add_argument("--from-results", default=None, metavar="JSON",
                    help="with --write-pytorch-faster: take the rows of an earlier run (no GPU needed)")
     p.add_argument("--remeasure", action=argparse.BooleanOptionalAction, default=True,
@@ -622,14 +625,28 @@ def measure_peak() -> float:
     return 2.0 * n ** 3 / us / 1e6
 
 
-def write_pytorch_faster(rows: list, path: Path, gpu: str, num_sms: int, source: str) -> dict:
-    """select/pytorch_faster.py's list from benchmark rows (atomic write)."""
+def write_pytorch_faster(rows: list, path: Path, gpu: str, num_sms: int, source: str,
+                         merge: bool = False) -> dict:
+    """select/pytorch_faster.py's list from benchmark rows (atomic write). With
+    ``merge`` the entries ``path`` holds already for problems the rows do not measure
+    stay (the rows' problems get this run's verdict, listed or not); ValueError when
+    that file is for another GPU."""
     from cutlass_offload.build.toolchain import cutlass_version
     from cutlass_offload.select import pytorch_faster as pf
-    data = {"gpu": gpu, "num_sms": num_sms, "date": datetime.date.today().isoformat(),
-            "cutlass": cutlass_version(), "source": source, "below": pf.DEFER_BELOW,
-            **pf.entries_from_rows(rows)}
+    entries = pf.entries_from_rows(rows)
     path = Path(path)
+    if merge and path.exists():
+        old = json.loads(path.read_text())
+        if (old.get("gpu"), old.get("num_sms")) != (gpu, num_sms):
+            raise ValueError(f"--merge-pytorch-faster: {path} is for {old.get('gpu')} with "
+                             f"{old.get('num_sms')} SMs, this run {gpu} with {num_sms}")
+        measured = pf.measured_keys(rows)
+        for kind in entries:
+            kept = [e for e in old.get(kind, []) if pf.entry_key(kind, e) not in measured[kind]]
+            entries[kind] = kept + entries[kind]
+        source = f"{old.get('source')}; merged with {source}"
+    data = {"gpu": gpu, "num_sms": num_sms, "date": datetime.date.today().isoformat(),
+            "cutlass": cutlass_version(), "source": source, "below": pf.DEFER_BELOW, **entries}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
@@ -642,7 +659,7 @@ def main(argv=None) -> int:
         old = json.loads(Path(args.from_results).read_text())
         data = write_pytorch_faster(old["rows"], Path(args.write_pytorch_faster), old["gpu"],
                                     old["num_sms"], f"benchmarks/kernels.py run of {old['date'][:10]} "
-                                    f"({Path(args.from_results).name})")
+                                    f"({Path(args.from_results).name})", merge=args.merge_pytorch_faster)
         print(f"{len(data['conv2d'])} conv2d and {len(data['attention'])} attention problems "
               f"-> {args.write_pytorch_faster}")
         return 0
@@ -770,7 +787,8 @@ def main(argv=None) -> int:
     save()
     if args.write_pytorch_faster:
         write_pytorch_faster(result["rows"], Path(args.write_pytorch_faster), gpu, sms,
-                             f"benchmarks/kernels.py run of {result['date'][:10]}")
+                             f"benchmarks/kernels.py run of {result['date'][:10]}",
+                             merge=args.merge_pytorch_faster)
     print_tables(result["rows"], result["summary"])
     print(f"\nJSON: {out_path}")
     return 0

@@ -109,13 +109,23 @@ def chosen_conv_kernels(dtypes=("f16", "bf16"), epilogue_tags=DEFAULT_CONV_EPILO
 
 
 def chosen_attention_kernels(dtypes=("f16", "bf16")) -> list:
-    """The Hopper attention kernels select can choose without a search: the example's
-    config per default head tile and every config of the learned table
-    (families/attention_sm90_table.json), each unmasked and causal, per dtype."""
-    configs = [attention_sm90.config_for(h) for h in attention_sm90.DEFAULT_HEAD_TILES]
-    configs = list(dict.fromkeys(configs + attention_sm90.learned_configs()))
-    return [AttentionKernelSm90(arch="sm90a", dtype=d, config=c, causal=m)
-            for c in configs for d in dtypes for m in (False, True)]
+    """The Hopper attention kernels select can choose without a search: the default
+    config per default head tile (attention_sm90.default_config) and every config of
+    the learned table (families/attention_sm90_table.json), each unmasked and causal
+    where its tile order allows (attention_sm90.legal_for), per dtype."""
+    learned = attention_sm90.learned_configs()
+    kernels = {}
+    for causal in (False, True):
+        # a causal problem of one query tile keeps the example's order (default_config)
+        orders = dict.fromkeys(("persistent", attention_sm90.CAUSAL_DEFAULT_ORDER if causal else "persistent"))
+        defaults = [attention_sm90.config_for(h, order=o)
+                    for h in attention_sm90.DEFAULT_HEAD_TILES for o in orders]
+        for c in dict.fromkeys(defaults + learned):
+            if attention_sm90.legal_for(c, causal):
+                for d in dtypes:
+                    k = AttentionKernelSm90(arch="sm90a", dtype=d, config=c, causal=causal)
+                    kernels.setdefault(k.name, k)
+    return list(kernels.values())
 
 
 def _attention_stand_in(i: int, k: AttentionKernelSm90) -> AttentionRegion:

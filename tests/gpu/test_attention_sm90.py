@@ -135,7 +135,8 @@ def test_cuda_graph_replay_reuses_the_workspace(suite):
     assert not failures, "\n".join(failures)
 
 
-# Every config of families/attention_sm90.CONFIGS (f16; causal for the ping-pong ones)
+# Every config of families/attention_sm90.CONFIGS (f16; causal for every other ping-pong
+# one and for every heaviest-first "lpt" one, which only causal problems take)
 # on a problem of its own whose head dim fills the tile or leaves 8 columns to the
 # TMA zero-fill, with lengths that end inside a tile: the configs a search or the
 # learned table may pick, checked before they are picked.
@@ -144,7 +145,8 @@ def _config_cases():
     for i, cfg in enumerate(attention_sm90.CONFIGS):
         q, kv, d = cfg.tile
         h = d - 8 if i % 2 else d
-        causal = "top_left" if cfg.kernel_schedule == attention_sm90.PINGPONG and i % 2 else "none"
+        causal = ("top_left" if cfg.tile_scheduler == "lpt"
+                  or (cfg.kernel_schedule == attention_sm90.PINGPONG and i % 2) else "none")
         out.append((cfg, _case(b=2, s=200 + i, s_kv=300 + 7 * i, n=3, h=h, h_v=h, causal=causal)))
     return out
 

@@ -261,3 +261,56 @@ def test_shard_planner_prices_the_hopper_kernel_as_a_3x_kernel():
     k = at.choose(problem(64), "sm90a")
     assert shards.estimate([k]) == shards.COST["cutlass3x_sm90"][0] + shards.COST["cutlass3x_sm90"][1]
     assert shards.estimate([at.choose(problem(64, bias="add"), "sm90a")]) == 12.0 + 6.0
+
+
+# --- the heaviest-first (lpt) tile order of causal problems ----------------------------
+
+def test_lpt_order_is_for_causal_problems_only():
+    lpt = fam.config_for(64, 128, fam.PINGPONG, order="lpt")
+    assert lpt in fam.CONFIGS and lpt.tag.endswith("_lpt")
+    assert {c.tile_scheduler for c in fam.CONFIGS} == set(fam.TILE_ORDERS)
+    k = fam.choose(problem(64, causal="top_left"), "sm90a", lpt)
+    assert k.name == "cutlass3x_sm90_fmha_fwd_f16_128x128x64_s5_pingpong_lpt_causal"
+    with pytest.raises(ValueError, match="lpt tile order is for causal"):
+        fam.choose(problem(64), "sm90a", lpt)
+    with pytest.raises(ValueError, match="lpt tile order is for causal"):
+        h.check(AttentionKernelSm90(arch="sm90a", dtype="f16", config=lpt, causal=False))
+    with pytest.raises(ValueError, match="tile schedulers"):
+        AttentionKernelSm90(arch="sm90a", dtype="f16", causal=True, config=KernelConfig(
+            family="cutlass3x_sm90", tile=(128, 64, 64), stages=5,
+            kernel_schedule=fam.COOPERATIVE, tile_scheduler="stream_k"))
+    # searches time both orders of a causal problem, only the example's without a mask
+    causal_space = fam.search_space(problem(64, causal="top_left"))
+    assert {c.tile_scheduler for c in causal_space} == set(fam.TILE_ORDERS)
+    assert {c.tile_scheduler for c in fam.search_space(problem(64))} == {"persistent"}
+    assert len(causal_space) == 2 * len(fam.search_space(problem(64)))
+
+
+@pytest.mark.parametrize("schedule,scheduler,persistent", [
+    (fam.PINGPONG, "LptPersistentTileScheduler", True),
+    (fam.COOPERATIVE, "LptIndividualTileScheduler", False)])
+def test_lpt_kernels_run_the_builders_collectives_under_our_scheduler(schedule, scheduler, persistent):
+    k = fam.choose(problem(64, causal="top_left"), "sm90a", fam.config_for(64, 128, schedule, order="lpt"))
+    src = emit_kernel(k)
+    assert h.LPT_SCHEDULER in src.preamble and "struct LptPersistentTileScheduler" in h.LPT_SCHEDULER
+    assert f"co_fmha::{scheduler}," in src.code
+    assert "cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<" in src.code
+    assert "typename Builder::CollectiveMainloop, typename Builder::CollectiveEpilogue" in src.code
+    # the builder's ping-pong mapping, spelled out (fmha_kernel_builder.hpp)
+    assert ("Tag::kIsPersistent, cute::true_type" in src.code) is persistent
+    assert ("Tag::kLoadsQSeparately, cute::true_type" in src.code) is persistent
+    assert f"constexpr bool kGridBhByTiles = {'false' if persistent else 'true'};" in src.code
+    # the example's order keeps the builder's kernel and no extra preamble
+    plain = emit_kernel(fam.choose(problem(64, causal="top_left"), "sm90a", fam.config_for(64, 128, schedule)))
+    assert h.LPT_SCHEDULER not in plain.preamble and "co_fmha::" not in plain.code
+    assert "cutlass::fmha::kernel::FmhaBuilder<" in plain.code and ">::Kernel;" in plain.code
+    # both orders share a translation unit (the scheduler header is guarded, emitted once)
+    unit = emit_unit([src, plain], "test")
+    assert unit.text.count("#ifndef CO_FMHA_LPT_SCHEDULER_H") == 1
+
+
+@pytest.mark.parametrize("seq,order", [(128, "persistent"), (77, "persistent"), (129, "lpt"), (2048, "lpt")])
+def test_causal_problems_of_several_query_tiles_default_to_heaviest_first(seq, order, no_table):
+    k = at.choose(problem(64, seq_q=seq, seq_kv=seq, causal="top_left"), "sm90a")
+    assert k.config.tile_scheduler == order == (fam.CAUSAL_DEFAULT_ORDER if seq > fam.BLOCK_Q else "persistent")
+    assert at.choose(problem(64, seq_q=seq, seq_kv=seq), "sm90a").config.tile_scheduler == "persistent"

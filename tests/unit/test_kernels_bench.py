@@ -206,3 +206,45 @@ def test_attention_table_from_search_rows(tmp_path):
     assert key == class_key(64, False, 512, 512)
     assert (r["head"], r["block_kv"], r["schedule"]) == (64, 128, fam.COOPERATIVE)    # 16 < 17.5
     assert r["us"] == 8.0 and r["default_us"] == 10.0
+
+
+def test_attention_table_merges_into_an_existing_one_and_keeps_the_tile_order(tmp_path, monkeypatch):
+    """A search over some models replaces only the classes it searched: an existing
+    table's other rows stay, a searched class that no longer wins loses its row; a
+    causal winner in the lpt order is written with it and read back by select."""
+    import _attention_search as search
+
+    from cutlass_offload.families import attention_sm90 as fam
+    from cutlass_offload.families import attention_sm90_table as table
+    from cutlass_offload.ir import AttentionProblem
+
+    d = search._tag(fam.config_for(64))
+    lpt = search._tag(fam.config_for(64, 128, fam.PINGPONG, order="lpt"))
+    assert lpt.endswith("_lpt") and lpt != search._tag(fam.config_for(64, 128, fam.PINGPONG))
+
+    def row(seq, causal, times):
+        return {"kind": "attention", "dtype": "f16", "batch": 4, "heads": 32, "head_dim": 64,
+                "causal": causal, "seq_q": seq, "seq_kv": seq, "search": times, "search_default": d}
+    other = table.class_key(80, False, 1024, 1024)
+    stale = table.class_key(64, False, 128, 128)
+    out = tmp_path / "table.json"
+    old_row = {"head": 64, "block_kv": 128, "schedule": fam.PINGPONG, "us": 1.0, "default_us": 2.0}
+    out.write_text(json.dumps({"rows": {other: old_row, stale: old_row}}))
+    rows = [row(512, "top_left", {d: 30.0, lpt: 20.0}), row(128, "none", {d: 5.0})]
+    assert search.write_table(rows, out, "GPU", 132) == 2
+    data = json.loads(out.read_text())
+    causal = table.class_key(64, True, 512, 512)
+    assert set(data["rows"]) == {other, causal}           # the stale searched class is gone
+    assert data["rows"][other] == old_row
+    assert data["rows"][causal]["tile_scheduler"] == "lpt"
+    monkeypatch.setattr(table, "TABLE_FILE", out)
+    table._rows.cache_clear()
+    try:
+        p = AttentionProblem(batch=4, heads=32, seq_q=512, seq_kv=512, head_dim=64, head_dim_v=64,
+                             dtype="f16", scale=0.125, causal="top_left")
+        k = fam.choose(p)
+        assert k.config == fam.config_for(64, 128, fam.PINGPONG, order="lpt") and k.name.endswith("_lpt_causal")
+        # the same class without the mask has no row: the example's order
+        assert fam.choose(AttentionProblem(**{**p.__dict__, "causal": "none"})).config.tile_scheduler == "persistent"
+    finally:
+        table._rows.cache_clear()

@@ -51,10 +51,17 @@ def test_cli_lists_the_hopper_attention_kernels_select_can_choose(capsys):
                      "--attention", "--list"]) == 0
     out = capsys.readouterr().out.splitlines()
     names = [n for n in out if n.startswith("cutlass3x_sm90_fmha_fwd_f16_")]
-    configs = {attention_sm90.config_for(h) for h in attention_sm90.DEFAULT_HEAD_TILES}
-    configs |= set(attention_sm90.learned_configs())
-    assert len(names) == 2 * len(configs) and len(set(names)) == len(names)
-    assert "cutlass3x_sm90_fmha_fwd_f16_128x128x64_s5_pingpong_causal" in names   # from the table
+    expected = set()
+    for causal in (False, True):
+        orders = {"persistent", attention_sm90.CAUSAL_DEFAULT_ORDER if causal else "persistent"}
+        configs = {attention_sm90.config_for(h, order=o)
+                   for h in attention_sm90.DEFAULT_HEAD_TILES for o in orders}
+        configs |= set(attention_sm90.learned_configs())
+        expected |= {(c, causal) for c in configs if attention_sm90.legal_for(c, causal)}
+    assert len(names) == len(expected) and len(set(names)) == len(names)
+    assert "cutlass3x_sm90_fmha_fwd_f16_128x128x64_s5_pingpong_lpt_causal" in names   # from the table
+    assert "cutlass3x_sm90_fmha_fwd_f16_128x64x64_s5_coop_lpt_causal" in names        # causal default
+    assert "cutlass3x_sm90_fmha_fwd_f16_128x64x64_s5_coop_causal" in names            # one query tile
     assert cli.main(["prebuild", "--arch", "sm_80", "--attention", "--list"]) == 2
 
 

@@ -98,3 +98,28 @@ def test_the_benchmark_writes_what_select_reads(tmp_path):
     kb.write_pytorch_faster(rows, path, "NVIDIA H200", 132, "test")
     t = pf.PytorchFaster(json.loads(path.read_text()))
     assert len(t.attention) == 1 and not t.conv
+
+
+def test_a_merged_write_updates_only_the_problems_the_run_measured(tmp_path):
+    """--merge-pytorch-faster: a run over some models gives its problems this run's
+    verdict (a problem now faster with ours leaves the list) and keeps the rest; a
+    list of another GPU is refused."""
+    import kernels as kb
+
+    def row(seq, causal, ours, anchor):
+        return {"kind": "attention", "batch": 4, "heads": 32, "seq_q": seq, "seq_kv": seq,
+                "head_dim": 64, "head_dim_v": 64, "causal": causal, "dtype": "f16",
+                "heuristic_us": ours, "anchor": "cudnn", "anchor_us": anchor,
+                "heuristic_speedup": anchor / ours}
+    path = tmp_path / "faster.json"
+    old = [row(512, "top_left", 27.7, 23.2), row(4096, "none", 175.0, 159.0)]
+    kb.write_pytorch_faster(old, path, "NVIDIA H200", 132, "first")
+    assert len(json.loads(path.read_text())["attention"]) == 2
+    kb.write_pytorch_faster([row(512, "top_left", 21.0, 23.2), row(128, "none", 9.0, 6.0)], path,
+                            "NVIDIA H200", 132, "second", merge=True)
+    data = json.loads(path.read_text())
+    t = pf.PytorchFaster(data)
+    assert sorted(k[2] for k in t.attention) == [128, 4096]     # 512 now runs ours
+    assert "first" in data["source"] and "second" in data["source"]
+    with pytest.raises(ValueError, match="is for NVIDIA H200"):
+        kb.write_pytorch_faster([], path, "NVIDIA H100", 132, "third", merge=True)

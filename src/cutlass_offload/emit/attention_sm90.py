@@ -59,9 +59,19 @@ What the example supports, read from its code (CUTLASS 4.2):
   cooperative kernel, one CTA per SM for the persistent ping-pong one, 384
   threads, ``Kernel::SharedStorageSize`` bytes of dynamic shared memory (raised
   once per device).
+* Tile order: both of the example's schedulers take the query tile fastest. Under
+  a causal mask query tile m reads m + 1 key tiles, and the persistent scheduler,
+  striding by the grid, gives an SM the same m on every turn when the SM count is a
+  multiple of the query tiles (132 SMs, 4 tiles of a 512-token prefill: the busiest
+  SM reads 16 key tiles, the mean is 9.7). Configs with ``tile_scheduler == "lpt"``
+  (causal only) run the builder's collectives under ``co_fmha``'s schedulers
+  (templates/fmha_lpt_scheduler.h): (batch, head) fastest and the query tiles from
+  the last down, heaviest first (FlashAttention-3's order for causal attention); the
+  one-CTA-per-tile one launches grid (batch * heads, query tiles).
 """
 from __future__ import annotations
 
+from pathlib import Path
 from string import Template
 
 from ..families.attention_sm90 import (  # noqa: F401 - the choice re-exported
@@ -85,6 +95,9 @@ def check(kernel: AttentionKernelSm90) -> None:
         raise ValueError(f"Hopper attention configs are families/attention_sm90.CONFIGS "
                          f"({len(CONFIGS)}: BlockQ x BlockKV x head, stages, schedule); "
                          f"got {kernel.config}")
+    if kernel.config.tile_scheduler == "lpt" and not kernel.causal:
+        raise ValueError("the lpt tile order is for causal kernels (without a mask every "
+                         "query tile does the same work)")
 
 
 _KERNEL = """\
@@ -97,14 +110,11 @@ using TileShape = cute::Shape<cute::_${block_q}, cute::_${block_kv}, cute::_${he
 // (seq, head dim, (batch, head)): runtime 32-bit strides, head dim contiguous
 using StrideQKVO = cute::tuple<int, cute::_1, cute::tuple<int, int>>;
 using StrideLSE = cute::tuple<cute::_1, cute::tuple<int, int>>;
-using Kernel = typename cutlass::fmha::kernel::FmhaBuilder<
-    Element, float, float, TileShape, StrideQKVO, StrideQKVO, StrideQKVO,
-    cutlass::fmha::collective::${fusion}, cutlass::gemm::${schedule},
-    cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesKV, cute::Int<${stages}>>
-    >::Kernel;
-using ProblemShape = typename Kernel::ProblemShape;   // (B, H, Q, K, D)
+${kernel_type}using ProblemShape = typename Kernel::ProblemShape;   // (B, H, Q, K, D)
 
 constexpr bool kCausal = ${causal};
+// the LPT one-CTA-per-tile grid: ((b, h), query tiles)
+constexpr bool kGridBhByTiles = ${grid_bh_by_tiles};
 constexpr int64_t kHeadTile = ${head};
 constexpr int64_t kAlign = 16 / int64_t(sizeof(Element));   // TMA: 16-byte rows and strides
 constexpr int kSmemBytes = Kernel::SharedStorageSize;
@@ -136,6 +146,8 @@ static int64_t lse_bytes(const CoAttentionArgs& a) {
 static bool supported(const CoAttentionArgs& a) {
   if (a.batch < 0 || a.heads < 0 || a.seq_q < 0 || a.seq_kv < 1) return false;
   if (a.batch > kGridMax || a.heads > kGridMax || !fits32(a.seq_q) || !fits32(a.seq_kv)) return false;
+  if (kGridBhByTiles && (!fits32(a.batch * a.heads) || (a.seq_q + 127) / 128 > kGridMax))
+    return false;
   if (a.head_dim != a.head_dim_v || a.head_dim < 1 || a.head_dim > kHeadTile) return false;
   if (a.head_dim % kAlign) return false;      // can_implement's seq_q % 8: not needed (docstring)
   if (!(a.scale > 0.0f) || !(a.scale < INFINITY)) return false;
@@ -222,21 +234,66 @@ int run(const CoAttentionArgs& args, cudaStream_t stream) {
 """
 
 
+_BUILDER_KERNEL = """\
+using Kernel = typename cutlass::fmha::kernel::FmhaBuilder<
+    Element, float, float, TileShape, StrideQKVO, StrideQKVO, StrideQKVO,
+    cutlass::fmha::collective::${fusion}, cutlass::gemm::${schedule},
+    ${options}
+    >::Kernel;
+"""
+
+# The builder's mainloop and epilogue under a tile scheduler of ours
+# (templates/fmha_lpt_scheduler.h); the builder maps ping-pong onto the cooperative
+# kernel with the persistent options, spelled out here.
+_LPT_KERNEL = """\
+using Builder = cutlass::fmha::kernel::FmhaBuilder<
+    Element, float, float, TileShape, StrideQKVO, StrideQKVO, StrideQKVO,
+    cutlass::fmha::collective::${fusion}, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+    ${options}>;
+// query tiles heaviest first (causal: tile m reads m + 1 key tiles)
+using Kernel = cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<
+    typename Builder::CollectiveMainloop, typename Builder::CollectiveEpilogue,
+    co_fmha::${scheduler},
+    ${options}>;
+"""
+
+LPT_SCHEDULER = (Path(__file__).parent / "templates" / "fmha_lpt_scheduler.h").read_text()
+
+
+def _kernel_type(kernel: AttentionKernelSm90, fusion: str) -> str:
+    """The C++ ``using Kernel = ...;`` of ``kernel``: the example's builder, or for the
+    "lpt" tile scheduler the builder's collectives under co_fmha's schedulers."""
+    opt = "cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::{}, {}>"
+    options = [opt.format("kStagesKV", f"cute::Int<{kernel.config.stages}>")]
+    schedule = kernel.config.kernel_schedule
+    if kernel.config.tile_scheduler != "lpt":
+        return Template(_BUILDER_KERNEL).substitute(fusion=fusion, schedule=schedule,
+                                                    options=options[0])
+    persistent = schedule == PINGPONG
+    if persistent:   # what FmhaBuilder<..., Pingpong> appends (fmha_kernel_builder.hpp)
+        options += [opt.format("kIsPersistent", "cute::true_type"),
+                    opt.format("kLoadsQSeparately", "cute::true_type")]
+    scheduler = "LptPersistentTileScheduler" if persistent else "LptIndividualTileScheduler"
+    return Template(_LPT_KERNEL).substitute(fusion=fusion, scheduler=scheduler,
+                                            options=",\n    ".join(options))
+
+
 def values(kernel: AttentionKernelSm90) -> dict:
     """The substitution dict of ``kernel``'s C++ (raises ValueError via ``check``)."""
     check(kernel)
     q, kv, d = kernel.config.tile
     mask = "top-left causal" if kernel.causal else "no mask"
+    fusion = "CausalFusion" if kernel.causal else "ResidualFusion"
     return {
         "name": kernel.name,
         "semantics": (f"out = softmax(scale * q k^T, {mask}) v; {kernel.dtype}, head dims "
                       f"multiples of 8 up to {d} (TMA zero-fills the rest), LSE in the workspace"),
         "element": CPP[kernel.dtype],
         "block_q": q, "block_kv": kv, "head": d,
-        "fusion": "CausalFusion" if kernel.causal else "ResidualFusion",
-        "schedule": kernel.config.kernel_schedule,
-        "stages": kernel.config.stages,
+        "kernel_type": _kernel_type(kernel, fusion),
         "causal": "true" if kernel.causal else "false",
+        "grid_bh_by_tiles": ("true" if kernel.config.tile_scheduler == "lpt"
+                             and kernel.config.kernel_schedule != PINGPONG else "false"),
     }
 
 
@@ -252,4 +309,6 @@ def emit(kernel: AttentionKernelSm90) -> KernelSource:
     an illegal kernel (see ``check``)."""
     code = Template(_KERNEL).substitute(values(kernel))
     return KernelSource(name=kernel.name, includes=INCLUDES, code=code,
-                        args_type="CoAttentionArgs", preamble=(sm90_parts.TMA_DRIVER,))
+                        args_type="CoAttentionArgs",
+                        preamble=(sm90_parts.TMA_DRIVER,) + (
+                            (LPT_SCHEDULER,) if kernel.config.tile_scheduler == "lpt" else ()))

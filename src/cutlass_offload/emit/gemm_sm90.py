@@ -242,6 +242,9 @@ def validate(kernel: GemmKernel) -> None:
     if epi != _EPILOGUE_FOR[cfg.kernel_schedule]:
         raise ValueError(f"epilogue_schedule {epi!r} does not match kernel_schedule "
                          f"{cfg.kernel_schedule!r} (expected {_EPILOGUE_FOR[cfg.kernel_schedule]!r})")
+    if cfg.tile_scheduler not in ("persistent", "stream_k"):
+        raise ValueError(f"GEMM tile schedulers are 'persistent' and 'stream_k', got "
+                         f"{cfg.tile_scheduler!r}")
     if cfg.tile_scheduler == "stream_k" and cfg.kernel_schedule != "KernelTmaWarpSpecializedCooperative":
         # sm90_gemm_tma_warpspecialized_pingpong.hpp static_asserts against stream-K
         raise ValueError("the stream-K tile scheduler needs the cooperative kernel schedule")

@@ -19,6 +19,15 @@ PINGPONG = "KernelTmaWarpSpecializedPingpong"
 SCHEDULE = COOPERATIVE       # the example's forward default
 SCHEDULE_TAGS = {COOPERATIVE: "coop", PINGPONG: "pingpong"}
 STAGES = 5                   # kStagesKV default (fmha_collective_tma_warpspecialized.hpp)
+# Tile orders: the example's schedulers (query tile fastest), and for causal problems
+# heaviest query tiles first (emit/templates/fmha_lpt_scheduler.h)
+TILE_ORDERS = ("persistent", "lpt")
+# The order a causal problem of more than one query tile gets without a learned row:
+# heaviest first ran LLaMA's 512-token prefill (b4 h32 d64) in 27.4 / 22.6 us against
+# 31.0 / 31.6 us in the example's order (cooperative / ping-pong, BlockKV 64; H200,
+# benchmarks/results/kernels_attention_lpt_2026-12-02_h200.json); with one query
+# tile both orders launch the same CTAs
+CAUSAL_DEFAULT_ORDER = "lpt"
 ACCESS = 8                   # elements per 16-byte TMA row (f16 / bf16)
 BLOCK_Q = 128                # two consumer warpgroups of 64 query rows
 # Shared memory: Q (BlockQ x head) plus kStagesKV K-or-V tiles (K and V share the
@@ -51,22 +60,31 @@ def smem_bytes(block_kv: int, head: int, stages: int = STAGES, schedule: str = C
 
 
 def _configs() -> tuple:
-    """Every legal (BlockQ, BlockKV, head) x schedule: BlockKV 64 or 128, five K/V
-    stages (four where five do not fit), ping-pong for the head tiles the example
-    runs it on (64, 128)."""
+    """Every legal (BlockQ, BlockKV, head) x schedule x tile order: BlockKV 64 or 128,
+    five K/V stages (four where five do not fit), ping-pong for the head tiles the
+    example runs it on (64, 128); each in the example's tile order ("persistent")
+    and, for causal problems only, heaviest query tiles first ("lpt")."""
     out = []
     room = SMEM_LIMIT - 2 * 1024            # the pipelines' barriers
-    for head in HEAD_TILES:
-        for block_kv in (64, 128):
-            for schedule in (COOPERATIVE, PINGPONG):
-                if schedule == PINGPONG and head not in (64, 128):
-                    continue
-                stages = next((s for s in (STAGES, 4)
-                               if smem_bytes(block_kv, head, s, schedule) <= room), None)
-                if stages is not None:
-                    out.append(KernelConfig(family=FAMILY, tile=(BLOCK_Q, block_kv, head),
-                                            stages=stages, kernel_schedule=schedule))
+    for order in TILE_ORDERS:
+        for head in HEAD_TILES:
+            for block_kv in (64, 128):
+                for schedule in (COOPERATIVE, PINGPONG):
+                    if schedule == PINGPONG and head not in (64, 128):
+                        continue
+                    stages = next((s for s in (STAGES, 4)
+                                   if smem_bytes(block_kv, head, s, schedule) <= room), None)
+                    if stages is not None:
+                        out.append(KernelConfig(family=FAMILY, tile=(BLOCK_Q, block_kv, head),
+                                                stages=stages, kernel_schedule=schedule,
+                                                tile_scheduler=order))
     return tuple(out)
+
+
+def legal_for(config: KernelConfig, causal: bool) -> bool:
+    """Whether ``config``'s tile order serves a problem with (or without) a causal mask:
+    "lpt" orders tiles by their causal work and is for causal problems only."""
+    return causal or config.tile_scheduler != "lpt"
 
 
 CONFIGS = _configs()
@@ -127,29 +145,34 @@ def supports(problem: AttentionProblem, arch: str = ARCH) -> bool:
 
 
 def config_for(head_dim_tile: int, block_kv: int | None = None,
-               schedule: str = COOPERATIVE) -> KernelConfig:
+               schedule: str = COOPERATIVE, order: str = "persistent") -> KernelConfig:
     """The KernelConfig of the Hopper kernel with head tile ``head_dim_tile``, keys per
-    mainloop step ``block_kv`` (default: the example's, DEFAULT_BLOCK_KV) and
-    ``schedule`` (COOPERATIVE or PINGPONG). Raises ValueError for a config not in
-    CONFIGS."""
+    mainloop step ``block_kv`` (default: the example's, DEFAULT_BLOCK_KV),
+    ``schedule`` (COOPERATIVE or PINGPONG) and tile ``order`` (TILE_ORDERS). Raises
+    ValueError for a config not in CONFIGS."""
     if head_dim_tile not in HEAD_TILES:
         raise ValueError(f"head tile must be one of {HEAD_TILES}, got {head_dim_tile}")
     block_kv = block_kv or DEFAULT_BLOCK_KV[head_dim_tile]
     for c in CONFIGS:
-        if c.tile == (BLOCK_Q, block_kv, head_dim_tile) and c.kernel_schedule == schedule:
+        if (c.tile == (BLOCK_Q, block_kv, head_dim_tile) and c.kernel_schedule == schedule
+                and c.tile_scheduler == order):
             return c
     raise ValueError(f"no Hopper attention config {BLOCK_Q}x{block_kv}x{head_dim_tile} "
-                     f"{schedule}; legal: {[(c.tile, c.kernel_schedule) for c in CONFIGS]}")
+                     f"{schedule} {order}; legal: "
+                     f"{sorted({(c.tile, c.kernel_schedule) for c in CONFIGS})} x {TILE_ORDERS}")
 
 
 def candidates(problem: AttentionProblem, defaults_only: bool = True) -> tuple:
     """The configs that can run ``problem`` (legal, head tile >= its head dim), the
     smallest head tile that holds it first; what a search times (benchmarks/kernels.py)."""
     heads = DEFAULT_HEAD_TILES if defaults_only else HEAD_TILES
-    fits = [c for c in CONFIGS if c.tile[2] in heads and c.tile[2] >= problem.head_dim]
+    causal = problem.causal != "none"
+    fits = [c for c in CONFIGS if c.tile[2] in heads and c.tile[2] >= problem.head_dim
+            and legal_for(c, causal)]
     smallest = min(c.tile[2] for c in fits)
-    return tuple(sorted(fits, key=lambda c: (c.tile[2] != smallest, c.tile[2],
-                                             c.tile[1], c.kernel_schedule != COOPERATIVE)))
+    return tuple(sorted(fits, key=lambda c: (c.tile[2] != smallest, c.tile[2], c.tile[1],
+                                             c.kernel_schedule != COOPERATIVE,
+                                             TILE_ORDERS.index(c.tile_scheduler))))
 
 
 def choose(problem: AttentionProblem, arch: str = ARCH,
@@ -163,12 +186,23 @@ def choose(problem: AttentionProblem, arch: str = ARCH,
     reason = refusal(problem, arch)
     if reason:
         raise ValueError(reason)
+    causal = problem.causal != "none"
     if config is None:
-        config = learned_choice(problem) or config_for(head_tile(problem.head_dim))
+        config = learned_choice(problem) or default_config(problem)
     elif config not in CONFIGS or config.tile[2] < problem.head_dim:
         raise ValueError(f"{config} cannot run head dim {problem.head_dim} (legal: CONFIGS)")
-    return AttentionKernelSm90(arch=arch, dtype=problem.dtype, config=config,
-                               causal=problem.causal != "none")
+    elif not legal_for(config, causal):
+        raise ValueError(f"{config}: the lpt tile order is for causal problems")
+    return AttentionKernelSm90(arch=arch, dtype=problem.dtype, config=config, causal=causal)
+
+
+def default_config(problem: AttentionProblem) -> KernelConfig:
+    """The choice for a problem with no learned row: the example's instantiation for
+    the smallest head tile holding the head dim, in CAUSAL_DEFAULT_ORDER when causal
+    with more than one query tile."""
+    causal = problem.causal != "none" and problem.seq_q > BLOCK_Q
+    order = CAUSAL_DEFAULT_ORDER if causal else "persistent"
+    return config_for(head_tile(problem.head_dim), order=order)
 
 
 def learned_choice(problem: AttentionProblem) -> KernelConfig | None:
@@ -178,8 +212,7 @@ def learned_choice(problem: AttentionProblem) -> KernelConfig | None:
                                       problem.seq_kv)
     if row is None:
         return None
-    head, block_kv, schedule = row
-    return config_for(head, block_kv, schedule)
+    return config_for(*row)
 
 
 def workspace_bytes(batch: int, heads: int, seq_q: int) -> int:
@@ -197,7 +230,7 @@ def search_space(problem: AttentionProblem) -> tuple:
     """The configs a search times for ``problem`` (benchmarks/kernels.py): those of
     the smallest head tile holding its head dim (of all HEAD_TILES; the next one
     too when that is not an exact fit) and the default choice's; the default first."""
-    default = config_for(head_tile(problem.head_dim))
+    default = default_config(problem)
     fits = candidates(problem, defaults_only=False)
     heads = sorted({c.tile[2] for c in fits})
     heads = heads[:1] if heads[0] == problem.head_dim else heads[:2]

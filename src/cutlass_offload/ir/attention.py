@@ -201,8 +201,9 @@ class AttentionKernelSm90:
       mainloop step x the head dim the tile holds (head dims below it are zero-filled
       by TMA and clipped by the TMA store), stages = K/V pipeline depth (kStagesKV,
       5 by default), kernel_schedule "KernelTmaWarpSpecializedCooperative" or
-      "KernelTmaWarpSpecializedPingpong"; families/attention_sm90.CONFIGS lists
-      the legal ones).
+      "KernelTmaWarpSpecializedPingpong", tile_scheduler "persistent" (the
+      example's schedulers) or, causal only, "lpt" (query tiles heaviest first);
+      families/attention_sm90.CONFIGS lists the legal ones).
     causal: the fusion is a template parameter: True = CausalFusion (top-left),
       False = ResidualFusion (no mask; keys past seq_kv in the last tile masked).
     Q/K/V/O are read and written 16 bytes at a time (TMA): head dim, pointers
@@ -229,6 +230,9 @@ class AttentionKernelSm90:
         _check(self.dtype, ("f16", "bf16"), "dtype")
         if self.config.family != "cutlass3x_sm90":
             raise ValueError(f"Hopper attention kernels are cutlass3x_sm90, got {self.config.family!r}")
+        if self.config.tile_scheduler not in ("persistent", "lpt"):
+            raise ValueError(f"Hopper attention tile schedulers are 'persistent' and 'lpt', "
+                             f"got {self.config.tile_scheduler!r}")
 
     @property
     def head_tile(self) -> int:
@@ -239,6 +243,7 @@ class AttentionKernelSm90:
         q, k, d = self.config.tile
         schedule = "pingpong" if self.config.kernel_schedule.endswith("Pingpong") else "coop"
         return (f"cutlass3x_sm90_fmha_fwd_{self.dtype}_{q}x{k}x{d}_s{self.config.stages}_{schedule}"
+                + ("_lpt" if self.config.tile_scheduler == "lpt" else "")
                 + ("_causal" if self.causal else ""))
 
 

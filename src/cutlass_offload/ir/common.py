@@ -21,7 +21,7 @@ POST_ACTIVATIONS = ("identity", "relu")
 LAYOUTS = ("row", "col")
 ARCHS = tuple(sorted(TARGETS))     # ("sm80", "sm90a"): target.py
 FAMILIES = ("cutlass2x_sm80", "cutlass3x_sm90", "rowwise_norm", "nhwc_group_norm", "direct_depthwise")
-TILE_SCHEDULERS = ("persistent", "stream_k")
+TILE_SCHEDULERS = ("persistent", "stream_k", "lpt")
 
 _SHORT = {
     "identity": "id", "relu": "relu", "gelu_erf": "gelu", "gelu_tanh": "gelutanh",
@@ -88,7 +88,8 @@ class KernelConfig:
     (CUTLASS's default persistent data-parallel scheduler) or "stream_k"
     (``cutlass::gemm::StreamKScheduler``, cooperative schedule only; its default
     heuristic decomposition picks data-parallel, split-K or stream-K per problem
-    and needs a workspace).
+    and needs a workspace), or for causal Hopper attention "lpt" (query tiles
+    heaviest first: emit/templates/fmha_lpt_scheduler.h).
     """
 
     family: str
@@ -121,7 +122,7 @@ class KernelConfig:
                      "KernelTmaWarpSpecialized": "ws",
                      "KernelImplicitTmaWarpSpecializedSm90": "ws"}.get(self.kernel_schedule, "auto")
             return (f"{t}_c{c}_{sched}" + (f"_s{self.stages}" if self.stages else "")
-                    + ("_streamk" if self.tile_scheduler == "stream_k" else ""))
+                    + {"stream_k": "_streamk", "lpt": "_lpt"}.get(self.tile_scheduler, ""))
         w = "x".join(map(str, self.warp))
         return f"{t}_w{w}_s{self.stages}"
 

@@ -93,6 +93,21 @@ def reason(problem, arch: str, num_sms: int) -> str | None:
     return table.reason(problem, num_sms) if table is not None else None
 
 
+def entry_key(kind: str, e: dict) -> tuple:
+    """The identity of a list entry or benchmark row of ``kind`` ("conv2d" / "attention")."""
+    return _entry_key(e, _CONV_FIELDS if kind == "conv2d" else _ATTENTION_FIELDS)
+
+
+def measured_keys(rows: list) -> dict:
+    """{"conv2d": {keys}, "attention": {keys}} of the problems benchmark rows timed
+    (a heuristic speedup recorded), listed or not."""
+    out = {"conv2d": set(), "attention": set()}
+    for r in rows:
+        if r.get("kind") in out and r.get("heuristic_speedup") is not None:
+            out[r["kind"]].add(entry_key(r["kind"], r))
+    return out
+
+
 def entries_from_rows(rows: list, below: float = DEFER_BELOW) -> dict:
     """{"conv2d": [...], "attention": [...]} of benchmark rows (benchmarks/kernels.py)
     whose heuristic speedup over the anchor is below ``below``."""
