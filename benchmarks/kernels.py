@@ -597,6 +597,8 @@ def parse_args(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--write-pytorch-faster", default=None, metavar="FILE",
                    help="write the conv/attention problems PyTorch ran faster (select/pytorch_faster.py)")
+    p.add_argument("--head-dims", default=None, metavar="D,D",
+                   help="attention: only the corpus problems of these head dims")
     p.add_argument("--merge-pytorch-faster", action="store_true",
                    help="with --write-pytorch-faster: keep the FILE's entries of problems this run "
                         "did not measure (a run over some models updates their problems only)")
@@ -744,6 +746,9 @@ def main(argv=None) -> int:
         if args.models:
             wanted = set(args.models.split(","))
             entries = [e for e in entries if wanted & set(e.get("models", []))]
+        if args.head_dims and kind == "attention":
+            dims = {int(d) for d in args.head_dims.split(",")}
+            entries = [e for e in entries if e["head_dim"] in dims]
         if kind not in kinds or not entries:
             continue
         t0 = time.perf_counter()
