@@ -241,9 +241,11 @@ class _Builder:
                 units.append(UnitReport(prefix, tuple(meta.get("kernels", ())), 0.0, True, True,
                                         meta.get("peak_rss_mb", 0.0), str(d / UNIT_NAME)))
         todo = [k for k in {k.name: k for k in self.plan.kernels}.values() if k.name not in reused]
-        for i, shard in enumerate(shards if shards is not None else choose_shards(todo, self.jobs)):
+        for shard in (shards if shards is not None else choose_shards(todo, self.jobs)):
+            # the header enters the unit's cache key: no shard index (it depends on which
+            # shards this build has left to compile, so a cached shard would miss)
             tu = emit_unit([self.sources[k.name] for k in shard],
-                           f"shard {i}: {len(shard)} kernels for {self.plan.arch}")
+                           f"shard of {len(shard)} kernels for {self.plan.arch}")
             prefix = shard_name(shard)
             report, job = self._object_job(prefix, prefix, tu)
             if report:
