@@ -7,6 +7,9 @@
 * drop eval-mode dropout (identity);
 * turn the hand-written tanh GELU (GPT-2's ``NewGELUActivation``) into
   ``aten.gelu(approximate="tanh")``;
+* regroup Swin's windowed mask (``view(logits + b1, split) + mask``, viewed back)
+  into one bias of the logits, so the attention matcher sees ``softmax(q k^T + bias)``
+  (partition/window_bias.py);
 * sink a reshape that sits between a 2-D GEMM and its elementwise epilogue below
   that epilogue (``view(mm) + r`` -> ``view(mm + r.reshape(-1, N))``), which is
   the form ``Conv1D``/``addmm`` and AOTAutograd graphs take.
@@ -22,6 +25,7 @@ import torch
 import torch.fx as fx
 
 from .lift_1d import conv1d_as_conv2d, group_norm_3d_as_4d
+from .window_bias import merge_window_bias
 from .graph_utils import aten, attr_tensor, fake_like, fake_value, users, val
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
@@ -40,6 +44,7 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     _drop_identity_scaling(gm.graph)
     _drop_contiguous_before_conv(gm.graph)
     _fuse_tanh_gelu(gm.graph)
+    merge_window_bias(gm.graph)
     while _sink_views(gm.graph):
         pass
     gm.graph.eliminate_dead_code()
