@@ -168,7 +168,7 @@ def write_table(rows, path: Path, gpu: str, num_sms: int) -> int:
             continue
         cfg = by_tag[best]
         out[key] = {"head": cfg.tile[2], "block_kv": cfg.tile[1], "schedule": cfg.kernel_schedule,
-                    "tile_scheduler": cfg.tile_scheduler,
+                    "tile_scheduler": cfg.tile_scheduler, "block_q": cfg.tile[0],
                     "us": total[best] / len(rs), "default_us": total[default] / len(rs),
                     "from": sorted({f"{r['dtype']} b{r['batch']} h{r['heads']}" for r in rs})}
     data = {"gpu": gpu, "num_sms": num_sms, "date": datetime.date.today().isoformat(),

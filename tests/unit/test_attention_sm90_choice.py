@@ -111,8 +111,9 @@ def test_configs_fit_shared_memory_and_hold_the_examples():
     assert ((128, 128, 64), fam.PINGPONG) in tiles and ((128, 64, 48), fam.COOPERATIVE) in tiles
     for c in fam.CONFIGS:
         q, kv, d = c.tile
-        assert q == 128 and kv in (64, 128) and d in fam.HEAD_TILES and d % 16 == 0
-        assert fam.smem_bytes(kv, d, c.stages, c.kernel_schedule) <= fam.SMEM_LIMIT
+        assert q in fam.BLOCK_QS and kv in (64, 128) and d in fam.HEAD_TILES and d % 16 == 0
+        assert q == fam.BLOCK_Q or d <= fam.SMALL_HEAD          # 192 queries: small heads only
+        assert fam.smem_bytes(kv, d, c.stages, c.kernel_schedule, q) <= fam.SMEM_LIMIT
         assert c.stages in (4, 5)
     # 256 x 128 x 5 stages would need 384 KiB: not a config
     assert not any(c.tile == (128, 128, 256) for c in fam.CONFIGS)
@@ -314,3 +315,24 @@ def test_causal_problems_of_several_query_tiles_default_to_heaviest_first(seq, o
     k = at.choose(problem(64, seq_q=seq, seq_kv=seq, causal="top_left"), "sm90a")
     assert k.config.tile_scheduler == order == (fam.CAUSAL_DEFAULT_ORDER if seq > fam.BLOCK_Q else "persistent")
     assert at.choose(problem(64, seq_q=seq, seq_kv=seq), "sm90a").config.tile_scheduler == "persistent"
+
+
+def test_three_consumer_warpgroups_for_small_head_tiles():
+    """BlockQ 192 (FlashAttention-3's tile for small head dims): the example's
+    kNumMmaWarpGroups option set to 3; offered to searches of small head dims only,
+    never the default."""
+    c = fam.config_for(64, 128, fam.PINGPONG, block_q=192)
+    k = fam.choose(problem(40, seq_q=4096, seq_kv=4096), "sm90a", c)
+    assert k.name == "cutlass3x_sm90_fmha_fwd_f16_192x128x64_s5_pingpong"
+    code = emit_kernel(k).code
+    assert "Tag::kNumMmaWarpGroups, cute::Int<3>" in code and "constexpr int64_t kBlockQ = 192;" in code
+    assert "kNumMmaWarpGroups" not in emit_kernel(fam.choose(problem(40), "sm90a")).code
+    lpt = emit_kernel(fam.choose(problem(64, seq_q=512, seq_kv=512, causal="top_left"), "sm90a",
+                                 fam.config_for(64, 128, fam.PINGPONG, "lpt", block_q=192))).code
+    assert "Tag::kNumMmaWarpGroups, cute::Int<3>" in lpt and "co_fmha::LptPersistentTileScheduler" in lpt
+    with pytest.raises(ValueError, match="no Hopper attention config"):
+        fam.config_for(128, 128, block_q=192)                       # head tiles up to 64 only
+    assert {c.tile[0] for c in fam.search_space(problem(40))} == set(fam.BLOCK_QS)
+    assert {c.tile[0] for c in fam.search_space(problem(128))} == {fam.BLOCK_Q}
+    assert fam.choose(problem(40, seq_q=4096, seq_kv=4096), "sm90a").config.tile[0] in fam.BLOCK_QS
+    assert fam.default_config(problem(40)).tile[0] == fam.BLOCK_Q

@@ -24,7 +24,7 @@ What the example supports, read from its code (CUTLASS 4.2):
   products are unchanged) and clipped by the TMA store of O, so the UNet's head
   dims 40 / 80 / 160 run on the 64 / 128 / 256 tiles with no copy (the comment in
   ResidualFusion::before_softmax says the same). Configs (families/attention_sm90.py
-  CONFIGS): BlockQ 128 x BlockKV 64 or 128 x head tile (the example's 32 / 64 /
+  CONFIGS): BlockQ 128 (or 192 for head tiles up to 64) x BlockKV 64 or 128 x head tile (the example's 32 / 64 /
   128 / 256, and 48 / 80 / 96 / 160, exact fits of common head dims), K/V
   pipeline depth 5 (the kStagesKV default; 4 where 5 do not fit), cooperative or
   ping-pong (persistent, Q on its own pipeline: the builder's mapping).
@@ -55,10 +55,11 @@ What the example supports, read from its code (CUTLASS 4.2):
   strides (H*Q, Q), unpredicated on the pointer): it goes to the region's
   workspace (``workspace_size`` = batch * heads * seq_q * 4 bytes), reused across
   calls (runtime/region.py), never a per-call cudaMalloc.
-* Launch: grid (ceil(seq_q / 128), batch, heads) (IndividualTileScheduler) for the
-  cooperative kernel, one CTA per SM for the persistent ping-pong one, 384
-  threads, ``Kernel::SharedStorageSize`` bytes of dynamic shared memory (raised
-  once per device).
+* Launch: grid (ceil(seq_q / BlockQ), batch, heads) (IndividualTileScheduler) for
+  the cooperative kernel, one CTA per SM for the persistent ping-pong one, 128
+  threads per consumer warpgroup (BlockQ / 64 of them, the kNumMmaWarpGroups
+  option) plus the producer's, ``Kernel::SharedStorageSize`` bytes of dynamic
+  shared memory (raised once per device).
 * Tile order: both of the example's schedulers take the query tile fastest. Under
   a causal mask query tile m reads m + 1 key tiles, and the persistent scheduler,
   striding by the grid, gives an SM the same m on every turn when the SM count is a
@@ -75,8 +76,8 @@ from pathlib import Path
 from string import Template
 
 from ..families.attention_sm90 import (  # noqa: F401 - the choice re-exported
-    CONFIGS, FAMILY, PINGPONG, SCHEDULE, STAGES, choose, config_for, head_tile, refusal, supports,
-    workspace_bytes)
+    BLOCK_Q, CONFIGS, FAMILY, PINGPONG, SCHEDULE, STAGES, choose, config_for, head_tile, refusal,
+    supports, workspace_bytes)
 from ..dtypes import CPP
 from ..ir import AttentionKernelSm90, KernelSource
 from . import sm90_parts
@@ -115,6 +116,7 @@ ${kernel_type}using ProblemShape = typename Kernel::ProblemShape;   // (B, H, Q,
 constexpr bool kCausal = ${causal};
 // the LPT one-CTA-per-tile grid: ((b, h), query tiles)
 constexpr bool kGridBhByTiles = ${grid_bh_by_tiles};
+constexpr int64_t kBlockQ = ${block_q};
 constexpr int64_t kHeadTile = ${head};
 constexpr int64_t kAlign = 16 / int64_t(sizeof(Element));   // TMA: 16-byte rows and strides
 constexpr int kSmemBytes = Kernel::SharedStorageSize;
@@ -146,7 +148,7 @@ static int64_t lse_bytes(const CoAttentionArgs& a) {
 static bool supported(const CoAttentionArgs& a) {
   if (a.batch < 0 || a.heads < 0 || a.seq_q < 0 || a.seq_kv < 1) return false;
   if (a.batch > kGridMax || a.heads > kGridMax || !fits32(a.seq_q) || !fits32(a.seq_kv)) return false;
-  if (kGridBhByTiles && (!fits32(a.batch * a.heads) || (a.seq_q + 127) / 128 > kGridMax))
+  if (kGridBhByTiles && (!fits32(a.batch * a.heads) || (a.seq_q + kBlockQ - 1) / kBlockQ > kGridMax))
     return false;
   if (a.head_dim != a.head_dim_v || a.head_dim < 1 || a.head_dim > kHeadTile) return false;
   if (a.head_dim % kAlign) return false;      // can_implement's seq_q % 8: not needed (docstring)
@@ -265,10 +267,12 @@ def _kernel_type(kernel: AttentionKernelSm90, fusion: str) -> str:
     "lpt" tile scheduler the builder's collectives under co_fmha's schedulers."""
     opt = "cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::{}, {}>"
     options = [opt.format("kStagesKV", f"cute::Int<{kernel.config.stages}>")]
+    if kernel.config.tile[0] != BLOCK_Q:     # 64 queries per consumer warpgroup
+        options.append(opt.format("kNumMmaWarpGroups", f"cute::Int<{kernel.config.tile[0] // 64}>"))
     schedule = kernel.config.kernel_schedule
     if kernel.config.tile_scheduler != "lpt":
         return Template(_BUILDER_KERNEL).substitute(fusion=fusion, schedule=schedule,
-                                                    options=options[0])
+                                                    options=",\n    ".join(options))
     persistent = schedule == PINGPONG
     if persistent:   # what FmhaBuilder<..., Pingpong> appends (fmha_kernel_builder.hpp)
         options += [opt.format("kIsPersistent", "cute::true_type"),

@@ -30,6 +30,13 @@ TILE_ORDERS = ("persistent", "lpt")
 CAUSAL_DEFAULT_ORDER = "lpt"
 ACCESS = 8                   # elements per 16-byte TMA row (f16 / bf16)
 BLOCK_Q = 128                # two consumer warpgroups of 64 query rows
+# Queries per CTA: 64 per consumer warpgroup (the example's kNumMmaWarpGroups option,
+# 2 by default, up to 4 roles in fmha_kernel_tma_warpspecialized.hpp). Three (192
+# queries, 512 threads, 160 registers per consumer thread) is FlashAttention-3's tile
+# for small head dims; offered for head tiles up to SMALL_HEAD (its S and O
+# accumulators fit those registers)
+BLOCK_QS = (128, 192)
+SMALL_HEAD = 64
 # Shared memory: Q (BlockQ x head) plus kStagesKV K-or-V tiles (K and V share the
 # stages: the mainloop's SharedStorage union), 2-byte elements; the H100 / H200
 # opt-in limit is 227 KiB (CUDA C++ Programming Guide, compute capability 9.0 table).
@@ -53,14 +60,15 @@ _GRID_MAX = 65535            # grid y = batch, z = heads
 _INT32_MAX = 2**31 - 1
 
 
-def smem_bytes(block_kv: int, head: int, stages: int = STAGES, schedule: str = COOPERATIVE) -> int:
+def smem_bytes(block_kv: int, head: int, stages: int = STAGES, schedule: str = COOPERATIVE,
+               block_q: int = BLOCK_Q) -> int:
     """Shared memory of the kernel's tiles in bytes (f16 / bf16): Q (BlockQ x head) and
     ``stages`` K-or-V tiles (K and V share the stages: the mainloop's SharedStorage
     union); the persistent ping-pong kernel also keeps each warpgroup's 64 x head
     output tile apart (fmha_kernel_tma_warpspecialized.hpp TensorStorageStruct),
     the cooperative one reuses the mainloop's. Barriers not counted."""
-    tiles = 2 * (BLOCK_Q * head + stages * block_kv * head)
-    return tiles + (2 * BLOCK_Q * head if schedule == PINGPONG else 0)
+    tiles = 2 * (block_q * head + stages * block_kv * head)
+    return tiles + (2 * block_q * head if schedule == PINGPONG else 0)
 
 
 def _configs() -> tuple:
@@ -70,18 +78,21 @@ def _configs() -> tuple:
     and, for causal problems only, heaviest query tiles first ("lpt")."""
     out = []
     room = SMEM_LIMIT - 2 * 1024            # the pipelines' barriers
-    for order in TILE_ORDERS:
-        for head in HEAD_TILES:
-            for block_kv in (64, 128):
-                for schedule in (COOPERATIVE, PINGPONG):
-                    if schedule == PINGPONG and head not in PINGPONG_HEADS:
-                        continue
-                    stages = next((s for s in (STAGES, 4)
-                                   if smem_bytes(block_kv, head, s, schedule) <= room), None)
-                    if stages is not None:
-                        out.append(KernelConfig(family=FAMILY, tile=(BLOCK_Q, block_kv, head),
-                                                stages=stages, kernel_schedule=schedule,
-                                                tile_scheduler=order))
+    for block_q in BLOCK_QS:
+        for order in TILE_ORDERS:
+            for head in HEAD_TILES:
+                if block_q != BLOCK_Q and head > SMALL_HEAD:
+                    continue
+                for block_kv in (64, 128):
+                    for schedule in (COOPERATIVE, PINGPONG):
+                        if schedule == PINGPONG and head not in PINGPONG_HEADS:
+                            continue
+                        stages = next((s for s in (STAGES, 4) if smem_bytes(
+                            block_kv, head, s, schedule, block_q) <= room), None)
+                        if stages is not None:
+                            out.append(KernelConfig(
+                                family=FAMILY, tile=(block_q, block_kv, head), stages=stages,
+                                kernel_schedule=schedule, tile_scheduler=order))
     return tuple(out)
 
 
@@ -149,19 +160,20 @@ def supports(problem: AttentionProblem, arch: str = ARCH) -> bool:
 
 
 def config_for(head_dim_tile: int, block_kv: int | None = None,
-               schedule: str = COOPERATIVE, order: str = "persistent") -> KernelConfig:
+               schedule: str = COOPERATIVE, order: str = "persistent",
+               block_q: int = BLOCK_Q) -> KernelConfig:
     """The KernelConfig of the Hopper kernel with head tile ``head_dim_tile``, keys per
     mainloop step ``block_kv`` (default: the example's, DEFAULT_BLOCK_KV),
-    ``schedule`` (COOPERATIVE or PINGPONG) and tile ``order`` (TILE_ORDERS). Raises
-    ValueError for a config not in CONFIGS."""
+    ``schedule`` (COOPERATIVE or PINGPONG), tile ``order`` (TILE_ORDERS) and queries
+    per CTA ``block_q`` (BLOCK_QS). Raises ValueError for a config not in CONFIGS."""
     if head_dim_tile not in HEAD_TILES:
         raise ValueError(f"head tile must be one of {HEAD_TILES}, got {head_dim_tile}")
     block_kv = block_kv or DEFAULT_BLOCK_KV[head_dim_tile]
     for c in CONFIGS:
-        if (c.tile == (BLOCK_Q, block_kv, head_dim_tile) and c.kernel_schedule == schedule
+        if (c.tile == (block_q, block_kv, head_dim_tile) and c.kernel_schedule == schedule
                 and c.tile_scheduler == order):
             return c
-    raise ValueError(f"no Hopper attention config {BLOCK_Q}x{block_kv}x{head_dim_tile} "
+    raise ValueError(f"no Hopper attention config {block_q}x{block_kv}x{head_dim_tile} "
                      f"{schedule} {order}; legal: "
                      f"{sorted({(c.tile, c.kernel_schedule) for c in CONFIGS})} x {TILE_ORDERS}")
 
@@ -174,8 +186,8 @@ def candidates(problem: AttentionProblem, defaults_only: bool = True) -> tuple:
     fits = [c for c in CONFIGS if c.tile[2] in heads and c.tile[2] >= problem.head_dim
             and legal_for(c, causal)]
     smallest = min(c.tile[2] for c in fits)
-    return tuple(sorted(fits, key=lambda c: (c.tile[2] != smallest, c.tile[2], c.tile[1],
-                                             c.kernel_schedule != COOPERATIVE,
+    return tuple(sorted(fits, key=lambda c: (c.tile[2] != smallest, c.tile[2], c.tile[0],
+                                             c.tile[1], c.kernel_schedule != COOPERATIVE,
                                              TILE_ORDERS.index(c.tile_scheduler))))
 
 

@@ -28,15 +28,16 @@ def class_key(head_dim: int, causal: bool, seq_q: int, seq_kv: int) -> str:
 
 @lru_cache(maxsize=1)
 def _rows() -> dict:
-    """{class key: (head tile, block_kv, schedule, tile order)} of TABLE_FILE (a row
-    without "tile_scheduler" is in the example's order, "persistent"); {} when it is
+    """{class key: (head tile, block_kv, schedule, tile order, block_q)} of TABLE_FILE
+    (a row without "tile_scheduler" is in the example's order, "persistent"; without
+    "block_q", 128 queries per CTA); {} when it is
     missing or not the expected JSON (warned: the example's configs are used)."""
     if not TABLE_FILE.exists():
         return {}
     try:
         data = json.loads(TABLE_FILE.read_text())
         return {k: (int(v["head"]), int(v["block_kv"]), str(v["schedule"]),
-                    str(v.get("tile_scheduler", "persistent")))
+                    str(v.get("tile_scheduler", "persistent")), int(v.get("block_q", 128)))
                 for k, v in data["rows"].items()}
     except (ValueError, KeyError, TypeError) as e:
         import warnings
@@ -45,10 +46,11 @@ def _rows() -> dict:
 
 
 def lookup(head_dim: int, causal: bool, seq_q: int, seq_kv: int):
-    """(head tile, block_kv, schedule, tile order) of the row for this problem class, or None."""
+    """(head tile, block_kv, schedule, tile order, block_q) of the row for this problem
+    class, or None."""
     return _rows().get(class_key(head_dim, causal, seq_q, seq_kv))
 
 
 def rows() -> dict:
-    """{class key: (head tile, block_kv, schedule, tile order)}: every row of the table."""
+    """{class key: (head tile, block_kv, schedule, tile order, block_q)}: every row."""
     return dict(_rows())

@@ -197,7 +197,7 @@ class AttentionKernelSm90:
     schedule, one producer and two consumer warpgroups; emit/attention_sm90.py).
 
     config: KernelConfig(family "cutlass3x_sm90", tile = (BlockQ, BlockKV,
-      BlockHead): 128 queries per CTA (64 per consumer warpgroup) x keys per
+      BlockHead): 128 or 192 queries per CTA (64 per consumer warpgroup) x keys per
       mainloop step x the head dim the tile holds (head dims below it are zero-filled
       by TMA and clipped by the TMA store), stages = K/V pipeline depth (kStagesKV,
       5 by default), kernel_schedule "KernelTmaWarpSpecializedCooperative" or
