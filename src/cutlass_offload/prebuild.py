@@ -117,7 +117,7 @@ def chosen_attention_kernels(dtypes=("f16", "bf16")) -> list:
     kernels = {}
     for causal in (False, True):
         # a causal problem of one query tile keeps the example's order (default_config)
-        orders = dict.fromkeys(("persistent", attention_sm90.CAUSAL_DEFAULT_ORDER if causal else "persistent"))
+        orders = ("persistent", attention_sm90.CAUSAL_DEFAULT_ORDER) if causal else ("persistent",)
         defaults = [attention_sm90.config_for(h, order=o)
                     for h in attention_sm90.DEFAULT_HEAD_TILES for o in orders]
         for c in dict.fromkeys(defaults + learned):

@@ -76,8 +76,8 @@ from pathlib import Path
 from string import Template
 
 from ..families.attention_sm90 import (  # noqa: F401 - the choice re-exported
-    BLOCK_Q, CONFIGS, FAMILY, PINGPONG, SCHEDULE, STAGES, choose, config_for, head_tile, refusal,
-    supports, workspace_bytes)
+    BLOCK_Q, CONFIGS, FAMILY, PINGPONG, SCHEDULE, STAGES, choose, config_for, head_tile, legal_for,
+    refusal, supports, workspace_bytes)
 from ..dtypes import CPP
 from ..ir import AttentionKernelSm90, KernelSource
 from . import sm90_parts
@@ -96,7 +96,7 @@ def check(kernel: AttentionKernelSm90) -> None:
         raise ValueError(f"Hopper attention configs are families/attention_sm90.CONFIGS "
                          f"({len(CONFIGS)}: BlockQ x BlockKV x head, stages, schedule); "
                          f"got {kernel.config}")
-    if kernel.config.tile_scheduler == "lpt" and not kernel.causal:
+    if not legal_for(kernel.config, kernel.causal):
         raise ValueError("the lpt tile order is for causal kernels (without a mask every "
                          "query tile does the same work)")
 

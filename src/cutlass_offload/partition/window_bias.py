@@ -25,17 +25,15 @@ one (B * nW, H, N, N) tensor where the unfused form writes three of the logits.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.fx as fx
 
-from .graph_utils import aten, fake_value, val
+from .graph_utils import aten, fake_value, is_call, same_shape, val
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 _SOFTMAX = (aten._softmax.default, aten.softmax.int)
-
-
-def _call(n, *targets) -> bool:
-    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
 
 
 def _only_user(n: fx.Node):
@@ -43,9 +41,8 @@ def _only_user(n: fx.Node):
 
 
 def _tensor_add(n):
-    """(x, other) of ``x + other`` with a tensor ``other`` and no alpha, else None;
-    x is the argument that is not ``other``'s (the first one when both are nodes)."""
-    if not _call(n, aten.add.Tensor) or len(n.args) != 2 or n.kwargs.get("alpha", 1) != 1:
+    """(a, b) of ``a + b`` on two tensor nodes with no alpha, else None."""
+    if not is_call(n, aten.add.Tensor) or len(n.args) != 2 or n.kwargs.get("alpha", 1) != 1:
         return None
     a, b = n.args
     if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
@@ -53,15 +50,11 @@ def _tensor_add(n):
     return a, b
 
 
-def _same(a, b) -> bool:
-    return len(a) == len(b) and all(str(x) == str(y) for x, y in zip(a, b))
-
-
 def _batch_split(t1: fx.Node, t2: fx.Node) -> bool:
     """``t2`` views ``t1`` (rank r) as rank r + 1, splitting dim 0 and keeping the rest."""
     v1, v2 = val(t1), val(t2)
     return (isinstance(v1, torch.Tensor) and isinstance(v2, torch.Tensor)
-            and v2.dim() == v1.dim() + 1 and _same(v2.shape[2:], v1.shape[1:]))
+            and v2.dim() == v1.dim() + 1 and same_shape(v2.shape[2:], v1.shape[1:]))
 
 
 def _node(graph: fx.Graph, target, args) -> fx.Node:
@@ -83,13 +76,8 @@ def _resolved(split, shape):
         return split
     if not _static(shape) or not _static(split) or split.count(-1) != 1:
         return None
-    known = 1
-    for d in split:
-        known *= d if d != -1 else 1
-    total = 1
-    for d in shape:
-        total *= d
-    return [total // known if d == -1 else d for d in split]
+    missing = math.prod(shape) // -math.prod(split)      # the -1 makes the product negative
+    return [missing if d == -1 else d for d in split]
 
 
 def merge_window_bias(graph: fx.Graph) -> int:
@@ -101,17 +89,17 @@ def merge_window_bias(graph: fx.Graph) -> int:
     new node gets its ``meta['val']``."""
     done = 0
     for t4 in list(graph.nodes):
-        if not _call(t4, *_VIEWS) or not _call(_only_user(t4), *_SOFTMAX):
+        if not is_call(t4, *_VIEWS) or not is_call(_only_user(t4), *_SOFTMAX):
             continue
         t3 = t4.args[0]
-        added = _tensor_add(t3) if _call(t3, aten.add.Tensor) and len(t3.users) == 1 else None
+        added = _tensor_add(t3) if len(t3.users) == 1 else None
         if added is None:
             continue
-        t2, b2 = added if _call(added[0], *_VIEWS) else added[::-1]
-        if not _call(t2, *_VIEWS) or len(t2.users) != 1:
+        t2, b2 = added if is_call(added[0], *_VIEWS) else added[::-1]
+        if not is_call(t2, *_VIEWS) or len(t2.users) != 1:
             continue
         x, full = t2.args[0], t4.args[1]
-        if not isinstance(x, fx.Node) or not _batch_split(x, t2) or not _same(val(t4).shape, val(x).shape):
+        if not isinstance(x, fx.Node) or not _batch_split(x, t2) or not same_shape(val(t4).shape, val(x).shape):
             continue
         dtype, shape = val(x).dtype, list(val(x).shape)
         split = _resolved(list(t2.args[1]), shape)
@@ -122,11 +110,11 @@ def merge_window_bias(graph: fx.Graph) -> int:
         b1, t1 = None, None
         inner = _tensor_add(x) if len(x.users) == 1 else None
         if inner is not None:
-            y, b = inner if _same(val(inner[0]).shape, shape) else inner[::-1]
+            y, b = inner if same_shape(val(inner[0]).shape, shape) else inner[::-1]
             bv = val(b)
             b4 = [1] * (len(shape) - bv.dim()) + list(bv.shape)
-            if (_same(val(y).shape, shape) and bv.dtype == dtype and _static(b4[1:])
-                    and (b4[0] == 1 or _same(b4[:1], shape[:1]))):
+            if (same_shape(val(y).shape, shape) and bv.dtype == dtype and _static(b4[1:])
+                    and (b4[0] == 1 or same_shape(b4[:1], shape[:1]))):
                 t1, x, b1 = x, y, b
         with graph.inserting_before(t4):
             windows = _node(graph, aten.expand.default, (b2, split))
