@@ -9,7 +9,16 @@ CUDA-graph replays (benchmarks/_timing.graph_ms), fresh random data, each output
 checked against float32 first. Prints a table (us, ratio = cuDNN / ours, GB/s of
 the compulsory traffic: x read once, y written once) and writes JSON. Needs a GPU.
 
+cuDNN's conv is also timed alone, without bias or activation ("conv alone"): what
+PyTorch's side costs where Inductor compiles the glue, which folds the epilogue into
+a neighbouring kernel (torch.compile runs EfficientNet's BatchNorm + SiLU inside the
+squeeze-excite mean's reduction, for one). ``--write-pytorch-faster`` writes the
+problems where that conv alone beats our fused kernel (conv-alone / ours below
+select/pytorch_faster.DEFER_BELOW) to the measured-faster list, so they stay in
+PyTorch; ``--merge-pytorch-faster`` keeps the list's entries for other problems.
+
     python benchmarks/depthwise_latency.py [--batch 32] [--dtype fp16] [--json FILE]
+        [--write-pytorch-faster FILE [--merge-pytorch-faster]]
 """
 from __future__ import annotations
 
@@ -61,11 +70,28 @@ class AllDepthwise(torch.nn.Module):
                      for x, conv, p in zip(xs, self.convs, PROBLEMS))
 
 
+def list_row(r: dict, dtype: str) -> dict:
+    """A measured-faster list row (benchmarks/kernels.write_pytorch_faster's shape:
+    ConvProblem fields, heuristic_us / _speedup, anchor / _us) of a result row: the
+    depthwise conv's problem as the partitioner states it, against cuDNN's conv alone."""
+    pad = r["r"] // 2
+    return {"kind": "conv2d", "n": r["n"], "c": r["c"], "k": r["c"], "h": r["h"], "w": r["h"],
+            "r": r["r"], "s": r["r"], "pad": [pad] * 4, "stride": [r["stride"]] * 2,
+            "dilation": [1, 1], "dtype": {"fp16": "f16", "bf16": "bf16"}[dtype], "groups": r["c"],
+            "heuristic_us": r["ours_us"], "heuristic_speedup": r["conv_speedup"],
+            "anchor": "cudnn conv alone", "anchor_us": r["cudnn_conv_us"],
+            "bench": "benchmarks/depthwise_latency.py"}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--json", default=None, help="default $OUT/depthwise_latency.json")
+    ap.add_argument("--write-pytorch-faster", default=None, metavar="FILE",
+                    help="write the problems cuDNN's conv alone runs faster (select/pytorch_faster.py)")
+    ap.add_argument("--merge-pytorch-faster", action="store_true",
+                    help="keep FILE's entries for problems this run does not measure")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -104,22 +130,37 @@ def main(argv=None) -> int:
             err = ((out.float() - ref).norm() / ref.norm()).item()
             ours = graph_ms(lambda: mod(*args)) * 1e3
             theirs = graph_ms(lambda: pytorch_op(x, w, b, stride, silu)) * 1e3
+            conv = graph_ms(lambda: F.conv2d(x, w, None, stride=stride, padding=r // 2, groups=c)) * 1e3
         p = out.shape[-1]
         traffic = (x.numel() + a.batch * c * p * p) * x.element_size()
         rows.append({"model": name, "n": a.batch, "c": c, "h": h, "r": r, "stride": stride, "silu": silu,
                      "kernel": mod.kernel.name, "fell_back": mod.fallback_calls, "rel_err": err,
                      "ours_us": ours, "cudnn_us": theirs, "speedup": theirs / ours,
+                     "cudnn_conv_us": conv, "conv_speedup": conv / ours,
                      "ours_gbs": traffic / ours / 1e3})
     gm = math.exp(sum(math.log(r["speedup"]) for r in rows) / len(rows))
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, {a.dtype}, batch {a.batch}; "
           f"one library of {len(PROBLEMS)} kernels built in {build_s:.0f} s")
-    print("| model | C | H | RxS | stride | SiLU | ours us | cuDNN us | cuDNN / ours | ours GB/s | rel. err |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| model | C | H | RxS | stride | SiLU | ours us | cuDNN us | cuDNN / ours | cuDNN conv alone us "
+          "| conv alone / ours | ours GB/s | rel. err |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['model']} | {r['c']} | {r['h']} | {r['r']}x{r['r']} | {r['stride']} | {r['silu']} | "
-              f"{r['ours_us']:.1f} | {r['cudnn_us']:.1f} | {r['speedup']:.2f} | {r['ours_gbs']:.0f} | "
-              f"{r['rel_err']:.1e} |")
-    print(f"geomean cuDNN / ours: {gm:.2f}x (min {min(r['speedup'] for r in rows):.2f}x)")
+              f"{r['ours_us']:.1f} | {r['cudnn_us']:.1f} | {r['speedup']:.2f} | {r['cudnn_conv_us']:.1f} | "
+              f"{r['conv_speedup']:.2f} | {r['ours_gbs']:.0f} | {r['rel_err']:.1e} |")
+    gm_conv = math.exp(sum(math.log(r["conv_speedup"]) for r in rows) / len(rows))
+    print(f"geomean cuDNN / ours: {gm:.2f}x (min {min(r['speedup'] for r in rows):.2f}x); "
+          f"cuDNN's conv alone / ours: {gm_conv:.2f}x (min {min(r['conv_speedup'] for r in rows):.2f}x)")
+    if a.write_pytorch_faster:
+        from kernels import write_pytorch_faster
+        data = write_pytorch_faster([list_row(r, a.dtype) for r in rows], Path(a.write_pytorch_faster),
+                                    torch.cuda.get_device_name(),
+                                    torch.cuda.get_device_properties(0).multi_processor_count,
+                                    f"benchmarks/depthwise_latency.py run of {time.strftime('%Y-%m-%d')} "
+                                    f"({a.dtype}, batch {a.batch}; anchor: cuDNN's conv alone)",
+                                    merge=a.merge_pytorch_faster)
+        print(f"{sum(e.get('groups', 1) > 1 for e in data['conv2d'])} depthwise problems stay in "
+              f"PyTorch -> {a.write_pytorch_faster}")
     out = Path(a.json or Path(os.environ.get("OUT", ".")) / "depthwise_latency.json")
     out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                "date": time.strftime("%Y-%m-%d"), "dtype": a.dtype, "build_s": build_s,

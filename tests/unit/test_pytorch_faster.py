@@ -123,3 +123,32 @@ def test_a_merged_write_updates_only_the_problems_the_run_measured(tmp_path):
     assert "first" in data["source"] and "second" in data["source"]
     with pytest.raises(ValueError, match="is for NVIDIA H200"):
         kb.write_pytorch_faster([], path, "NVIDIA H100", 132, "third", merge=True)
+
+
+def test_depthwise_rows_key_the_problem_the_partitioner_states(tmp_path, monkeypatch):
+    """benchmarks/depthwise_latency.py's rows (against cuDNN's conv alone) name the
+    depthwise conv as the partitioner states it: EfficientNet's 5x5 one at its
+    example batch stays in PyTorch with the benchmark named; the same conv measured
+    faster with ours, or at another batch, keeps our kernel."""
+    import depthwise_latency as dl
+    import kernels as kb
+    conv = torch.nn.Conv2d(240, 240, 5, padding=2, groups=240).half().to(memory_format=torch.channels_last)
+    x = torch.randn(4, 240, 28, 28).half().to(memory_format=torch.channels_last)
+    part = partition(capture(conv, (x,), dynamic_batch=True).graph_module, CompileOptions(arch="sm90a"))
+    (region,) = part.regions
+    assert region.problem.groups == 240
+    result = {"n": 4, "c": 240, "h": 28, "r": 5, "stride": 1, "ours_us": 30.0, "cudnn_conv_us": 20.0,
+              "conv_speedup": 20 / 30}
+    path = tmp_path / "faster.json"
+    faster = dict(result, c=480, h=14, ours_us=10.0, conv_speedup=2.0)       # ours wins: not listed
+    kb.write_pytorch_faster([dl.list_row(r, "fp16") for r in (result, faster)], path,
+                            "NVIDIA H200", 132, "test")
+    table = pf.PytorchFaster(json.loads(path.read_text()))
+    assert len(table.conv) == 1
+    monkeypatch.setattr(pf, "default", lambda: table)
+    plan = select(part, "sm90a", CompileOptions(arch="sm90a"))
+    (fb,) = plan.fallbacks
+    assert not plan.regions and "cudnn conv alone 20.0 us" in fb.reason
+    assert "depthwise_latency.py" in fb.reason
+    other = partition(capture(conv, (x[:2],)).graph_module, CompileOptions(arch="sm90a"))
+    assert len(select(other, "sm90a", CompileOptions(arch="sm90a")).regions) == 1

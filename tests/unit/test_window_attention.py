@@ -84,3 +84,21 @@ def test_other_views_around_the_logits_are_left_alone():
                for n in gm.graph.nodes if n.op == "call_function")
     with torch.no_grad():
         torch.testing.assert_close(gm(q, k, v, b), Other()(q, k, v, b))
+
+
+def test_a_window_batch_of_whole_images_is_one_region_a_symbolic_window_count_says_why():
+    """The window batch as a model gives it (a multiple of the window count) is one
+    attention region; with the window count a symbol of its own (the mask an input,
+    dim 0 of every input dynamic) the model's view(-1, H, N, N) gives the
+    probabilities a batch that does not provably equal v's: that matmul stays in
+    PyTorch and the fallback says so."""
+    from torch.export import Dim
+    torch.manual_seed(0)
+    m = WindowAttention().half().eval()
+    xs = inputs(dtype=torch.float16)
+    whole = capture(m, xs, dynamic_shapes=({0: 4 * Dim("b", min=1, max=64)}, None))
+    part = partition(whole.graph_module, SM90)
+    assert len([r for r in part.regions if isinstance(r, AttentionRegion)]) == 1, part.fallbacks
+    part = partition(capture(m, xs, dynamic_batch=True).graph_module, SM90)
+    assert not [r for r in part.regions if isinstance(r, AttentionRegion)]
+    assert any("provably" in f.reason for f in part.fallbacks), part.fallbacks

@@ -12,7 +12,8 @@ Shapes it does not list keep our kernel: nothing is extrapolated.
 
 File (JSON): {"gpu", "num_sms", "date", "cutlass", "source", "below", "conv2d":
 [{ConvProblem fields n, c, k, h, w, r, s, pad, stride, dilation, dtype, "ours_us",
-"anchor", "anchor_us"}], "attention": [{AttentionProblem fields batch, heads,
+"anchor", "anchor_us", optional "bench": the benchmark that measured it, default
+benchmarks/kernels.py}], "attention": [{AttentionProblem fields batch, heads,
 seq_q, seq_kv, head_dim, head_dim_v, causal, dtype, "ours_us", "anchor",
 "anchor_us"}]}.
 """
@@ -77,7 +78,7 @@ class PytorchFaster:
         if e is None:
             return None
         return (f"PyTorch is faster here: {e['anchor']} {e['anchor_us']:.1f} us against our kernel's "
-                f"{e['ours_us']:.1f} us per call on {self.gpu} (benchmarks/kernels.py)")
+                f"{e['ours_us']:.1f} us per call on {self.gpu} ({e.get('bench', 'benchmarks/kernels.py')})")
 
 
 @functools.cache
@@ -120,5 +121,7 @@ def entries_from_rows(rows: list, below: float = DEFER_BELOW) -> dict:
         fields = _CONV_FIELDS if kind == "conv2d" else _ATTENTION_FIELDS
         e = {f: _field(r, f) for f in fields}
         e.update(ours_us=r["heuristic_us"], anchor=r.get("anchor", "pytorch"), anchor_us=r["anchor_us"])
+        if "bench" in r:
+            e["bench"] = r["bench"]
         out[kind].append(e)
     return out
