@@ -216,7 +216,9 @@ class DepthwiseKernel:
     the input window each thread holds); outputs: consecutive outputs along a row
     per thread (QT). R, the vertical stride, padding and every size are runtime
     arguments (CoConvArgs). The kernel reads x, y and the residual in 16-byte
-    vectors (align 8) and the filter element by element (align 1).
+    vectors (align 8); the filter is read as the contiguous run of each block's
+    channels (16-byte vectors from a 16-byte aligned base, which ``run`` checks: a
+    parameter's storage is), so the problem's filter alignment does not bind (align 1).
     """
 
     arch: str

@@ -34,6 +34,14 @@ constexpr int kMaxVectorsPerBlock = 16;
 // benchmarks/depthwise_latency.py)
 constexpr int kThreads = 128;
 constexpr int kMaxTaps = 81;         // R * S: the filter slice stays within 21 KB of shared memory
+// Pixel-group rounds per block (the kernel's Rounds): a block stages its filter slice
+// once for that many rounds of outputs. With 25 or more taps the staging costs about
+// what the block's outputs do, and 4 rounds ran the H200's 5x5 and 7x7 depthwise convs
+// of convnext-tiny / efficientnet-b0 10-25% faster, but 3x3s and grids left with fewer
+// blocks than SMs up to 1.7x slower (benchmarks/depthwise_latency.py, session 17): so
+// 4 rounds only for 25+ taps where the grid keeps a block per SM.
+constexpr int kRounds = 4;
+constexpr int kRoundsMinTaps = 25;
 
 // Codes of the epilogue (ir.GemmEpilogue): D = post(residual_op(activation(acc + bias), C))
 enum Activation {
@@ -148,7 +156,7 @@ struct SharedTaps {
   }
 };
 
-template <typename T, int S, int SW, int QT, int Act, int Res, bool ResBroadcast, int Post>
+template <typename T, int S, int SW, int QT, int Act, int Res, bool ResBroadcast, int Post, int Rounds>
 __global__ void __launch_bounds__(kThreads) depthwise(const T* __restrict__ x, const T* __restrict__ filter,
                                                       const T* __restrict__ bias,
                                                       const T* __restrict__ residual, T* __restrict__ y,
@@ -159,33 +167,56 @@ __global__ void __launch_bounds__(kThreads) depthwise(const T* __restrict__ x, c
   const int width = cv * kVec;                // channels per block
   const int c_base = blockIdx.y * width;
   const int rs = g.r * S;
-  // the block's filter slice, tap-major: filter[c, r, s] is at c * R * S + tap
+  // The block's filter slice, tap-major: filter[c, r, s] is at c * R * S + tap, so the
+  // slice is one contiguous run of width * R * S elements. It is read as 16-byte
+  // vectors (run() checks the filter's alignment), all loads of a thread issued before
+  // their stores: staged one element per dependent load, this took longer than the
+  // block's own outputs on ConvNeXt / EfficientNet's 5x5 and 7x7 convs.
   const int threads = blockDim.x * blockDim.y;
-  for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < rs * width; i += threads) {
-    const int cl = i / rs;
-    const int tap = i - cl * rs;
-    taps[tap * width + cl] = filter[int64_t(c_base + cl) * rs + tap];
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const T* slice = filter + int64_t(c_base) * rs;
+  for (int i0 = tid * kVec; i0 < rs * width; i0 += 4 * threads * kVec) {
+    cutlass::AlignedArray<T, kVec> v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = i0 + u * threads * kVec;
+      if (i < rs * width) v[u] = *reinterpret_cast<const cutlass::AlignedArray<T, kVec>*>(slice + i);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = i0 + u * threads * kVec;
+      if (i >= rs * width) break;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const int cl = (i + e) / rs;
+        taps[((i + e) - cl * rs) * width + cl] = v[u][e];
+      }
+    }
   }
   __syncthreads();
   const int c0 = c_base + threadIdx.x * kVec;
-  const int64_t group = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const int64_t groups = int64_t(g.n) * g.p * g.q_tiles;
-  if (group >= groups) return;
-  const int qt = int(group % g.q_tiles);
-  const int64_t np = group / g.q_tiles;
-  const int p = int(np % g.p);
-  const int n = int(np / g.p);
-  const int q0 = qt * QT;
-  float acc[QT][kVec];
-  accumulate<T, S, SW, QT>(x, g, n, p, q0, c0, SharedTaps<T>{taps + threadIdx.x * kVec, width}, acc);
-  const int64_t out_row = (int64_t(n) * g.p + p) * g.q;
+  // Rounds pixel groups per thread, one block's worth apart: the staged slice serves
+  // that many times the outputs
+  for (int round = 0; round < Rounds; ++round) {
+    const int64_t group = (int64_t(blockIdx.x) * Rounds + round) * blockDim.y + threadIdx.y;
+    if (group >= groups) return;
+    const int qt = int(group % g.q_tiles);
+    const int64_t np = group / g.q_tiles;
+    const int p = int(np % g.p);
+    const int n = int(np / g.p);
+    const int q0 = qt * QT;
+    float acc[QT][kVec];
+    accumulate<T, S, SW, QT>(x, g, n, p, q0, c0, SharedTaps<T>{taps + threadIdx.x * kVec, width}, acc);
+    const int64_t out_row = (int64_t(n) * g.p + p) * g.q;
 #pragma unroll
-  for (int t = 0; t < QT; ++t) {
-    const int q = q0 + t;
-    if (q >= g.q) break;
-    const int64_t at = (out_row + q) * g.c + c0;
-    const T* res = Res == kNone ? nullptr : (ResBroadcast ? residual + c0 : residual + at);
-    finish<T, Act, Res, Post>(acc[t], bias == nullptr ? nullptr : bias + c0, res, y + at);
+    for (int t = 0; t < QT; ++t) {
+      const int q = q0 + t;
+      if (q >= g.q) break;
+      const int64_t at = (out_row + q) * g.c + c0;
+      const T* res = Res == kNone ? nullptr : (ResBroadcast ? residual + c0 : residual + at);
+      finish<T, Act, Res, Post>(acc[t], bias == nullptr ? nullptr : bias + c0, res, y + at);
+    }
   }
 }
 
@@ -199,6 +230,20 @@ inline int vectors_per_block(int vectors) {
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// SMs of the current device, asked once per process (132 if the query fails: the H200's)
+inline int multiprocessors() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
+      cudaGetLastError();          // clear it: run() checks cudaGetLastError after the launch
+      return 132;
+    }
+    return sms;
+  }();
+  return count;
+}
 
 template <typename T, int S, int SW, int QT, int Act, int Res, bool ResBroadcast, int Post>
 int run(const CoConvArgs& a, cudaStream_t stream) {
@@ -215,7 +260,7 @@ int run(const CoConvArgs& a, cudaStream_t stream) {
   for (int64_t v : ext) {
     if (v > INT32_MAX) return CO_CANNOT_IMPLEMENT;
   }
-  if (!aligned16(a.x) || !aligned16(a.y) || (a.bias != nullptr && !aligned16(a.bias)) ||
+  if (!aligned16(a.x) || !aligned16(a.y) || !aligned16(a.filter) || (a.bias != nullptr && !aligned16(a.bias)) ||
       (Res != kNone && (a.residual == nullptr || !aligned16(a.residual)))) {
     return CO_CANNOT_IMPLEMENT;
   }
@@ -227,14 +272,27 @@ int run(const CoConvArgs& a, cudaStream_t stream) {
   const int cv = vectors_per_block(g.c / kVec);
   const int pg = kThreads / cv;
   const int64_t groups = int64_t(g.n) * g.p * g.q_tiles;
-  const int64_t blocks = (groups + pg - 1) / pg;
+  const int64_t slices = g.c / (cv * kVec);
+  const bool rounds = g.r * S >= kRoundsMinTaps &&
+                      (groups + pg - 1) / pg * slices >= int64_t(kRounds) * multiprocessors();
+  const int64_t per_block = int64_t(pg) * (rounds ? kRounds : 1);
+  const int64_t blocks = (groups + per_block - 1) / per_block;
   if (blocks > INT32_MAX) return CO_CANNOT_IMPLEMENT;
-  const dim3 grid(unsigned(blocks), unsigned(g.c / (cv * kVec)));
+  const dim3 grid{unsigned(blocks), unsigned(slices)};
   const dim3 block(cv, pg);
   const size_t smem = size_t(g.r) * S * cv * kVec * sizeof(T);
-  depthwise<T, S, SW, QT, Act, Res, ResBroadcast, Post><<<grid, block, smem, stream>>>(
-      static_cast<const T*>(a.x), static_cast<const T*>(a.filter), static_cast<const T*>(a.bias),
-      static_cast<const T*>(a.residual), static_cast<T*>(a.y), g);
+  const T* x = static_cast<const T*>(a.x);
+  const T* filter = static_cast<const T*>(a.filter);
+  const T* bias = static_cast<const T*>(a.bias);
+  const T* residual = static_cast<const T*>(a.residual);
+  T* y = static_cast<T*>(a.y);
+  if (rounds) {
+    depthwise<T, S, SW, QT, Act, Res, ResBroadcast, Post, kRounds><<<grid, block, smem, stream>>>(
+        x, filter, bias, residual, y, g);
+  } else {
+    depthwise<T, S, SW, QT, Act, Res, ResBroadcast, Post, 1><<<grid, block, smem, stream>>>(
+        x, filter, bias, residual, y, g);
+  }
   if (cudaGetLastError() != cudaSuccess) return CO_LAUNCH_FAILED;
   return CO_OK;
 }
