@@ -2,7 +2,8 @@
 Inductor glue plain and reduce-overhead, ours with eager glue), the JSON written
 after each, --budget-s stopping between steps and --resume finishing the rest.
 CUDA timing is replaced by wall-clock timing on CPU, the model by glue_helpers'
-FiveKinds, the library build by nothing (regions run their PyTorch fallback)."""
+FiveKinds, the library build by nothing (regions run their PyTorch fallback; no nvcc
+runs, nothing is written to the kernel cache)."""
 import inspect
 import json
 import sys
@@ -66,6 +67,10 @@ def cpu_run(monkeypatch):
     monkeypatch.setattr(runtime, "load_model", load_model)
     regions_on_cpu(monkeypatch)
     monkeypatch.setattr(api, "_PendingBuild", _NoBuild)
+    # the eager-glue variant builds in the foreground: no nvcc there either (nor an
+    # entry in the user's kernel cache)
+    monkeypatch.setattr(api.build_stage, "build",
+                        lambda plan, strategy, executor=None: _NoBuild(plan, None).result())
     monkeypatch.setattr(api, "_warm_inputs", lambda inputs, options, spec:
                         tuple(inputs) if spec.resolved() == "inductor" else None)
     monkeypatch.setattr(glue, "inductor_available", lambda: True)

@@ -36,9 +36,11 @@ OPTIONS = CompileOptions(arch="sm90a", tune=True)
 
 
 @pytest.fixture(autouse=True)
-def _rules_only(monkeypatch):
-    """The shape rules as the heuristic: these tests are about tuning, not the table."""
+def _rules_only(monkeypatch, tmp_path):
+    """The shape rules as the heuristic: these tests are about tuning, not the table.
+    The profiler's lock file goes to a cache of the test's own, not the user's."""
     monkeypatch.setattr(sm90, "default_table", lambda: None)
+    monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def _problem(m, n, k, epilogue=None):
