@@ -167,7 +167,7 @@ def save(compiled: CompiledModel, cap: Captured, example_inputs, options: Compil
     try:
         tmp.chmod(0o777 & ~_umask())     # mkdtemp's 0700 would become the folder's
         try:
-            _write_folder(tmp, compiled, cap, example_inputs, options, glue)
+            _write_folder(tmp, compiled, cap, example_inputs, options, glue, previous=out)
         except OSError as e:
             if integrity.is_disk_full(e):
                 raise integrity.disk_full(e, out, hint) from e
@@ -238,7 +238,17 @@ def _umask() -> int:
     return 0o022
 
 
-def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue) -> None:
+def _previous_weights(out: Path) -> tuple:
+    """(path, manifest record) of weights.bin in the folder a save replaces, or
+    (None, None); nothing here is trusted: weights.write checks the bytes."""
+    try:
+        record = json.loads((out / MANIFEST).read_text())["files"][weights.BIN]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None
+    return out / weights.BIN, record
+
+
+def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue, previous=None) -> None:
     parts = weights.split(cap.exported)
     if parts is not None and not parts[1]:
         parts = None             # no tensors: nothing to put beside the program
@@ -247,7 +257,8 @@ def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue) -> No
     else:
         program, tensors = parts
         torch.export.save(program, str(tmp / "model.pt2"))
-        weights.write(tensors, tmp)
+        # an unchanged weights.bin of the folder being replaced is linked, not written
+        weights.write(tensors, tmp, *(_previous_weights(previous) if previous else (None, None)))
     torch.save(tuple(example_inputs), tmp / "inputs.pt")
     glue_cache = _glue_cache(compiled, tmp)
     if compiled.library_path:
