@@ -19,7 +19,9 @@ models=${*:-bert-base gpt2 resnet50 sd-unet llama whisper-encoder convnext-tiny 
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
 if [ ! -e "$OUT/prebuilt" ]; then
-  $PY -m cutlass_offload.cli prebuild --arch sm_90a --dtype fp16 --models "$(echo $models | tr ' ' ',')" -q \
+  # bounded by the budget: units it finished stay cached, the next call goes on
+  timeout "$BUDGET_S" $PY -m cutlass_offload.cli prebuild --arch sm_90a --dtype fp16 \
+    --models "$(echo $models | tr ' ' ',')" -q \
     > "$OUT/prebuild.log" 2>&1 && touch "$OUT/prebuilt"
   tail -n 5 "$OUT/prebuild.log"
 fi
