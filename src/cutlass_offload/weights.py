@@ -151,6 +151,13 @@ def _stream_digests(storages, spans, total: int, chunk_bytes: int) -> list:
         return list(pool.map(one, starts))
 
 
+def _free_host_bytes() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
 def _reused(storages, spans, total: int, folder: Path, previous: Path, record) -> bool:
     """Whether ``previous`` (an earlier save's weights.bin) holds the bytes ``write``
     would write, and is now hard-linked into ``folder``: its manifest record must give
@@ -161,6 +168,9 @@ def _reused(storages, spans, total: int, folder: Path, previous: Path, record) -
             or not isinstance(record.get("sha256_chunks"), list)
             or record.get("chunk_bytes") != integrity.CHUNK_BYTES):
         return False
+    on_device = sum(st.nbytes() for st in storages if st.device.type != "cpu")
+    if on_device and on_device > _free_host_bytes() // 2:
+        return False             # hashing device weights copies them all to the host at once
     want = _stream_digests(storages, spans, total, integrity.CHUNK_BYTES)
     if want != record["sha256_chunks"]:
         return False
