@@ -330,6 +330,11 @@ def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: in
         mod, fn = name.split(":", 1)
         try:
             factory = getattr(importlib.import_module(mod), fn)
+        except ModuleNotFoundError as e:
+            hint = (f"; put the folder that holds it on the import path, e.g. "
+                    f"`PYTHONPATH=. cutlass-offload compile {name} ...`"
+                    if e.name == mod.split(".")[0] else "")
+            raise ValueError(f"cannot load model factory {name!r}: {e}{hint}") from e
         except (ImportError, AttributeError) as e:
             raise ValueError(f"cannot load model factory {name!r}: {e}") from e
         model, inputs = factory()

@@ -173,6 +173,14 @@ def test_overrides_only_for_zoo_models():
         models.load_model("mlp", "fp32", 2, 4, hidden=8)
 
 
+def test_a_factory_that_cannot_be_imported_says_how_to_fix_it():
+    with pytest.raises(ValueError, match=r"no_such_module_xyz.*PYTHONPATH=\. cutlass-offload compile"):
+        models.load_model("no_such_module_xyz:factory", "fp16")
+    with pytest.raises(ValueError, match="has no attribute 'no_factory'") as e:
+        models.load_model("os:no_factory", "fp16")
+    assert "PYTHONPATH" not in str(e.value)          # the module imported: the path is not why
+
+
 def test_zoo_defaults_and_layouts():
     for name in SMALL:
         assert name in models.BUILTIN and name in models.DEFAULT_SIZES
