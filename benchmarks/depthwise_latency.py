@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from _timing import graph_ms  # noqa: E402
+from kernels import geomean, write_pytorch_faster  # noqa: E402
 
 # (model, C, H = W, R = S, stride, SiLU after): every distinct depthwise conv of the two
 # architectures at 224 x 224 (timm's convnext_tiny and efficientnet_b0)
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
                      "ours_us": ours, "cudnn_us": theirs, "speedup": theirs / ours,
                      "cudnn_conv_us": conv, "conv_speedup": conv / ours,
                      "ours_gbs": traffic / ours / 1e3})
-    gm = math.exp(sum(math.log(r["speedup"]) for r in rows) / len(rows))
+    gm, gm_conv = geomean(r["speedup"] for r in rows), geomean(r["conv_speedup"] for r in rows)
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, {a.dtype}, batch {a.batch}; "
           f"one library of {len(PROBLEMS)} kernels built in {build_s:.0f} s")
     print("| model | C | H | RxS | stride | SiLU | ours us | cuDNN us | cuDNN / ours | cuDNN conv alone us "
@@ -148,11 +148,9 @@ def main(argv=None) -> int:
         print(f"| {r['model']} | {r['c']} | {r['h']} | {r['r']}x{r['r']} | {r['stride']} | {r['silu']} | "
               f"{r['ours_us']:.1f} | {r['cudnn_us']:.1f} | {r['speedup']:.2f} | {r['cudnn_conv_us']:.1f} | "
               f"{r['conv_speedup']:.2f} | {r['ours_gbs']:.0f} | {r['rel_err']:.1e} |")
-    gm_conv = math.exp(sum(math.log(r["conv_speedup"]) for r in rows) / len(rows))
     print(f"geomean cuDNN / ours: {gm:.2f}x (min {min(r['speedup'] for r in rows):.2f}x); "
           f"cuDNN's conv alone / ours: {gm_conv:.2f}x (min {min(r['conv_speedup'] for r in rows):.2f}x)")
     if a.write_pytorch_faster:
-        from kernels import write_pytorch_faster
         data = write_pytorch_faster([list_row(r, a.dtype) for r in rows], Path(a.write_pytorch_faster),
                                     torch.cuda.get_device_name(),
                                     torch.cuda.get_device_properties(0).multi_processor_count,

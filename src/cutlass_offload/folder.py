@@ -238,9 +238,11 @@ def _umask() -> int:
     return 0o022
 
 
-def _previous_weights(out: Path) -> tuple:
+def _previous_weights(out: Path | None) -> tuple:
     """(path, manifest record) of weights.bin in the folder a save replaces, or
     (None, None); nothing here is trusted: weights.write checks the bytes."""
+    if out is None:
+        return None, None
     try:
         record = json.loads((out / MANIFEST).read_text())["files"][weights.BIN]
     except (OSError, ValueError, KeyError, TypeError):
@@ -258,7 +260,7 @@ def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue, previ
         program, tensors = parts
         torch.export.save(program, str(tmp / "model.pt2"))
         # an unchanged weights.bin of the folder being replaced is linked, not written
-        weights.write(tensors, tmp, *(_previous_weights(previous) if previous else (None, None)))
+        weights.write(tensors, tmp, *_previous_weights(previous))
     torch.save(tuple(example_inputs), tmp / "inputs.pt")
     glue_cache = _glue_cache(compiled, tmp)
     if compiled.library_path:

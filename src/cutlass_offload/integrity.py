@@ -65,6 +65,22 @@ def sha256_file(path) -> str:
     return _memoized(path, None, whole)
 
 
+def digests_of_chunks(size: int, chunk_bytes: int, feed) -> list:
+    """Hex sha256 of each ``chunk_bytes`` chunk of ``size`` bytes (the last one
+    shorter), in order, by up to 8 threads: ``feed(h, start, end)`` updates the
+    hash ``h`` with bytes [start, end). The chunked record's format, whatever holds
+    the bytes (a file, or weights in memory: weights.py)."""
+    def one(start):
+        h = hashlib.sha256()
+        feed(h, start, min(start + chunk_bytes, size))
+        return h.hexdigest()
+    starts = range(0, size, chunk_bytes)
+    if not starts:
+        return []
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1, len(starts))) as pool:
+        return list(pool.map(one, starts))
+
+
 def chunk_digests(path, chunk_bytes: int = CHUNK_BYTES) -> list:
     """Hex sha256 of each ``chunk_bytes`` chunk of a file (the last one shorter), in
     order, read and hashed by up to 8 threads. Raises OSError, ValueError for a
@@ -75,22 +91,16 @@ def chunk_digests(path, chunk_bytes: int = CHUNK_BYTES) -> list:
     def chunks(f, st):
         fd = f.fileno()
 
-        def one(start):
+        def feed(h, start, end):
             # read, not mapped: a file cut short meanwhile gives a short read (and
             # another digest), where a mapping would kill the process with SIGBUS
-            h, end = hashlib.sha256(), min(start + chunk_bytes, st.st_size)
             while start < end:
                 block = os.pread(fd, min(_CHUNK * 4, end - start), start)
                 if not block:
                     break
                 h.update(block)
                 start += len(block)
-            return h.hexdigest()
-        starts = range(0, st.st_size, chunk_bytes)
-        if not starts:
-            return ()
-        with ThreadPoolExecutor(min(8, os.cpu_count() or 1, len(starts))) as pool:
-            return tuple(pool.map(one, starts))
+        return tuple(digests_of_chunks(st.st_size, chunk_bytes, feed))
     return list(_memoized(path, chunk_bytes, chunks))
 
 

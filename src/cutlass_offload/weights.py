@@ -35,10 +35,8 @@ from __future__ import annotations
 
 import copy
 import ctypes
-import hashlib
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -127,12 +125,10 @@ def _bytes(st) -> memoryview:
 
 def _stream_digests(storages, spans, total: int, chunk_bytes: int) -> list:
     """integrity.chunk_digests of the weights.bin ``write`` would write, computed
-    from the storages in memory (CPU copies of device ones) by up to 8 threads."""
-    host = [st if st.device.type == "cpu" else st.cpu() for st in storages]
-    views = [_bytes(st) for st in host]
+    from the storages in memory (CPU copies of device ones)."""
+    views = [_bytes(st if st.device.type == "cpu" else st.cpu()) for st in storages]
 
-    def one(start):
-        h, end, at = hashlib.sha256(), min(start + chunk_bytes, total), start
+    def feed(h, at, end):
         for (offset, nbytes), view in zip(spans, views):
             lo, hi = max(at, offset), min(end, offset + nbytes)
             if hi <= lo:
@@ -143,12 +139,7 @@ def _stream_digests(storages, spans, total: int, chunk_bytes: int) -> list:
             at = hi
         if end > at:
             h.update(bytes(end - at))
-        return h.hexdigest()
-    starts = range(0, total, chunk_bytes)
-    if not starts:
-        return []
-    with ThreadPoolExecutor(min(8, os.cpu_count() or 1, len(starts))) as pool:
-        return list(pool.map(one, starts))
+    return integrity.digests_of_chunks(total, chunk_bytes, feed)
 
 
 def _free_host_bytes() -> int:
@@ -199,8 +190,8 @@ def write(tensors, folder, previous=None, previous_record=None) -> bool:
     Raises OSError (ENOSPC for a full disk)."""
     folder = Path(folder)
     storages, spans, entries, total = _layout(tensors)
-    reused = (previous is not None and total >= integrity.PARALLEL_MIN
-              and _reused(storages, spans, total, folder, Path(previous), previous_record))
+    reused = previous is not None and _reused(storages, spans, total, folder, Path(previous),
+                                              previous_record)
     if not reused:
         with open(folder / BIN, "wb") as f:
             for (start, nbytes), st in zip(spans, storages):

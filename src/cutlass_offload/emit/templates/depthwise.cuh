@@ -231,20 +231,6 @@ inline int vectors_per_block(int vectors) {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// SMs of the current device, asked once per process (132 if the query fails: the H200's)
-inline int multiprocessors() {
-  static const int count = [] {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
-      cudaGetLastError();          // clear it: run() checks cudaGetLastError after the launch
-      return 132;
-    }
-    return sms;
-  }();
-  return count;
-}
-
 template <typename T, int S, int SW, int QT, int Act, int Res, bool ResBroadcast, int Post>
 int run(const CoConvArgs& a, cudaStream_t stream) {
   // what this instantiation computes: depthwise (K = C, one filter channel), the
@@ -273,8 +259,9 @@ int run(const CoConvArgs& a, cudaStream_t stream) {
   const int pg = kThreads / cv;
   const int64_t groups = int64_t(g.n) * g.p * g.q_tiles;
   const int64_t slices = g.c / (cv * kVec);
+  const int sms = co_device_info().sm_count > 0 ? co_device_info().sm_count : 132;  // prelude.h
   const bool rounds = g.r * S >= kRoundsMinTaps &&
-                      (groups + pg - 1) / pg * slices >= int64_t(kRounds) * multiprocessors();
+                      (groups + pg - 1) / pg * slices >= int64_t(kRounds) * sms;
   const int64_t per_block = int64_t(pg) * (rounds ? kRounds : 1);
   const int64_t blocks = (groups + per_block - 1) / per_block;
   if (blocks > INT32_MAX) return CO_CANNOT_IMPLEMENT;
