@@ -182,7 +182,8 @@ def _reused(storages, spans, total: int, folder: Path, previous: Path, record) -
 def write(tensors, folder, previous=None, previous_record=None) -> bool:
     """Write ``tensors`` ([(kind, name, tensor)], from ``split``) as weights.bin and
     weights.json into ``folder``. ``previous``: an earlier save's weights.bin with its
-    manifest record (``previous_record``, integrity.record's chunked form); when it
+    manifest record (``previous_record``, integrity.record's chunked form, which files
+    of integrity.PARALLEL_MIN bytes and more get; smaller ones are written); when it
     holds the very bytes (same size and chunk digests, checked again on the file)
     it is hard-linked instead of written: a warm recompile into the same folder
     writes none of the weights (sd-unet's 1.73 GB took 5.9 s to write on the 2-core
