@@ -9,7 +9,9 @@
 # per-model compiles find them cached; a later call on the same machine (same
 # CUTLASS_OFFLOAD_CACHE_DIR) skips what is built.
 # MAX_AUTOTUNE=none (or a model list) overrides runtime.py's max-autotune anchors
-# (bert-base and llama by default: minutes of Inductor autotuning each).
+# (bert-base and llama by default: minutes of Inductor autotuning each);
+# RUNTIME_ARGS adds runtime.py options (e.g. --no-eager-glue: the targets need only
+# the Inductor glue and the anchors).
 # Usage (GPU machine, README install): OUT=dir BUDGET_S=480 bash benchmarks/gpu_runtime_table.sh [models...]
 set -u
 OUT=${OUT:-$PWD/runtime_table_out}; mkdir -p "$OUT"
@@ -29,7 +31,7 @@ left=$(( BUDGET_S - ($(date +%s) - start) ))
 [ "$left" -lt 60 ] && { echo "prebuild used the budget: run again"; exit 3; }
 resume=""; [ -e "$OUT/runtime.json" ] && resume="--resume"
 $PY benchmarks/runtime.py $models --quick --json "$OUT/runtime.json" $resume --budget-s "$left" \
-  ${MAX_AUTOTUNE:+--max-autotune-models "$MAX_AUTOTUNE"} \
+  ${MAX_AUTOTUNE:+--max-autotune-models "$MAX_AUTOTUNE"} ${RUNTIME_ARGS:-} \
   >> "$OUT/runtime.log" 2>&1
 rc=$?
 tail -n 40 "$OUT/runtime.log"

@@ -110,6 +110,9 @@ def parse_args(argv=None):
     p.add_argument("--max-autotune-models", default=",".join(MAX_AUTOTUNE_MODELS),
                    help="models that get the max-autotune anchor (comma list, 'all' or 'none')")
     p.add_argument("--no-inductor-glue", action="store_true", help="skip ours with Inductor glue")
+    p.add_argument("--no-eager-glue", action="store_true",
+                   help="skip ours with eager glue (its compile and the 'heuristic' variant): "
+                        "issue 16's targets need only the Inductor glue and the anchors")
     p.add_argument("--second-batch", type=int, default=None,
                    help="batch size of the second accuracy check (default: half the batch, "
                         "or double it below 4)")
@@ -133,6 +136,8 @@ def parse_args(argv=None):
     for opt, tpl in (("--from", a.from_tpl), ("--tuned-from", a.tuned_tpl)):
         if tpl is not None and "{model}" not in tpl and len(a.models) > 1:
             p.error(f"{opt} {tpl!r} needs '{{model}}' to tell {len(a.models)} models apart")
+    if a.no_eager_glue and a.no_inductor_glue:
+        p.error("--no-eager-glue and --no-inductor-glue leave nothing of ours to measure")
     if a.reps < 1 or a.region_reps < 1:
         p.error("--reps and --region-reps must be >= 1")
     if a.quick:
@@ -617,6 +622,8 @@ def bench_model(name, a, peaks, res=None, save=lambda: None, budget=None) -> dic
             res["torch_compile_ms"] = anchors["default"]["ms"]
             res["torch_compile_s"] = anchors["default"]["compile_s"]
             res["torch_compile_rel_err_vs_eager"] = anchors["default"].get("rel_err_fp32_fresh")
+    if a.no_eager_glue:
+        res.setdefault("heuristic", "not run (--no-eager-glue)")
     ours_keys = ["heuristic"] + ([] if a.no_inductor_glue else ["ours_inductor", "ours_inductor_ro"])
     if any(k not in res for k in ours_keys):
         if budget.exhausted():

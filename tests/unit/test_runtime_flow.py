@@ -113,3 +113,20 @@ def test_steps_budget_and_resume(cpu_run, tmp_path):
     assert five["second_batch"] == 2 and h["regions"] == 7 and five["tuned"] == "not run (--quick)"
     assert five["done_when"]["verdict"] == "incomplete: no torch.compile, torch.compile reduce-overhead"
     assert unknown["error"].startswith("ValueError")
+
+
+def test_no_eager_glue_measures_only_the_inductor_variants(cpu_run, tmp_path, monkeypatch):
+    out = tmp_path / "r.json"
+    compiles = []
+    real = runtime._load_or_compile
+
+    def counted(*args, **kw):
+        compiles.append(kw.get("glue"))
+        return real(*args, **kw)
+    monkeypatch.setattr(runtime, "_load_or_compile", counted)
+    assert runtime.main(["five", "--json", str(out), "--no-eager-glue"] + ARGS) == 0
+    five = json.loads(out.read_text())["models"][0]
+    assert set(five["step_s"]) == {"eager", "ours_inductor", "ours_inductor_ro"}
+    assert five["heuristic"] == "not run (--no-eager-glue)"
+    assert compiles == ["inductor"]            # no second compile for the eager glue
+    assert five["ours_inductor_ro"]["rel_err_fp32_batch2"] < 1e-5
