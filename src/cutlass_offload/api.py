@@ -15,7 +15,7 @@ from torch.export.passes import move_to_device_pass
 
 from . import build as build_stage
 from . import target, weights
-from .capture import Captured, capture, from_exported
+from .capture import Captured, Reference, capture, from_exported
 from .config import CompileOptions, resolve_norms
 from .errors import CutlassOffloadError, DamagedFileError, DeviceError
 # the output folder's format (folder.py); check_folder is re-exported for the CLI
@@ -326,7 +326,7 @@ def _restrict(plan: Plan, names) -> Plan:
 
 def load(out_dir, device=None, glue: str | None = None, mode: str | None = None,
          options: dict | None = None, reference: bool = True) -> tuple:
-    """(CompiledModel, reference GraphModule, example inputs) from a compile's out_dir.
+    """(CompiledModel, reference, example inputs) from a compile's out_dir.
 
     device: where to put the model, its constants and the inputs (e.g. "cuda");
       None keeps them where they were exported (the CPU for the CLI).
@@ -334,8 +334,9 @@ def load(out_dir, device=None, glue: str | None = None, mode: str | None = None,
       ``compile``; "auto" for a folder saved before glue choices existed). The
       Inductor glue is compiled on the model's first call (Inductor's own caches
       may serve it); nothing is rebuilt with nvcc.
-    reference: False returns None in place of the reference GraphModule (the saved
-      program unlifted again: about 0.6 s of sd-unet's load on 2 cores).
+    reference: the second item is a ``capture.Reference``: the saved program
+      unlifted again (``ep.module()``), built on its first call or attribute use
+      (about 0.3 s for sd-unet on 2 cores); False returns None in its place.
     The CompiledModel's ``load_phases`` says where the load's time went (seconds
     by phase: the file checks, the program, the weights, ...).
     Every file is checked first (``check_folder``): nothing damaged is loaded.
@@ -451,6 +452,6 @@ def _load_once(out: Path, manifest: dict, device, override=None, reference=True,
         glue.apply(compiled)
         compiled.open_library()
     with phases("reference"):
-        ref = ep.module() if reference else None
+        ref = Reference(ep) if reference else None
     compiled.load_phases = dict(phases.seconds)
     return compiled, ref, inputs

@@ -20,6 +20,11 @@ from .library import CO_CANNOT_IMPLEMENT, Library
 from .norm_region import NormRegionModule
 from .region import RegionModule
 
+try:        # generates its code on first use: most region fallbacks never run
+    from torch.fx._lazy_graph_module import _LazyGraphModule as _graph_module
+except ImportError:       # a torch without it: code generated at once
+    _graph_module = fx.GraphModule
+
 
 class LazyLibrary:
     """Loads the .so on first use, so a compiled model can be built and inspected
@@ -89,7 +94,8 @@ def offload(gm: fx.GraphModule, plan: Plan, library_path) -> fx.GraphModule:
     AttentionRegionModule). ``library_path``: what LazyLibrary takes (a path, None,
     or a callable waiting for a build still running).
 
-    The region's original subgraph is kept as the module's ``fallback``. Conv
+    The region's original subgraph is kept as the module's ``fallback`` (a
+    GraphModule whose code is generated on its first use). Conv
     weights held by ``gm`` are prepacked to channels_last (KRSC) once. Mutates
     and returns ``gm``.
     """
@@ -138,7 +144,7 @@ def _extract(gm: fx.GraphModule, nodes: list):
     for n in nodes:
         env[n] = sub.node_copy(n, lambda x: env[x])
     sub.output(env[nodes[-1]])
-    return fx.GraphModule(gm, sub), inputs
+    return _graph_module(gm, sub), inputs
 
 
 class _Unhashable(Exception):
