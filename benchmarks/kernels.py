@@ -596,7 +596,7 @@ def parse_args(argv=None):
                         "that fits a time budget)")
     p.add_argument("--json", default=None)
     p.add_argument("--write-pytorch-faster", default=None, metavar="FILE",
-                   help="write the conv/attention problems PyTorch ran faster (select/pytorch_faster.py)")
+                   help="write the GEMM / conv / attention problems PyTorch ran faster (select/pytorch_faster.py)")
     p.add_argument("--head-dims", default=None, metavar="D,D",
                    help="attention: only the corpus problems of these head dims")
     p.add_argument("--merge-pytorch-faster", action="store_true",
@@ -662,7 +662,7 @@ def main(argv=None) -> int:
         data = write_pytorch_faster(old["rows"], Path(args.write_pytorch_faster), old["gpu"],
                                     old["num_sms"], f"benchmarks/kernels.py run of {old['date'][:10]} "
                                     f"({Path(args.from_results).name})", merge=args.merge_pytorch_faster)
-        print(f"{len(data['conv2d'])} conv2d and {len(data['attention'])} attention problems "
+        print(f"{len(data['gemm'])} GEMM, {len(data['conv2d'])} conv2d and {len(data['attention'])} attention problems "
               f"-> {args.write_pytorch_faster}")
         return 0
     if not torch.cuda.is_available():

@@ -1,5 +1,6 @@
-"""select/pytorch_faster.py: conv2d / attention problems PyTorch was measured to
-run faster stay in PyTorch with the times as the reason; nothing else changes."""
+"""select/pytorch_faster.py: GEMM / conv2d / attention problems PyTorch was
+measured to run faster stay in PyTorch with the times as the reason; nothing else
+changes."""
 import json
 import sys
 from pathlib import Path
@@ -93,11 +94,11 @@ def test_the_benchmark_writes_what_select_reads(tmp_path):
     rows = [{"kind": "attention", "batch": 4, "heads": 12, "seq_q": 1500, "seq_kv": 1500, "head_dim": 64,
              "head_dim_v": 64, "causal": "none", "dtype": "f16", "heuristic_us": 227.0,
              "anchor": "cudnn", "anchor_us": 84.0, "heuristic_speedup": 84 / 227},
-            {"kind": "gemm", "heuristic_speedup": 0.5}]
+            {"kind": "gemm", "heuristic_speedup": None}]          # not profiled: not listed
     path = tmp_path / "faster.json"
     kb.write_pytorch_faster(rows, path, "NVIDIA H200", 132, "test")
     t = pf.PytorchFaster(json.loads(path.read_text()))
-    assert len(t.attention) == 1 and not t.conv
+    assert len(t.attention) == 1 and not t.conv and not t.gemm
 
 
 def test_a_merged_write_updates_only_the_problems_the_run_measured(tmp_path):
@@ -152,3 +153,67 @@ def test_depthwise_rows_key_the_problem_the_partitioner_states(tmp_path, monkeyp
     assert "depthwise_latency.py" in fb.reason
     other = partition(capture(conv, (x[:2],)).graph_module, CompileOptions(arch="sm90a"))
     assert len(select(other, "sm90a", CompileOptions(arch="sm90a")).regions) == 1
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+def _gemm_rows(part, slower: set, kernel_of=None):
+    """benchmarks/kernels.py's rows of the part's GEMMs (through its own gemm_row), ours
+    at 9 us against cuBLAS's 6 for the regions named in ``slower``, 3 against 6 for
+    the others."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import kernels as kb
+    from cutlass_offload.select import choose_kernel, gemm_kernel_tag
+    rows = []
+    for r in part.regions:
+        k = choose_kernel(r.problem, "sm90a", 132)
+        tag = kernel_of(r) if kernel_of else gemm_kernel_tag(k)
+        us = 9.0 if r.name in slower else 3.0
+        cand = SimpleNamespace(tag=tag, status="ok", us=us, launch={})
+        tp = SimpleNamespace(candidates=[cand], heuristic=tag, winner=tag, torch_us=6.0)
+        static = replace(r.problem, m=r.problem.m or r.problem.m_hint)    # the corpus's capture
+        row = kb.gemm_row(static, {"count": 1, "models": ["test"]}, k, tp)
+        row.update(heuristic_speedup=6.0 / us, anchor="cublas")
+        rows.append(row)
+    return rows
+
+
+def test_a_gemm_listed_with_the_kernel_select_chooses_stays_in_pytorch(tmp_path, monkeypatch):
+    """A GEMM problem benchmarks/kernels.py timed slower than cuBLAS (with its rows'
+    keys: M at the example size of a dynamic batch, the epilogue tag) stays in
+    PyTorch with the times; the faster one runs ours; an entry that timed another
+    kernel than select now chooses (a table changed since) is not applied."""
+    import kernels as kb
+    x = torch.randn(4, 8, 64).half()
+    part = partition(capture(Mlp().half(), (x,), dynamic_batch=True).graph_module,
+                     CompileOptions(arch="sm90a"))
+    up, down = sorted(part.regions, key=lambda r: r.problem.n, reverse=True)
+    assert up.problem.m is None and up.problem.epilogue.tag == "bias_gelu"
+    path = tmp_path / "faster.json"
+    kb.write_pytorch_faster(_gemm_rows(part, {up.name}), path, "NVIDIA H200", 132, "test")
+    table = pf.PytorchFaster(json.loads(path.read_text()))
+    assert len(table.gemm) == 1
+    monkeypatch.setattr(pf, "default", lambda: table)
+    plan = select(part, "sm90a", CompileOptions(arch="sm90a"))
+    assert [r.name for r in plan.regions] == [down.name]
+    (fb,) = plan.fallbacks
+    assert "cublas 6.0 us" in fb.reason and "9.0 us" in fb.reason
+    # the same problem timed with another kernel: ours runs
+    kb.write_pytorch_faster(_gemm_rows(part, {up.name}, kernel_of=lambda r: "64x64x64_c1x1x1_coop"),
+                            path, "NVIDIA H200", 132, "test")
+    table = pf.PytorchFaster(json.loads(path.read_text()))
+    assert len(table.gemm) == 1
+    monkeypatch.setattr(pf, "default", lambda: table)
+    assert len(select(part, "sm90a", CompileOptions(arch="sm90a")).regions) == 2
+    # another example batch is another problem
+    other = partition(capture(Mlp().half(), (x[:2],)).graph_module, CompileOptions(arch="sm90a"))
+    assert len(select(other, "sm90a", CompileOptions(arch="sm90a")).regions) == 2

@@ -105,6 +105,17 @@ def conv_tuning_id(problem) -> str:
                        "dtype": problem.dtype, "epilogue": asdict(problem.epilogue)}, sort_keys=True)
 
 
+def kernel_tag(config_tag: str, launch: GemmLaunch | None) -> str:
+    """A GEMM kernel's config and launch knobs as tune/ and benchmarks/kernels.py's
+    rows name them ("128x128x64_c1x1x1_pingpong+along_m_pdl")."""
+    knobs = launch or GemmLaunch()
+    return config_tag if knobs == GemmLaunch() else f"{config_tag}+{knobs.tag}"
+
+
+def gemm_kernel_tag(k: GemmKernel) -> str:
+    return kernel_tag(k.config.tag, k.launch)
+
+
 def _defer_measured(r) -> bool:
     """Whether PyTorch's op for ``r`` is the one the benchmark timed: a conv, or an
     attention without a mask folded into the kernel and without a bias (a model's
@@ -148,7 +159,7 @@ CHOOSERS = {GemmRegion: _gemm, ConvRegion: _conv, AttentionRegion: _attention,
 def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOptions(),
            tuned: dict | None = None) -> Plan:
     """Choose a kernel per region; regions with no legal kernel become fallbacks, as
-    do conv2d / attention regions PyTorch was measured to run faster
+    do GEMM / conv2d / attention regions PyTorch was measured to run faster
     (``options.pytorch_when_faster``, select/pytorch_faster.py).
 
     tuned: {tuning_id(problem): (KernelConfig, GemmLaunch)} of profiled GEMM winners (tune/),
@@ -168,6 +179,12 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
         except ValueError as e:
             fallbacks.append(Fallback(r.nodes[0], r.form, f"no kernel: {e}"))
             continue
+        if options.pytorch_when_faster and not options.strict and isinstance(r, GemmRegion):
+            # a GEMM entry names the kernel it timed: asked after the choice
+            why = pytorch_faster.reason(r.problem, arch, num_sms, gemm_kernel_tag(k))
+            if why is not None:
+                fallbacks.append(Fallback(r.nodes[0], r.form, why))
+                continue
         regions.append(r)
         kernels.append(k)
     return Plan(arch=arch, regions=tuple(regions), kernels=tuple(kernels), fallbacks=tuple(fallbacks))

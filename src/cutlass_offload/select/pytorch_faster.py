@@ -1,8 +1,9 @@
-"""Conv2d and attention problems where PyTorch's own kernel was measured faster.
+"""GEMM, conv2d and attention problems where PyTorch's own kernel was measured faster.
 
 A region whose problem is listed here stays in PyTorch (a Fallback with the
-measured times as its reason): there cuDNN's conv or the best SDPA backend (cuDNN,
-flash, efficient) beats our kernel on that GPU, and with Inductor glue PyTorch's
+measured times as its reason): there cuBLAS (with the unfused epilogue ops after
+it), cuDNN's conv or the best SDPA backend (cuDNN, flash, efficient) beats our
+kernel on that GPU, and with Inductor glue PyTorch's
 kernel sits in the compiled graph like ours would. The list comes from the kernel
 corpus benchmark (``benchmarks/kernels.py --write-pytorch-faster``: every corpus
 problem whose speedup over the anchor is below ``DEFER_BELOW`` in that run) and
@@ -23,7 +24,7 @@ import functools
 import json
 from pathlib import Path
 
-from ..ir import AttentionProblem, ConvProblem
+from ..ir import AttentionProblem, ConvProblem, GemmProblem
 
 DEFER_BELOW = 0.97      # speedup over PyTorch under which a measured problem stays there
 FILE = Path(__file__).parent / "tables" / "sm90a_h200_pytorch_faster.json"
@@ -31,6 +32,9 @@ FILE = Path(__file__).parent / "tables" / "sm90a_h200_pytorch_faster.json"
 _CONV_FIELDS = ("n", "c", "k", "h", "w", "r", "s", "pad", "stride", "dilation", "dtype", "groups")
 _DEFAULTS = {"groups": 1}      # fields older entries leave out
 _ATTENTION_FIELDS = ("batch", "heads", "seq_q", "seq_kv", "head_dim", "head_dim_v", "causal", "dtype")
+_GEMM_FIELDS = ("m", "n", "k", "batch", "dtype", "layout_a", "layout_b", "align", "epilogue")
+_DEFAULTS_GEMM = {"layout_a": "row", "batch": 1}     # rows of older benchmark runs leave them out
+_FIELDS = {"conv2d": _CONV_FIELDS, "attention": _ATTENTION_FIELDS, "gemm": _GEMM_FIELDS}
 
 
 def conv_key(p: ConvProblem) -> tuple:
@@ -47,32 +51,51 @@ def attention_key(p: AttentionProblem) -> tuple:
     return tuple(d[f] for f in _ATTENTION_FIELDS)
 
 
+def gemm_key(p: GemmProblem) -> tuple:
+    """The identity of a GEMM problem in the table (M and the batch at their example
+    sizes, the epilogue by its tag)."""
+    return (p.m if p.m is not None else p.m_hint, p.n, p.k,
+            p.batch if p.batch is not None else p.batch_hint, p.dtype, p.layout_a, p.layout_b,
+            (p.align_a, p.align_b, p.align_c), p.epilogue.tag)
+
+
 def _field(d: dict, f: str):
     """d[f], or the default of a field older entries leave out (KeyError otherwise)."""
-    return d[f] if f in d or f not in _DEFAULTS else _DEFAULTS[f]
+    if f in d:
+        return d[f] if d[f] is not None or f != "batch" else 1
+    defaults = {**_DEFAULTS, **_DEFAULTS_GEMM}
+    if f not in defaults:
+        raise KeyError(f)
+    return defaults[f]
 
 
 def _entry_key(e: dict, fields) -> tuple:
-    return tuple(tuple(v) if isinstance(v, list) else v for v in (_field(e, f) for f in fields))
+    return tuple(tuple(v) if isinstance(v, (list, tuple)) else v for v in (_field(e, f) for f in fields))
 
 
 class PytorchFaster:
-    """The loaded list. ``reason(problem, num_sms)``: why the problem stays in
-    PyTorch, or None when our kernel runs it. Raises KeyError / TypeError for a
-    file of another shape."""
+    """The loaded list. ``reason(problem, num_sms, kernel)``: why the problem stays
+    in PyTorch, or None when our kernel runs it (``kernel``: for a GEMM, the tag of
+    the kernel select chose; the entry must name it). Raises KeyError / TypeError
+    for a file of another shape."""
 
     def __init__(self, data: dict):
         self.gpu, self.num_sms = data["gpu"], int(data["num_sms"])
         self.conv = {_entry_key(e, _CONV_FIELDS): e for e in data.get("conv2d", [])}
         self.attention = {_entry_key(e, _ATTENTION_FIELDS): e for e in data.get("attention", [])}
+        self.gemm = {_entry_key(e, _GEMM_FIELDS): e for e in data.get("gemm", [])}
 
-    def reason(self, problem, num_sms: int) -> str | None:
+    def reason(self, problem, num_sms: int, kernel: str | None = None) -> str | None:
         if num_sms != self.num_sms:
             return None
         if isinstance(problem, ConvProblem):
             e = self.conv.get(conv_key(problem))
         elif isinstance(problem, AttentionProblem):
             e = self.attention.get(attention_key(problem))
+        elif isinstance(problem, GemmProblem):
+            e = self.gemm.get(gemm_key(problem))
+            if e is not None and e["kernel"] != kernel:
+                return None
         else:
             return None
         if e is None:
@@ -87,22 +110,24 @@ def default() -> PytorchFaster | None:
     return PytorchFaster(json.loads(FILE.read_text())) if FILE.exists() else None
 
 
-def reason(problem, arch: str, num_sms: int) -> str | None:
-    """Why ``problem`` (a ConvProblem or AttentionProblem) should stay in PyTorch on
-    ``arch`` with ``num_sms`` SMs, or None (also for other arches and kinds)."""
+def reason(problem, arch: str, num_sms: int, kernel: str | None = None) -> str | None:
+    """Why ``problem`` (a GemmProblem whose chosen kernel has the tag ``kernel``, a
+    ConvProblem or an AttentionProblem) should stay in PyTorch on ``arch`` with
+    ``num_sms`` SMs, or None (also for other arches and kinds)."""
     table = default() if arch == "sm90a" else None
-    return table.reason(problem, num_sms) if table is not None else None
+    return table.reason(problem, num_sms, kernel) if table is not None else None
 
 
 def entry_key(kind: str, e: dict) -> tuple:
-    """The identity of a list entry or benchmark row of ``kind`` ("conv2d" / "attention")."""
-    return _entry_key(e, _CONV_FIELDS if kind == "conv2d" else _ATTENTION_FIELDS)
+    """The identity of a list entry or benchmark row of ``kind`` ("gemm" /
+    "conv2d" / "attention")."""
+    return _entry_key(e, _FIELDS[kind])
 
 
 def measured_keys(rows: list) -> dict:
-    """{"conv2d": {keys}, "attention": {keys}} of the problems benchmark rows timed
-    (a heuristic speedup recorded), listed or not."""
-    out = {"conv2d": set(), "attention": set()}
+    """{"gemm": {keys}, "conv2d": {keys}, "attention": {keys}} of the problems
+    benchmark rows timed (a heuristic speedup recorded), listed or not."""
+    out = {"gemm": set(), "conv2d": set(), "attention": set()}
     for r in rows:
         if r.get("kind") in out and r.get("heuristic_speedup") is not None:
             out[r["kind"]].add(entry_key(r["kind"], r))
@@ -110,17 +135,23 @@ def measured_keys(rows: list) -> dict:
 
 
 def entries_from_rows(rows: list, below: float = DEFER_BELOW) -> dict:
-    """{"conv2d": [...], "attention": [...]} of benchmark rows (benchmarks/kernels.py)
-    whose heuristic speedup over the anchor is below ``below``."""
-    out = {"conv2d": [], "attention": []}
+    """{"gemm": [...], "conv2d": [...], "attention": [...]} of benchmark rows
+    (benchmarks/kernels.py) whose heuristic speedup over the anchor is below
+    ``below``; a GEMM entry names the kernel it timed (the row's "heuristic")."""
+    out, seen = {"gemm": [], "conv2d": [], "attention": []}, set()
     for r in rows:
         kind = r.get("kind")
         sp = r.get("heuristic_speedup")
-        if kind not in out or sp is None or sp >= below:
+        if kind not in out or sp is None or sp >= below or (kind, entry_key(kind, r)) in seen:
             continue
-        fields = _CONV_FIELDS if kind == "conv2d" else _ATTENTION_FIELDS
-        e = {f: _field(r, f) for f in fields}
-        e.update(ours_us=r["heuristic_us"], anchor=r.get("anchor", "pytorch"), anchor_us=r["anchor_us"])
+        seen.add((kind, entry_key(kind, r)))        # a lowered conv's GEMM may repeat a linear's
+        e = {f: _field(r, f) for f in _FIELDS[kind]}
+        anchor = r.get("anchor", "pytorch")
+        if kind == "gemm":
+            e["kernel"] = r["heuristic"]
+            if "anchor" not in r:     # kernels.py's GEMM rows: cuBLAS, then the unfused ops
+                anchor = "cuBLAS" + (" and the unfused epilogue" if r.get("fused") else "")
+        e.update(ours_us=r["heuristic_us"], anchor=anchor, anchor_us=r["anchor_us"])
         if "bench" in r:
             e["bench"] = r["bench"]
         out[kind].append(e)

@@ -45,8 +45,8 @@ from dataclasses import asdict, replace
 from .. import build as build_stage
 from ..abi import region_symbol
 from ..errors import CutlassOffloadError, DeviceError
-from ..ir import GemmEpilogue, GemmKernel, GemmRegion, Plan
-from ..select import DEFAULT_NUM_SMS, candidate_kernels, choose_kernel, sm90, tuning_id
+from ..ir import GemmEpilogue, GemmKernel, GemmLaunch, GemmRegion, Plan
+from ..select import DEFAULT_NUM_SMS, candidate_kernels, choose_kernel, kernel_tag, sm90, tuning_id
 from .cache import TuningCache, tuning_key
 from .result import (
     CandidateResult,
@@ -238,9 +238,7 @@ def _final(todo, counts, ranking, ctx, done, search):
 
 
 def _tag(config_tag: str, launch: dict | None) -> str:
-    from ..ir import GemmLaunch
-    knobs = GemmLaunch(**(launch or {}))
-    return config_tag if knobs == GemmLaunch() else f"{config_tag}+{knobs.tag}"
+    return kernel_tag(config_tag, GemmLaunch(**(launch or {})))
 
 
 def _kernel(problem, arch, config) -> GemmKernel:
