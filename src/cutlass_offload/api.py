@@ -19,7 +19,7 @@ from .capture import Captured, Reference, capture, from_exported
 from .config import CompileOptions, resolve_norms
 from .errors import CutlassOffloadError, DamagedFileError, DeviceError
 # the output folder's format (folder.py); check_folder is re-exported for the CLI
-from .folder import MANIFEST, _checked, _fingerprint, check_folder, check_out_dir, load_exported, save  # noqa: F401
+from .folder import MANIFEST, _checked_later, _fingerprint, check_folder, check_out_dir, load_exported, save  # noqa: F401
 from .ir import Plan
 from .partition import partition
 from .report import Report
@@ -339,7 +339,9 @@ def load(out_dir, device=None, glue: str | None = None, mode: str | None = None,
       (about 0.3 s for sd-unet on 2 cores); False returns None in its place.
     The CompiledModel's ``load_phases`` says where the load's time went (seconds
     by phase: the file checks, the program, the weights, ...).
-    Every file is checked first (``check_folder``): nothing damaged is loaded.
+    Every file is checked against the manifest (``check_folder``) before it is read:
+    nothing damaged is loaded; weights.bin is hashed by a child process while the
+    program is deserialized (folder.FileChecks).
     Re-partitions the saved ExportedProgram and checks that it gives the same
     regions and kernels as when the library was built (else CutlassOffloadError).
     Raises CutlassOffloadError for a missing or incomplete folder, DamagedFileError
@@ -355,8 +357,9 @@ def load(out_dir, device=None, glue: str | None = None, mode: str | None = None,
             before = (out / MANIFEST).read_text(errors="replace")
             phases = _Phases()
             with phases("check files"):
-                manifest = _checked(out, before)
-            loaded = _load_once(out, manifest, device, override, reference, phases)
+                # weights.bin is hashed in the background, beside the program's load
+                manifest, later = _checked_later(out, before, {weights.BIN})
+            loaded = _load_once(out, manifest, device, override, reference, phases, later)
             if (out / MANIFEST).read_text(errors="replace") == before:
                 return loaded
         except (FileNotFoundError, NotADirectoryError):
@@ -414,14 +417,21 @@ def _load_glue_cache(path: Path, saved_torch) -> None:
 
 
 def _load_once(out: Path, manifest: dict, device, override=None, reference=True,
-               phases: _Phases | None = None) -> tuple:
+               phases: _Phases | None = None, later=None) -> tuple:
+    """``later``: folder.FileChecks of files not checked yet (weights.bin), waited
+    for before any of them is read."""
     phases = phases or _Phases()
     # a folder saved before combine_gemms existed was partitioned without it
     options = CompileOptions(**{"combine_gemms": False, **manifest["options"]})
     glue = _saved_glue(manifest, override)
     device = None if device is None else _indexed(device)
-    with phases("program"):
-        ep = load_exported(out / "model.pt2")
+    try:
+        with phases("program"):
+            ep = load_exported(out / "model.pt2")
+    finally:      # a damaged weights.bin is the error to report, whatever else failed
+        with phases("check files (beside the program)"):
+            if later is not None:
+                later.wait()
     with phases("weights"):
         if manifest.get("weights") is not None:       # raw weights beside the program
             weights.attach(ep, out, device)

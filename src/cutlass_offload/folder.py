@@ -364,8 +364,45 @@ def check_folder(out_dir) -> dict:
     return _checked(out, path.read_text(errors="replace"))
 
 
+class FileChecks:
+    """Checks of some of a folder's files against their records, run while the loader
+    does work that reads none of them (sd-unet's 1.7 GB of weights hash beside the
+    program's deserialization): a background thread waits for a child process that
+    hashes (integrity.chunk_digests ``in_child``). ``wait()`` returns once all pass
+    and raises the first one's DamagedFileError; nothing of those files may be read
+    before it returns."""
+
+    def __init__(self, jobs: list, fix: str):
+        self._jobs, self._fix, self._error, self._thread = jobs, fix, None, None
+        if jobs:
+            self._thread = threading.Thread(target=self._run, name="cutlass_offload-check",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self):
+        try:
+            for path, rec in self._jobs:
+                integrity.check(path, rec, self._fix, in_child=True)
+        except BaseException as e:  # noqa: BLE001 - raised by wait() on the loader's thread
+            self._error = e
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
 def _checked(out: Path, text: str) -> dict:
     """The manifest parsed from ``text`` after checking it and the folder's files."""
+    manifest, later = _checked_later(out, text, ())
+    later.wait()
+    return manifest
+
+
+def _checked_later(out: Path, text: str, later) -> tuple:
+    """(manifest, FileChecks): ``_checked``, but the recorded files named in ``later``
+    are checked in the background (FileChecks); every other file is checked now."""
     path = out / MANIFEST
     try:
         manifest = json.loads(text)
@@ -392,11 +429,13 @@ def _checked(out: Path, text: str) -> dict:
     if isinstance(files, dict):
         for name in (build_stage.LIB_NAME, "model.pt2", "inputs.pt", "report.json",
                      weights.INDEX, weights.BIN, GLUE_CACHE):
-            if name in files:        # the files load uses first, then the sources
+            if name in files and name not in later:   # the files load uses first, then the sources
                 integrity.check(out / name, files[name], _fix(out))
         for name, rec in files.items():
-            integrity.check(out / name, rec if isinstance(rec, dict) else {}, _fix(out))
-        return manifest
+            if name not in later:
+                integrity.check(out / name, rec if isinstance(rec, dict) else {}, _fix(out))
+        return manifest, FileChecks([(out / name, rec if isinstance(rec, dict) else {})
+                                     for name, rec in files.items() if name in later], _fix(out))
     # a folder saved before files were recorded (format 1)
     for name in ("model.pt2", "inputs.pt"):
         p = out / name
@@ -420,4 +459,4 @@ def _checked(out: Path, text: str) -> dict:
         why = integrity.elf_problem(lib)
         if why is not None:
             raise DamagedFileError(lib, why, _fix(out))
-    return manifest
+    return manifest, FileChecks([], _fix(out))

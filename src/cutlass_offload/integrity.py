@@ -12,14 +12,19 @@ Large files (``PARALLEL_MIN`` bytes and up: an output folder's weights) are
 recorded as the sha256 of each ``CHUNK_BYTES`` chunk rather than of the whole file,
 so that writing and checking them is spread over several cores (hashlib and
 os.pread release the GIL): one sha256 of sd-unet's 1.73 GB took 1.0 s on the 2-core
-machine, every load.
+machine, every load. A load checks them in a child process instead (``in_child``)
+while it deserializes the program: threads here would wait for the GIL that the
+deserializer holds.
 """
 from __future__ import annotations
 
 import errno
 import hashlib
 import os
+import re
 import struct
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -81,15 +86,20 @@ def digests_of_chunks(size: int, chunk_bytes: int, feed) -> list:
         return list(pool.map(one, starts))
 
 
-def chunk_digests(path, chunk_bytes: int = CHUNK_BYTES) -> list:
+def chunk_digests(path, chunk_bytes: int = CHUNK_BYTES, in_child: bool = False) -> list:
     """Hex sha256 of each ``chunk_bytes`` chunk of a file (the last one shorter), in
-    order, read and hashed by up to 8 threads. Raises OSError, ValueError for a
-    chunk size below MIN_CHUNK_BYTES."""
+    order, read and hashed by up to 8 threads; with ``in_child``, by a child Python
+    process (``_digests_in_child``) when one answers. Raises OSError, ValueError for
+    a chunk size below MIN_CHUNK_BYTES."""
     if chunk_bytes < MIN_CHUNK_BYTES:
         raise ValueError(f"chunk_bytes must be at least {MIN_CHUNK_BYTES}, got {chunk_bytes}")
 
     def chunks(f, st):
         fd = f.fileno()
+        if in_child:
+            got = _digests_in_child(fd, st.st_size, chunk_bytes)
+            if got is not None:
+                return got
 
         def feed(h, start, end):
             # read, not mapped: a file cut short meanwhile gives a short read (and
@@ -102,6 +112,31 @@ def chunk_digests(path, chunk_bytes: int = CHUNK_BYTES) -> list:
                 start += len(block)
         return tuple(digests_of_chunks(st.st_size, chunk_bytes, feed))
     return list(_memoized(path, chunk_bytes, chunks))
+
+
+_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hash_child.py")
+_HEX64 = re.compile(rb"[0-9a-f]{64}")
+
+
+def _digests_in_child(fd: int, size: int, chunk_bytes: int) -> tuple | None:
+    """The chunk digests of the open file ``fd`` (``size`` bytes) from a child Python
+    running hash_child.py on that very descriptor: it shares no GIL with this
+    process, and a file cut short under its mapping kills the child, not this
+    process. None when there is no Python to run (an embedded interpreter), the
+    child fails, or it answers anything but one digest per chunk: the caller then
+    hashes here."""
+    if size == 0 or not os.path.basename(sys.executable or "").startswith("python"):
+        return None
+    try:
+        res = subprocess.run([sys.executable, "-I", "-S", _CHILD, str(fd), str(size), str(chunk_bytes)],
+                             pass_fds=(fd,), stdin=subprocess.DEVNULL, capture_output=True)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    lines = res.stdout.split()
+    if res.returncode != 0 or len(lines) != -(-size // chunk_bytes) \
+            or not all(_HEX64.fullmatch(line) for line in lines):
+        return None
+    return tuple(line.decode() for line in lines)
 
 
 def record(path) -> dict:
@@ -127,9 +162,10 @@ def records(folder: Path, skip=()) -> dict:
     return out
 
 
-def problem(path, rec: dict) -> str | None:
+def problem(path, rec: dict, in_child: bool = False) -> str | None:
     """What is wrong with ``path`` against its record (a phrase: "is missing",
-    "is truncated (10 of 300 bytes)", ...), or None when size and hash match."""
+    "is truncated (10 of 300 bytes)", ...), or None when size and hash match.
+    ``in_child``: chunk digests from a child process (``chunk_digests``)."""
     try:
         size = os.stat(path).st_size
     except FileNotFoundError:
@@ -155,7 +191,7 @@ def problem(path, rec: dict) -> str | None:
         if not (isinstance(chunks, list) and isinstance(step, int) and step >= MIN_CHUNK_BYTES):
             return "has a damaged record (its chunk digests are unreadable)"
         try:
-            digests = chunk_digests(path, step)
+            digests = chunk_digests(path, step, in_child)
         except OSError as e:
             return f"cannot be read ({e.strerror or e})"
         for i, (got, want) in enumerate(zip(digests, chunks)):
@@ -167,10 +203,10 @@ def problem(path, rec: dict) -> str | None:
     return None
 
 
-def check(path, rec: dict, fix: str) -> None:
+def check(path, rec: dict, fix: str, in_child: bool = False) -> None:
     """Raise DamagedFileError (naming ``path`` and ``fix``) unless ``path`` matches
-    its record."""
-    why = problem(path, rec)
+    its record (``in_child``: as ``problem`` takes it)."""
+    why = problem(path, rec, in_child)
     if why is not None:
         raise DamagedFileError(path, why, fix)
 

@@ -1,14 +1,24 @@
-"""What ``co.load`` now builds on first use computes what it did (no GPU, the fake
-nvcc): the reference module and the regions' fallback modules."""
+"""What ``co.load`` now defers or moves aside keeps its guarantees (no GPU, the fake
+nvcc): weights.bin is hashed by a child process while the program deserializes,
+and a damaged one is still found before any of it is attached (a child's failed or
+malformed answer is never taken: the file is hashed here); the reference module
+and the regions' fallback modules are built on first use and compute what they
+did."""
+import os
+import sys
+
 import pytest
 import torch
 import torch.fx as fx
 
 import cutlass_offload as co
-from cutlass_offload import integrity
+from cutlass_offload import api, integrity, weights
 from cutlass_offload.capture import Reference
+from cutlass_offload.errors import DamagedFileError
 from cutlass_offload.runtime.region import RegionModule
 from fault_helpers import fake_env
+
+CHUNK = integrity.MIN_CHUNK_BYTES
 
 
 @pytest.fixture
@@ -40,6 +50,76 @@ def _spy(monkeypatch, owner, name):
         return got
     monkeypatch.setattr(owner, name, spy)
     return calls
+
+
+def test_weights_are_hashed_by_a_child_and_the_folder_loads(env, monkeypatch):
+    model, x, out = env
+    answers = _spy(monkeypatch, integrity, "_digests_in_child")
+    rec = integrity.record(out / weights.BIN)
+    monkeypatch.setattr(integrity, "_digests", {})
+    loaded, ref, inputs = co.load(out)
+    assert answers == [tuple(rec["sha256_chunks"])]      # the child answered, and rightly
+    assert "check files (beside the program)" in loaded.load_phases
+    torch.testing.assert_close(ref(*inputs), model(*inputs))
+
+
+def test_a_corrupted_weights_file_is_found_and_never_attached(env, monkeypatch):
+    _, _, out = env
+    with open(out / weights.BIN, "r+b") as f:             # one byte, in place
+        f.seek(3 * (1 << 14) + 7)
+        b = f.read(1)
+        f.seek(3 * (1 << 14) + 7)
+        f.write(bytes([b[0] ^ 0xFF]))
+    answers = _spy(monkeypatch, integrity, "_digests_in_child")
+    attached = _spy(monkeypatch, weights, "attach")
+    with pytest.raises(DamagedFileError, match="is corrupted") as e:
+        co.load(out)
+    assert e.value.path == str(out / weights.BIN)
+    assert answers and answers[0] is not None and attached == []
+
+
+def test_the_damage_is_reported_when_the_program_load_fails_too(env, monkeypatch):
+    _, _, out = env
+    with open(out / weights.BIN, "r+b") as f:
+        f.truncate(5000)
+
+    def broken(path):
+        raise RuntimeError("the program could not be read")
+    monkeypatch.setattr(api, "load_exported", broken)
+    with pytest.raises(DamagedFileError, match="is truncated"):
+        co.load(out)
+
+
+@pytest.mark.parametrize("child", [
+    "import sys; sys.exit(3)",                                   # fails
+    "print('0' * 64)",                                           # too few digests
+    "import sys; print('\\n'.join(['xyz'] * -(-int(sys.argv[2]) // int(sys.argv[3]))))",  # not digests
+])
+def test_a_child_that_fails_or_answers_wrongly_is_not_taken(tmp_path, monkeypatch, child):
+    data = os.urandom(5 * CHUNK + 100)
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    want = integrity.chunk_digests(path, CHUNK)
+    script = tmp_path / "child.py"
+    script.write_text(child)
+    monkeypatch.setattr(integrity, "_CHILD", str(script))
+    monkeypatch.setattr(integrity, "_digests", {})
+    with open(path, "rb") as f:
+        assert integrity._digests_in_child(f.fileno(), len(data), CHUNK) is None
+    assert integrity.chunk_digests(path, CHUNK, in_child=True) == want     # hashed here
+
+
+def test_a_child_maps_only_what_the_file_holds(tmp_path, monkeypatch):
+    path = tmp_path / "blob"
+    path.write_bytes(os.urandom(3 * CHUNK))
+    with open(path, "rb") as f:
+        got = integrity._digests_in_child(f.fileno(), 3 * CHUNK, CHUNK)
+        assert list(got) == integrity.chunk_digests(path, CHUNK)
+        # a file cut short since its size was taken: the child fails, not this process
+        assert integrity._digests_in_child(f.fileno(), 4 * CHUNK, CHUNK) is None
+    monkeypatch.setattr(sys, "executable", "/usr/bin/not-a-python")     # embedded interpreters
+    with open(path, "rb") as f:
+        assert integrity._digests_in_child(f.fileno(), 3 * CHUNK, CHUNK) is None
 
 
 def test_the_reference_is_built_on_first_use(env, monkeypatch):
