@@ -4,6 +4,7 @@ stages in order; an output folder's format, writing and checks are folder.py."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import threading
@@ -347,7 +348,26 @@ def load(out_dir, device=None, glue: str | None = None, mode: str | None = None,
     Raises CutlassOffloadError for a missing or incomplete folder, DamagedFileError
     naming a damaged file and the fix, ValueError for an unknown glue, mode or option.
     """
-    out = Path(out_dir)
+    with _gc_paused():
+        return _load(Path(out_dir), device, glue, mode, options, reference)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's cyclic garbage collector off meanwhile, as it was after: the objects
+    a load of sd-unet keeps set off two full passes over the whole heap, torch's
+    included (0.3-0.4 s of its load on 2 cores); the first collections after it
+    see the load's new objects once (about 0.1 s)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _load(out: Path, device, glue, mode, options, reference) -> tuple:
     override = (glue, mode, options) if (glue, mode, options) != (None, None, None) else None
     for attempt in range(5):
         # a compile may replace the folder meanwhile (save swaps it atomically): take

@@ -3,7 +3,8 @@ nvcc): weights.bin is hashed by a child process while the program deserializes,
 and a damaged one is still found before any of it is attached (a child's failed or
 malformed answer is never taken: the file is hashed here); the reference module
 and the regions' fallback modules are built on first use and compute what they
-did."""
+did; the garbage collector is paused only while a load runs."""
+import gc
 import os
 import sys
 
@@ -152,3 +153,26 @@ def test_region_fallbacks_generate_their_code_on_first_use(env):
         got = _ViaFallbacks(loaded.graph_module).run(*inputs)
     torch.testing.assert_close(got, model(*inputs))
     assert all("linear" in m.fallback.code for m in regions)
+
+
+def test_load_leaves_the_garbage_collector_as_it_found_it(env, monkeypatch):
+    _, _, out = env
+    seen = []
+    real = api._load_once
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+    monkeypatch.setattr(api, "_load_once", spy)
+    assert gc.isenabled()
+    co.load(out, reference=False)
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(co.CutlassOffloadError):
+        co.load(out.parent / "absent")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        co.load(out, reference=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
