@@ -100,9 +100,10 @@ class CompileOptions:
       visible GPU and keep the fastest (tune/: the sm90 search space, or four 2.x
       configs; results kept in the tuning cache under cache_dir/tuning, so a second
       compile profiles nothing).
-    pytorch_when_faster: conv2d and attention problems that PyTorch's own kernels
-      (cuDNN, SDPA) were measured to run faster on this target stay in PyTorch, with
-      the times as the reason (select/pytorch_faster.py). Not with ``strict``.
+    pytorch_when_faster: GEMM, conv2d and attention problems that PyTorch's own
+      kernels (cuBLAS, cuDNN, SDPA) were measured to run faster on this target stay
+      in PyTorch, with the times as the reason (select/pytorch_faster.py). Not with
+      ``strict``.
     offload_norms: which norms become regions: "all", "group" (group norms only:
       layer / RMS norms stay in the graph), "none", or "auto": "group" with
       Inductor glue (Inductor fuses a layer / RMS norm with the residual add and
@@ -111,6 +112,10 @@ class CompileOptions:
       its group norm is not measured yet, so ours stays), "all" with eager glue
       or ``strict``. Resolved by ``resolve_norms`` before partitioning; a norm left
       to the glue is listed as kept with the reason.
+    glue: what runs the graph around the regions, "eager" or "inductor" (set by
+      ``resolve_norms`` from the compile's glue): measured-faster entries that hold
+      only when Inductor compiles PyTorch's side (it pads a misaligned GEMM's
+      output, for one) apply with "inductor" alone.
     combine_gemms: sibling linears on one input (attention's q / k / v projections)
       with nothing fused but a bias run as one GEMM over their concatenated weights,
       each output a slice of its output (partition/parallel_gemm.py). The combined
@@ -128,6 +133,7 @@ class CompileOptions:
     pytorch_when_faster: bool = True
     offload_norms: str = "auto"
     combine_gemms: bool = True
+    glue: str = "eager"
 
     def __post_init__(self):
         from .target import ALIASES
@@ -141,6 +147,8 @@ class CompileOptions:
             raise ValueError(f"executor must be local or ray, got {self.executor!r}")
         if self.ray_address is not None and self.executor != "ray":
             raise ValueError("ray_address is only used with executor='ray'")
+        if self.glue not in ("eager", "inductor"):
+            raise ValueError(f"glue must be eager or inductor, got {self.glue!r}")
         if self.offload_norms not in NORM_CHOICES:
             raise ValueError(f"offload_norms must be one of {', '.join(NORM_CHOICES)}, "
                              f"got {self.offload_norms!r}")
@@ -150,9 +158,10 @@ NORM_CHOICES = ("auto", "all", "group", "none")
 
 
 def resolve_norms(options: CompileOptions, glue: str) -> CompileOptions:
-    """``options`` with ``offload_norms`` "auto" made concrete for ``glue`` (the
-    resolved glue, "inductor" or "eager"): "group" with Inductor glue unless
-    strict, else "all". Other values are returned unchanged."""
+    """``options`` for ``glue`` (the resolved glue, "inductor" or "eager"): its
+    ``glue`` set, and ``offload_norms`` "auto" made concrete: "group" with Inductor
+    glue unless strict, else "all" (other values stay)."""
+    options = replace(options, glue=glue)
     if options.offload_norms != "auto":
         return options
     return replace(options, offload_norms="group" if glue == "inductor" and not options.strict else "all")

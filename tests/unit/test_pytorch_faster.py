@@ -217,3 +217,28 @@ def test_a_gemm_listed_with_the_kernel_select_chooses_stays_in_pytorch(tmp_path,
     # another example batch is another problem
     other = partition(capture(Mlp().half(), (x[:2],)).graph_module, CompileOptions(arch="sm90a"))
     assert len(select(other, "sm90a", CompileOptions(arch="sm90a")).regions) == 2
+
+
+def test_an_inductor_only_entry_applies_with_inductor_glue_alone(monkeypatch):
+    """An entry measured against Inductor's side (it pads a misaligned output) keeps
+    the GEMM in PyTorch for compiles with Inductor glue; with eager glue, where eager
+    cuBLAS is the slower one, ours runs. The packaged gpt2 LM head entry is one."""
+    from cutlass_offload.config import resolve_norms
+    x = torch.randn(4, 8, 64).half()
+    head = torch.nn.Linear(64, 50257, bias=False).half()
+    part = partition(capture(head, (x,)).graph_module, CompileOptions(arch="sm90a"))
+    (r,) = part.regions
+    from cutlass_offload.select import choose_kernel, gemm_kernel_tag
+    tag = gemm_kernel_tag(choose_kernel(r.problem, "sm90a", 132))
+    entry = {"m": 32, "n": 50257, "k": 64, "batch": 1, "dtype": "f16", "layout_a": "row",
+             "layout_b": "col", "align": [8, 8, 1], "epilogue": "plain", "kernel": tag,
+             "ours_us": 2.0, "anchor": "torch.compile", "anchor_us": 1.0, "glue": "inductor"}
+    table = pf.PytorchFaster({"gpu": "NVIDIA H200", "num_sms": 132, "gemm": [entry]})
+    monkeypatch.setattr(pf, "default", lambda: table)
+    for glue, kept in (("inductor", 0), ("eager", 1)):
+        opts = resolve_norms(CompileOptions(arch="sm90a"), glue)
+        assert opts.glue == glue
+        assert len(select(part, "sm90a", opts).regions) == kept
+    real = pf.PytorchFaster(json.loads(pf.FILE.read_text()))
+    (lm,) = [e for e in real.gemm.values() if e["n"] == 50257]
+    assert lm["glue"] == "inductor" and lm["anchor_us"] < lm["ours_us"]

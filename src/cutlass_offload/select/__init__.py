@@ -170,7 +170,7 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
     num_sms = options.num_sms or DEFAULT_NUM_SMS[arch]
     for r in part.regions:
         if options.pytorch_when_faster and not options.strict and _defer_measured(r):
-            why = pytorch_faster.reason(r.problem, arch, num_sms)
+            why = pytorch_faster.reason(r.problem, arch, num_sms, glue=options.glue)
             if why is not None:
                 fallbacks.append(Fallback(r.nodes[0], r.form, why))
                 continue
@@ -181,7 +181,7 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
             continue
         if options.pytorch_when_faster and not options.strict and isinstance(r, GemmRegion):
             # a GEMM entry names the kernel it timed: asked after the choice
-            why = pytorch_faster.reason(r.problem, arch, num_sms, gemm_kernel_tag(k))
+            why = pytorch_faster.reason(r.problem, arch, num_sms, gemm_kernel_tag(k), options.glue)
             if why is not None:
                 fallbacks.append(Fallback(r.nodes[0], r.form, why))
                 continue

@@ -16,7 +16,17 @@ File (JSON): {"gpu", "num_sms", "date", "cutlass", "source", "below", "conv2d":
 "anchor", "anchor_us", optional "bench": the benchmark that measured it, default
 benchmarks/kernels.py}], "attention": [{AttentionProblem fields batch, heads,
 seq_q, seq_kv, head_dim, head_dim_v, causal, dtype, "ours_us", "anchor",
-"anchor_us"}]}.
+"anchor_us"}], "gemm": [{"m" (rows at the example size), "n", "k", "batch",
+"dtype", "layout_a", "layout_b", "align" [A, B, C], "epilogue" (GemmEpilogue.tag),
+"kernel" (the tag of the kernel that was timed, config and launch knobs:
+select.kernel_tag), "ours_us", "anchor", "anchor_us"}]}.
+
+A GEMM entry applies only while select still chooses the kernel it timed (a
+table or rule change since, or a tuned choice, is a kernel the list says
+nothing about). Any entry may carry "glue": "inductor" when PyTorch's side was
+measured compiled by Inductor and only then wins (gpt2's LM head: Inductor pads
+its misaligned output; eager cuBLAS on it ran 3.4x slower than our kernel); it
+applies to compiles with Inductor glue only.
 """
 from __future__ import annotations
 
@@ -85,7 +95,8 @@ class PytorchFaster:
         self.attention = {_entry_key(e, _ATTENTION_FIELDS): e for e in data.get("attention", [])}
         self.gemm = {_entry_key(e, _GEMM_FIELDS): e for e in data.get("gemm", [])}
 
-    def reason(self, problem, num_sms: int, kernel: str | None = None) -> str | None:
+    def reason(self, problem, num_sms: int, kernel: str | None = None,
+               glue: str = "eager") -> str | None:
         if num_sms != self.num_sms:
             return None
         if isinstance(problem, ConvProblem):
@@ -98,7 +109,7 @@ class PytorchFaster:
                 return None
         else:
             return None
-        if e is None:
+        if e is None or e.get("glue", glue) != glue:
             return None
         return (f"PyTorch is faster here: {e['anchor']} {e['anchor_us']:.1f} us against our kernel's "
                 f"{e['ours_us']:.1f} us per call on {self.gpu} ({e.get('bench', 'benchmarks/kernels.py')})")
@@ -110,12 +121,14 @@ def default() -> PytorchFaster | None:
     return PytorchFaster(json.loads(FILE.read_text())) if FILE.exists() else None
 
 
-def reason(problem, arch: str, num_sms: int, kernel: str | None = None) -> str | None:
+def reason(problem, arch: str, num_sms: int, kernel: str | None = None,
+           glue: str = "eager") -> str | None:
     """Why ``problem`` (a GemmProblem whose chosen kernel has the tag ``kernel``, a
     ConvProblem or an AttentionProblem) should stay in PyTorch on ``arch`` with
-    ``num_sms`` SMs, or None (also for other arches and kinds)."""
+    ``num_sms`` SMs under ``glue`` ("eager" / "inductor"), or None (also for other
+    arches and kinds)."""
     table = default() if arch == "sm90a" else None
-    return table.reason(problem, num_sms, kernel) if table is not None else None
+    return table.reason(problem, num_sms, kernel, glue) if table is not None else None
 
 
 def entry_key(kind: str, e: dict) -> tuple:
