@@ -20,7 +20,7 @@ from .capture import Captured, Reference, capture, from_exported
 from .config import CompileOptions, resolve_norms
 from .errors import CutlassOffloadError, DamagedFileError, DeviceError
 # the output folder's format (folder.py); check_folder is re-exported for the CLI
-from .folder import MANIFEST, _checked_later, _fingerprint, check_folder, check_out_dir, load_exported, save  # noqa: F401
+from .folder import MANIFEST, _checked_later, _fingerprint, check_folder, check_out_dir, load_exported, no_folder_message, save  # noqa: F401
 from .ir import Plan
 from .partition import partition
 from .report import Report
@@ -384,9 +384,7 @@ def _load(out: Path, device, glue, mode, options, reference) -> tuple:
                 return loaded
         except (FileNotFoundError, NotADirectoryError):
             if attempt == 4 or not out.is_dir():
-                raise CutlassOffloadError(
-                    f"{out} is not a complete cutlass-offload output folder (no manifest.json): "
-                    "run `cutlass-offload compile` first") from None
+                raise CutlassOffloadError(no_folder_message(out)) from None
         except DamagedFileError:
             # files of a folder swapped in meanwhile look damaged against the old
             # manifest: only an unchanged manifest means real damage

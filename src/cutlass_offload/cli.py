@@ -227,7 +227,8 @@ def main(argv=None) -> int:
     c.add_argument("model", help=", ".join(BUILTIN) + ", or package.module:factory (a function "
                    "returning (model, example_inputs))")
     c.add_argument("--out", required=True, help="output folder")
-    c.add_argument("--arch", default=None, help="sm_90a or sm_80 (default: the visible GPU)")
+    c.add_argument("--arch", default=None, help="sm_90a (also sm_90, sm90a, sm90) or sm_80 (also "
+                   "sm80) (default: the visible GPU)")
     c.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
     batches = "; ".join(f"{m}: {b}" for m, (b, q) in DEFAULT_SIZES.items())
     seqs = "; ".join(f"{m}: {q}" for m, (b, q) in DEFAULT_SIZES.items())
@@ -304,6 +305,12 @@ def main(argv=None) -> int:
     except (CutlassOffloadError, ValueError, ImportError) as e:   # one clear line for the user
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # outputs and cache entries are published whole or not at all (folder.py,
+        # build/cache.py), so an interrupt leaves them as they were
+        print("interrupted: the output folder and the kernel cache are as they were before "
+              "this command", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

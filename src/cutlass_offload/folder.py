@@ -342,6 +342,14 @@ def _rename_exchange(a: Path, b: Path) -> bool:
     return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
+def no_folder_message(out: Path) -> str:
+    """What to tell a user whose ``out`` holds no output folder."""
+    if not out.exists():
+        return f"{out} does not exist: run `cutlass-offload compile MODEL --out {out}` first"
+    return (f"{out} is not a complete cutlass-offload output folder (no manifest.json): "
+            "run `cutlass-offload compile` first")
+
+
 def check_folder(out_dir) -> dict:
     """Check every file of an output folder before anything of it is used; return
     its manifest.
@@ -359,8 +367,7 @@ def check_folder(out_dir) -> dict:
     out = Path(out_dir)
     path = out / MANIFEST
     if not path.is_file():
-        raise CutlassOffloadError(f"{out} is not a complete cutlass-offload output folder "
-                                  "(no manifest.json): run `cutlass-offload compile` first")
+        raise CutlassOffloadError(no_folder_message(out))
     return _checked(out, path.read_text(errors="replace"))
 
 

@@ -207,3 +207,16 @@ def test_disk_full_during_save_leaves_the_earlier_folder(fake, tmp_path, monkeyp
     assert json.loads((out / "manifest.json").read_text())["save_id"] == before
     co.check_folder(out)
     assert not list(tmp_path.glob(".out.*"))
+
+
+def test_a_missing_folder_is_named_as_missing(tmp_path):
+    """co.load / check_folder of a path that does not exist say so; an existing folder
+    without a manifest is "not a complete output folder"."""
+    import cutlass_offload as co
+    from cutlass_offload.errors import CutlassOffloadError
+    with pytest.raises(CutlassOffloadError, match="does not exist"):
+        co.load(tmp_path / "nowhere")
+    with pytest.raises(CutlassOffloadError, match="does not exist"):
+        co.check_folder(tmp_path / "nowhere")
+    with pytest.raises(CutlassOffloadError, match="not a complete cutlass-offload output folder"):
+        co.load(tmp_path)

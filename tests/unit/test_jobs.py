@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from cutlass_offload.build.jobs import Job, run_jobs
+from cutlass_offload.build.jobs import Job, JobResult, run_jobs
 from cutlass_offload.errors import CompileError
 
 
@@ -150,3 +150,35 @@ def test_cuda_include_dir_from_nvcc_dryrun_or_beside_it(tmp_path):
     assert toolchain.cuda_include_dir(str(bare)) is None
     cmd = toolchain.host_compile_command("c++", found, "u.cu", "u.o")
     assert cmd[:3] == ["c++", "-x", "c++"] and ["-I", found] == cmd[cmd.index("-I"):cmd.index("-I") + 2]
+
+
+def test_an_interrupt_starts_no_queued_job(tmp_path):
+    """Ctrl-C while jobs run: KeyboardInterrupt reaches the caller once the running
+    job ends, and the queued jobs never start (no nvcc keeps compiling after it)."""
+    import _thread
+    ran = []
+
+    def runner(job):
+        ran.append(job.name)
+        if len(ran) == 1:
+            _thread.interrupt_main()          # what Ctrl-C does to the main thread
+            import time
+            time.sleep(0.3)
+        return JobResult(job.name, True, 0.0, 0, "", job.kernels)
+    jobs = [Job(f"j{i}", ["true"], (f"k{i}",), estimate=10 - i, log_path=tmp_path / f"{i}.log")
+            for i in range(4)]
+    with pytest.raises(KeyboardInterrupt):
+        run_jobs(jobs, workers=1, runner=runner)
+    assert ran == ["j0"]
+
+
+def test_the_cli_says_an_interrupt_left_nothing_half_built(monkeypatch, capsys):
+    from cutlass_offload import cli
+
+    def interrupted(a):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "_cmd_cache", interrupted)
+    assert cli.main(["cache", "info"]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted:") and "Traceback" not in err
+

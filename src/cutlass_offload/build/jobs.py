@@ -75,7 +75,8 @@ def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None) -> 
 
     Returns JobResults in the order of ``jobs``. Progress (``Progress``) counts
     kernels: a job weighs as many kernels as it compiles (the launchers, none).
-    An exception of ``runner`` is raised after the jobs already running end.
+    An exception of ``runner``, or a KeyboardInterrupt, is raised after the jobs
+    already running end; queued jobs are not started.
     """
     if not jobs:
         return []
@@ -91,14 +92,22 @@ def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None) -> 
         with ThreadPoolExecutor(max(1, workers)) as pool:
             futures = {pool.submit(started, i): i for i in order}
             waiting = set(futures)
-            while waiting:
-                done, waiting = wait(waiting, timeout=progress.tick_seconds, return_when=FIRST_COMPLETED)
-                for f in done:
-                    i = futures[f]
-                    results[i] = f.result()
-                    progress.finished(i, results[i])
-                if not done:
-                    progress.tick()
+            try:
+                while waiting:
+                    done, waiting = wait(waiting, timeout=progress.tick_seconds,
+                                         return_when=FIRST_COMPLETED)
+                    for f in done:
+                        i = futures[f]
+                        results[i] = f.result()
+                        progress.finished(i, results[i])
+                    if not done:
+                        progress.tick()
+            except BaseException:
+                # Ctrl-C (or a runner's error): start no queued job; the pool's exit
+                # waits only for the running ones (a terminal's Ctrl-C ends their nvcc)
+                for f in waiting:
+                    f.cancel()
+                raise
     finally:
         progress.close()
     return results
