@@ -168,8 +168,9 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
     candidates, benchmarks/kernels.py); other problems get the heuristic's choice."""
     regions, kernels, fallbacks = [], [], list(part.fallbacks)
     num_sms = options.num_sms or DEFAULT_NUM_SMS[arch]
+    defer = options.pytorch_when_faster and not options.strict
     for r in part.regions:
-        if options.pytorch_when_faster and not options.strict and _defer_measured(r):
+        if defer and _defer_measured(r):
             why = pytorch_faster.reason(r.problem, arch, num_sms, glue=options.glue)
             if why is not None:
                 fallbacks.append(Fallback(r.nodes[0], r.form, why))
@@ -179,7 +180,7 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
         except ValueError as e:
             fallbacks.append(Fallback(r.nodes[0], r.form, f"no kernel: {e}"))
             continue
-        if options.pytorch_when_faster and not options.strict and isinstance(r, GemmRegion):
+        if defer and isinstance(r, GemmRegion):
             # a GEMM entry names the kernel it timed: asked after the choice
             why = pytorch_faster.reason(r.problem, arch, num_sms, gemm_kernel_tag(k), options.glue)
             if why is not None:
