@@ -55,3 +55,22 @@ def graph_ms(fn, calls: int = GRAPH_CALLS, reps: int | None = None) -> float:
         for _ in range(calls):
             fn()
     return median_ms(g.replay, reps) / calls
+
+
+def paired_ms(fns: dict, rounds: int, reps: int) -> dict:
+    """{name: [median ms of ``reps`` calls per round]} for every callable of ``fns``,
+    timed in ``rounds`` interleaved rounds (each round runs every fn in turn, the
+    order rotated per round), so that a host whose speed drifts during the run
+    (other tenants, clocks) weighs on every fn alike: compare them round by round."""
+    names = list(fns)
+    out = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            out[n].append(events_ms(fns[n], reps, warmup=1))
+    return out
+
+
+def paired_ratio(times: dict, num: str, den: str) -> float:
+    """The median over rounds of times[num][i] / times[den][i] (``paired_ms``)."""
+    return statistics.median(a / b for a, b in zip(times[num], times[den]))

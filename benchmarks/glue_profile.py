@@ -3,7 +3,8 @@ kernel by kernel (issue 15 / 16: "the profile that shows it").
 
 Per model: torch.compile(model, mode=M) and ours compiled with glue "inductor" in
 the same mode (``ours``: the default options, layer / RMS norms left to Inductor;
-``--variants`` adds ``norms_all``: every norm a region), each checked against a
+``--variants`` adds ``norms_all``: every norm a region, and ``ours_dynamic``: ours
+captured with a dynamic batch, as benchmarks/runtime.py compiles it), each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
 ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
 ``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
@@ -40,7 +41,7 @@ from cutlass_offload.capture import capture
 from cutlass_offload.config import CompileOptions
 from cutlass_offload.models import load_model
 
-VARIANTS = ("torch_compile", "ours", "norms_all")
+VARIANTS = ("torch_compile", "ours", "ours_dynamic", "norms_all")
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
 # and the hand-written ones in namespaces co_*; then the kind by substring.
@@ -78,6 +79,9 @@ def parse_args(argv=None):
     p.add_argument("--profile-reps", type=int, default=5)
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    p.add_argument("--host-profile", type=int, default=0, metavar="N",
+                   help="also print the N Python functions with the most host time over "
+                        "--reps forwards (cProfile, tottime), per variant")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 
@@ -117,6 +121,62 @@ def kernel_profile(fn, reps: int) -> dict:
             "top": kernels[:40]}
 
 
+def _proc_cpu() -> dict:
+    """{(pid, command): CPU seconds so far} of every process /proc shows (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        f = stat[stat.rindex(")") + 2:].split()
+        out[(int(d.name), comm)] = (int(f[11]) + int(f[12])) / tick
+    return out
+
+
+def other_cpu(fn, reps: int) -> dict:
+    """CPU use during ``reps`` forwards: this process's cores and the busiest other
+    processes' (a host-bound forward slows down when something else is busy, e.g. a
+    compile still running beside it). Empty off Linux."""
+    if not Path("/proc/self/stat").exists():
+        return {}
+    torch.cuda.synchronize()
+    before, t0 = _proc_cpu(), time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    after, wall = _proc_cpu(), time.perf_counter() - t0
+    busy = sorted(((after[k] - before.get(k, 0.0)) / wall, f"{k[1]} ({k[0]})") for k in after)[::-1]
+    me = next(((c, n) for c, n in busy if n.endswith(f"({os.getpid()})")), (0.0, ""))
+    return {"wall_s": wall, "this_process_cores": me[0], "threads": len(os.listdir("/proc/self/task")),
+            "others": [[round(c, 3), n] for c, n in busy if n != me[1] and c > 0.02][:8]}
+
+
+def host_profile(fn, reps: int, top: int) -> list:
+    """The ``top`` functions by own host time (cProfile tottime) over ``reps``
+    forwards, as [us per forward, calls per forward, function]; C++ functions called
+    from Python show as builtins."""
+    import cProfile
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    rows = []
+    for (file, line, func), (_, ncalls, tottime, _, _) in pstats.Stats(prof).stats.items():
+        rows.append([tottime * 1e6 / reps, ncalls / reps, f"{Path(file).name}:{line}({func})"])
+    rows.sort(key=lambda r: -r[0])
+    return rows[:top]
+
+
 def run_variant(variant, model, inputs, check, a) -> dict:
     torch._dynamo.reset()
     mode = None if a.mode == "default" else a.mode
@@ -126,7 +186,7 @@ def run_variant(variant, model, inputs, check, a) -> dict:
     else:
         options = CompileOptions(arch=resolve_arch(None),
                                  offload_norms="all" if variant == "norms_all" else "auto")
-        cap = capture(model, inputs)
+        cap = capture(model, inputs, dynamic_batch=variant == "ours_dynamic")
         fn = compile_captured(cap, options, glue="inductor", mode=mode)
     with torch.no_grad():
         fn(*inputs)
@@ -139,6 +199,9 @@ def run_variant(variant, model, inputs, check, a) -> dict:
         res["rel_err_fp32_fresh"] = rel_err(fn(*fresh), ref)
         res["ms"] = events_ms(lambda: fn(*inputs), a.reps)
         res["profile"] = kernel_profile(lambda: fn(*inputs), a.profile_reps)
+        if a.host_profile:
+            res["host_profile"] = host_profile(lambda: fn(*inputs), a.reps, a.host_profile)
+            res["host_cpu"] = other_cpu(lambda: fn(*inputs), a.reps)
     fn = None
     torch._dynamo.reset()
     gc.collect()
@@ -168,6 +231,14 @@ def print_model(name, rows, top) -> None:
         print(f"-- {name} / {r['variant']}: heaviest kernels (us per forward, calls)")
         for k in r["profile"]["top"][:top]:
             print(f"   {k['us_per_forward']:9.1f} {k['per_forward']:5.0f}  {k['class']:<18} {k['name'][:110]}")
+        if r.get("host_profile"):
+            print(f"-- {name} / {r['variant']}: host time by Python function (us per forward, calls)")
+            for us, calls, func in r["host_profile"]:
+                print(f"   {us:9.1f} {calls:6.1f}  {func[:120]}")
+            cpu = r.get("host_cpu") or {}
+            if cpu:
+                print(f"   CPU during {cpu['wall_s'] * 1e3:.0f} ms of forwards: this process {cpu['this_process_cores']:.2f} cores, "
+                      f"{cpu['threads']} threads; others: {cpu['others'] or 'none busy'}")
 
 
 def main(argv=None) -> int:
