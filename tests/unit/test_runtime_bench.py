@@ -244,12 +244,55 @@ def test_done_when_verdicts():
     assert report.judge(m, 1e-2)["verdict"] == "incomplete: no torch.compile reduce-overhead"
 
 
+def test_interleaved_rounds_decide_the_ratios():
+    # sequentially ours RO looked slower (1.6 vs 1.5 ms: the host slowed down between
+    # the steps); round by round it is 0.8x: the verdict follows the rounds
+    m = _glue_model(oi=3.0, oro=1.6, ro=1.5)
+    m["paired"] = {"rounds": 3, "reps_per_round": 20,
+                   "default": {"ours_ms": [3.0, 3.1, 2.9], "torch_compile_ms": [4.0, 4.0, 4.0],
+                               "ratio": 0.75},
+                   "reduce-overhead": {"ours_ms": [1.6, 1.2, 1.2], "torch_compile_ms": [2.0, 1.5, 1.5],
+                                       "ratio": 0.8}}
+    d = report.judge(m, 1e-2)
+    assert (d["plain_vs_torch_compile"], d["ro_vs_torch_compile_ro"]) == (0.75, 0.8)
+    assert d["sequential"]["ro"] == 1.6 / 1.5 and d["ratios_from"] == "3 interleaved rounds"
+    assert d["verdict"] == "met" and d["slower_than_neither"] is True
+    m["paired"]["reduce-overhead"] = {"error": "RuntimeError: out of memory"}
+    d = report.judge(m, 1e-2)            # a failed step: the sequential figures, said so
+    assert d["ratios_from"] == "sequential steps" and "slower than torch.compile" in d["verdict"]
+
+
+def test_paired_rounds_rotate_and_pair():
+    import _timing
+    calls = []
+    clock = iter(range(1, 1000))
+    ms = {}
+
+    def fake_events_ms(fn, reps, warmup=3):
+        fn()
+        return ms[calls[-1]] * next(clock)      # the host slows down call by call
+
+    fns = {n: (lambda n=n: calls.append(n)) for n in ("ours", "torch_compile")}
+    ms.update(ours=1.0, torch_compile=2.0)
+    orig = _timing.events_ms
+    _timing.events_ms = fake_events_ms
+    try:
+        t = _timing.paired_ms(fns, 4, 5)
+    finally:
+        _timing.events_ms = orig
+    assert calls == ["ours", "torch_compile", "torch_compile", "ours"] * 2
+    assert [len(v) for v in t.values()] == [4, 4]
+    # drift makes the later fn of each round look slower; pairing per round halves it
+    assert 0.4 < _timing.paired_ratio(t, "ours", "torch_compile") < 0.7
+
+
 def test_glue_table_has_every_column():
     m = _glue_model()
     m["done_when"] = report.judge(m, 1e-2)
     result = {"models": [m, {"model": "vae-decoder", "error": "ValueError: unknown model"}]}
     text = report.glue_table(result)
-    assert "| llama | 9.00 | 4.00 (40 s) | 2.00 (50 s) | - | - | - | 3.00 (30 s) | 1.50 (31 s) | 120 | 0.75 | 0.75 |" in text
+    assert ("| llama | 9.00 | 4.00 (40 s) | 2.00 (50 s) | - | - | - | 3.00 (30 s) | 1.50 (31 s) | 120 | 0.75 | 0.75 "
+            "| sequential steps (0.75 / 0.75) |") in text
     assert "1.0e-03 / 2.0e-03, 1.0e-03 / 2.0e-03 | met |" in text
     assert "| vae-decoder | FAILED: ValueError: unknown model |" in text
 
