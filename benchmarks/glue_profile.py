@@ -4,7 +4,9 @@ kernel by kernel (issue 15 / 16: "the profile that shows it").
 Per model: torch.compile(model, mode=M) and ours compiled with glue "inductor" in
 the same mode (``ours``: the default options, layer / RMS norms left to Inductor;
 ``--variants`` adds ``norms_all``: every norm a region, and ``ours_dynamic``: ours
-captured with a dynamic batch, as benchmarks/runtime.py compiles it), each checked against a
+captured with a dynamic batch, as benchmarks/runtime.py compiles it; and
+``ours_python_wrapper`` / ``ours_cpp_wrapper``: ours in default mode with Inductor's
+Python / C++ wrapper whatever glue.CPP_WRAPPER_IN_DEFAULT_MODE says), each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
 ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
 ``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
@@ -41,7 +43,9 @@ from cutlass_offload.capture import capture
 from cutlass_offload.config import CompileOptions
 from cutlass_offload.models import load_model
 
-VARIANTS = ("torch_compile", "ours", "ours_dynamic", "norms_all")
+VARIANTS = ("torch_compile", "ours", "ours_dynamic", "ours_python_wrapper", "ours_cpp_wrapper",
+            "norms_all")
+WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True}
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
 # and the hand-written ones in namespaces co_*; then the kind by substring.
@@ -187,7 +191,9 @@ def run_variant(variant, model, inputs, check, a) -> dict:
         options = CompileOptions(arch=resolve_arch(None),
                                  offload_norms="all" if variant == "norms_all" else "auto")
         cap = capture(model, inputs, dynamic_batch=variant == "ours_dynamic")
-        fn = compile_captured(cap, options, glue="inductor", mode=mode)
+        fn = compile_captured(cap, options, glue="inductor", mode=mode,
+                              inductor_options={"cpp_wrapper": WRAPPER[variant]}
+                              if variant in WRAPPER and mode is None else None)
     with torch.no_grad():
         fn(*inputs)
         torch.cuda.synchronize()
@@ -195,6 +201,7 @@ def run_variant(variant, model, inputs, check, a) -> dict:
         if variant != "torch_compile":
             res["regions"] = len(fn.plan.regions)
             res["glue_failed"] = fn.inductor.failed if fn.inductor else None
+            res["glue_options"] = fn.inductor.used_options if fn.inductor else None
         fresh, ref = check
         res["rel_err_fp32_fresh"] = rel_err(fn(*fresh), ref)
         res["ms"] = events_ms(lambda: fn(*inputs), a.reps)

@@ -114,7 +114,7 @@ def test_auto_falls_back_to_eager_when_inductor_cannot_compile(monkeypatch):
     class BackendFailed(torch._dynamo.exc.TorchDynamoException):
         pass
 
-    def broken(self):
+    def broken(self, on_cuda=False):
         def fn(*a, **k):
             raise BackendFailed("no triton")
         return fn
@@ -193,3 +193,35 @@ def test_pending_library_raises_the_build_error():
 def test_glue_spec_rejects_unsaveable_options():
     with pytest.raises(ValueError):
         GlueSpec("inductor", None, {"post_grad_custom_post_pass": object()}).to_json()
+
+
+def test_default_mode_glue_on_cuda_uses_the_cpp_wrapper(monkeypatch):
+    gm = torch.fx.symbolic_trace(NoRegions())
+    monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", False)
+    assert glue.InductorGlue(gm).compile_options(on_cuda=True) == {}
+    monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", True)
+    plain = glue.InductorGlue(gm)
+    assert plain.compile_options(on_cuda=True) == {"cpp_wrapper": True}
+    assert plain.compile_options(on_cuda=False) == {}          # CPU glue: Inductor's own default
+    assert glue.InductorGlue(gm, mode="default").compile_options(True) == {"cpp_wrapper": True}
+    # the caller's choice wins; CUDA graphs (reduce-overhead) keep Inductor's default
+    assert glue.InductorGlue(gm, options={"cpp_wrapper": False}).compile_options(True) == {"cpp_wrapper": False}
+    assert glue.InductorGlue(gm, mode="reduce-overhead").compile_options(True) == {}
+    assert glue.InductorGlue(gm, options={"triton.cudagraphs": True}).compile_options(True) == {
+        "triton.cudagraphs": True}
+
+
+def test_cpu_glue_is_compiled_without_the_cpp_wrapper(monkeypatch):
+    monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", True)
+    seen = {}
+    real = torch.compile
+
+    def spy(model, **kw):
+        seen.update(kw)
+        return real(model, **kw)
+    monkeypatch.setattr(torch, "compile", spy)
+    gm = torch.fx.symbolic_trace(NoRegions())
+    g = glue.InductorGlue(gm)
+    x, y = _inputs()
+    torch.testing.assert_close(g(gm, x, y), NoRegions()(x, y))
+    assert seen["options"] is None and g.used_options == {}

@@ -175,9 +175,9 @@ def test_library_builds_beside_the_glue_compile(monkeypatch):
     monkeypatch.setattr(api, "_warm_inputs", lambda inputs, options, spec: tuple(inputs))
     real_compiled = glue.InductorGlue._compiled
 
-    def compiled(self):
+    def compiled(self, on_cuda=False):
         _FakeBuild.instances[-1].compile_started.set()     # the build is still running here
-        return real_compiled(self)
+        return real_compiled(self, on_cuda)
     monkeypatch.setattr(glue.InductorGlue, "_compiled", compiled)
     eager = FiveKinds().eval()
     x = five_kinds_inputs()

@@ -34,6 +34,10 @@ from torch.utils._pytree import tree_leaves
 
 GLUES = ("auto", "inductor", "eager")
 GLUE_DYNAMIC = ("exported", "auto")
+# True: default mode compiles CUDA glue with Inductor's C++ wrapper unless the caller
+# chose (InductorGlue.compile_options). Off until measured on the GPU: correct and
+# faster there is not yet shown (benchmarks/glue_profile.py ours_cpp_wrapper variant).
+CPP_WRAPPER_IN_DEFAULT_MODE = False
 
 
 def inductor_available() -> bool:
@@ -214,6 +218,7 @@ class InductorGlue:
         self._state = None          # (compiled callable, OpsGraph)
         self._marked = False
         self.first_call_s = None    # seconds of the first call (Dynamo + Inductor compile)
+        self.used_options = None    # the Inductor options of the compiled glue (compile_options)
 
     @property
     def inlined(self) -> list:
@@ -225,14 +230,31 @@ class InductorGlue:
         with self._lock:
             self._state, self._marked = None, False
 
-    def _compiled(self):
+    def compile_options(self, on_cuda: bool) -> dict:
+        """The Inductor options the glue is compiled with: the caller's, plus (while
+        ``CPP_WRAPPER_IN_DEFAULT_MODE``) ``cpp_wrapper`` on a CUDA graph without CUDA
+        graphs (default mode) unless the caller set it. Why: the plain forward is host-bound on small models, and
+        Inductor's C++ wrapper calls the region op through the dispatcher
+        (``callBoxed``: the op's C++ kernel, no Python) and launches the Triton kernels
+        from C++, where the Python wrapper pays ~10-20 us of Python per kernel (the
+        host profiles of glue_profile.py --host-profile)."""
+        options = dict(self.options)
+        if (on_cuda and CPP_WRAPPER_IN_DEFAULT_MODE and not self.cuda_graphs
+                and "cpp_wrapper" not in options and self.mode in (None, "default")):
+            options["cpp_wrapper"] = True
+        return options
+
+    def _compiled(self, on_cuda: bool = False):
         with self._lock:
             if self._state is None:
                 og = ops_graph(self._source)
                 _mark_buffers_static(og.graph_module)
-                fn = torch.compile(og.graph_module, backend="inductor", mode=self.mode,
-                                   options=self.options or None)
+                options = self.compile_options(on_cuda)
+                mode = None if options and self.mode == "default" else self.mode
+                fn = torch.compile(og.graph_module, backend="inductor", mode=mode,
+                                   options=options or None)
                 self._state = (fn, og)
+                self.used_options = options
             return self._state[0]
 
     def _mark_dynamic(self, args, kwargs):
@@ -253,8 +275,9 @@ class InductorGlue:
     def __call__(self, gm, *args, **kwargs):
         if self.failed:
             return gm(*args, **kwargs)
-        fn = self._compiled()
         first = not self._marked
+        fn = self._compiled(first and any(
+            isinstance(t, torch.Tensor) and t.is_cuda for t in tree_leaves((list(args), kwargs))))
         if first:
             self._mark_dynamic(args, kwargs)
         t0 = time.perf_counter()
