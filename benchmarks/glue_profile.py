@@ -271,10 +271,14 @@ def main(argv=None) -> int:
         for v in variants:
             try:
                 rows.append(run_variant(v, model, inputs, check, a))
+                r = rows[-1]     # a line and the JSON per variant: a killed run keeps what it measured
+                print(f"{name} / {v}: {r['ms']:.3f} ms, setup {r['setup_s']:.0f} s, "
+                      f"rel. err {r['rel_err_fp32_fresh']:.1e}", flush=True)
+                result["models"].setdefault(name, {})[v] = r
+                out.write_text(json.dumps(result, indent=1))
             except Exception as e:  # noqa: BLE001 - recorded; the other variants still run
                 print(f"{name} / {v}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 result["models"].setdefault(name, {})[v] = {"error": f"{type(e).__name__}: {e}"[:2000]}
-        result["models"].setdefault(name, {}).update({r["variant"]: r for r in rows})
         print_model(name, rows, a.top)
         out.write_text(json.dumps(result, indent=1))
         del model, inputs
