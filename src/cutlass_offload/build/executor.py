@@ -19,7 +19,6 @@ this machine instead, and its ``UnitReport.executor`` says why.
 from __future__ import annotations
 
 import socket
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from ..config import knobs
 from ..errors import CutlassOffloadError, ToolchainError
 from . import nvcc_steps, toolchain
 from .jobs import Job, JobResult, run_job, was_killed
+from .scratch import scratch_dir
 from .shards import job_slots
 
 EXECUTORS = ("local", "ray")
@@ -154,7 +154,7 @@ def compile_on_worker(task: CompileTask) -> dict:
             f"worker {socket.gethostname()} has nvcc {theirs.nvcc_version!r} and CUTLASS "
             f"{theirs.cutlass_version!r}; the build needs nvcc {ours.nvcc_version!r} and "
             f"CUTLASS {ours.cutlass_version!r}")
-    with tempfile.TemporaryDirectory(prefix="cutlass_offload-") as d:
+    with scratch_dir("cutlass_offload-") as d:
         src, obj = Path(d) / "unit.cu", Path(d) / "unit.o"
         src.write_text(task.source)
         res = run_job(Job(task.name, task.localized(nvcc, str(src), str(obj)), task.kernels,

@@ -27,11 +27,12 @@ import os
 import re
 import shlex
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .scratch import scratch_dir
 
 RECIPE = ("host_pp", "cudafe", "dev_pp", "cicc", "ptxas", "fatbinary", "host_cc")
 # nvcc's environment lines the steps need (the others are nvcc's own bookkeeping)
@@ -135,7 +136,7 @@ def run(cmd: list, source: Path, log_path: Path | None = None,
     itself then). Intermediates go to a temporary folder, removed after, or to
     ``keep_dir`` (kept; tests, debugging)."""
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="co_nvcc_") as tmp:
+    with scratch_dir("co_nvcc_") as tmp:
         keep = str(keep_dir) if keep_dir is not None else tmp
         steps = plan(cmd, keep)
         if steps is None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from ..config import knobs
 from ..ir import GemmLaunch
+from ..build.scratch import scratch_dir
 from .result import CandidateResult
 
 # Seconds: the process imports torch and makes a CUDA context (~10-20 s), then
@@ -98,7 +98,7 @@ def _profile_locked(library, problems, jobs, tags, device, launch, knob_search) 
     results, torch_us = {}, {}
     remaining = list(jobs)
     by_id = {j["id"]: j for j in jobs}
-    with tempfile.TemporaryDirectory(prefix="cutlass_offload_tune_") as tmp:
+    with scratch_dir("cutlass_offload_tune_") as tmp:
         attempt = 0
         while remaining:
             attempt += 1
