@@ -80,9 +80,17 @@ def _graph_bench(fn):
 
 def _cmd_run(a) -> int:
     from .api import check_folder, load
+    from .errors import DeviceError
+    from .folder import read_manifest
     from .runtime.library import check_device
-    manifest = check_folder(a.dir)          # every file, before anything of it is used
-    check_device(manifest["options"]["arch"])
+    # the arch is all that is needed first: load checks every file before it uses it
+    # (weights.bin beside the program's load), so checking them here too would hash
+    # twice. Without a GPU for it, a damaged folder is named before that error.
+    try:
+        check_device(read_manifest(a.dir)["options"]["arch"])
+    except DeviceError:
+        check_folder(a.dir)
+        raise
     compiled, reference, inputs = load(a.dir, device="cuda", glue=a.glue, mode=a.mode)
     compiled.verify(a.verify)
     glue = compiled.inductor

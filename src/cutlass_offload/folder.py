@@ -407,9 +407,9 @@ def _checked(out: Path, text: str) -> dict:
     return manifest
 
 
-def _checked_later(out: Path, text: str, later) -> tuple:
-    """(manifest, FileChecks): ``_checked``, but the recorded files named in ``later``
-    are checked in the background (FileChecks); every other file is checked now."""
+def _parsed_manifest(out: Path, text: str) -> dict:
+    """The manifest parsed from ``text`` (``out``'s), checked itself: JSON, format,
+    checksum, the keys load needs. Raises DamagedFileError / CutlassOffloadError."""
     path = out / MANIFEST
     try:
         manifest = json.loads(text)
@@ -433,6 +433,27 @@ def _checked_later(out: Path, text: str, later) -> tuple:
     files = manifest.get("files")
     if manifest.get("weights") is not None and not isinstance(files, dict):
         raise DamagedFileError(path, "names a weights file but records no files", _fix(out))
+    return manifest
+
+
+def read_manifest(out_dir) -> dict:
+    """An output folder's manifest, itself checked (JSON, format, checksum, the keys
+    load needs), none of the other files: for what must be known before a load
+    (e.g. the target arch), which then checks every file.
+    Raises CutlassOffloadError when out_dir is no output folder, DamagedFileError
+    for a damaged manifest."""
+    out = Path(out_dir)
+    path = out / MANIFEST
+    if not path.is_file():
+        raise CutlassOffloadError(no_folder_message(out))
+    return _parsed_manifest(out, path.read_text(errors="replace"))
+
+
+def _checked_later(out: Path, text: str, later) -> tuple:
+    """(manifest, FileChecks): ``_checked``, but the recorded files named in ``later``
+    are checked in the background (FileChecks); every other file is checked now."""
+    manifest = _parsed_manifest(out, text)
+    files = manifest.get("files")
     if isinstance(files, dict):
         for name in (build_stage.LIB_NAME, "model.pt2", "inputs.pt", "report.json",
                      weights.INDEX, weights.BIN, GLUE_CACHE):

@@ -302,3 +302,21 @@ def test_a_shard_rebuilt_alone_keeps_its_key(fake, monkeypatch):
         calls = len(nvcc_calls(fake))
         co.compile(model, x, arch="sm_80")
         assert [c.split()[0] for c in nvcc_calls(fake)[calls:]] == ["compile"], entry.name
+
+
+def test_run_with_a_gpu_leaves_the_file_checks_to_load(saved, tmp_path, monkeypatch):
+    # load checks every file (weights.bin beside the program's load): `run` reads only
+    # the manifest first, so nothing is hashed twice; without a GPU see above
+    from cutlass_offload import api
+    from cutlass_offload.runtime import library
+    out = _copy(saved, tmp_path)
+    calls = []
+    monkeypatch.setattr(library, "check_device", lambda arch, device=None: calls.append(arch))
+    monkeypatch.setattr(api, "check_folder", lambda d: calls.append("check_folder"))
+
+    def load(d, **kw):
+        calls.append("load")
+        raise CutlassOffloadError("stop here")
+    monkeypatch.setattr(api, "load", load)
+    assert cli.main(["run", str(out)]) == 2
+    assert calls == [json.loads((out / "manifest.json").read_text())["options"]["arch"], "load"]
