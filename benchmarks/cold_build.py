@@ -158,7 +158,7 @@ def child_ours_changed(name: str, arch: str) -> dict:
     from cutlass_offload.api import resolve_arch
     from cutlass_offload.build import build
     from cutlass_offload.capture import capture
-    from cutlass_offload.config import CompileOptions, resolve_norms
+    from cutlass_offload.config import CompileOptions, options_for_glue
     from cutlass_offload.models import load_model
     from cutlass_offload.partition import partition
     from cutlass_offload.runtime.glue import GlueSpec
@@ -166,7 +166,7 @@ def child_ours_changed(name: str, arch: str) -> dict:
     model, inputs = load_model(name, "fp16")
     t0 = time.perf_counter()
     # the options co.compile would use (glue "auto" decides which norms are regions)
-    options = resolve_norms(CompileOptions(arch=resolve_arch(arch)), GlueSpec("auto", None, None).resolved())
+    options = options_for_glue(CompileOptions(arch=resolve_arch(arch)), GlueSpec("auto", None, None).resolved())
     plan = _changed(select(partition(capture(model, inputs).graph_module, options), options.arch, options))
     t1 = time.perf_counter()
     res = build(plan, "sharded")

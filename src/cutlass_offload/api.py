@@ -17,7 +17,7 @@ from torch.export.passes import move_to_device_pass
 from . import build as build_stage
 from . import target, weights
 from .capture import Captured, Reference, capture, from_exported
-from .config import CompileOptions, resolve_norms
+from .config import CompileOptions, options_for_glue
 from .errors import CutlassOffloadError, DamagedFileError, DeviceError
 # the output folder's format (folder.py); check_folder is re-exported for the CLI
 from .folder import MANIFEST, _checked_later, _fingerprint, check_folder, check_out_dir, load_exported, no_folder_message, save  # noqa: F401
@@ -120,7 +120,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     """
     inductor_options = options
     glue_spec = GlueSpec(glue, mode, inductor_options)        # ValueError before any work
-    options = resolve_norms(CompileOptions(
+    options = options_for_glue(CompileOptions(
         arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict, num_sms=num_sms,
         build_strategy=build_strategy, executor=executor, ray_address=ray_address, tune=tune,
         offload_norms=offload_norms, combine_gemms=combine_gemms), glue_spec.resolved())
@@ -172,7 +172,7 @@ def compile_captured(cap: Captured, options: CompileOptions, phases: _Phases | N
     ``tuned``: GEMM winners, Hopper attention configs), e.g. a search's candidates.
     """
     spec = GlueSpec(glue, mode, inductor_options)
-    return _compile_graph(cap.graph_module, resolve_norms(options, spec.resolved()),
+    return _compile_graph(cap.graph_module, options_for_glue(options, spec.resolved()),
                           phases or _Phases(), glue=spec, tuned=tuned)
 
 

@@ -41,7 +41,7 @@ import warnings
 
 import torch
 
-from .config import CompileOptions, resolve_norms
+from .config import CompileOptions, options_for_glue
 
 
 def _keep_for_partition() -> tuple:
@@ -93,8 +93,8 @@ def make_backend(arch: str | None = None, allow_tf32: bool = False, strict: bool
             if mode not in (None, "default") or options:
                 warnings.warn("cutlass_offload backend: eager glue (no GPU / Triton for Inductor): "
                               "mode and options are ignored", RuntimeWarning, stacklevel=2)
-            return _eager(gm, example_inputs, resolve_norms(copts, "eager"), _backend.compiled)
-        return _inductor(gm, example_inputs, resolve_norms(copts, "inductor"), mode, options,
+            return _eager(gm, example_inputs, options_for_glue(copts, "eager"), _backend.compiled)
+        return _inductor(gm, example_inputs, options_for_glue(copts, "inductor"), mode, options,
                          _backend.compiled)
     _backend.compiled = []
     return _backend

@@ -110,10 +110,10 @@ class CompileOptions:
       casts around it, which an opaque region op prevents: measured on the H200 in
       reduce-overhead, bert-base 1.26 -> 0.95 ms, convnext-tiny 2.54 -> 2.36 ms;
       its group norm is not measured yet, so ours stays), "all" with eager glue
-      or ``strict``. Resolved by ``resolve_norms`` before partitioning; a norm left
+      or ``strict``. Resolved by ``options_for_glue`` before partitioning; a norm left
       to the glue is listed as kept with the reason.
     glue: what runs the graph around the regions, "eager" or "inductor" (set by
-      ``resolve_norms`` from the compile's glue): measured-faster entries that hold
+      ``options_for_glue`` from the compile's glue): measured-faster entries that hold
       only when Inductor compiles PyTorch's side (it pads a misaligned GEMM's
       output, for one) apply with "inductor" alone.
     combine_gemms: sibling linears on one input (attention's q / k / v projections)
@@ -157,7 +157,7 @@ class CompileOptions:
 NORM_CHOICES = ("auto", "all", "group", "none")
 
 
-def resolve_norms(options: CompileOptions, glue: str) -> CompileOptions:
+def options_for_glue(options: CompileOptions, glue: str) -> CompileOptions:
     """``options`` for ``glue`` (the resolved glue, "inductor" or "eager"): its
     ``glue`` set, and ``offload_norms`` "auto" made concrete: "group" with Inductor
     glue unless strict, else "all" (other values stay)."""

@@ -179,14 +179,14 @@ def model_plan(names, arch: str, dtypes=("f16",)) -> Plan:
     from dataclasses import replace as _replace
 
     from .capture import capture
-    from .config import CompileOptions, resolve_norms
+    from .config import CompileOptions, options_for_glue
     from .models import load_model
     from .partition import partition
     from .select import select
     regions, kernels = [], []
     for name, dtype in product(names, dtypes):
         model, inputs = load_model(name, _CLI[dtype])
-        options = resolve_norms(CompileOptions(arch=arch), "eager")
+        options = options_for_glue(CompileOptions(arch=arch), "eager")
         plan = select(partition(capture(model, inputs).graph_module, options), arch, options)
         tag = f"{name.replace(':', '_').replace('.', '_').replace('-', '_')}_{dtype}_"
         regions += [_replace(r, name=tag + r.name) for r in plan.regions]

@@ -18,7 +18,7 @@ SAVE = textwrap.dedent("""
     from cutlass_offload import folder
     from cutlass_offload.api import compile_captured
     from cutlass_offload.capture import capture
-    from cutlass_offload.config import CompileOptions, resolve_norms
+    from cutlass_offload.config import CompileOptions, options_for_glue
     from cutlass_offload.runtime.glue import GlueSpec
 
     class M(torch.nn.Module):
@@ -27,7 +27,7 @@ SAVE = textwrap.dedent("""
 
     inputs = (torch.randn(8, 16), torch.randn(8, 16))
     cap = capture(M(), inputs)
-    options = resolve_norms(CompileOptions(arch="sm90a"), "inductor")
+    options = options_for_glue(CompileOptions(arch="sm90a"), "inductor")
     compiled = compile_captured(cap, options, glue="inductor")
     compiled(*inputs)                                  # Inductor compiles the glue here
     assert compiled.glue == "inductor" and compiled.inductor.first_call_s is not None

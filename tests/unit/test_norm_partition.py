@@ -308,15 +308,15 @@ def test_offload_norms_choices(choice, kept, offloaded):
     assert any(r.form == "linear" for r in part.regions)
 
 
-def test_resolve_norms_by_glue():
-    from cutlass_offload.config import CompileOptions, resolve_norms
+def test_options_for_glue_by_glue():
+    from cutlass_offload.config import CompileOptions, options_for_glue
 
     auto = CompileOptions(arch="sm90a")
-    assert resolve_norms(auto, "inductor").offload_norms == "group"
-    assert resolve_norms(auto, "eager").offload_norms == "all"
+    assert options_for_glue(auto, "inductor").offload_norms == "group"
+    assert options_for_glue(auto, "eager").offload_norms == "all"
     strict = CompileOptions(arch="sm90a", strict=True)
-    assert resolve_norms(strict, "inductor").offload_norms == "all"     # strict: no choices
-    assert resolve_norms(CompileOptions(arch="sm90a", offload_norms="none"), "eager").offload_norms == "none"
+    assert options_for_glue(strict, "inductor").offload_norms == "all"     # strict: no choices
+    assert options_for_glue(CompileOptions(arch="sm90a", offload_norms="none"), "eager").offload_norms == "none"
     with pytest.raises(ValueError, match="offload_norms"):
         CompileOptions(arch="sm90a", offload_norms="some")
 

@@ -223,7 +223,7 @@ def test_an_inductor_only_entry_applies_with_inductor_glue_alone(monkeypatch):
     """An entry measured against Inductor's side (it pads a misaligned output) keeps
     the GEMM in PyTorch for compiles with Inductor glue; with eager glue, where eager
     cuBLAS is the slower one, ours runs. The packaged gpt2 LM head entry is one."""
-    from cutlass_offload.config import resolve_norms
+    from cutlass_offload.config import options_for_glue
     x = torch.randn(4, 8, 64).half()
     head = torch.nn.Linear(64, 50257, bias=False).half()
     part = partition(capture(head, (x,)).graph_module, CompileOptions(arch="sm90a"))
@@ -236,7 +236,7 @@ def test_an_inductor_only_entry_applies_with_inductor_glue_alone(monkeypatch):
     table = pf.PytorchFaster({"gpu": "NVIDIA H200", "num_sms": 132, "gemm": [entry]})
     monkeypatch.setattr(pf, "default", lambda: table)
     for glue, kept in (("inductor", 0), ("eager", 1)):
-        opts = resolve_norms(CompileOptions(arch="sm90a"), glue)
+        opts = options_for_glue(CompileOptions(arch="sm90a"), glue)
         assert opts.glue == glue
         assert len(select(part, "sm90a", opts).regions) == kept
     real = pf.PytorchFaster(json.loads(pf.FILE.read_text()))
