@@ -17,7 +17,7 @@ shows up as the class and the kernels that make it. Prints tables, writes JSON
 (``--json``, default $OUT/glue_profile.json); needs a CUDA GPU (exit 2 without).
 
     python benchmarks/glue_profile.py llama convnext-tiny [--mode reduce-overhead]
-        [--variants torch_compile,ours,norms_all] [--reps 20] [--profile-reps 5]
+        [--variants torch_compile,ours,norms_all] [--reps 20] [--profile-reps 5] [--rounds N]
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from _timing import events_ms
+from _timing import events_ms, paired_ms, paired_ratio
 from runtime import _fp32_reference, fresh_inputs, rel_err
 
 from cutlass_offload.api import compile_captured, resolve_arch
@@ -76,12 +76,18 @@ def classify(name: str) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("models", nargs="+")
-    p.add_argument("--mode", default="reduce-overhead", choices=["default", "reduce-overhead"])
-    p.add_argument("--variants", default=",".join(VARIANTS[:2]))
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--profile-reps", type=int, default=5)
-    p.add_argument("--top", type=int, default=12)
+    p.add_argument("models", nargs="+", help="built-in model names (cutlass-offload compile's)")
+    p.add_argument("--mode", default="reduce-overhead", choices=["default", "reduce-overhead"],
+                   help="torch.compile mode of the anchor and of our Inductor glue")
+    p.add_argument("--variants", default=",".join(VARIANTS[:2]),
+                   help=f"comma-separated, from {', '.join(VARIANTS)} (default: %(default)s)")
+    p.add_argument("--reps", type=int, default=20, help="timed forwards per measurement")
+    p.add_argument("--profile-reps", type=int, default=5, help="forwards under torch.profiler")
+    p.add_argument("--top", type=int, default=12, help="heaviest kernels listed per variant")
+    p.add_argument("--rounds", type=int, default=0, metavar="N",
+                   help="keep every variant's forward alive and time them again in N "
+                        "interleaved rounds, order rotated; ratios are medians of per-round "
+                        "ratios to the first variant")
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     p.add_argument("--host-profile", type=int, default=0, metavar="N",
                    help="also print the N Python functions with the most host time over "
@@ -181,8 +187,11 @@ def host_profile(fn, reps: int, top: int) -> list:
     return rows[:top]
 
 
-def run_variant(variant, model, inputs, check, a) -> dict:
-    torch._dynamo.reset()
+def run_variant(variant, model, inputs, check, a):
+    """(result, the compiled forward or None): the forward is kept only for
+    ``--rounds``, which times the variants again side by side."""
+    if not a.rounds:
+        torch._dynamo.reset()     # kept forwards need their Dynamo caches
     mode = None if a.mode == "default" else a.mode
     t0 = time.perf_counter()
     if variant == "torch_compile":
@@ -209,11 +218,13 @@ def run_variant(variant, model, inputs, check, a) -> dict:
         if a.host_profile:
             res["host_profile"] = host_profile(lambda: fn(*inputs), a.reps, a.host_profile)
             res["host_cpu"] = other_cpu(lambda: fn(*inputs), a.reps)
+    if a.rounds:
+        return res, fn
     fn = None
     torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
-    return res
+    return res, None
 
 
 def print_model(name, rows, top) -> None:
@@ -248,6 +259,20 @@ def print_model(name, rows, top) -> None:
                       f"{cpu['threads']} threads; others: {cpu['others'] or 'none busy'}")
 
 
+def print_rounds(name, alive: dict, inputs, rows: dict, rounds: int, reps: int) -> None:
+    """Time the kept variants in ``rounds`` interleaved rounds (_timing.paired_ms) and
+    record each one's per-round ms and its median per-round ratio to the first variant
+    (a host whose speed drifts within the process weighs on all alike)."""
+    with torch.no_grad():
+        times = paired_ms({v: (lambda f=f: f(*inputs)) for v, f in alive.items()}, rounds, reps)
+    base = next(iter(alive))
+    print(f"-- {name}: {rounds} interleaved rounds, ms per forward; ratio = median per-round ratio to {base}")
+    for v, ms in times.items():
+        ratio = paired_ratio(times, v, base)
+        rows[v]["rounds_ms"], rows[v][f"rounds_ratio_to_{base}"] = ms, ratio
+        print(f"   {v:<22} {' '.join(f'{m:.3f}' for m in ms)}   ratio {ratio:.3f}")
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     if not torch.cuda.is_available():
@@ -267,10 +292,13 @@ def main(argv=None) -> int:
         fresh = fresh_inputs(inputs, 1234)
         with torch.no_grad():
             check = (fresh, _fp32_reference(model)(*fresh))
-        rows = []
+        rows, alive = [], {}
         for v in variants:
             try:
-                rows.append(run_variant(v, model, inputs, check, a))
+                res, fn = run_variant(v, model, inputs, check, a)
+                rows.append(res)
+                if fn is not None:
+                    alive[v] = fn
                 r = rows[-1]     # a line and the JSON per variant: a killed run keeps what it measured
                 print(f"{name} / {v}: {r['ms']:.3f} ms, setup {r['setup_s']:.0f} s, "
                       f"rel. err {r['rel_err_fp32_fresh']:.1e}", flush=True)
@@ -280,6 +308,10 @@ def main(argv=None) -> int:
                 print(f"{name} / {v}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 result["models"].setdefault(name, {})[v] = {"error": f"{type(e).__name__}: {e}"[:2000]}
         print_model(name, rows, a.top)
+        if len(alive) > 1:
+            print_rounds(name, alive, inputs, result["models"][name], a.rounds, a.reps)
+        alive = None
+        torch._dynamo.reset()
         out.write_text(json.dumps(result, indent=1))
         del model, inputs
         gc.collect()

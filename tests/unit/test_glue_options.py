@@ -195,7 +195,20 @@ def test_glue_spec_rejects_unsaveable_options():
         GlueSpec("inductor", None, {"post_grad_custom_post_pass": object()}).to_json()
 
 
+def test_cpp_wrapper_default_follows_the_environment(monkeypatch):
+    gm = torch.fx.symbolic_trace(NoRegions())
+    monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", False)
+    monkeypatch.setenv("CUTLASS_OFFLOAD_CPP_WRAPPER", "1")
+    assert glue.InductorGlue(gm).compile_options(on_cuda=True) == {"cpp_wrapper": True}
+    monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", True)
+    monkeypatch.setenv("CUTLASS_OFFLOAD_CPP_WRAPPER", "0")
+    assert glue.InductorGlue(gm).compile_options(on_cuda=True) == {}
+    monkeypatch.setenv("CUTLASS_OFFLOAD_CPP_WRAPPER", "")       # empty: the module's default
+    assert glue.InductorGlue(gm).compile_options(on_cuda=True) == {"cpp_wrapper": True}
+
+
 def test_default_mode_glue_on_cuda_uses_the_cpp_wrapper(monkeypatch):
+    monkeypatch.delenv("CUTLASS_OFFLOAD_CPP_WRAPPER", raising=False)
     gm = torch.fx.symbolic_trace(NoRegions())
     monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", False)
     assert glue.InductorGlue(gm).compile_options(on_cuda=True) == {}
@@ -212,6 +225,7 @@ def test_default_mode_glue_on_cuda_uses_the_cpp_wrapper(monkeypatch):
 
 
 def test_cpu_glue_is_compiled_without_the_cpp_wrapper(monkeypatch):
+    monkeypatch.delenv("CUTLASS_OFFLOAD_CPP_WRAPPER", raising=False)
     monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", True)
     seen = {}
     real = torch.compile

@@ -23,7 +23,7 @@ graph, a warning and eager glue for good).
 from __future__ import annotations
 
 import json
-
+import os
 import threading
 import time
 import warnings
@@ -38,6 +38,13 @@ GLUE_DYNAMIC = ("exported", "auto")
 # chose (InductorGlue.compile_options). Off until measured on the GPU: correct and
 # faster there is not yet shown (benchmarks/glue_profile.py ours_cpp_wrapper variant).
 CPP_WRAPPER_IN_DEFAULT_MODE = False
+
+
+def cpp_wrapper_in_default_mode() -> bool:
+    """``CPP_WRAPPER_IN_DEFAULT_MODE``, or ``$CUTLASS_OFFLOAD_CPP_WRAPPER`` (1 / 0)
+    where set, read at compile time."""
+    env = os.environ.get("CUTLASS_OFFLOAD_CPP_WRAPPER")
+    return CPP_WRAPPER_IN_DEFAULT_MODE if env in (None, "") else env == "1"
 
 
 def inductor_available() -> bool:
@@ -232,14 +239,14 @@ class InductorGlue:
 
     def compile_options(self, on_cuda: bool) -> dict:
         """The Inductor options the glue is compiled with: the caller's, plus (while
-        ``CPP_WRAPPER_IN_DEFAULT_MODE``) ``cpp_wrapper`` on a CUDA graph without CUDA
+        ``cpp_wrapper_in_default_mode()``) ``cpp_wrapper`` on a CUDA graph without CUDA
         graphs (default mode) unless the caller set it. Why: the plain forward is host-bound on small models, and
         Inductor's C++ wrapper calls the region op through the dispatcher
         (``callBoxed``: the op's C++ kernel, no Python) and launches the Triton kernels
         from C++, where the Python wrapper pays ~10-20 us of Python per kernel (the
         host profiles of glue_profile.py --host-profile)."""
         options = dict(self.options)
-        if (on_cuda and CPP_WRAPPER_IN_DEFAULT_MODE and not self.cuda_graphs
+        if (on_cuda and cpp_wrapper_in_default_mode() and not self.cuda_graphs
                 and "cpp_wrapper" not in options and self.mode in (None, "default")):
             options["cpp_wrapper"] = True
         return options
