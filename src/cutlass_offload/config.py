@@ -23,6 +23,10 @@ Environment variables:
   CUTLASS_OFFLOAD_FAST_CALL  0 turns off the C++ call path of offloaded regions
                              (runtime/fast_call.py); every call then maps in Python
   CXX                        the host C++ compiler that builds that path (default c++)
+  CUTLASS_OFFLOAD_CPP_WRAPPER  1 / 0: default-mode Inductor glue on CUDA compiled with
+                             Inductor's C++ wrapper or not (unset: the package's default,
+                             runtime/glue.py CPP_WRAPPER_IN_DEFAULT_MODE); a caller's
+                             cpp_wrapper option wins
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ class Knobs:
     host_launchers: bool
     nvcc_steps: bool
     lineinfo: bool
+    cpp_wrapper: bool | None = None       # None: glue.CPP_WRAPPER_IN_DEFAULT_MODE
 
 
 def knobs() -> Knobs:
@@ -69,6 +74,8 @@ def knobs() -> Knobs:
         host_launchers=env.get("CUTLASS_OFFLOAD_HOST_LAUNCHERS", "1") not in ("", "0"),
         nvcc_steps=env.get("CUTLASS_OFFLOAD_NVCC_STEPS", "1") not in ("", "0"),
         lineinfo=env.get("CUTLASS_OFFLOAD_LINEINFO", "0") not in ("", "0"),
+        cpp_wrapper=(None if env.get("CUTLASS_OFFLOAD_CPP_WRAPPER", "") == ""
+                     else env.get("CUTLASS_OFFLOAD_CPP_WRAPPER") != "0"),
     )
 
 

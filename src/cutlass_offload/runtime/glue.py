@@ -23,7 +23,7 @@ graph, a warning and eager glue for good).
 from __future__ import annotations
 
 import json
-import os
+
 import threading
 import time
 import warnings
@@ -42,9 +42,10 @@ CPP_WRAPPER_IN_DEFAULT_MODE = False
 
 def cpp_wrapper_in_default_mode() -> bool:
     """``CPP_WRAPPER_IN_DEFAULT_MODE``, or ``$CUTLASS_OFFLOAD_CPP_WRAPPER`` (1 / 0)
-    where set, read at compile time."""
-    env = os.environ.get("CUTLASS_OFFLOAD_CPP_WRAPPER")
-    return CPP_WRAPPER_IN_DEFAULT_MODE if env in (None, "") else env == "1"
+    where set (config.knobs, read at compile time)."""
+    from ..config import knobs
+    chosen = knobs().cpp_wrapper
+    return CPP_WRAPPER_IN_DEFAULT_MODE if chosen is None else chosen
 
 
 def inductor_available() -> bool:
