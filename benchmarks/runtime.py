@@ -4,8 +4,8 @@ eager, the torch.compile anchors a user would pick instead (default,
 Inductor glue (issue 16), plain and in CUDA graphs, in one run.
 
 First (once per run; kept in the JSON for ``--resume``) the GPU's measured peaks:
-an 8192^3 fp16 matmul and a 1 GiB copy. Then per model (``MODEL ...``, default all
-nine built-ins; one after another, GPU memory freed in between; ``--dtype``,
+an 8192^3 fp16 matmul and a 1 GiB copy. Then per model (``MODEL ...``, default every
+built-in but mlp, nine; one after another, GPU memory freed in between; ``--dtype``,
 ``--batch``, ``--seq`` as ``cutlass-offload compile`` takes them), each a step of
 its own (``--resume`` skips the steps a partial JSON already holds):
 
@@ -112,7 +112,7 @@ TOLERANCE = {"fp16": 1e-2, "bf16": 2e-2}     # norm-wise relative error vs float
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="*", default=list(DEFAULT_MODELS), metavar="MODEL",
-                   help="built-in models to measure (default: all: " + ", ".join(DEFAULT_MODELS) + ")")
+                   help="built-in models to measure (default: " + ", ".join(DEFAULT_MODELS) + ")")
     p.add_argument("--from", dest="from_tpl", default=None, metavar="DIR_TEMPLATE",
                    help="load compiled folders (e.g. /tmp/co_{model}) instead of compiling here")
     p.add_argument("--tuned-from", dest="tuned_tpl", default=None, metavar="DIR_TEMPLATE",
