@@ -3,24 +3,40 @@ eager, the torch.compile anchors a user would pick instead (default,
 "reduce-overhead", "max-autotune"), and cutlass_offload with eager glue and with
 Inductor glue (issue 16), plain and in CUDA graphs, in one run.
 
-Per model (one after another; GPU memory freed in between), each a step of its
-own (``--resume`` skips the steps a partial JSON already holds):
+First (once per run; kept in the JSON for ``--resume``) the GPU's measured peaks:
+an 8192^3 fp16 matmul and a 1 GiB copy. Then per model (``MODEL ...``, default every
+built-in but mlp, nine; one after another, GPU memory freed in between; ``--dtype``,
+``--batch``, ``--seq`` as ``cutlass-offload compile`` takes them), each a step of
+its own (``--resume`` skips the steps a partial JSON already holds):
 
 * ``eager``: median latency (CUDA events around each synchronized forward, after
   warm-up) of eager PyTorch (channels_last for the conv models, as models.py
   sets) and of the same captured in one CUDA graph;
-* ``torch.compile`` anchors, each with its compile time (the first call) and
-  relative error: ``default``, ``reduce-overhead`` (Inductor's CUDA graphs) and
-  ``max-autotune`` (for ``--max-autotune-models``, default bert-base and llama);
+* ``torch_compile_{default,reduce-overhead,max-autotune}``: the anchors, each with
+  its compile time (the first call) and relative error; max-autotune only for
+  ``--max-autotune-models`` (default bert-base,llama; 'all' or 'none'); none of
+  them with ``--no-anchors`` (alias ``--no-compile-baseline``);
 * ours, compiled here (``--dynamic-batch`` on by default; glue "inductor": the
   library builds while Inductor compiles the glue, layer / RMS norms left to
   Inductor; then again with glue "eager", every norm a region, the kernels
-  from the cache) or loaded from ``--from`` folders:
-  ``ours_inductor`` (Inductor glue, plain calls), ``ours_inductor_ro`` (Inductor
-  glue in mode "reduce-overhead"), and ``heuristic`` (eager glue: plain, the
-  whole forward captured in a CUDA graph, ``CompiledModel.cuda_graphed()``, the
-  per-region table and the host cost of a region call, as before); ``tuned``
-  likewise from ``--tuned-from`` folders (or compiled here with tune=True);
+  from the cache; sibling linears combined unless ``--no-combine-gemms``) or
+  loaded from ``--from`` folders:
+  ``ours_inductor`` (Inductor glue, plain calls; its first compile symbolic in the
+  export's dynamic dims, or specialized with ``--glue-dynamic auto``),
+  ``ours_inductor_ro`` (Inductor glue in mode "reduce-overhead"; neither with
+  ``--no-inductor-glue``), ``paired`` (torch.compile and ours with Inductor glue,
+  both alive, timed in ``--paired-rounds`` N interleaved rounds of ``--reps``
+  forwards per mode, default and reduce-overhead, default N 5; the per-round
+  ratios issue 16 judges by, as a host-bound forward's time drifts within one
+  process; 0 turns it off, as do ``--no-anchors`` and ``--no-inductor-glue``),
+  and ``heuristic`` (eager glue: plain, the whole forward captured in a CUDA graph,
+  ``CompiledModel.cuda_graphed()``, the per-region table, each region timed over
+  ``--region-reps`` graph replays and the ``--top`` worst rows printed, unless
+  ``--no-regions``, and the host cost of a region call; skipped with
+  ``--no-eager-glue``);
+* ``tuned``: the ``heuristic`` measurements for ``--tuned-from`` folders (or
+  compiled here with tune=True; with ``--quick`` or ``--from`` only when
+  ``--tuned-from`` is given);
 * accuracy of every variant: norm-wise relative error against a float32 copy of
   the model on fresh random inputs and at a second batch size (``--second-batch``;
   a statically exported folder cannot take it: reported as such);
@@ -33,15 +49,17 @@ The JSON (``--json``, default $OUT/runtime.json, else ./runtime.json) is written
 after every step, so a run killed between steps loses only the step it was in;
 ``--budget-s S`` stops before starting a step once S seconds have passed (exit 3:
 run again with ``--resume``; a run always starts one step) — for a GPU rented in 10-minute commands, e.g.
-``--budget-s 420 --resume`` repeated until it exits 0. ``--quick``: 10 timed
-forwards, no per-region table, no tuned variant. Needs a CUDA GPU (exits 2
-without one).
+``--budget-s 420 --resume`` repeated until it exits 0. ``--reps`` (default 20):
+timed forwards per measurement; ``--quick``: at most 10 of them, no per-region
+table, no tuned variant. Needs a CUDA GPU (exits 2 without one).
 
     python benchmarks/runtime.py [MODEL ...] [--from /tmp/co_{model}]
         [--tuned-from /tmp/co_tuned_{model}] [--json FILE] [--resume] [--budget-s S]
-        [--quick] [--no-anchors] [--max-autotune-models bert-base,llama | none]
-        [--no-inductor-glue] [--second-batch N] [--no-dynamic-batch]
-        [--no-regions] [--reps 20] [--region-reps 10] [--top 12]
+        [--quick] [--no-anchors] [--max-autotune-models bert-base,llama | all | none]
+        [--no-inductor-glue] [--no-eager-glue] [--glue-dynamic exported | auto]
+        [--paired-rounds 5] [--second-batch N] [--no-dynamic-batch]
+        [--no-combine-gemms] [--no-regions] [--reps 20] [--region-reps 10] [--top 12]
+        [--dtype fp16 | bf16] [--batch N] [--seq N]
 """
 from __future__ import annotations
 
@@ -91,9 +109,10 @@ NO_TUNE = "n/a (no --tune in this build)"
 TOLERANCE = {"fp16": 1e-2, "bf16": 2e-2}     # norm-wise relative error vs float32 (tests/helpers.py)
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("models", nargs="*", default=list(DEFAULT_MODELS))
+    p.add_argument("models", nargs="*", default=list(DEFAULT_MODELS), metavar="MODEL",
+                   help="built-in models to measure (default: " + ", ".join(DEFAULT_MODELS) + ")")
     p.add_argument("--from", dest="from_tpl", default=None, metavar="DIR_TEMPLATE",
                    help="load compiled folders (e.g. /tmp/co_{model}) instead of compiling here")
     p.add_argument("--tuned-from", dest="tuned_tpl", default=None, metavar="DIR_TEMPLATE",
@@ -108,7 +127,8 @@ def parse_args(argv=None):
     p.add_argument("--no-compile-baseline", "--no-anchors", dest="no_anchors", action="store_true",
                    help="skip the torch.compile anchors")
     p.add_argument("--max-autotune-models", default=",".join(MAX_AUTOTUNE_MODELS),
-                   help="models that get the max-autotune anchor (comma list, 'all' or 'none')")
+                   help="models that get the max-autotune anchor (comma list, 'all' or 'none'; "
+                        "default " + ",".join(MAX_AUTOTUNE_MODELS) + ")")
     p.add_argument("--no-inductor-glue", action="store_true", help="skip ours with Inductor glue")
     p.add_argument("--no-eager-glue", action="store_true",
                    help="skip ours with eager glue (its compile and the 'heuristic' variant): "
@@ -126,16 +146,25 @@ def parse_args(argv=None):
     p.add_argument("--combine-gemms", action=argparse.BooleanOptionalAction, default=True,
                    help="ours with sibling linears combined into one GEMM (co.compile's "
                         "combine_gemms; --no-combine-gemms for the A/B)")
-    p.add_argument("--reps", type=int, default=20, help="timed forwards per measurement")
+    p.add_argument("--reps", type=int, default=20, help="timed forwards per measurement (default 20; --quick: at most 10)")
     p.add_argument("--paired-rounds", type=int, default=5, metavar="N",
                    help="after ours with Inductor glue: torch.compile and ours timed in N "
                         "interleaved rounds per mode (default and reduce-overhead), the ratios "
-                        "issue 16 judges by (0: off; the sequential figures then)")
-    p.add_argument("--region-reps", type=int, default=10, help="graph replays per region timing")
-    p.add_argument("--top", type=int, default=12, help="worst-offender rows printed per variant")
-    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
-    p.add_argument("--batch", type=int, default=None)
-    p.add_argument("--seq", type=int, default=None)
+                        "issue 16 judges by (default 5; 0: off; the sequential figures then)")
+    p.add_argument("--region-reps", type=int, default=10, help="graph replays per region timing (default 10)")
+    p.add_argument("--top", type=int, default=12, help="worst-offender rows printed per variant (default 12)")
+    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"],
+                   help="the models' dtype (default fp16)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="batch size (default: the model's, as cutlass-offload compile takes it)")
+    p.add_argument("--seq", type=int, default=None,
+                   help="tokens / frames / image or latent side (default: the model's, as "
+                        "cutlass-offload compile takes it)")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     a = p.parse_args(argv)
     for opt, tpl in (("--from", a.from_tpl), ("--tuned-from", a.tuned_tpl)):
         if tpl is not None and "{model}" not in tpl and len(a.models) > 1:

@@ -4,7 +4,7 @@ Imports torch once, then reads JSON commands on stdin, one a line, and answers
 each with one JSON line on stdout:
 
 * {"op": "run", "out": DIR, "delay": S, "env": {...}}: fork a child that sets
-  ``env`` (e.g. CUTLASS_OFFLOAD_CACHE_DIR, FAKE_NVCC_LOG) and compiles
+  ``env`` (e.g. CUTLASS_OFFLOAD_CACHE_DIR, FAKE_NVCC_LOG, TMPDIR) and compiles
   fault_helpers.small_model() into DIR (nvcc and the rest from the environment);
   after S seconds (none: wait) SIGKILL its process group (the child and the fake
   nvcc processes it started) unless it has ended. Answers {"killed", "exit",
@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 import traceback
 
@@ -32,6 +33,7 @@ def _child(out: str, env: dict) -> None:
     code = 1
     try:
         os.environ.update(env)
+        tempfile.tempdir = None     # read $TMPDIR again (the test points it at its tmp_path)
         torch.set_num_threads(1)    # forked: no OpenMP pool inherited in use
         model, x = small_model()
         co.compile(model, x, arch="sm_80", out_dir=out)

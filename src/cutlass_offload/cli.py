@@ -148,6 +148,19 @@ def _cmd_run(a) -> int:
     return 1 if bad else 0
 
 
+def _positive_int(text: str) -> int:
+    """argparse type of the count flags (--batch, --seq, --jobs): an integer >= 1, so
+    that 0 or a negative count is one argparse error line naming the flag (exit 2)
+    instead of a traceback or a silent default."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (1 or more), not {value}")
+    return value
+
+
 _DTYPES = {"fp16": "f16", "bf16": "bf16"}
 
 
@@ -240,8 +253,8 @@ def main(argv=None) -> int:
     c.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
     batches = "; ".join(f"{m}: {b}" for m, (b, q) in DEFAULT_SIZES.items())
     seqs = "; ".join(f"{m}: {q}" for m, (b, q) in DEFAULT_SIZES.items())
-    c.add_argument("--batch", type=int, default=None, help=f"default: 8 ({batches})")
-    c.add_argument("--seq", type=int, default=None,
+    c.add_argument("--batch", type=_positive_int, default=None, help=f"default: 8 ({batches})")
+    c.add_argument("--seq", type=_positive_int, default=None,
                    help=f"default: 128 ({seqs}); tokens, mel frames (whisper-encoder), image side "
                         "(resnet50, convnext-tiny, efficientnet-b0) or latent side (vae-decoder)")
     c.add_argument("--dynamic-batch", action="store_true", help="export with a dynamic batch dim")
@@ -249,7 +262,7 @@ def main(argv=None) -> int:
     c.add_argument("--strict", action="store_true", help="error instead of falling back")
     c.add_argument("--build", default="sharded", choices=["sharded", "single", "per-region"],
                    help="build strategy (default: sharded)")
-    c.add_argument("--jobs", type=int, default=0, help="parallel nvcc processes (default: by cores and memory)")
+    c.add_argument("--jobs", type=_positive_int, default=0, help="parallel nvcc processes (default: by cores and memory)")
     c.add_argument("--executor", default="local", choices=["local", "ray"],
                    help="who compiles the shards: this machine (default) or a Ray cluster "
                         "(pip install 'cutlass_offload[ray]')")
@@ -299,7 +312,8 @@ def main(argv=None) -> int:
                         "norm offloaded) instead of the generic GEMM set; --attention / --convs "
                         "still add theirs")
     b.add_argument("--list", action="store_true", help="print the kernels and build nothing")
-    b.add_argument("--jobs", type=int, default=0, help="parallel nvcc processes")
+    b.add_argument("--jobs", type=_positive_int, default=0,
+                   help="parallel nvcc processes (default: by cores and memory)")
     b.add_argument("--executor", default="local", choices=["local", "ray"])
     b.add_argument("--ray-address", default=None)
     b.add_argument("-q", "--quiet", action="store_true", help="no build progress")

@@ -17,6 +17,7 @@ import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,7 +62,20 @@ def worker(tmp_path_factory):
 
 
 def _env(root: Path) -> dict:
-    return {"CUTLASS_OFFLOAD_CACHE_DIR": str(root / "cache"), "FAKE_NVCC_LOG": str(root / "nvcc.log")}
+    # TMPDIR too: a compile killed with SIGKILL cannot remove its scratch folders
+    # (co_nvcc_<pid>_*: build/scratch.py; a later build sweeps them only after an
+    # hour) nor the fake nvcc's host compiler its cc* files, so they go under the
+    # test's tmp_path instead of the system's /tmp
+    (root / "tmp").mkdir(parents=True, exist_ok=True)
+    return {"CUTLASS_OFFLOAD_CACHE_DIR": str(root / "cache"), "FAKE_NVCC_LOG": str(root / "nvcc.log"),
+            "TMPDIR": str(root / "tmp")}
+
+
+def _dead_scratch_dirs() -> set:
+    """nvcc's scratch folders in the system temp dir whose process is gone."""
+    from cutlass_offload.build.scratch import _alive, _pid
+    return {p for p in Path(tempfile.gettempdir()).glob("co_nvcc_*")
+            if (pid := _pid(p.name[len("co_nvcc_"):])) is not None and not _alive(pid)}
 
 
 def _folder_state(out: Path) -> str:
@@ -73,6 +87,7 @@ def _folder_state(out: Path) -> str:
 
 
 def test_kill_9_at_random_points_then_recompile(worker, tmp_path):
+    leaked_before = _dead_scratch_dirs()
     seed = int(os.environ.get("CUTLASS_OFFLOAD_FAULT_SEED", time.time_ns() % 2**32))
     rng = random.Random(seed)
     # the reference duration: the faster of two undisturbed cold compiles (the first
@@ -111,6 +126,7 @@ def test_kill_9_at_random_points_then_recompile(worker, tmp_path):
         assert damaged_entries(root / "cache") == [], what
     assert killed >= rounds // 2, f"seed {seed}: most compiles ended before their kill"
     co.load(out)
+    assert _dead_scratch_dirs() <= leaked_before     # the killed compiles' went under tmp_path
 
 
 def test_two_processes_compile_one_model_into_one_cache_and_folder(worker, tmp_path):

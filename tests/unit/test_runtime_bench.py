@@ -333,3 +333,16 @@ def test_resume_keeps_finished_models_and_peaks(tmp_path):
     assert not b.exhausted()              # a run always starts one step
     b.started = True
     assert b.exhausted()
+
+
+def test_every_flag_has_help_and_the_description_names_it():
+    p = runtime.build_parser()
+    for act in p._actions:
+        assert act.help, f"{act.option_strings or act.dest} has no help text"
+        if act.option_strings and "--help" not in act.option_strings:
+            # a BooleanOptionalAction is named by either form (--no-regions, --dynamic-batch)
+            assert any(f in runtime.__doc__ for f in act.option_strings), act.option_strings
+    for step in ("eager", "torch_compile_", "ours_inductor", "ours_inductor_ro", "paired",
+                 "heuristic", "tuned"):
+        assert f"``{step}" in runtime.__doc__, step
+    assert p.get_default("paired_rounds") == 5

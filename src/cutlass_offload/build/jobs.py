@@ -140,13 +140,24 @@ class Progress:
     On a terminal a tqdm bar of kernels done out of kernels total; otherwise one
     line when it starts, one per finished unit and one a minute while none
     finishes. Both name the unit running longest and an ETA: the jobs' estimates
-    (build/shards.py's cost model, seconds on a 16-core host; twice that on fewer
-    than 8 cores until a unit has finished here, then scaled by the measured
-    seconds per estimated second) placed on the worker slots longest first.
-    Silent when no job compiles a kernel (the launchers alone take seconds).
+    (build/shards.py's cost model, seconds on a 16-core host; ``FEW_CORES_FACTOR``
+    times that on fewer than 8 cores until a unit has finished here, then scaled by
+    the measured seconds per estimated second) placed on the worker slots longest
+    first. Silent when no job compiles a kernel (the launchers alone take seconds).
     """
 
     HEARTBEAT = 60.0
+    # Seconds per estimated second on fewer than 8 cores before any unit finished
+    # here: the median of what cold builds on the 2-core machine took with the
+    # toolchain since session 11 (nvcc's steps as a graph, -O1, no C++ extension
+    # build without a GPU) over the model's estimate: mlp at sm_90a (one unit,
+    # estimate 70) 57.3 / 64.0 s and 61 s in a fresh-clone trial (0.82-0.91),
+    # bert-base (one unit, estimate 82) 99.1-116.5 s (1.21-1.42;
+    # benchmarks/results/mlp_build_2core_flags_2026-12-01.txt,
+    # bert_build_2core_shards_2026-12-02.txt). It was 2.0, set when the mlp's unit
+    # took ~108 s there, before those changes: the trial's ETA said 2 min 20 s for
+    # a 61 s build.
+    FEW_CORES_FACTOR = 1.2
 
     def __init__(self, jobs: list, workers: int, desc: str, mode: str | None = None, stream=None):
         self.jobs, self.workers, self.desc = jobs, max(1, workers), desc
@@ -160,7 +171,7 @@ class Progress:
         self._finished = set()
         self._measured = [0.0, 0.0]   # seconds, estimate of units compiled here
         self._lock = threading.Lock()
-        self.factor = 1.0 if (os.cpu_count() or 1) >= 8 else 2.0
+        self.factor = 1.0 if (os.cpu_count() or 1) >= 8 else self.FEW_CORES_FACTOR
         self.tick_seconds = 1.0 if self.mode == "bar" else 5.0
         self.bar = None
         if self.mode == "bar":

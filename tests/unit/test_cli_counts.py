@@ -1,0 +1,51 @@
+"""The CLI's count flags (compile --batch / --seq / --jobs, prebuild --jobs) take
+positive integers: 0, a negative number or a non-number is one argparse error line
+naming the flag and exit 2, before any model is built."""
+import pytest
+
+from cutlass_offload import cli
+
+
+def _compile(tmp_path, *flags):
+    return ["compile", "mlp", "--out", str(tmp_path / "m"), "--arch", "sm_80", *flags]
+
+
+@pytest.mark.parametrize("flag, value", [("--batch", "-3"), ("--batch", "0"), ("--seq", "0"),
+                                         ("--seq", "-1"), ("--jobs", "0"), ("--jobs", "-2"),
+                                         ("--batch", "two"), ("--jobs", "1.5")])
+def test_compile_refuses_a_count_below_one(tmp_path, capsys, monkeypatch, flag, value):
+    def must_not_run(a):
+        raise AssertionError("the command ran")
+    monkeypatch.setattr(cli, "_cmd_compile", must_not_run)
+    with pytest.raises(SystemExit) as e:
+        cli.main(_compile(tmp_path, flag, value))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("cutlass-offload compile: error: argument " + flag)
+    assert repr(value) in last or value in last
+    assert "Traceback" not in err
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_prebuild_refuses_jobs_below_one(capsys, value):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["prebuild", "--arch", "sm_80", "--list", "--jobs", value])
+    assert e.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("cutlass-offload prebuild: error: argument --jobs")
+
+
+def test_positive_counts_pass_through(tmp_path, monkeypatch):
+    seen = {}
+
+    def record(a):
+        seen.update(batch=a.batch, seq=a.seq, jobs=a.jobs)
+        return 0
+    monkeypatch.setattr(cli, "_cmd_compile", record)
+    assert cli.main(_compile(tmp_path, "--batch", "1", "--seq", "16", "--jobs", "3")) == 0
+    assert seen == {"batch": 1, "seq": 16, "jobs": 3}
+    seen.clear()
+    assert cli.main(_compile(tmp_path)) == 0        # unset: the defaults (None, None, 0 = auto)
+    assert seen == {"batch": None, "seq": None, "jobs": 0}
