@@ -106,6 +106,7 @@ def kernel_profile(fn, reps: int) -> dict:
             fn()
         torch.cuda.synchronize()
     by_kernel = collections.defaultdict(lambda: [0, 0.0])
+    spans = []
     for ev in prof.events():
         if getattr(ev, "device_type", None) != torch.autograd.DeviceType.CUDA:
             continue
@@ -115,6 +116,7 @@ def kernel_profile(fn, reps: int) -> dict:
         k = by_kernel[ev.name]
         k[0] += 1
         k[1] += float(dur)
+        spans.append((ev.time_range.start, ev.time_range.end, ev.name))
     classes = collections.defaultdict(lambda: [0.0, 0.0])
     kernels = []
     for name, (count, us) in by_kernel.items():
@@ -124,11 +126,31 @@ def kernel_profile(fn, reps: int) -> dict:
         kernels.append({"name": name, "class": classify(name), "per_forward": count / reps,
                         "us_per_forward": us / reps})
     kernels.sort(key=lambda k: -k["us_per_forward"])
-    return {"kernel_us": sum(k["us_per_forward"] for k in kernels),
+    return {"gpu_idle": idle_gaps(spans, reps),
+            "kernel_us": sum(k["us_per_forward"] for k in kernels),
             "kernels_per_forward": sum(k["per_forward"] for k in kernels),
             "classes": {c: {"kernels": n, "us": us} for c, (n, us) in
                         sorted(classes.items(), key=lambda kv: -kv[1][1])},
             "top": kernels[:40]}
+
+
+def idle_gaps(spans: list, reps: int, top: int = 6) -> dict:
+    """Where the GPU waits for the host: the idle time between consecutive kernels
+    (``spans``: (start us, end us, name) of every kernel over ``reps`` forwards),
+    per forward in total and by the kernel the gap follows (its ``top`` largest).
+    A variant that is slower with the same kernel time shows here where it stalls."""
+    spans.sort()
+    after = collections.defaultdict(float)
+    total, end, prev = 0.0, None, None
+    for s, e, name in spans:
+        if end is not None and s > end:
+            total += s - end
+            after[prev] += s - end
+        if end is None or e >= end:
+            end, prev = e, name
+    worst = sorted(after.items(), key=lambda kv: -kv[1])[:top]
+    return {"us_per_forward": total / reps,
+            "after": [[us / reps, name] for name, us in worst]}
 
 
 def _proc_cpu() -> dict:
@@ -245,6 +267,11 @@ def print_model(name, rows, top) -> None:
             v = p["classes"].get(c)
             cells.append(f"{v['us']:.0f} ({v['kernels']:.0f})" if v else "-")
         print(" | ".join(cells))
+    for r in rows:
+        idle = r["profile"].get("gpu_idle")
+        if idle:
+            print(f"-- {name} / {r['variant']}: GPU idle {idle['us_per_forward']:.0f} us per forward; "
+                  "most after: " + "; ".join(f"{us:.0f} us {k[:60]}" for us, k in idle["after"][:4]))
     for r in rows:
         print(f"-- {name} / {r['variant']}: heaviest kernels (us per forward, calls)")
         for k in r["profile"]["top"][:top]:

@@ -1,6 +1,8 @@
 """benchmarks/glue_profile.py without a GPU: kernel names sorted into classes (ours
 against PyTorch's cuBLAS / cuDNN / SDPA, Triton, copies), and the no-GPU exit."""
 import sys
+
+import pytest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -32,3 +34,12 @@ def test_needs_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(gp.torch.cuda, "is_available", lambda: False)
     assert gp.main(["mlp"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_idle_gaps_sum_the_waits_between_kernels_and_name_what_they_follow():
+    # b starts 5 us after a ends; d runs inside c (no gap); e starts 10 us after c ends
+    spans = [(40.0, 41.0, "e"), (0.0, 10.0, "a"), (15.0, 20.0, "b"), (20.0, 30.0, "c"), (25.0, 28.0, "d")]
+    idle = gp.idle_gaps(spans, reps=5)
+    assert idle["us_per_forward"] == pytest.approx(15.0 / 5)
+    assert idle["after"] == [[pytest.approx(2.0), "c"], [pytest.approx(1.0), "a"]]
+    assert gp.idle_gaps([], reps=1) == {"us_per_forward": 0.0, "after": []}
