@@ -72,7 +72,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
             ray_address: str | None = None, tune: bool = False,
             glue: str = "auto", mode: str | None = None,
             options: dict | None = None, offload_norms: str = "auto",
-            combine_gemms: bool = True) -> CompiledModel:
+            combine_gemms: bool = True, phases_before: dict | None = None) -> CompiledModel:
     """Offload ``model``'s GEMM, conv2d, attention and norm regions to CUTLASS kernels
     in one shared library.
 
@@ -107,6 +107,9 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     combine_gemms: run sibling linears on one input with nothing fused but a bias
       (attention's q / k / v projections) as one GEMM over their concatenated
       weights, a copy made now (partition/parallel_gemm.py).
+    phases_before: seconds of the caller's own steps before this call, by name (the
+      CLI passes its model construction as {"model": s}); they come first in the
+      report's phases, report.json's included (which also holds the save's seconds).
     With Inductor glue and CUDA example inputs on a GPU of ``arch``, the library
     is built in a background thread while the first call (Dynamo + Inductor's
     compile of the glue) runs on the example inputs; its regions wait for the
@@ -128,6 +131,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     if out_dir is not None:
         check_out_dir(out_dir)      # and a path we must not replace, before any work
     phases = _Phases()
+    phases.seconds.update(phases_before or {})
     with phases("capture"):
         cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
                       dynamic_shapes=dynamic_shapes)

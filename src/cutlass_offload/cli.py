@@ -30,10 +30,8 @@ def _cmd_compile(a) -> int:
                           out_dir=a.out, strict=a.strict, build_strategy=a.build,
                           executor=a.executor, ray_address=a.ray_address, tune=a.tune,
                           glue=a.glue, mode=a.mode, offload_norms=a.norms,
-                          combine_gemms=a.combine_gemms)
-    rep = compiled.report
-    rep.phases = {"model": t_model, **rep.phases}
-    print(rep)
+                          combine_gemms=a.combine_gemms, phases_before={"model": t_model})
+    print(compiled.report)
     print(f"wrote {a.out}")
     return 0
 

@@ -55,6 +55,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import types
 import typing
 import uuid
@@ -74,6 +75,7 @@ from .runtime.compiled_model import CompiledModel
 from .runtime.glue import GlueSpec
 
 MANIFEST = "manifest.json"
+REPORT = "report.json"
 # 2: the manifest records every file's size and sha256 ("files") and its own
 # checksum; folders without them (format 1) still load, with cheaper checks.
 # 3: the weights may lie in weights.bin (manifest "weights"), model.pt2 then holding
@@ -147,6 +149,7 @@ def save(compiled: CompiledModel, cap: Captured, example_inputs, options: Compil
     (checked first: torch's archive writer aborts the process when a write fails
     at its end); out_dir is unchanged then.
     """
+    started = time.perf_counter()
     out = Path(out_dir)
     check_out_dir(out)
     try:
@@ -167,7 +170,8 @@ def save(compiled: CompiledModel, cap: Captured, example_inputs, options: Compil
     try:
         tmp.chmod(0o777 & ~_umask())     # mkdtemp's 0700 would become the folder's
         try:
-            _write_folder(tmp, compiled, cap, example_inputs, options, glue, previous=out)
+            _write_folder(tmp, compiled, cap, example_inputs, options, glue, previous=out,
+                          save_started=started)
         except OSError as e:
             if integrity.is_disk_full(e):
                 raise integrity.disk_full(e, out, hint) from e
@@ -250,7 +254,8 @@ def _previous_weights(out: Path | None) -> tuple:
     return out / weights.BIN, record
 
 
-def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue, previous=None) -> None:
+def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue, previous=None,
+                  save_started: float | None = None) -> None:
     parts = weights.split(cap.exported)
     if parts is not None and not parts[1]:
         parts = None             # no tensors: nothing to put beside the program
@@ -269,7 +274,14 @@ def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue, previ
         for unit in compiled.report.build.get("units", []):   # every source, for inspection
             if unit.get("source") and os.path.exists(unit["source"]):
                 shutil.copy2(unit["source"], tmp / "src" / f"{unit['name']}.{Path(unit['source']).parent.name.split('.')[-1]}.cu")
-    (tmp / "report.json").write_text(json.dumps(compiled.report.to_dict(), indent=1))
+    files = integrity.records(tmp, skip={MANIFEST})
+    # the report last, so that its phases hold the save's seconds (all but hashing
+    # the report itself and writing the manifest)
+    report = compiled.report.to_dict()
+    if save_started is not None:
+        report["phases"] = {**report.get("phases", {}), "save": time.perf_counter() - save_started}
+    (tmp / REPORT).write_text(json.dumps(report, indent=1))
+    files[REPORT] = integrity.record(tmp / REPORT)
     manifest = {"format": FOLDER_FORMAT, "options": asdict(options),
                 "fingerprint": _fingerprint(compiled.plan),
                 "tuned": compiled.report.tuning.get("winners", {}),
@@ -277,7 +289,7 @@ def _write_folder(tmp: Path, compiled, cap, example_inputs, options, glue, previ
                 "weights": None if parts is None else weights.INDEX,
                 "glue_cache": glue_cache}
     manifest["save_id"] = uuid.uuid4().hex     # tells a loader that the folder changed
-    manifest["files"] = integrity.records(tmp, skip={MANIFEST})
+    manifest["files"] = dict(sorted(files.items()))
     manifest["checksum"] = _manifest_checksum(manifest)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
 

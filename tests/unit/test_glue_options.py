@@ -145,6 +145,11 @@ def test_cli_compile_saves_glue_flags(tmp_path, monkeypatch):
     assert rc == 0
     saved = json.loads((out / "manifest.json").read_text())["glue"]
     assert saved["glue"] == "inductor" and saved["mode"] == "reduce-overhead"
+    # report.json holds every phase the CLI prints: the model's construction first, the save last
+    phases = json.loads((out / "report.json").read_text())["phases"]
+    assert list(phases)[0] == "model" and list(phases)[-1] == "save" and "capture" in phases
+    assert all(isinstance(v, float) and v >= 0 for v in phases.values())
+    co.check_folder(out)                  # report.json written after the other files: still recorded
     assert cli.main(["compile", "glue_factory:make", "--out", str(out), "--arch", "sm_90a",
                      "--glue", "eager", "--mode", "reduce-overhead"]) == 2       # ValueError -> 2
     with pytest.raises(SystemExit):
