@@ -6,7 +6,9 @@ the same mode (``ours``: the default options, layer / RMS norms left to Inductor
 ``--variants`` adds ``norms_all``: every norm a region, and ``ours_dynamic``: ours
 captured with a dynamic batch, as benchmarks/runtime.py compiles it; and
 ``ours_python_wrapper`` / ``ours_cpp_wrapper``: ours in default mode with Inductor's
-Python / C++ wrapper whatever glue.CPP_WRAPPER_IN_DEFAULT_MODE says), each checked against a
+Python / C++ wrapper whatever glue.CPP_WRAPPER_IN_DEFAULT_MODE says; and
+``attention_in_pytorch``: ours with every attention region left to PyTorch's SDPA,
+as if the measured-faster list named them), each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
 ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
 ``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import gc
 import json
 import os
@@ -44,7 +47,7 @@ from cutlass_offload.config import CompileOptions
 from cutlass_offload.models import load_model
 
 VARIANTS = ("torch_compile", "ours", "ours_dynamic", "ours_python_wrapper", "ours_cpp_wrapper",
-            "norms_all")
+            "norms_all", "attention_in_pytorch")
 WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True}
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
@@ -209,6 +212,29 @@ def host_profile(fn, reps: int, top: int) -> list:
     return rows[:top]
 
 
+@contextlib.contextmanager
+def _attention_in_pytorch(on: bool):
+    """While ``on``: select's measured-faster lookup names every attention problem,
+    so the compile leaves each attention region to PyTorch (an A/B of our attention
+    kernels inside the model, against the kernel benchmark's isolated figures)."""
+    if not on:
+        yield
+        return
+    from cutlass_offload.ir.attention import AttentionProblem
+    from cutlass_offload.select import pytorch_faster
+    real = pytorch_faster.reason
+
+    def reason(problem, *args, **kw):
+        if isinstance(problem, AttentionProblem):
+            return "glue_profile.py attention_in_pytorch variant"
+        return real(problem, *args, **kw)
+    pytorch_faster.reason = reason
+    try:
+        yield
+    finally:
+        pytorch_faster.reason = real
+
+
 def run_variant(variant, model, inputs, check, a):
     """(result, the compiled forward or None): the forward is kept only for
     ``--rounds``, which times the variants again side by side."""
@@ -222,9 +248,10 @@ def run_variant(variant, model, inputs, check, a):
         options = CompileOptions(arch=resolve_arch(None),
                                  offload_norms="all" if variant == "norms_all" else "auto")
         cap = capture(model, inputs, dynamic_batch=variant == "ours_dynamic")
-        fn = compile_captured(cap, options, glue="inductor", mode=mode,
-                              inductor_options={"cpp_wrapper": WRAPPER[variant]}
-                              if variant in WRAPPER and mode is None else None)
+        with _attention_in_pytorch(variant == "attention_in_pytorch"):
+            fn = compile_captured(cap, options, glue="inductor", mode=mode,
+                                  inductor_options={"cpp_wrapper": WRAPPER[variant]}
+                                  if variant in WRAPPER and mode is None else None)
     with torch.no_grad():
         fn(*inputs)
         torch.cuda.synchronize()
