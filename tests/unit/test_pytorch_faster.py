@@ -242,3 +242,21 @@ def test_an_inductor_only_entry_applies_with_inductor_glue_alone(monkeypatch):
     real = pf.PytorchFaster(json.loads(pf.FILE.read_text()))
     (lm,) = [e for e in real.gemm.values() if e["n"] == 50257]
     assert lm["glue"] == "inductor" and lm["anchor_us"] < lm["ours_us"]
+
+
+def test_whisper_attention_entry_applies_with_inductor_glue_alone():
+    """The packaged whisper-encoder attention entry (b4 h12 1500x1500 d64 fp16,
+    cuDNN's SDPA faster inside the model in reduce-overhead) keeps that attention in
+    PyTorch with Inductor glue only; bf16 (not measured there) and other sizes run ours."""
+    from cutlass_offload.ir.attention import AttentionProblem
+    real = pf.PytorchFaster(json.loads(pf.FILE.read_text()))
+
+    def problem(**kw):
+        base = dict(heads=12, seq_q=1500, seq_kv=1500, head_dim=64, head_dim_v=64, dtype="f16",
+                    scale=0.125, batch=None, batch_hint=4)
+        return AttentionProblem(**{**base, **kw})
+    assert "cudnn" in real.reason(problem(), 132, glue="inductor")
+    assert real.reason(problem(), 132, glue="eager") is None
+    assert real.reason(problem(dtype="bf16"), 132, glue="inductor") is None
+    assert real.reason(problem(batch_hint=2), 132, glue="inductor") is None
+    assert real.reason(problem(), 114, glue="inductor") is None        # another GPU
