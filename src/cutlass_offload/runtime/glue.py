@@ -35,8 +35,9 @@ from torch.utils._pytree import tree_leaves
 GLUES = ("auto", "inductor", "eager")
 GLUE_DYNAMIC = ("exported", "auto")
 # True: default mode compiles CUDA glue with Inductor's C++ wrapper unless the caller
-# chose (InductorGlue.compile_options). Off until measured on the GPU: correct and
-# faster there is not yet shown (benchmarks/glue_profile.py ours_cpp_wrapper variant).
+# chose (InductorGlue.compile_options). Off: on the H200 under torch 2.11 it was faster
+# on two models of three and slower on the third, whose many region calls it sends
+# back through Python, and its first call compiles C++ (docs/measured.md, session 20).
 CPP_WRAPPER_IN_DEFAULT_MODE = False
 
 
@@ -241,11 +242,14 @@ class InductorGlue:
     def compile_options(self, on_cuda: bool) -> dict:
         """The Inductor options the glue is compiled with: the caller's, plus (while
         ``cpp_wrapper_in_default_mode()``) ``cpp_wrapper`` on a CUDA graph without CUDA
-        graphs (default mode) unless the caller set it. Why: the plain forward is host-bound on small models, and
-        Inductor's C++ wrapper calls the region op through the dispatcher
-        (``callBoxed``: the op's C++ kernel, no Python) and launches the Triton kernels
-        from C++, where the Python wrapper pays ~10-20 us of Python per kernel (the
-        host profiles of glue_profile.py --host-profile)."""
+        graphs (default mode) unless the caller set it. Why: the plain forward is
+        host-bound on small models, and Inductor's C++ wrapper launches the Triton
+        kernels from C++, where the Python wrapper pays ~10-20 us of Python per kernel
+        (the host profiles of glue_profile.py --host-profile). It calls the region op
+        through the dispatcher (``callBoxed``: the op's C++ kernel, no Python) only
+        where Inductor boxes a ``Tensor[]`` schema itself (torch 2.13); torch 2.11
+        calls it back through Python (``codecache.custom_op_wrapper``, ~13 us more a
+        call, measured on the H200)."""
         options = dict(self.options)
         if (on_cuda and cpp_wrapper_in_default_mode() and not self.cuda_graphs
                 and "cpp_wrapper" not in options and self.mode in (None, "default")):
