@@ -81,21 +81,23 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="+", help="built-in model names (cutlass-offload compile's)")
     p.add_argument("--mode", default="reduce-overhead", choices=["default", "reduce-overhead"],
-                   help="torch.compile mode of the anchor and of our Inductor glue")
+                   help="torch.compile mode of the anchor and of our Inductor glue (default: %(default)s)")
     p.add_argument("--variants", default=",".join(VARIANTS[:2]),
                    help=f"comma-separated, from {', '.join(VARIANTS)} (default: %(default)s)")
-    p.add_argument("--reps", type=int, default=20, help="timed forwards per measurement")
-    p.add_argument("--profile-reps", type=int, default=5, help="forwards under torch.profiler")
-    p.add_argument("--top", type=int, default=12, help="heaviest kernels listed per variant")
+    p.add_argument("--reps", type=int, default=20, help="timed forwards per measurement (default: %(default)s)")
+    p.add_argument("--profile-reps", type=int, default=5,
+                   help="forwards under torch.profiler (default: %(default)s)")
+    p.add_argument("--top", type=int, default=12, help="heaviest kernels listed per variant (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=0, metavar="N",
                    help="keep every variant's forward alive and time them again in N "
                         "interleaved rounds, order rotated; ratios are medians of per-round "
                         "ratios to the first variant")
-    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"],
+                   help="the models' dtype (default: %(default)s)")
     p.add_argument("--host-profile", type=int, default=0, metavar="N",
                    help="also print the N Python functions with the most host time over "
                         "--reps forwards (cProfile, tottime), per variant")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="where to write the JSON (default: $OUT/glue_profile.json)")
     return p.parse_args(argv)
 
 

@@ -159,6 +159,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    """argparse type of --tolerance: a finite number > 0 (a relative error bound)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
+    return value
+
+
 _DTYPES = {"fp16": "f16", "bf16": "bf16"}
 
 
@@ -284,7 +295,8 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="run a compiled folder on the GPU against PyTorch")
     r.add_argument("dir")
     r.add_argument("--json", default=None, help="write the results here")
-    r.add_argument("--tolerance", type=float, default=1e-2, help="max relative error (exit 1 above; default 1e-2)")
+    r.add_argument("--tolerance", type=_positive_float, default=1e-2,
+                   help="max relative error (exit 1 above; default 1e-2)")
     r.add_argument("--verify", action="store_true",
                    help="check each region against PyTorch on its first call; fall back where it disagrees")
     _glue_args(r, default=None, saved=" (default: the folder's, saved by compile)")

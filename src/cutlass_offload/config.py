@@ -23,10 +23,11 @@ Environment variables:
   CUTLASS_OFFLOAD_FAST_CALL  0 turns off the C++ call path of offloaded regions
                              (runtime/fast_call.py); every call then maps in Python
   CXX                        the host C++ compiler that builds that path (default c++)
-  CUTLASS_OFFLOAD_CPP_WRAPPER  1 / 0: default-mode Inductor glue on CUDA compiled with
-                             Inductor's C++ wrapper or not (unset: the package's default,
-                             runtime/glue.py CPP_WRAPPER_IN_DEFAULT_MODE); a caller's
-                             cpp_wrapper option wins
+  CUTLASS_OFFLOAD_CPP_WRAPPER  1 / 0 (off, no, false): co.compile / load's default-mode
+                             Inductor glue on CUDA compiled with Inductor's C++ wrapper or
+                             not (unset: not, runtime/glue.py CPP_WRAPPER_IN_DEFAULT_MODE);
+                             a caller's cpp_wrapper option wins; the torch.compile backend
+                             takes the caller's options only
 """
 from __future__ import annotations
 
@@ -74,9 +75,16 @@ def knobs() -> Knobs:
         host_launchers=env.get("CUTLASS_OFFLOAD_HOST_LAUNCHERS", "1") not in ("", "0"),
         nvcc_steps=env.get("CUTLASS_OFFLOAD_NVCC_STEPS", "1") not in ("", "0"),
         lineinfo=env.get("CUTLASS_OFFLOAD_LINEINFO", "0") not in ("", "0"),
-        cpp_wrapper=(None if env.get("CUTLASS_OFFLOAD_CPP_WRAPPER", "") == ""
-                     else env.get("CUTLASS_OFFLOAD_CPP_WRAPPER") != "0"),
+        cpp_wrapper=_tristate(env.get("CUTLASS_OFFLOAD_CPP_WRAPPER", "")),
     )
+
+
+def _tristate(value: str) -> bool | None:
+    """None for unset / empty, False for 0 / off / no / false, else True."""
+    value = (value or "").strip().lower()
+    if not value:
+        return None
+    return value not in ("0", "off", "no", "false")
 
 
 def _progress(value: str) -> str:

@@ -1,6 +1,6 @@
-"""The CLI's count flags (compile --batch / --seq / --jobs, prebuild --jobs) take
+"""The CLI's number flags: the count flags (compile --batch / --seq / --jobs, prebuild --jobs) take
 positive integers: 0, a negative number or a non-number is one argparse error line
-naming the flag and exit 2, before any model is built."""
+naming the flag and exit 2, before any model is built; run --tolerance a finite number > 0."""
 import pytest
 
 from cutlass_offload import cli
@@ -49,3 +49,13 @@ def test_positive_counts_pass_through(tmp_path, monkeypatch):
     seen.clear()
     assert cli.main(_compile(tmp_path)) == 0        # unset: the defaults (None, None, 0 = auto)
     assert seen == {"batch": None, "seq": None, "jobs": 0}
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "x"])
+def test_run_refuses_a_tolerance_that_is_no_bound(tmp_path, capsys, monkeypatch, value):
+    monkeypatch.setattr(cli, "_cmd_run", lambda a: pytest.fail("the command ran"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", str(tmp_path), "--tolerance", value])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "cutlass-offload run: error: argument --tolerance")

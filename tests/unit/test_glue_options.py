@@ -210,6 +210,9 @@ def test_cpp_wrapper_default_follows_the_environment(monkeypatch):
     assert glue.InductorGlue(gm).compile_options(on_cuda=True) == {}
     monkeypatch.setenv("CUTLASS_OFFLOAD_CPP_WRAPPER", "")       # empty: the module's default
     assert glue.InductorGlue(gm).compile_options(on_cuda=True) == {"cpp_wrapper": True}
+    for off in ("off", "False", "no"):                            # read as PROGRESS reads them
+        monkeypatch.setenv("CUTLASS_OFFLOAD_CPP_WRAPPER", off)
+        assert glue.InductorGlue(gm).compile_options(on_cuda=True) == {}
 
 
 def test_default_mode_glue_on_cuda_uses_the_cpp_wrapper(monkeypatch):
