@@ -240,8 +240,8 @@ def _attention_in_pytorch(on: bool):
 def run_variant(variant, model, inputs, check, a):
     """(result, the compiled forward or None): the forward is kept only for
     ``--rounds``, which times the variants again side by side."""
-    if not a.rounds:
-        torch._dynamo.reset()     # kept forwards need their Dynamo caches
+    if not a.rounds:              # with --rounds the kept forwards need their Dynamo caches
+        torch._dynamo.reset()
     mode = None if a.mode == "default" else a.mode
     t0 = time.perf_counter()
     if variant == "torch_compile":
@@ -366,8 +366,9 @@ def main(argv=None) -> int:
         print_model(name, rows, a.top)
         if len(alive) > 1:
             print_rounds(name, alive, inputs, result["models"][name], a.rounds, a.reps)
-        alive = None
-        torch._dynamo.reset()
+        if alive:                 # run_variant resets Dynamo itself when nothing is kept
+            alive = None
+            torch._dynamo.reset()
         out.write_text(json.dumps(result, indent=1))
         del model, inputs
         gc.collect()
