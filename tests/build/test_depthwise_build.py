@@ -45,3 +45,17 @@ def test_depthwise_kernels_build_into_one_library(tmp_path):
         ws = getattr(lib, emit.region_symbol(r.name) + emit.WORKSPACE_SUFFIX)
         ws.argtypes, ws.restype = [ctypes.POINTER(CoConvArgs)], ctypes.c_int64
         assert ws(ctypes.byref(CoConvArgs())) == 0
+
+
+def test_a_measured_problem_builds_the_tiled_form(tmp_path):
+    """ConvNeXt's first 7x7 (96 channels at 56 x 56) is in the measured table
+    (families/depthwise_table.json): its kernel carries the tiled form, whose
+    device code (cp.async tile staging) then compiles for sm_90a."""
+    from cutlass_offload.families import depthwise
+    dw = nn.Conv2d(96, 96, 7, padding=3, groups=96).half().eval()
+    x = torch.randn(1, 96, 56, 56, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    compiled = co.compile(dw, (x,), arch="sm_90a", out_dir=tmp_path / "dw")
+    (kernel,) = compiled.plan.distinct_kernels
+    want = depthwise.tiled_for(compiled.plan.regions[0].problem, "sm90a")
+    assert want and kernel.tiled == want and "_t{}x{}_".format(*want) in kernel.name
+    assert not compiled.report.build["failures"]

@@ -1,7 +1,8 @@
 """Build tier: the depthwise kernel's per-thread work (emit/templates/depthwise.cuh)
-checked on the CPU: ``accumulate`` and ``finish`` compiled by nvcc as host code and
-run for every thread of the grid against a direct depthwise conv, on random
-geometries and every epilogue form. Needs nvcc and the CUTLASS headers (CI has both),
+checked on the CPU: ``accumulate`` and ``finish`` (the row form) and the tiled form's
+tile staging and ``accumulate_tile`` compiled by nvcc as host code and run for every
+thread of the grid against a direct depthwise conv, on random geometries and every
+epilogue form. Needs nvcc and the CUTLASS headers (CI has both),
 no GPU; tests/gpu runs the real kernel."""
 import subprocess
 from pathlib import Path
@@ -21,7 +22,8 @@ def test_depthwise_threads_match_a_direct_conv(tmp_path):
     nvcc = find_nvcc()
     exe = tmp_path / "emu"
     cmd = [str(nvcc), "-std=c++17", "-O1", "-arch=sm_90a", f'-DPRELUDE_HEADER="{TEMPLATES / "prelude.h"}"',
-           f'-DDEPTHWISE_HEADER="{TEMPLATES / "depthwise.cuh"}"', "-o", str(exe),
+           f'-DDEPTHWISE_HEADER="{TEMPLATES / "depthwise.cuh"}"',
+           f'-DDEPTHWISE_TILED_HEADER="{TEMPLATES / "depthwise_tiled.cuh"}"', "-o", str(exe),
            str(HERE / "depthwise_emulation.cu")]
     cmd += [f"-I{d}" for d in include_dirs()]
     build = subprocess.run(cmd, capture_output=True, text=True)

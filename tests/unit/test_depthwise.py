@@ -2,6 +2,7 @@
 direct depthwise kernel (families/depthwise.py), the kernel and C++ they get, and
 the reason each other one stays in PyTorch. The build tier checks the kernel's
 arithmetic on the host (test_depthwise_emulation.py), tests/gpu the real kernel."""
+import json
 import pytest
 import torch
 import torch.nn as nn
@@ -98,11 +99,12 @@ def test_problem_and_kernel_refuse_what_they_cannot_be():
 
 
 @pytest.mark.parametrize("ep, codes", [
-    (GemmEpilogue(bias=True), "7, 1, 4, 0, 0, false, 0"),
-    (GemmEpilogue(bias=True, activation="silu"), "7, 1, 4, 4, 0, false, 0"),
+    (GemmEpilogue(bias=True), "7, 1, 4, 0, 0, 128, 1, 0, 0, false, 0"),
+    (GemmEpilogue(bias=True, activation="silu"), "7, 1, 4, 0, 0, 128, 1, 4, 0, false, 0"),
     (GemmEpilogue(bias=True, activation="relu", residual="add", post_activation="relu"),
-     "7, 1, 4, 1, 1, false, 1"),
-    (GemmEpilogue(bias=True, residual="mul", residual_broadcast=True), "7, 1, 4, 0, 2, true, 0"),
+     "7, 1, 4, 0, 0, 128, 1, 1, 1, false, 1"),
+    (GemmEpilogue(bias=True, residual="mul", residual_broadcast=True),
+     "7, 1, 4, 0, 0, 128, 1, 0, 2, true, 0"),
 ])
 def test_emitted_instantiation_carries_the_epilogue(ep, codes):
     k = DepthwiseKernel(arch="sm90a", dtype="bf16", epilogue=ep, s=7, stride_w=1)
@@ -124,3 +126,49 @@ def test_pytorch_runs_the_fallback_of_a_depthwise_region_the_same():
     (mod,) = [m for m in gm.modules() if type(m).__name__ == "ConvRegionModule"]
     xs = (x.float(), model.conv.weight.float(), model.conv.bias.float())
     torch.testing.assert_close(mod.fallback(*xs), F.silu(F.conv2d(*xs, padding=1, groups=32)))
+
+
+def test_tiled_form_is_named_and_emitted_with_its_shape():
+    ep = GemmEpilogue(bias=True, activation="silu")
+    rows = DepthwiseKernel(arch="sm90a", dtype="f16", epilogue=ep, s=5, stride_w=2, outputs=2)
+    tiled = DepthwiseKernel(arch="sm90a", dtype="f16", epilogue=ep, s=5, stride_w=2, outputs=2,
+                            tiled=(1, 4, 256, 1))
+    assert tiled.name == rows.name.replace("_q2_", "_q2_t1x4_256b1_") != rows.name
+    assert "co_depthwise::run<cutlass::half_t, 5, 2, 2, 1, 4, 256, 1, 4, 0, false, 0>(" in emit_kernel(tiled).code
+    for bad in [(1, 4, 256), (3, 4, 256, 1), (1, 4, 512, 1), (1, 4, 256, 8)]:
+        with pytest.raises(ValueError, match="tiled"):
+            DepthwiseKernel(arch="sm90a", dtype="f16", epilogue=ep, s=5, stride_w=2, tiled=bad)
+
+
+def _problem(c, h, r, stride, **kw):
+    pad = r // 2
+    return ConvProblem(n=32, h=h, w=h, c=c, k=c, r=r, s=r, pad=(pad,) * 4, stride=(stride, stride),
+                       dilation=(1, 1), groups=c, dtype="f16", align_a=8, align_b=1, align_c=8, **kw)
+
+
+def test_the_measured_table_picks_the_tiled_form_on_sm90a_only(monkeypatch, tmp_path):
+    table = tmp_path / "t.json"
+    key = depthwise.key_of(96, 56, 56, 7, 7, (3,) * 4, (1, 1))
+    table.write_text(json.dumps({"rows": {key: {"tiled": [1, 4, 256, 1], "us": 1.0}}}))
+    monkeypatch.setattr(depthwise, "TABLE_FILE", table)
+    depthwise._table.cache_clear()
+    try:
+        assert depthwise.choose(_problem(96, 56, 7, 1), "sm90a").tiled == (1, 4, 256, 1)
+        assert depthwise.choose(_problem(96, 56, 7, 1), "sm80").tiled == ()
+        assert depthwise.choose(_problem(96, 28, 7, 1), "sm90a").tiled == ()     # not measured
+        table.write_text("{not json")
+        depthwise._table.cache_clear()
+        with pytest.warns(UserWarning, match="row form"):
+            assert depthwise.choose(_problem(96, 56, 7, 1), "sm90a").tiled == ()
+    finally:
+        depthwise._table.cache_clear()
+
+
+def test_the_shipped_table_names_shapes_the_kernel_takes():
+    depthwise._table.cache_clear()
+    rows = json.loads(depthwise.TABLE_FILE.read_text())["rows"]
+    assert rows, "the shipped table is empty"
+    for key, row in rows.items():
+        ep = GemmEpilogue(bias=True)
+        DepthwiseKernel(arch="sm90a", dtype="f16", epilogue=ep, s=3, stride_w=1, tiled=row["tiled"])
+        assert row["us"] < row["rows_us"], key         # only where the tiled form ran faster

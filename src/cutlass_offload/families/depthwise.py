@@ -10,8 +10,20 @@ multiple of 8, 16-bit types), a window of inputs per thread held in registers
 the filter slice in shared memory (at most MAX_TAPS taps). CUTLASS's own 2.x
 depthwise direct conv ran 2-155x slower than cuDNN on the H200
 (benchmarks/depthwise, benchmarks/results/depthwise_direct_conv_2026-12-01_h200.json).
+
+Two forms (templates/depthwise.cuh, depthwise_tiled.cuh): the row form reads each
+thread's window from global memory; the tiled form stages a block's input tile in
+shared memory first. Neither wins everywhere on the H200, so on sm90a the tiled form
+(and its outputs per thread and block shape) is taken where the measured table
+(TABLE_FILE, written by ``benchmarks/depthwise/tiled_bench.py --write-table``) says
+it ran faster than the row form; other problems and arches get the row form.
 """
 from __future__ import annotations
+
+import json
+import warnings
+from functools import lru_cache
+from pathlib import Path
 
 from ..ir import ConvProblem, DepthwiseKernel
 
@@ -23,6 +35,37 @@ MAX_WIDTH = 9          # S: the input window per thread lives in registers
 # run): 4 everywhere 1.21x cuDNN geomean (min 0.84x), 2 everywhere 1.17x (the 7x7s
 # 0.60-0.88x), this rule 1.28x (min 0.84x).
 WIDE = 7
+
+
+TABLE_FILE = Path(__file__).with_name("depthwise_table.json")
+
+
+def key_of(c, h, w, r, s, pad, stride) -> str:
+    """The table's key of a depthwise conv of these sizes (any batch: the form that
+    wins turns on the image and channel sizes; the table says which batch it timed)."""
+    return f"c{c}_h{h}_w{w}_r{r}_s{s}_pad{'-'.join(map(str, pad))}_st{'-'.join(map(str, stride))}"
+
+
+@lru_cache(maxsize=1)
+def _table() -> dict:
+    """{key: (PT, QT, threads, min_blocks)} of TABLE_FILE; {} when it is missing or
+    unreadable (warned: every problem then gets the row form)."""
+    if not TABLE_FILE.exists():
+        return {}
+    try:
+        rows = json.loads(TABLE_FILE.read_text())["rows"]
+        return {k: tuple(int(v) for v in row["tiled"]) for k, row in rows.items()}
+    except (ValueError, KeyError, TypeError) as e:
+        warnings.warn(f"{TABLE_FILE} unreadable ({e}); depthwise convs use the row form")
+        return {}
+
+
+def tiled_for(problem: ConvProblem, arch: str) -> tuple:
+    """The measured tiled form (PT, QT, threads, min_blocks) for ``problem``, or ()."""
+    if arch != "sm90a":
+        return ()
+    return _table().get(key_of(problem.c, problem.h, problem.w, problem.r, problem.s, problem.pad,
+                               problem.stride), ())
 
 
 def outputs_for(s: int) -> int:
@@ -54,4 +97,5 @@ def choose(problem: ConvProblem, arch: str) -> DepthwiseKernel:
     if why is not None:
         raise ValueError(why)
     return DepthwiseKernel(arch=arch, dtype=problem.dtype, epilogue=problem.epilogue, s=problem.s,
-                           stride_w=problem.stride[1], outputs=outputs_for(problem.s))
+                           stride_w=problem.stride[1], outputs=outputs_for(problem.s),
+                           tiled=tiled_for(problem, arch))

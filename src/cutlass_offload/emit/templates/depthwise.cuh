@@ -156,24 +156,15 @@ struct SharedTaps {
   }
 };
 
-template <typename T, int S, int SW, int QT, int Act, int Res, bool ResBroadcast, int Post, int Rounds>
-__global__ void __launch_bounds__(kThreads) depthwise(const T* __restrict__ x, const T* __restrict__ filter,
-                                                      const T* __restrict__ bias,
-                                                      const T* __restrict__ residual, T* __restrict__ y,
-                                                      Geometry g) {
-  extern __shared__ __align__(16) unsigned char co_depthwise_smem[];
-  T* taps = reinterpret_cast<T*>(co_depthwise_smem);
-  const int cv = blockDim.x;                  // channel vectors per block
-  const int width = cv * kVec;                // channels per block
-  const int c_base = blockIdx.y * width;
-  const int rs = g.r * S;
-  // The block's filter slice, tap-major: filter[c, r, s] is at c * R * S + tap, so the
-  // slice is one contiguous run of width * R * S elements. It is read as 16-byte
-  // vectors (run() checks the filter's alignment), all loads of a thread issued before
-  // their stores: staged one element per dependent load, this took longer than the
-  // block's own outputs on ConvNeXt / EfficientNet's 5x5 and 7x7 convs.
-  const int threads = blockDim.x * blockDim.y;
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+// The block's filter slice, tap-major, into shared memory: filter[c, r, s] is at
+// c * R * S + tap, so the slice of channels c_base .. c_base + width - 1 is one
+// contiguous run of width * rs elements. It is read as 16-byte vectors (run() checks
+// the filter's alignment), all loads of a thread issued before their stores: staged
+// one element per dependent load, this took longer than the block's own outputs on
+// ConvNeXt / EfficientNet's 5x5 and 7x7 convs. ``tid`` of ``threads`` staging threads.
+template <typename T>
+__device__ __forceinline__ void stage_taps(const T* __restrict__ filter, T* taps, int c_base, int rs, int width,
+                                           int tid, int threads) {
   const T* slice = filter + int64_t(c_base) * rs;
   for (int i0 = tid * kVec; i0 < rs * width; i0 += 4 * threads * kVec) {
     cutlass::AlignedArray<T, kVec> v[4];
@@ -193,6 +184,21 @@ __global__ void __launch_bounds__(kThreads) depthwise(const T* __restrict__ x, c
       }
     }
   }
+}
+
+template <typename T, int S, int SW, int QT, int Act, int Res, bool ResBroadcast, int Post, int Rounds>
+__global__ void __launch_bounds__(kThreads) depthwise(const T* __restrict__ x, const T* __restrict__ filter,
+                                                      const T* __restrict__ bias,
+                                                      const T* __restrict__ residual, T* __restrict__ y,
+                                                      Geometry g) {
+  extern __shared__ __align__(16) unsigned char co_depthwise_smem[];
+  T* taps = reinterpret_cast<T*>(co_depthwise_smem);
+  const int cv = blockDim.x;                  // channel vectors per block
+  const int width = cv * kVec;                // channels per block
+  const int c_base = blockIdx.y * width;
+  const int rs = g.r * S;
+  stage_taps(filter, taps, c_base, rs, width, threadIdx.y * blockDim.x + threadIdx.x,
+             blockDim.x * blockDim.y);
   __syncthreads();
   const int c0 = c_base + threadIdx.x * kVec;
   const int64_t groups = int64_t(g.n) * g.p * g.q_tiles;
@@ -231,11 +237,12 @@ inline int vectors_per_block(int vectors) {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-template <typename T, int S, int SW, int QT, int Act, int Res, bool ResBroadcast, int Post>
-int run(const CoConvArgs& a, cudaStream_t stream) {
-  // what this instantiation computes: depthwise (K = C, one filter channel), the
-  // compiled filter width and horizontal stride, dilation 1, C a whole number of
-  // 16-byte vectors; sizes whose offsets fit the kernel's 32-bit per-row math
+// What every form of the kernel computes: depthwise (K = C, one filter channel), the
+// compiled filter width and horizontal stride, dilation 1, C a whole number of 16-byte
+// vectors, 16-byte aligned operands; sizes whose offsets fit the kernels' 32-bit
+// per-row math. CO_OK with ``g`` filled in, else CO_CANNOT_IMPLEMENT.
+template <int S, int SW, int Res>
+int check(const CoConvArgs& a, Geometry& g) {
   if (a.k != a.c || a.c % kVec != 0 || a.s != S || a.stride_w != SW || a.dilation_h != 1 ||
       a.dilation_w != 1 || a.r < 1 || a.r * S > kMaxTaps || a.stride_h < 1 || a.n < 0 ||
       a.h < 1 || a.w < 1 || a.p < 1 || a.q < 1 || a.pad_h < 0 || a.pad_w < 0) {
@@ -250,10 +257,15 @@ int run(const CoConvArgs& a, cudaStream_t stream) {
       (Res != kNone && (a.residual == nullptr || !aligned16(a.residual)))) {
     return CO_CANNOT_IMPLEMENT;
   }
-  if (a.n == 0) return CO_OK;
-  Geometry g;
   g.n = int(a.n); g.h = int(a.h); g.w = int(a.w); g.c = int(a.c); g.p = int(a.p); g.q = int(a.q);
   g.r = int(a.r); g.pad_h = int(a.pad_h); g.pad_w = int(a.pad_w); g.stride_h = int(a.stride_h);
+  g.q_tiles = 0;
+  return CO_OK;
+}
+
+// The row form: each thread QT outputs of one row, its input window from global memory.
+template <typename T, int S, int SW, int QT, int Act, int Res, bool ResBroadcast, int Post>
+int run_rows(const CoConvArgs& a, Geometry g, cudaStream_t stream) {
   g.q_tiles = (g.q + QT - 1) / QT;
   const int cv = vectors_per_block(g.c / kVec);
   const int pg = kThreads / cv;
