@@ -34,6 +34,8 @@ struct Tiling {
   int m;                 // column pitch, 16-byte vectors
   int tiles_p, tiles_q;  // output tiles per image
   int taps_elems;        // elements of the staged filter slice (the tile follows)
+  int buffers;           // input tiles in shared memory: 2 when a block stages its next tile
+                         // while it computes one (the pipelined kernel), else 1
 };
 
 // Column pitch (16-byte vectors) for cv vectors per column and a step of `step`
@@ -49,8 +51,9 @@ __host__ __device__ inline int tile_pitch(int cv, int step) {
 // The block shape for a problem: channel vectors, then up to 8 thread groups along a
 // row, then as many along the height as kTiledThreads and kTiledSmem allow. False when
 // even one row of groups does not fit the shared memory.
-template <typename T, int S, int SW, int PT, int QT, int Threads = kTiledThreads>
+template <typename T, int S, int SW, int PT, int QT, int Threads = kTiledThreads, int Buffers = 1>
 bool plan_tiling(const Geometry& g, Tiling& t) {
+  t.buffers = Buffers;
   int cv = kTiledVectors;
   const int vectors = g.c / kVec;
   while (vectors % cv) --cv;
@@ -65,7 +68,7 @@ bool plan_tiling(const Geometry& g, Tiling& t) {
   t.iw = (t.tq * QT - 1) * SW + S;
   for (; tp >= 1; --tp) {
     t.ih = (tp * PT - 1) * SW + S;
-    const size_t bytes = (size_t(t.taps_elems) + size_t(t.ih) * t.iw * t.m * kVec) * sizeof(T);
+    const size_t bytes = (size_t(t.taps_elems) + size_t(Buffers) * t.ih * t.iw * t.m * kVec) * sizeof(T);
     if (bytes <= size_t(kTiledSmem)) break;
   }
   if (tp < 1) return false;
@@ -77,7 +80,7 @@ bool plan_tiling(const Geometry& g, Tiling& t) {
 
 template <typename T>
 __host__ __device__ inline size_t tiling_smem_bytes(const Tiling& t) {
-  return (size_t(t.taps_elems) + size_t(t.ih) * t.iw * t.m * kVec) * sizeof(T);
+  return (size_t(t.taps_elems) + size_t(t.buffers) * t.ih * t.iw * t.m * kVec) * sizeof(T);
 }
 
 // Where block ``block`` (of n x tiles_p x tiles_q, tiles fastest) works: its image, its
@@ -155,32 +158,29 @@ __host__ __device__ __forceinline__ void accumulate_tile(const T* tile, const Ti
   }
 }
 
-template <typename T, int S, int SW, int PT, int QT, int Act, int Res, bool ResBroadcast, int Post,
-          int Threads, int MinBlocks>
-__global__ void __launch_bounds__(Threads, MinBlocks) depthwise_tiled(
-    const T* __restrict__ x, const T* __restrict__ filter, const T* __restrict__ bias,
-    const T* __restrict__ residual, T* __restrict__ y, Geometry g, Tiling t) {
-  extern __shared__ __align__(16) unsigned char co_depthwise_smem[];
-  T* taps = reinterpret_cast<T*>(co_depthwise_smem);
-  T* tile = taps + t.taps_elems;
-  const int v = threadIdx.x, qg = threadIdx.y, pgi = threadIdx.z;
-  const int width = t.cv * kVec;
-  const int c_base = blockIdx.y * width;
-  const TileOrigin o = tile_origin<SW, PT, QT>(g, t, blockIdx.x);
-  // the input tile: cp.async per 16-byte vector, zeros outside the image
-  const int groups = t.tq * t.tp;
-  for (int cell = pgi * t.tq + qg; cell < t.ih * t.iw; cell += groups) {
+// Stage tile ``block``'s input cells (cp.async, zeros outside the image), this thread's
+// share of them: channel vector v, cells from ``first`` in steps of ``step``.
+template <typename T, int SW, int PT, int QT>
+__device__ __forceinline__ void stage_tile(const T* __restrict__ x, T* tile, const Geometry& g, const Tiling& t,
+                                           int block, int c, int v, int first, int step) {
+  const TileOrigin o = tile_origin<SW, PT, QT>(g, t, block);
+  for (int cell = first; cell < t.ih * t.iw; cell += step) {
     const int row = cell / t.iw, col = cell - row * t.iw;
-    const int64_t from = tile_source(g, o, row, col, c_base + v * kVec);
+    const int64_t from = tile_source(g, o, row, col, c);
     cutlass::arch::cp_async_zfill<16>(tile + tile_offset(t, row, col, v), from < 0 ? x : x + from, from >= 0);
   }
-  cutlass::arch::cp_async_fence();
-  stage_taps(filter, taps, c_base, S * S, width, (pgi * t.tq + qg) * t.cv + v, groups * t.cv);
-  cutlass::arch::cp_async_wait<0>();
-  __syncthreads();
+}
+
+// One thread's outputs of tile ``block`` from its staged tile, through the epilogue.
+template <typename T, int S, int SW, int PT, int QT, int Act, int Res, bool ResBroadcast, int Post>
+__device__ __forceinline__ void tile_outputs(const T* tile, const T* taps, const T* __restrict__ bias,
+                                             const T* __restrict__ residual, T* __restrict__ y,
+                                             const Geometry& g, const Tiling& t, int block, int c_base,
+                                             int v, int qg, int pgi) {
+  const TileOrigin o = tile_origin<SW, PT, QT>(g, t, block);
   float acc[PT][QT][kVec];
   accumulate_tile<T, S, SW, PT, QT>(tile, t, pgi * PT * SW, qg * QT * SW, v,
-                                    SharedTaps<T>{taps + v * kVec, width}, acc);
+                                    SharedTaps<T>{taps + v * kVec, t.cv * kVec}, acc);
   const int c0 = c_base + v * kVec;
 #pragma unroll
   for (int pt = 0; pt < PT; ++pt) {
@@ -198,22 +198,75 @@ __global__ void __launch_bounds__(Threads, MinBlocks) depthwise_tiled(
   }
 }
 
+// One block per tile (t.buffers 1), or, pipelined (t.buffers 2), each block walks the
+// tiles blockIdx.x, blockIdx.x + gridDim.x, ... staging the next tile into the other
+// buffer while it computes the current one. Channel slice: blockIdx.y.
+template <typename T, int S, int SW, int PT, int QT, int Act, int Res, bool ResBroadcast, int Post,
+          int Threads, int MinBlocks>
+__global__ void __launch_bounds__(Threads, MinBlocks) depthwise_tiled(
+    const T* __restrict__ x, const T* __restrict__ filter, const T* __restrict__ bias,
+    const T* __restrict__ residual, T* __restrict__ y, Geometry g, Tiling t) {
+  extern __shared__ __align__(16) unsigned char co_depthwise_smem[];
+  T* taps = reinterpret_cast<T*>(co_depthwise_smem);
+  T* tiles[2] = {taps + t.taps_elems, taps + t.taps_elems + t.ih * t.iw * t.m * kVec};
+  const int v = threadIdx.x, qg = threadIdx.y, pgi = threadIdx.z;
+  const int c_base = blockIdx.y * t.cv * kVec;
+  const int c = c_base + v * kVec;
+  const int groups = t.tq * t.tp, first = pgi * t.tq + qg;
+  const int total = g.n * t.tiles_p * t.tiles_q;
+  int block = blockIdx.x;
+  stage_tile<T, SW, PT, QT>(x, tiles[0], g, t, block, c, v, first, groups);
+  cutlass::arch::cp_async_fence();
+  stage_taps(filter, taps, c_base, S * S, t.cv * kVec, first * t.cv + v, groups * t.cv);
+  if (t.buffers == 1) {
+    cutlass::arch::cp_async_wait<0>();
+    __syncthreads();
+    tile_outputs<T, S, SW, PT, QT, Act, Res, ResBroadcast, Post>(tiles[0], taps, bias, residual, y, g, t, block,
+                                                                 c_base, v, qg, pgi);
+    return;
+  }
+  for (int buf = 0; block < total; block += gridDim.x, buf ^= 1) {
+    const int next = block + gridDim.x;
+    if (next < total) stage_tile<T, SW, PT, QT>(x, tiles[buf ^ 1], g, t, next, c, v, first, groups);
+    cutlass::arch::cp_async_fence();      // a group per step, empty at the end
+    cutlass::arch::cp_async_wait<1>();    // all but the newest: this step's tile is in
+    __syncthreads();
+    tile_outputs<T, S, SW, PT, QT, Act, Res, ResBroadcast, Post>(tiles[buf], taps, bias, residual, y, g, t, block,
+                                                                 c_base, v, qg, pgi);
+    __syncthreads();                      // tiles[buf] is staged again in the next step
+  }
+}
+
 // The tiled form for a checked problem (``check``): CO_CANNOT_IMPLEMENT when it does
 // not apply (R != S, stride_h != stride_w, a tile that does not fit, a grid too large).
+// Pipelined: a grid of as many blocks per slice as fit on the GPU at once (the
+// occupancy calculator's count, once per shared-memory size), each walking its tiles.
 template <typename T, int S, int SW, int PT, int QT, int Act, int Res, bool ResBroadcast, int Post,
-          int Threads = kTiledThreads, int MinBlocks = 1>
+          int Threads = kTiledThreads, int MinBlocks = 1, bool Pipelined = false>
 int run_tiled(const CoConvArgs& a, const Geometry& g, cudaStream_t stream) {
   if (g.r != S || g.stride_h != SW) return CO_CANNOT_IMPLEMENT;
   Tiling t;
-  if (!plan_tiling<T, S, SW, PT, QT, Threads>(g, t)) return CO_CANNOT_IMPLEMENT;
-  const int64_t blocks = int64_t(g.n) * t.tiles_p * t.tiles_q;
+  if (!plan_tiling<T, S, SW, PT, QT, Threads, Pipelined ? 2 : 1>(g, t)) return CO_CANNOT_IMPLEMENT;
+  int64_t blocks = int64_t(g.n) * t.tiles_p * t.tiles_q;
   if (blocks > INT32_MAX) return CO_CANNOT_IMPLEMENT;
-  const dim3 grid{unsigned(blocks), unsigned(g.c / (t.cv * kVec))};
+  const int slices = g.c / (t.cv * kVec);
   const dim3 block(t.cv, t.tq, t.tp);
-  depthwise_tiled<T, S, SW, PT, QT, Act, Res, ResBroadcast, Post, Threads, MinBlocks>
-      <<<grid, block, tiling_smem_bytes<T>(t), stream>>>(
-          static_cast<const T*>(a.x), static_cast<const T*>(a.filter), static_cast<const T*>(a.bias),
-          static_cast<const T*>(a.residual), static_cast<T*>(a.y), g, t);
+  const size_t smem = tiling_smem_bytes<T>(t);
+  auto kernel = depthwise_tiled<T, S, SW, PT, QT, Act, Res, ResBroadcast, Post, Threads, MinBlocks>;
+  if (Pipelined) {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(block.x * block.y * block.z), smem) !=
+            cudaSuccess || per_sm < 1) {
+      (void)cudaGetLastError();
+      per_sm = 1;
+    }
+    const int sms = co_device_info().sm_count > 0 ? co_device_info().sm_count : 132;
+    const int64_t resident = (int64_t(per_sm) * sms + slices - 1) / slices;
+    if (blocks > resident) blocks = resident;
+  }
+  kernel<<<dim3{unsigned(blocks), unsigned(slices)}, block, smem, stream>>>(
+      static_cast<const T*>(a.x), static_cast<const T*>(a.filter), static_cast<const T*>(a.bias),
+      static_cast<const T*>(a.residual), static_cast<T*>(a.y), g, t);
   if (cudaGetLastError() != cudaSuccess) return CO_LAUNCH_FAILED;
   return CO_OK;
 }
