@@ -79,6 +79,28 @@ static int compare(const Geometry& g, const std::vector<T>& x, const std::vector
   return fails;
 }
 
+// Random operands of a problem of geometry g (values k / 8, k in -8..8, exact in fp16):
+// x, the (C, R, S) filter, a bias, the residual (full or per channel) and y poisoned.
+struct Operands {
+  std::vector<T> x, f, b, res, y;
+};
+
+template <int S, bool Bc>
+static Operands random_operands(std::mt19937& rng, const Geometry& g) {
+  auto R = [&] { return T(float(int(rng() % 17) - 8) / 8.f); };
+  Operands o;
+  o.x.resize(size_t(g.n) * g.h * g.w * g.c);
+  o.f.resize(size_t(g.c) * g.r * S);
+  o.b.resize(g.c);
+  for (auto* v : {&o.x, &o.f, &o.b})
+    for (auto& e : *v) e = R();
+  const size_t out_n = size_t(g.n) * g.p * g.q * g.c;
+  o.res.resize(Bc ? size_t(g.c) : out_n);
+  for (auto& e : o.res) e = R();
+  o.y.assign(out_n, T(-77.f));
+  return o;
+}
+
 template <int S, int SW, int QT, int Act, int Res, bool Bc, int Post>
 static int trial(std::mt19937& rng, bool bias_on) {
   auto U = [&](int lo, int hi) { return lo + int(rng() % unsigned(hi - lo + 1)); };
@@ -90,14 +112,8 @@ static int trial(std::mt19937& rng, bool bias_on) {
   g.q = (g.w + g.pad_w + pad_r - S) / SW + 1;
   if (g.p < 1 || g.q < 1) return 0;
   g.q_tiles = (g.q + QT - 1) / QT;
-  auto R = [&] { return T(float(int(rng() % 17) - 8) / 8.f); };
-  std::vector<T> x(size_t(g.n) * g.h * g.w * g.c), f(size_t(g.c) * g.r * S), b(g.c);
-  for (auto& v : x) v = R();
-  for (auto& v : f) v = R();
-  for (auto& v : b) v = R();
-  const size_t out_n = size_t(g.n) * g.p * g.q * g.c;
-  std::vector<T> res(Bc ? size_t(g.c) : out_n), y(out_n, T(-77.f));
-  for (auto& v : res) v = R();
+  Operands o = random_operands<S, Bc>(rng, g);
+  auto &x = o.x, &f = o.f, &b = o.b, &res = o.res, &y = o.y;
   for (int n = 0; n < g.n; ++n)
     for (int p = 0; p < g.p; ++p)
       for (int qt = 0; qt < g.q_tiles; ++qt)
@@ -128,14 +144,8 @@ static int trial_tiled(std::mt19937& rng, bool bias_on) {
   if (g.p < 1 || g.q < 1) return 0;
   Tiling t;
   if (!plan_tiling<T, S, SW, PT, QT>(g, t)) return 0;
-  auto R = [&] { return T(float(int(rng() % 17) - 8) / 8.f); };
-  std::vector<T> x(size_t(g.n) * g.h * g.w * g.c), f(size_t(g.c) * S * S), b(g.c);
-  for (auto& v : x) v = R();
-  for (auto& v : f) v = R();
-  for (auto& v : b) v = R();
-  const size_t out_n = size_t(g.n) * g.p * g.q * g.c;
-  std::vector<T> res(Bc ? size_t(g.c) : out_n), y(out_n, T(-77.f));
-  for (auto& v : res) v = R();
+  Operands o = random_operands<S, Bc>(rng, g);
+  auto &x = o.x, &f = o.f, &b = o.b, &res = o.res, &y = o.y;
   std::vector<T> tile(size_t(t.ih) * t.iw * t.m * kVec);
   for (int block = 0; block < g.n * t.tiles_p * t.tiles_q; ++block) {
     const TileOrigin o = tile_origin<SW, PT, QT>(g, t, block);
