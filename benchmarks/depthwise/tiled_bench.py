@@ -46,8 +46,7 @@ def table_rows(rows: list) -> dict:
     MIN_GAIN (families/depthwise.py key_of; square filters, symmetric padding r // 2)."""
     out = {}
     for r in rows:
-        # the kernel family builds the one-tile-per-block kernel (not yet the pipelined one)
-        tiled = [(r[n], t[:4]) for n, t in zip(VARIANTS[1:], TILED) if r.get(n) and not t[4]]
+        tiled = [(r[n], t) for n, t in zip(VARIANTS[1:], TILED) if r.get(n)]
         if not tiled or not r.get("rows"):
             continue
         us, shape = min(tiled)

@@ -272,17 +272,19 @@ int run_tiled(const CoConvArgs& a, const Geometry& g, cudaStream_t stream) {
 }
 
 // The kernel's entry (emit/depthwise.py): with TPT > 0 the tiled form (TPT x TQT
-// outputs per thread, Threads per block at most, MinBlocks in its launch bounds) where
-// it applies, else the row form with QT outputs per thread. CO_CANNOT_IMPLEMENT for
-// what neither computes (``check``), CO_LAUNCH_FAILED from CUDA.
-template <typename T, int S, int SW, int QT, int TPT, int TQT, int Threads, int MinBlocks, int Act, int Res,
-          bool ResBroadcast, int Post>
+// outputs per thread, Threads per block at most, MinBlocks in its launch bounds,
+// Pipelined 1: blocks walk several tiles) where it applies, else the row form with QT
+// outputs per thread. CO_CANNOT_IMPLEMENT for what neither computes (``check``),
+// CO_LAUNCH_FAILED from CUDA.
+template <typename T, int S, int SW, int QT, int TPT, int TQT, int Threads, int MinBlocks, int Pipelined, int Act,
+          int Res, bool ResBroadcast, int Post>
 int run(const CoConvArgs& a, cudaStream_t stream) {
   Geometry g;
   if (check<S, SW, Res>(a, g) != CO_OK) return CO_CANNOT_IMPLEMENT;
   if (a.n == 0) return CO_OK;
   if constexpr (TPT > 0) {
-    const int tiled = run_tiled<T, S, SW, TPT, TQT, Act, Res, ResBroadcast, Post, Threads, MinBlocks>(a, g, stream);
+    const int tiled = run_tiled<T, S, SW, TPT, TQT, Act, Res, ResBroadcast, Post, Threads, MinBlocks, Pipelined != 0>(
+        a, g, stream);
     if (tiled != CO_CANNOT_IMPLEMENT) return tiled;
   }
   return run_rows<T, S, SW, QT, Act, Res, ResBroadcast, Post>(a, g, stream);
