@@ -20,6 +20,7 @@
 // v + j * QT * SW * m, which is t mod 8 when QT * SW * m = cv (mod 8).
 #ifndef CO_DEPTHWISE_TILED_
 #define CO_DEPTHWISE_TILED_
+#include <atomic>
 #include "cutlass/arch/memory_sm80.h"
 
 namespace co_depthwise {
@@ -27,6 +28,7 @@ namespace co_depthwise {
 constexpr int kTiledThreads = 256;       // threads per block, at most
 constexpr int kTiledSmem = 48 * 1024;    // dynamic shared memory per block, at most (no opt-in)
 constexpr int kTiledVectors = 8;         // channel vectors per block, at most
+static_assert(kTiledSmem < (1 << 16), "run_tiled keys its occupancy memo by shared memory in 16 bits");
 
 struct Tiling {
   int cv, tq, tp;        // block: cv channel vectors x tq x tp thread groups (q, p)
@@ -254,11 +256,21 @@ int run_tiled(const CoConvArgs& a, const Geometry& g, cudaStream_t stream) {
   const size_t smem = tiling_smem_bytes<T>(t);
   auto kernel = depthwise_tiled<T, S, SW, PT, QT, Act, Res, ResBroadcast, Post, Threads, MinBlocks>;
   if (Pipelined) {
+    // blocks per SM for this block size and shared memory, asked once per pair (the
+    // last pair and its answer in one atomic word: calls with one shape repeat)
+    static std::atomic<uint64_t> memo{0};
+    const uint32_t key = uint32_t(smem) | (uint32_t(block.x * block.y * block.z) << 16);
+    const uint64_t seen = memo.load(std::memory_order_relaxed);
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(block.x * block.y * block.z), smem) !=
-            cudaSuccess || per_sm < 1) {
-      (void)cudaGetLastError();
-      per_sm = 1;
+    if (uint32_t(seen >> 32) == key) {
+      per_sm = int(seen & 0xffffffffu);
+    } else {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(block.x * block.y * block.z), smem) !=
+              cudaSuccess || per_sm < 1) {
+        (void)cudaGetLastError();
+        per_sm = 1;
+      }
+      memo.store((uint64_t(key) << 32) | uint32_t(per_sm), std::memory_order_relaxed);
     }
     const int sms = co_device_info().sm_count > 0 ? co_device_info().sm_count : 132;
     const int64_t resident = (int64_t(per_sm) * sms + slices - 1) / slices;
