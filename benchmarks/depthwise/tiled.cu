@@ -13,27 +13,22 @@ using T = cutlass::half_t;
 using namespace co_depthwise;
 
 // variant 0: the row form (QT 4 for 7-wide filters, else 2: families/depthwise.py);
-// variant i > 0: the tiled form at tiled_bench.TILED[i - 1] = (PT, QT, threads, min_blocks,
-// pipelined)
+// variant i > 0: the tiled form at tiled_bench.TILED[i - 1] = (PT, QT, threads, min_blocks)
 template <int S, int SW, int Act>
 static int dispatch(int variant, const CoConvArgs& a, cudaStream_t st) {
   Geometry g;
   if (check<S, SW, kNone>(a, g) != CO_OK) return CO_CANNOT_IMPLEMENT;
   switch (variant) {
     case 0: return run_rows<T, S, SW, (S >= 7 ? 4 : 2), Act, kNone, false, kIdentity>(a, g, st);
-    case 1: return run_tiled<T, S, SW, 2, 2, Act, kNone, false, kIdentity, 256, 1, false>(a, g, st);
-    case 2: return run_tiled<T, S, SW, 1, 4, Act, kNone, false, kIdentity, 256, 1, false>(a, g, st);
-    case 3: return run_tiled<T, S, SW, 4, 1, Act, kNone, false, kIdentity, 256, 1, false>(a, g, st);
-    case 4: return run_tiled<T, S, SW, 1, 4, Act, kNone, false, kIdentity, 128, 4, false>(a, g, st);
-    case 5: return run_tiled<T, S, SW, 2, 2, Act, kNone, false, kIdentity, 128, 4, false>(a, g, st);
-    case 6: return run_tiled<T, S, SW, 1, 2, Act, kNone, false, kIdentity, 128, 4, false>(a, g, st);
-    case 7: return run_tiled<T, S, SW, 1, 4, Act, kNone, false, kIdentity, 256, 2, false>(a, g, st);
-    case 8: return run_tiled<T, S, SW, 2, 2, Act, kNone, false, kIdentity, 256, 2, false>(a, g, st);
-    case 9: return run_tiled<T, S, SW, 4, 1, Act, kNone, false, kIdentity, 128, 4, false>(a, g, st);
-    case 10: return run_tiled<T, S, SW, 2, 2, Act, kNone, false, kIdentity, 256, 1, true>(a, g, st);
-    case 11: return run_tiled<T, S, SW, 1, 4, Act, kNone, false, kIdentity, 256, 1, true>(a, g, st);
-    case 12: return run_tiled<T, S, SW, 1, 4, Act, kNone, false, kIdentity, 128, 4, true>(a, g, st);
-    case 13: return run_tiled<T, S, SW, 2, 2, Act, kNone, false, kIdentity, 128, 4, true>(a, g, st);
+    case 1: return run_tiled<T, S, SW, 2, 2, Act, kNone, false, kIdentity, 256, 1>(a, g, st);
+    case 2: return run_tiled<T, S, SW, 1, 4, Act, kNone, false, kIdentity, 256, 1>(a, g, st);
+    case 3: return run_tiled<T, S, SW, 4, 1, Act, kNone, false, kIdentity, 256, 1>(a, g, st);
+    case 4: return run_tiled<T, S, SW, 1, 4, Act, kNone, false, kIdentity, 128, 4>(a, g, st);
+    case 5: return run_tiled<T, S, SW, 2, 2, Act, kNone, false, kIdentity, 128, 4>(a, g, st);
+    case 6: return run_tiled<T, S, SW, 1, 2, Act, kNone, false, kIdentity, 128, 4>(a, g, st);
+    case 7: return run_tiled<T, S, SW, 1, 4, Act, kNone, false, kIdentity, 256, 2>(a, g, st);
+    case 8: return run_tiled<T, S, SW, 2, 2, Act, kNone, false, kIdentity, 256, 2>(a, g, st);
+    case 9: return run_tiled<T, S, SW, 4, 1, Act, kNone, false, kIdentity, 128, 4>(a, g, st);
   }
   return CO_CANNOT_IMPLEMENT;
 }

@@ -99,12 +99,12 @@ def test_problem_and_kernel_refuse_what_they_cannot_be():
 
 
 @pytest.mark.parametrize("ep, codes", [
-    (GemmEpilogue(bias=True), "7, 1, 4, 0, 0, 128, 1, 0, 0, 0, false, 0"),
-    (GemmEpilogue(bias=True, activation="silu"), "7, 1, 4, 0, 0, 128, 1, 0, 4, 0, false, 0"),
+    (GemmEpilogue(bias=True), "7, 1, 4, 0, 0, 128, 1, 0, 0, false, 0"),
+    (GemmEpilogue(bias=True, activation="silu"), "7, 1, 4, 0, 0, 128, 1, 4, 0, false, 0"),
     (GemmEpilogue(bias=True, activation="relu", residual="add", post_activation="relu"),
-     "7, 1, 4, 0, 0, 128, 1, 0, 1, 1, false, 1"),
+     "7, 1, 4, 0, 0, 128, 1, 1, 1, false, 1"),
     (GemmEpilogue(bias=True, residual="mul", residual_broadcast=True),
-     "7, 1, 4, 0, 0, 128, 1, 0, 0, 2, true, 0"),
+     "7, 1, 4, 0, 0, 128, 1, 0, 2, true, 0"),
 ])
 def test_emitted_instantiation_carries_the_epilogue(ep, codes):
     k = DepthwiseKernel(arch="sm90a", dtype="bf16", epilogue=ep, s=7, stride_w=1)
@@ -132,10 +132,10 @@ def test_tiled_form_is_named_and_emitted_with_its_shape():
     ep = GemmEpilogue(bias=True, activation="silu")
     rows = DepthwiseKernel(arch="sm90a", dtype="f16", epilogue=ep, s=5, stride_w=2, outputs=2)
     tiled = DepthwiseKernel(arch="sm90a", dtype="f16", epilogue=ep, s=5, stride_w=2, outputs=2,
-                            tiled=(1, 4, 256, 1, 1))
-    assert tiled.name == rows.name.replace("_q2_", "_q2_t1x4_256b1p_") != rows.name
-    assert "co_depthwise::run<cutlass::half_t, 5, 2, 2, 1, 4, 256, 1, 1, 4, 0, false, 0>(" in emit_kernel(tiled).code
-    for bad in [(1, 4, 256, 1), (3, 4, 256, 1, 0), (1, 4, 512, 1, 0), (1, 4, 256, 8, 0), (1, 4, 256, 1, 2)]:
+                            tiled=(1, 4, 256, 2))
+    assert tiled.name == rows.name.replace("_q2_", "_q2_t1x4_256b2_") != rows.name
+    assert "co_depthwise::run<cutlass::half_t, 5, 2, 2, 1, 4, 256, 2, 4, 0, false, 0>(" in emit_kernel(tiled).code
+    for bad in [(1, 4, 256), (3, 4, 256, 1), (1, 4, 512, 1), (1, 4, 256, 8), (1, 4, 256, 1, 0)]:
         with pytest.raises(ValueError, match="tiled"):
             DepthwiseKernel(arch="sm90a", dtype="f16", epilogue=ep, s=5, stride_w=2, tiled=bad)
 
@@ -149,12 +149,14 @@ def _problem(c, h, r, stride, **kw):
 def test_the_measured_table_picks_the_tiled_form_on_sm90a_only(monkeypatch, tmp_path):
     table = tmp_path / "t.json"
     key = depthwise.key_of(96, 56, 56, 7, 7, (3,) * 4, (1, 1))
-    table.write_text(json.dumps({"rows": {key: {"tiled": [1, 4, 256, 1, 0], "us": 1.0}}}))
+    table.write_text(json.dumps({"dtype": "f16", "rows": {key: {"tiled": [1, 4, 256, 1], "us": 1.0}}}))
     monkeypatch.setattr(depthwise, "TABLE_FILE", table)
     depthwise._table.cache_clear()
     try:
-        assert depthwise.choose(_problem(96, 56, 7, 1), "sm90a").tiled == (1, 4, 256, 1, 0)
+        assert depthwise.choose(_problem(96, 56, 7, 1), "sm90a").tiled == (1, 4, 256, 1)
         assert depthwise.choose(_problem(96, 56, 7, 1), "sm80").tiled == ()
+        bf16 = ConvProblem(**{**_problem(96, 56, 7, 1).__dict__, "dtype": "bf16"})
+        assert depthwise.choose(bf16, "sm90a").tiled == ()                         # measured in fp16
         assert depthwise.choose(_problem(96, 28, 7, 1), "sm90a").tiled == ()     # not measured
         table.write_text("{not json")
         depthwise._table.cache_clear()

@@ -85,7 +85,7 @@ def emit(kernel: DepthwiseKernel) -> KernelSource:
     body = Template(_KERNEL).substitute(
         name=kernel.name, semantics=semantics(kernel), element=CPP[kernel.dtype], s=kernel.s,
         stride_w=kernel.stride_w, outputs=kernel.outputs,
-        tiled=", ".join(map(str, kernel.tiled or (0, 0, 128, 1, 0))), act=ACTIVATION_CODES[ep.activation],
+        tiled=", ".join(map(str, kernel.tiled or (0, 0, 128, 1))), act=ACTIVATION_CODES[ep.activation],
         res=RESIDUAL_CODES[ep.residual], broadcast="true" if ep.residual_broadcast else "false",
         post=POST_CODES[ep.post_activation])
     return KernelSource(name=kernel.name, includes=INCLUDES, code=_COMMON + "\n" + body,

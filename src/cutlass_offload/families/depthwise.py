@@ -16,7 +16,8 @@ thread's window from global memory; the tiled form stages a block's input tile i
 shared memory first. Neither wins everywhere on the H200, so on sm90a the tiled form
 (and its outputs per thread and block shape) is taken where the measured table
 (TABLE_FILE, written by ``benchmarks/depthwise/tiled_bench.py --write-table``) says
-it ran faster than the row form; other problems and arches get the row form.
+it ran faster than the row form, in the dtype it was measured in (fp16); other
+problems, dtypes and arches get the row form.
 """
 from __future__ import annotations
 
@@ -47,25 +48,29 @@ def key_of(c, h, w, r, s, pad, stride) -> str:
 
 
 @lru_cache(maxsize=1)
-def _table() -> dict:
-    """{key: (PT, QT, threads, min_blocks)} of TABLE_FILE; {} when it is missing or
-    unreadable (warned: every problem then gets the row form)."""
+def _table() -> tuple:
+    """(dtype, {key: (PT, QT, threads, min_blocks)}) of TABLE_FILE; ("", {}) when it is
+    missing or unreadable (warned: every problem then gets the row form)."""
     if not TABLE_FILE.exists():
-        return {}
+        return "", {}
     try:
-        rows = json.loads(TABLE_FILE.read_text())["rows"]
-        return {k: tuple(int(v) for v in row["tiled"]) for k, row in rows.items()}
+        data = json.loads(TABLE_FILE.read_text())
+        return str(data["dtype"]), {k: tuple(int(v) for v in row["tiled"]) for k, row in data["rows"].items()}
     except (ValueError, KeyError, TypeError) as e:
         warnings.warn(f"{TABLE_FILE} unreadable ({e}); depthwise convs use the row form")
-        return {}
+        return "", {}
 
 
 def tiled_for(problem: ConvProblem, arch: str) -> tuple:
-    """The measured tiled form (PT, QT, threads, min_blocks) for ``problem``, or ()."""
-    if arch != "sm90a":
+    """The measured tiled form (PT, QT, threads, min_blocks) for ``problem``, or ().
+    Only for the dtype the table was measured in: a shape that ran fastest in fp16 ran
+    up to 10x slower in bf16 on the H200 (its register cap spills the bf16 conversions;
+    benchmarks/results/depthwise_latency_tiled_bf16_2026-12-03_h200.*)."""
+    dtype, rows = _table()
+    if arch != "sm90a" or problem.dtype != dtype:
         return ()
-    return _table().get(key_of(problem.c, problem.h, problem.w, problem.r, problem.s, problem.pad,
-                               problem.stride), ())
+    return rows.get(key_of(problem.c, problem.h, problem.w, problem.r, problem.s, problem.pad,
+                           problem.stride), ())
 
 
 def outputs_for(s: int) -> int:

@@ -215,10 +215,9 @@ class DepthwiseKernel:
     s: the filter width and stride_w: the horizontal stride, compiled in (they size
     the input window each thread holds); outputs: consecutive outputs along a row
     per thread (QT) of the row form. tiled: () for the row form alone, or (PT, QT,
-    threads, min_blocks, pipelined) of the tiled form (templates/depthwise_tiled.cuh:
-    a block's input tile staged in shared memory, PT x QT outputs per thread, at most
-    ``threads`` per block, launch bounds of ``min_blocks`` blocks per SM; pipelined 1:
-    each block walks several tiles, staging the next while computing one), which runs
+    threads, min_blocks) of the tiled form (templates/depthwise_tiled.cuh: a block's
+    input tile staged in shared memory, PT x QT outputs per thread, at most
+    ``threads`` per block, launch bounds of ``min_blocks`` blocks per SM), which runs
     where R = S and stride_h = stride_w and the row form otherwise. R, the vertical
     stride, padding and every size are runtime arguments (CoConvArgs). The kernel reads x, y and the residual in 16-byte
     vectors (align 8); the filter is read as the contiguous run of each block's
@@ -245,12 +244,11 @@ class DepthwiseKernel:
                              f"1/2/4/8 outputs per thread, got s={self.s}, stride_w={self.stride_w}, "
                              f"outputs={self.outputs}")
         object.__setattr__(self, "tiled", tuple(int(v) for v in self.tiled))
-        if self.tiled and (len(self.tiled) != 5 or self.tiled[0] not in (1, 2, 4)
+        if self.tiled and (len(self.tiled) != 4 or self.tiled[0] not in (1, 2, 4)
                            or self.tiled[1] not in (1, 2, 4) or self.tiled[2] not in (128, 256)
-                           or self.tiled[3] not in (1, 2, 4) or self.tiled[4] not in (0, 1)):
-            raise ValueError(f"depthwise kernel: tiled is () or (PT, QT, threads, min_blocks, pipelined) "
-                             f"with PT and QT in 1/2/4, threads 128 or 256, min_blocks 1/2/4, "
-                             f"pipelined 0/1; got {self.tiled}")
+                           or self.tiled[3] not in (1, 2, 4)):
+            raise ValueError(f"depthwise kernel: tiled is () or (PT, QT, threads, min_blocks) with PT "
+                             f"and QT in 1/2/4, threads 128 or 256, min_blocks 1/2/4; got {self.tiled}")
         if self.config is None:
             object.__setattr__(self, "config", KernelConfig(self.FAMILY, (1, 1, 1), stages=0))
         elif self.config.family != self.FAMILY:
@@ -266,8 +264,7 @@ class DepthwiseKernel:
 
     @property
     def name(self) -> str:
-        tiled = ("_t{}x{}_{}b{}".format(*self.tiled) + ("p" if self.tiled[4] else "")
-                 if self.tiled else "")
+        tiled = "_t{}x{}_{}b{}".format(*self.tiled) if self.tiled else ""
         return (f"co_depthwise_conv2d_fprop_{self.dtype}_nhwc_s{self.s}_sw{self.stride_w}"
                 f"_q{self.outputs}{tiled}_{self.epilogue.tag}")
 

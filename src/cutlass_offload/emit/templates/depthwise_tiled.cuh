@@ -20,7 +20,6 @@
 // v + j * QT * SW * m, which is t mod 8 when QT * SW * m = cv (mod 8).
 #ifndef CO_DEPTHWISE_TILED_
 #define CO_DEPTHWISE_TILED_
-#include <atomic>
 #include "cutlass/arch/memory_sm80.h"
 
 namespace co_depthwise {
@@ -28,7 +27,6 @@ namespace co_depthwise {
 constexpr int kTiledThreads = 256;       // threads per block, at most
 constexpr int kTiledSmem = 48 * 1024;    // dynamic shared memory per block, at most (no opt-in)
 constexpr int kTiledVectors = 8;         // channel vectors per block, at most
-static_assert(kTiledSmem < (1 << 16), "run_tiled keys its occupancy memo by shared memory in 16 bits");
 
 struct Tiling {
   int cv, tq, tp;        // block: cv channel vectors x tq x tp thread groups (q, p)
@@ -36,8 +34,6 @@ struct Tiling {
   int m;                 // column pitch, 16-byte vectors
   int tiles_p, tiles_q;  // output tiles per image
   int taps_elems;        // elements of the staged filter slice (the tile follows)
-  int buffers;           // input tiles in shared memory: 2 when a block stages its next tile
-                         // while it computes one (the pipelined kernel), else 1
 };
 
 // Column pitch (16-byte vectors) for cv vectors per column and a step of `step`
@@ -53,9 +49,8 @@ __host__ __device__ inline int tile_pitch(int cv, int step) {
 // The block shape for a problem: channel vectors, then up to 8 thread groups along a
 // row, then as many along the height as kTiledThreads and kTiledSmem allow. False when
 // even one row of groups does not fit the shared memory.
-template <typename T, int S, int SW, int PT, int QT, int Threads = kTiledThreads, int Buffers = 1>
+template <typename T, int S, int SW, int PT, int QT, int Threads = kTiledThreads>
 bool plan_tiling(const Geometry& g, Tiling& t) {
-  t.buffers = Buffers;
   int cv = kTiledVectors;
   const int vectors = g.c / kVec;
   while (vectors % cv) --cv;
@@ -70,7 +65,7 @@ bool plan_tiling(const Geometry& g, Tiling& t) {
   t.iw = (t.tq * QT - 1) * SW + S;
   for (; tp >= 1; --tp) {
     t.ih = (tp * PT - 1) * SW + S;
-    const size_t bytes = (size_t(t.taps_elems) + size_t(Buffers) * t.ih * t.iw * t.m * kVec) * sizeof(T);
+    const size_t bytes = (size_t(t.taps_elems) + size_t(t.ih) * t.iw * t.m * kVec) * sizeof(T);
     if (bytes <= size_t(kTiledSmem)) break;
   }
   if (tp < 1) return false;
@@ -82,7 +77,7 @@ bool plan_tiling(const Geometry& g, Tiling& t) {
 
 template <typename T>
 __host__ __device__ inline size_t tiling_smem_bytes(const Tiling& t) {
-  return (size_t(t.taps_elems) + size_t(t.buffers) * t.ih * t.iw * t.m * kVec) * sizeof(T);
+  return (size_t(t.taps_elems) + size_t(t.ih) * t.iw * t.m * kVec) * sizeof(T);
 }
 
 // Where block ``block`` (of n x tiles_p x tiles_q, tiles fastest) works: its image, its
@@ -200,9 +195,11 @@ __device__ __forceinline__ void tile_outputs(const T* tile, const T* taps, const
   }
 }
 
-// One block per tile (t.buffers 1), or, pipelined (t.buffers 2), each block walks the
-// tiles blockIdx.x, blockIdx.x + gridDim.x, ... staging the next tile into the other
-// buffer while it computes the current one. Channel slice: blockIdx.y.
+// One block per output tile (blockIdx.x: image and tile, blockIdx.y: channel slice).
+// Blocks that walked several tiles, staging the next into a second buffer while
+// computing one, ran slower on every problem measured (H200, the four "pipe" shapes of
+// benchmarks/results/depthwise_tiled_2026-12-03_h200.*: 0.49-0.55x cuDNN's conv alone
+// geomean, against 0.69-0.79x for these shapes one tile per block).
 template <typename T, int S, int SW, int PT, int QT, int Act, int Res, bool ResBroadcast, int Post,
           int Threads, int MinBlocks>
 __global__ void __launch_bounds__(Threads, MinBlocks) depthwise_tiled(
@@ -210,93 +207,51 @@ __global__ void __launch_bounds__(Threads, MinBlocks) depthwise_tiled(
     const T* __restrict__ residual, T* __restrict__ y, Geometry g, Tiling t) {
   extern __shared__ __align__(16) unsigned char co_depthwise_smem[];
   T* taps = reinterpret_cast<T*>(co_depthwise_smem);
-  T* tiles[2] = {taps + t.taps_elems, taps + t.taps_elems + t.ih * t.iw * t.m * kVec};
+  T* tile = taps + t.taps_elems;
   const int v = threadIdx.x, qg = threadIdx.y, pgi = threadIdx.z;
   const int c_base = blockIdx.y * t.cv * kVec;
-  const int c = c_base + v * kVec;
   const int groups = t.tq * t.tp, first = pgi * t.tq + qg;
-  const int total = g.n * t.tiles_p * t.tiles_q;
-  int block = blockIdx.x;
-  stage_tile<T, SW, PT, QT>(x, tiles[0], g, t, block, c, v, first, groups);
+  stage_tile<T, SW, PT, QT>(x, tile, g, t, blockIdx.x, c_base + v * kVec, v, first, groups);
   cutlass::arch::cp_async_fence();
   stage_taps(filter, taps, c_base, S * S, t.cv * kVec, first * t.cv + v, groups * t.cv);
-  if (t.buffers == 1) {
-    cutlass::arch::cp_async_wait<0>();
-    __syncthreads();
-    tile_outputs<T, S, SW, PT, QT, Act, Res, ResBroadcast, Post>(tiles[0], taps, bias, residual, y, g, t, block,
-                                                                 c_base, v, qg, pgi);
-    return;
-  }
-  for (int buf = 0; block < total; block += gridDim.x, buf ^= 1) {
-    const int next = block + gridDim.x;
-    if (next < total) stage_tile<T, SW, PT, QT>(x, tiles[buf ^ 1], g, t, next, c, v, first, groups);
-    cutlass::arch::cp_async_fence();      // a group per step, empty at the end
-    cutlass::arch::cp_async_wait<1>();    // all but the newest: this step's tile is in
-    __syncthreads();
-    tile_outputs<T, S, SW, PT, QT, Act, Res, ResBroadcast, Post>(tiles[buf], taps, bias, residual, y, g, t, block,
-                                                                 c_base, v, qg, pgi);
-    __syncthreads();                      // tiles[buf] is staged again in the next step
-  }
+  cutlass::arch::cp_async_wait<0>();
+  __syncthreads();
+  tile_outputs<T, S, SW, PT, QT, Act, Res, ResBroadcast, Post>(tile, taps, bias, residual, y, g, t, blockIdx.x,
+                                                               c_base, v, qg, pgi);
 }
 
 // The tiled form for a checked problem (``check``): CO_CANNOT_IMPLEMENT when it does
 // not apply (R != S, stride_h != stride_w, a tile that does not fit, a grid too large).
-// Pipelined: a grid of as many blocks per slice as fit on the GPU at once (the
-// occupancy calculator's count, once per shared-memory size), each walking its tiles.
 template <typename T, int S, int SW, int PT, int QT, int Act, int Res, bool ResBroadcast, int Post,
-          int Threads = kTiledThreads, int MinBlocks = 1, bool Pipelined = false>
+          int Threads = kTiledThreads, int MinBlocks = 1>
 int run_tiled(const CoConvArgs& a, const Geometry& g, cudaStream_t stream) {
   if (g.r != S || g.stride_h != SW) return CO_CANNOT_IMPLEMENT;
   Tiling t;
-  if (!plan_tiling<T, S, SW, PT, QT, Threads, Pipelined ? 2 : 1>(g, t)) return CO_CANNOT_IMPLEMENT;
-  int64_t blocks = int64_t(g.n) * t.tiles_p * t.tiles_q;
+  if (!plan_tiling<T, S, SW, PT, QT, Threads>(g, t)) return CO_CANNOT_IMPLEMENT;
+  const int64_t blocks = int64_t(g.n) * t.tiles_p * t.tiles_q;
   if (blocks > INT32_MAX) return CO_CANNOT_IMPLEMENT;
-  const int slices = g.c / (t.cv * kVec);
+  const dim3 grid{unsigned(blocks), unsigned(g.c / (t.cv * kVec))};
   const dim3 block(t.cv, t.tq, t.tp);
-  const size_t smem = tiling_smem_bytes<T>(t);
-  auto kernel = depthwise_tiled<T, S, SW, PT, QT, Act, Res, ResBroadcast, Post, Threads, MinBlocks>;
-  if (Pipelined) {
-    // blocks per SM for this block size and shared memory, asked once per pair (the
-    // last pair and its answer in one atomic word: calls with one shape repeat)
-    static std::atomic<uint64_t> memo{0};
-    const uint32_t key = uint32_t(smem) | (uint32_t(block.x * block.y * block.z) << 16);
-    const uint64_t seen = memo.load(std::memory_order_relaxed);
-    int per_sm = 0;
-    if (uint32_t(seen >> 32) == key) {
-      per_sm = int(seen & 0xffffffffu);
-    } else {
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(block.x * block.y * block.z), smem) !=
-              cudaSuccess || per_sm < 1) {
-        (void)cudaGetLastError();
-        per_sm = 1;
-      }
-      memo.store((uint64_t(key) << 32) | uint32_t(per_sm), std::memory_order_relaxed);
-    }
-    const int sms = co_device_info().sm_count > 0 ? co_device_info().sm_count : 132;
-    const int64_t resident = (int64_t(per_sm) * sms + slices - 1) / slices;
-    if (blocks > resident) blocks = resident;
-  }
-  kernel<<<dim3{unsigned(blocks), unsigned(slices)}, block, smem, stream>>>(
-      static_cast<const T*>(a.x), static_cast<const T*>(a.filter), static_cast<const T*>(a.bias),
-      static_cast<const T*>(a.residual), static_cast<T*>(a.y), g, t);
+  depthwise_tiled<T, S, SW, PT, QT, Act, Res, ResBroadcast, Post, Threads, MinBlocks>
+      <<<grid, block, tiling_smem_bytes<T>(t), stream>>>(
+          static_cast<const T*>(a.x), static_cast<const T*>(a.filter), static_cast<const T*>(a.bias),
+          static_cast<const T*>(a.residual), static_cast<T*>(a.y), g, t);
   if (cudaGetLastError() != cudaSuccess) return CO_LAUNCH_FAILED;
   return CO_OK;
 }
 
 // The kernel's entry (emit/depthwise.py): with TPT > 0 the tiled form (TPT x TQT
-// outputs per thread, Threads per block at most, MinBlocks in its launch bounds,
-// Pipelined 1: blocks walk several tiles) where it applies, else the row form with QT
-// outputs per thread. CO_CANNOT_IMPLEMENT for what neither computes (``check``),
-// CO_LAUNCH_FAILED from CUDA.
-template <typename T, int S, int SW, int QT, int TPT, int TQT, int Threads, int MinBlocks, int Pipelined, int Act,
-          int Res, bool ResBroadcast, int Post>
+// outputs per thread, Threads per block at most, MinBlocks in its launch bounds) where
+// it applies, else the row form with QT outputs per thread. CO_CANNOT_IMPLEMENT for
+// what neither computes (``check``), CO_LAUNCH_FAILED from CUDA.
+template <typename T, int S, int SW, int QT, int TPT, int TQT, int Threads, int MinBlocks, int Act, int Res,
+          bool ResBroadcast, int Post>
 int run(const CoConvArgs& a, cudaStream_t stream) {
   Geometry g;
   if (check<S, SW, Res>(a, g) != CO_OK) return CO_CANNOT_IMPLEMENT;
   if (a.n == 0) return CO_OK;
   if constexpr (TPT > 0) {
-    const int tiled = run_tiled<T, S, SW, TPT, TQT, Act, Res, ResBroadcast, Post, Threads, MinBlocks, Pipelined != 0>(
-        a, g, stream);
+    const int tiled = run_tiled<T, S, SW, TPT, TQT, Act, Res, ResBroadcast, Post, Threads, MinBlocks>(a, g, stream);
     if (tiled != CO_CANNOT_IMPLEMENT) return tiled;
   }
   return run_rows<T, S, SW, QT, Act, Res, ResBroadcast, Post>(a, g, stream);
