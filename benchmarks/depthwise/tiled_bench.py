@@ -5,12 +5,14 @@ cuDNN's conv alone, on the 16 depthwise convs of convnext-tiny and efficientnet-
 Each variant's output is poisoned, then checked against float32 (conv + bias, SiLU
 where the model has one); device time per call from CUDA-graph replays
 (benchmarks/_timing.graph_ms). Prints a table (us; ratio = cuDNN's conv alone / the
-best variant) and writes JSON ($OUT/depthwise_tiled.json). ``--write-table FILE``
-writes the problems whose fastest tiled shape beats the row form by MIN_GAIN as the
-family's table (families/depthwise.py TABLE_FILE), which the kernel choice reads.
-Build tiled.cu first (its header says how); needs a GPU.
+best variant) and writes JSON (``--json``, default $OUT/depthwise_tiled.json).
+``--write-table FILE`` writes the problems whose fastest tiled shape beats the row
+form by MIN_GAIN as the family's table (families/depthwise.py TABLE_FILE), which the
+kernel choice reads. Build the variants' library first (build_tiled.sh); needs a GPU.
 
-    python benchmarks/depthwise/tiled_bench.py [--batch 32] [--write-table FILE]
+    bash benchmarks/depthwise/build_tiled.sh
+    python benchmarks/depthwise/tiled_bench.py [--batch 32] [--json FILE] [--write-table FILE]
+        [--problems 0,4] [--variants 0,1]
 """
 import argparse, ctypes, json, math, os, sys, time
 from pathlib import Path
@@ -62,6 +64,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=32, help="images per conv (default 32)")
     ap.add_argument("--write-table", metavar="FILE",
                     help="write the problems the tiled form runs faster (families/depthwise.py)")
+    ap.add_argument("--json", help="results file (default $OUT/depthwise_tiled.json)")
     ap.add_argument("--problems", help="indices into PROBLEMS to run (comma list; default all)")
     ap.add_argument("--variants", help="indices into VARIANTS to run (comma list; default all)")
     args = ap.parse_args(argv)
@@ -125,7 +128,7 @@ def main(argv=None):
                   f"over {len(rs)} (min {min(rs):.2f})")
     best = [r["best_ratio"] for r in rows if r["best_ratio"]]
     print(f"best per problem: geomean {math.exp(sum(map(math.log, best)) / len(best)):.2f}x (min {min(best):.2f})")
-    out = Path(os.environ.get("OUT", ".")) / "depthwise_tiled.json"
+    out = Path(args.json or Path(os.environ.get("OUT", ".")) / "depthwise_tiled.json")
     out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                "batch": batch, "variants": VARIANTS, "rows": rows}, indent=1))
     print("wrote", out)
