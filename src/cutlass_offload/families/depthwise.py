@@ -63,9 +63,10 @@ def _table() -> tuple:
 
 def tiled_for(problem: ConvProblem, arch: str) -> tuple:
     """The measured tiled form (PT, QT, threads, min_blocks) for ``problem``, or ().
-    Only for the dtype the table was measured in: a shape that ran fastest in fp16 ran
-    up to 10x slower in bf16 on the H200 (its register cap spills the bf16 conversions;
-    benchmarks/results/depthwise_latency_tiled_bf16_2026-12-03_h200.*)."""
+    Only for the dtype the table was measured in: the shapes that ran fastest in fp16
+    with a register cap (2 or 4 blocks per SM) ran up to 10x slower in bf16 on the
+    H200 (benchmarks/results/depthwise_latency_tiled_bf16_2026-12-03_h200.*; not
+    profiled)."""
     dtype, rows = _table()
     if arch != "sm90a" or problem.dtype != dtype:
         return ()

@@ -219,10 +219,11 @@ class DepthwiseKernel:
     input tile staged in shared memory, PT x QT outputs per thread, at most
     ``threads`` per block, launch bounds of ``min_blocks`` blocks per SM), which runs
     where R = S and stride_h = stride_w and the row form otherwise. R, the vertical
-    stride, padding and every size are runtime arguments (CoConvArgs). The kernel reads x, y and the residual in 16-byte
-    vectors (align 8); the filter is read as the contiguous run of each block's
-    channels (16-byte vectors from a 16-byte aligned base, which ``run`` checks: a
-    parameter's storage is), so the problem's filter alignment does not bind (align 1).
+    stride, padding and every size are runtime arguments (CoConvArgs). The kernel
+    reads x, y and the residual in 16-byte vectors (align 8); the filter is read as
+    the contiguous run of each block's channels (16-byte vectors from a 16-byte
+    aligned base, which ``run`` checks: a parameter's storage is), so the problem's
+    filter alignment does not bind (align 1).
     """
 
     arch: str

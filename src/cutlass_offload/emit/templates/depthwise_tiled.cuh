@@ -47,8 +47,8 @@ __host__ __device__ inline int tile_pitch(int cv, int step) {
 }
 
 // The block shape for a problem: channel vectors, then up to 8 thread groups along a
-// row, then as many along the height as kTiledThreads and kTiledSmem allow. False when
-// even one row of groups does not fit the shared memory.
+// row, then as many along the height as Threads and kTiledSmem allow. False when even
+// one row of groups does not fit the shared memory.
 template <typename T, int S, int SW, int PT, int QT, int Threads = kTiledThreads>
 bool plan_tiling(const Geometry& g, Tiling& t) {
   int cv = kTiledVectors;
@@ -229,8 +229,9 @@ int run_tiled(const CoConvArgs& a, const Geometry& g, cudaStream_t stream) {
   Tiling t;
   if (!plan_tiling<T, S, SW, PT, QT, Threads>(g, t)) return CO_CANNOT_IMPLEMENT;
   const int64_t blocks = int64_t(g.n) * t.tiles_p * t.tiles_q;
-  if (blocks > INT32_MAX) return CO_CANNOT_IMPLEMENT;
-  const dim3 grid{unsigned(blocks), unsigned(g.c / (t.cv * kVec))};
+  const int slices = g.c / (t.cv * kVec);
+  if (blocks > INT32_MAX || slices > 65535) return CO_CANNOT_IMPLEMENT;    // grid x / y limits
+  const dim3 grid{unsigned(blocks), unsigned(slices)};
   const dim3 block(t.cv, t.tq, t.tp);
   depthwise_tiled<T, S, SW, PT, QT, Act, Res, ResBroadcast, Post, Threads, MinBlocks>
       <<<grid, block, tiling_smem_bytes<T>(t), stream>>>(
