@@ -276,7 +276,7 @@ int run_rows(const CoConvArgs& a, Geometry g, cudaStream_t stream) {
                       (groups + pg - 1) / pg * slices >= int64_t(kRounds) * sms;
   const int64_t per_block = int64_t(pg) * (rounds ? kRounds : 1);
   const int64_t blocks = (groups + per_block - 1) / per_block;
-  if (blocks > INT32_MAX) return CO_CANNOT_IMPLEMENT;
+  if (blocks > INT32_MAX || slices > 65535) return CO_CANNOT_IMPLEMENT;    // grid x / y limits
   const dim3 grid{unsigned(blocks), unsigned(slices)};
   const dim3 block(cv, pg);
   const size_t smem = size_t(g.r) * S * cv * kVec * sizeof(T);
