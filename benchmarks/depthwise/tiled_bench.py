@@ -14,7 +14,7 @@ kernel choice reads. Build the variants' library first (build_tiled.sh); needs a
     python benchmarks/depthwise/tiled_bench.py [--batch 32] [--json FILE] [--write-table FILE]
         [--problems 0,4] [--variants 0,1]
 """
-import argparse, ctypes, json, math, os, sys, time
+import argparse, ctypes, json, os, sys, time
 from pathlib import Path
 
 import torch
@@ -24,7 +24,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from _timing import graph_ms  # noqa: E402
 from depthwise_latency import PROBLEMS  # noqa: E402
+from kernels import geomean  # noqa: E402
 from cutlass_offload.families import depthwise  # noqa: E402
+from cutlass_offload.runtime.library import CoConvArgs  # noqa: E402
 
 # the tiled shapes of tiled.cu's variants 1.. : (PT, QT, threads, min_blocks)
 TILED = [(2, 2, 256, 1), (1, 4, 256, 1), (4, 1, 256, 1), (1, 4, 128, 4), (2, 2, 128, 4), (1, 2, 128, 4),
@@ -32,14 +34,6 @@ TILED = [(2, 2, 256, 1), (1, 4, 256, 1), (4, 1, 256, 1), (1, 4, 128, 4), (2, 2, 
 VARIANTS = ["rows"] + ["{}x{} t{}b{}".format(*t) for t in TILED]
 # the tiled form goes in the table only where it beats the row form by this much
 MIN_GAIN = 1.03
-
-
-class ConvArgs(ctypes.Structure):       # templates/prelude.h CoConvArgs
-    _fields_ = ([(n, ctypes.c_void_p) for n in ("x", "filter", "bias", "residual", "y")]
-                + [(n, ctypes.c_int64) for n in ("n", "h", "w", "c", "k", "r", "s", "p", "q", "pad_h",
-                                                 "pad_w", "stride_h", "stride_w", "dilation_h",
-                                                 "dilation_w")]
-                + [("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_int64)])
 
 
 def table_rows(rows: list) -> dict:
@@ -71,7 +65,7 @@ def main(argv=None):
     picked = [int(i) for i in args.problems.split(",")] if args.problems else range(len(PROBLEMS))
     variants = {int(i) for i in args.variants.split(",")} if args.variants else set(range(len(VARIANTS)))
     lib = ctypes.CDLL(str(HERE / "libdwtiled.so"))
-    lib.dw_tiled_run.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ConvArgs), ctypes.c_void_p]
+    lib.dw_tiled_run.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(CoConvArgs), ctypes.c_void_p]
     batch = args.batch
     rows = []
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, fp16, batch {batch}")
@@ -88,7 +82,7 @@ def main(argv=None):
         ref = F.silu(ref) if silu else ref
         y = torch.empty_like(ref, dtype=torch.half).contiguous(memory_format=torch.channels_last)
         p = q = ref.shape[-1]
-        a = ConvArgs(x.data_ptr(), w.data_ptr(), b.data_ptr(), None, y.data_ptr(), batch, h, h, c, c,
+        a = CoConvArgs(x.data_ptr(), w.data_ptr(), b.data_ptr(), None, y.data_ptr(), batch, h, h, c, c,
                      r, r, p, q, pad, pad, stride, stride, 1, 1, None, 0)
         stream = torch.cuda.current_stream().cuda_stream
         row = {"model": model, "c": c, "h": h, "r": r, "stride": stride, "silu": silu}
@@ -124,10 +118,10 @@ def main(argv=None):
     for n in VARIANTS:
         rs = [r["cudnn_alone"] / r[n] for r in rows if r.get(n)]
         if rs:
-            print(f"{n}: geomean cuDNN alone / it {math.exp(sum(map(math.log, rs)) / len(rs)):.2f}x "
+            print(f"{n}: geomean cuDNN alone / it {geomean(rs):.2f}x "
                   f"over {len(rs)} (min {min(rs):.2f})")
     best = [r["best_ratio"] for r in rows if r["best_ratio"]]
-    print(f"best per problem: geomean {math.exp(sum(map(math.log, best)) / len(best)):.2f}x (min {min(best):.2f})")
+    print(f"best per problem: geomean {geomean(best):.2f}x (min {min(best):.2f})")
     out = Path(args.json or Path(os.environ.get("OUT", ".")) / "depthwise_tiled.json")
     out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                "batch": batch, "variants": VARIANTS, "rows": rows}, indent=1))

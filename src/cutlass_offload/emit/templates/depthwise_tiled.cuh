@@ -46,6 +46,12 @@ __host__ __device__ inline int tile_pitch(int cv, int step) {
   return cv;
 }
 
+// Dynamic shared memory of a block: the filter slice and the input tile.
+template <typename T>
+__host__ __device__ inline size_t tiling_smem_bytes(const Tiling& t) {
+  return (size_t(t.taps_elems) + size_t(t.ih) * t.iw * t.m * kVec) * sizeof(T);
+}
+
 // The block shape for a problem: channel vectors, then up to 8 thread groups along a
 // row, then as many along the height as Threads and kTiledSmem allow. False when even
 // one row of groups does not fit the shared memory.
@@ -65,19 +71,13 @@ bool plan_tiling(const Geometry& g, Tiling& t) {
   t.iw = (t.tq * QT - 1) * SW + S;
   for (; tp >= 1; --tp) {
     t.ih = (tp * PT - 1) * SW + S;
-    const size_t bytes = (size_t(t.taps_elems) + size_t(t.ih) * t.iw * t.m * kVec) * sizeof(T);
-    if (bytes <= size_t(kTiledSmem)) break;
+    if (tiling_smem_bytes<T>(t) <= size_t(kTiledSmem)) break;
   }
   if (tp < 1) return false;
   t.tp = tp;
   t.tiles_p = (g.p + tp * PT - 1) / (tp * PT);
   t.tiles_q = (g.q + t.tq * QT - 1) / (t.tq * QT);
   return true;
-}
-
-template <typename T>
-__host__ __device__ inline size_t tiling_smem_bytes(const Tiling& t) {
-  return (size_t(t.taps_elems) + size_t(t.ih) * t.iw * t.m * kVec) * sizeof(T);
 }
 
 // Where block ``block`` (of n x tiles_p x tiles_q, tiles fastest) works: its image, its
@@ -155,12 +155,11 @@ __host__ __device__ __forceinline__ void accumulate_tile(const T* tile, const Ti
   }
 }
 
-// Stage tile ``block``'s input cells (cp.async, zeros outside the image), this thread's
-// share of them: channel vector v, cells from ``first`` in steps of ``step``.
-template <typename T, int SW, int PT, int QT>
+// Stage the input cells of the tile at ``o`` (cp.async, zeros outside the image), this
+// thread's share of them: channel vector v, cells from ``first`` in steps of ``step``.
+template <typename T>
 __device__ __forceinline__ void stage_tile(const T* __restrict__ x, T* tile, const Geometry& g, const Tiling& t,
-                                           int block, int c, int v, int first, int step) {
-  const TileOrigin o = tile_origin<SW, PT, QT>(g, t, block);
+                                           const TileOrigin& o, int c, int v, int first, int step) {
   for (int cell = first; cell < t.ih * t.iw; cell += step) {
     const int row = cell / t.iw, col = cell - row * t.iw;
     const int64_t from = tile_source(g, o, row, col, c);
@@ -168,13 +167,12 @@ __device__ __forceinline__ void stage_tile(const T* __restrict__ x, T* tile, con
   }
 }
 
-// One thread's outputs of tile ``block`` from its staged tile, through the epilogue.
+// One thread's outputs of the tile at ``o`` from its staged tile, through the epilogue.
 template <typename T, int S, int SW, int PT, int QT, int Act, int Res, bool ResBroadcast, int Post>
 __device__ __forceinline__ void tile_outputs(const T* tile, const T* taps, const T* __restrict__ bias,
                                              const T* __restrict__ residual, T* __restrict__ y,
-                                             const Geometry& g, const Tiling& t, int block, int c_base,
-                                             int v, int qg, int pgi) {
-  const TileOrigin o = tile_origin<SW, PT, QT>(g, t, block);
+                                             const Geometry& g, const Tiling& t, const TileOrigin& o,
+                                             int c_base, int v, int qg, int pgi) {
   float acc[PT][QT][kVec];
   accumulate_tile<T, S, SW, PT, QT>(tile, t, pgi * PT * SW, qg * QT * SW, v,
                                     SharedTaps<T>{taps + v * kVec, t.cv * kVec}, acc);
@@ -211,13 +209,14 @@ __global__ void __launch_bounds__(Threads, MinBlocks) depthwise_tiled(
   const int v = threadIdx.x, qg = threadIdx.y, pgi = threadIdx.z;
   const int c_base = blockIdx.y * t.cv * kVec;
   const int groups = t.tq * t.tp, first = pgi * t.tq + qg;
-  stage_tile<T, SW, PT, QT>(x, tile, g, t, blockIdx.x, c_base + v * kVec, v, first, groups);
+  const TileOrigin o = tile_origin<SW, PT, QT>(g, t, blockIdx.x);
+  stage_tile(x, tile, g, t, o, c_base + v * kVec, v, first, groups);
   cutlass::arch::cp_async_fence();
   stage_taps(filter, taps, c_base, S * S, t.cv * kVec, first * t.cv + v, groups * t.cv);
   cutlass::arch::cp_async_wait<0>();
   __syncthreads();
-  tile_outputs<T, S, SW, PT, QT, Act, Res, ResBroadcast, Post>(tile, taps, bias, residual, y, g, t, blockIdx.x,
-                                                               c_base, v, qg, pgi);
+  tile_outputs<T, S, SW, PT, QT, Act, Res, ResBroadcast, Post>(tile, taps, bias, residual, y, g, t, o, c_base,
+                                                               v, qg, pgi);
 }
 
 // The tiled form for a checked problem (``check``): CO_CANNOT_IMPLEMENT when it does
