@@ -5,7 +5,10 @@ candidates: two translation units, since the persistent kernels' unit defines
 CUTLASS's grid dependency control (for PDL launches) and CUTLASS 4.2's stream-K
 scheduler does not compile with it (build.shards.unit_class); a final plan that
 uses one of them reuses that object and compiles only launchers. (All 30 configs
-of select/sm90.SPACE compiled, 43 kernels in one unit, when the space was added.)"""
+of select/sm90.SPACE compiled, 43 kernels in one unit, when the space was added.)
+A wave-fitted 128x176 tile rides in the persistent unit: it needs CuTe's extended
+wgmma shapes and a tile-wide epilogue subtile (emit/sm90_parts.mma_defines,
+epilogue_tile), which CUTLASS's builders must accept."""
 from pathlib import Path
 
 import pytest
@@ -18,22 +21,24 @@ from cutlass_offload.select import sm90
 pytestmark = pytest.mark.build
 
 NEW_KINDS = ("stream_k", "wide")
+FITTED_176 = sm90._config((128, 176, 64), (1, 1, 1), sm90.COOP)
 EPILOGUE = GemmEpilogue(bias=True, activation="gelu_erf")
 
 
-def _plan(names):
+def _plan(names, extra=()):
     problem = GemmProblem(n=256, k=256, dtype="f16", layout_b="col", align_a=8, align_b=8,
                           align_c=8, epilogue=EPILOGUE, m=256, m_hint=256)
     kernels = tuple(GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8,
-                               align_c=8, epilogue=EPILOGUE, config=sm90.CONFIGS[n]) for n in names)
+                               align_c=8, epilogue=EPILOGUE, config=c)
+                    for c in [sm90.CONFIGS[n] for n in names] + list(extra))
     regions = tuple(GemmRegion(name=f"tune0_{i}", form="linear", nodes=(f"tune0_{i}",), a="a", b="b",
-                               problem=problem) for i in range(len(names)))
+                               problem=problem) for i in range(len(kernels)))
     return Plan("sm90a", regions, kernels, ())
 
 
 @pytest.fixture(scope="module")
 def candidates_built(cache_dir):
-    plan = _plan(NEW_KINDS)
+    plan = _plan(NEW_KINDS, extra=(FITTED_176,))
     return plan, build_one_job(cache_dir, plan)
 
 
@@ -47,6 +52,8 @@ def test_new_config_kinds_compile_in_one_unit(candidates_built):
         stream_k = "streamk" in name
         assert source.count("cutlass::gemm::StreamKScheduler>") == int(stream_k)
         assert ("#define CUTLASS_ENABLE_GDC_FOR_SM90" in source) != stream_k
+        assert ("#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in source) != stream_k
+        assert ("cute::Shape<cute::_128, cute::_176>," in source) != stream_k
     library_exports(res, plan)
 
 

@@ -219,6 +219,7 @@ def test_tile_estimate_counts_whole_waves():
 @pytest.mark.parametrize("shape, tile", [
     ((512, 1280, 1280), (64, 96, 64)),       # the UNet's: 8 x 14 = 112 CTAs, one wave
     ((8192, 320, 320), (128, 160, 64)),      # 64 x 2 = 128 CTAs: one wave, N not padded
+    ((2048, 5632, 2048), (128, 176, 64)),    # llama's: 16 x 32 = 512 CTAs, 4 waves (cuBLAS's)
 ])
 def test_fitted_tiles_fill_the_waves_and_emit(shape, tile):
     p = _problem(*shape)
@@ -226,13 +227,41 @@ def test_fitted_tiles_fill_the_waves_and_emit(shape, tile):
     assert tile in {c.tile for c in fitted}
     assert not set(fitted) & set(sm90.SPACE)
     for c in fitted:
-        assert c.tile[1] % 32 == 0 and c.tile[1] not in sm90._FIXED_N[c.tile[0]]
+        assert c.tile[1] % 16 == 0 and c.tile[1] not in sm90._FIXED_N[c.tile[0]]
         est = sm90.tile_estimate(shape[0], shape[1], c.tile[0], c.tile[1], SMS)
         best_fixed = min(sm90.tile_estimate(shape[0], shape[1], c.tile[0], n, SMS)
                          for n in sm90._FIXED_N[c.tile[0]])
         assert est * sm90.FIT_MIN_GAIN <= best_fixed
         code = gemm_sm90.emit(_kernel(c)).code
         assert f"cute::_{c.tile[1]}" in code
+
+
+@pytest.mark.parametrize("tile, schedule, extended, epilogue_tile", [
+    ((128, 128, 64), sm90.COOP, False, None),
+    ((128, 192, 64), sm90.COOP, False, None),
+    ((64, 96, 64), sm90.PINGPONG, False, None),
+    ((128, 160, 64), sm90.COOP, True, None),          # gcd(32, 160) = 32: the automatic tile
+    ((128, 176, 64), sm90.COOP, True, "cute::Shape<cute::_128, cute::_176>"),
+    ((64, 80, 64), sm90.PINGPONG, True, "cute::Shape<cute::_64, cute::_80>"),
+])
+def test_tile_n_outside_the_default_wgmma_shapes_gets_its_own_mma_and_epilogue(
+        tile, schedule, extended, epilogue_tile):
+    """A tile N that CuTe's default wgmma shapes do not hold (176: the builder would run
+    eleven 64x16 wgmmas) compiles with the extended shapes; one that is an odd multiple
+    of 16 stores through one tile-wide epilogue subtile instead of 16-column ones. Every
+    other kernel's source stays as it was (no define, the automatic epilogue tile)."""
+    src = gemm_sm90.emit(_kernel(sm90._config(tile, (1, 1, 1), schedule)))
+    assert ("CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in src.defines) == extended
+    assert "CUTLASS_ENABLE_GDC_FOR_SM90" in src.defines
+    if epilogue_tile is None:
+        assert "cutlass::epilogue::collective::EpilogueTileAuto," in src.code
+    else:
+        assert "EpilogueTileAuto" not in src.code
+        assert f"    {epilogue_tile},\n    ElementAccumulator" in src.code
+    streamk = gemm_sm90.emit(_kernel(sm90._config(tile, (1, 1, 1), sm90.COOP, "stream_k"))) \
+        if schedule == sm90.COOP else None
+    if streamk is not None:     # stream-K units define no GDC; the MMA define still travels
+        assert streamk.defines == (("CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED",) if extended else ())
 
 
 def test_no_fitted_tiles_where_fixed_ones_fill_or_cannot_apply():

@@ -338,5 +338,7 @@ def emit(kernel: GemmKernel) -> KernelSource:
 
 def defines(kernel: GemmKernel) -> tuple:
     """The macros ``kernel``'s unit defines: grid dependency control for persistent
-    kernels (GDC_DEFINES), none for stream-K ones."""
-    return () if kernel.config.tile_scheduler == "stream_k" else GDC_DEFINES
+    kernels (GDC_DEFINES), none for stream-K ones; and the extended wgmma shapes for a
+    tile N outside CuTe's default ones (sm90_parts.mma_defines)."""
+    gdc = () if kernel.config.tile_scheduler == "stream_k" else GDC_DEFINES
+    return gdc + sm90_parts.mma_defines(kernel.config)

@@ -6,7 +6,7 @@ the plain-vs-EVT fusion and stage-count values they substitute.
 * ``ALIGNMENTS``: the alignment constants and the rounding style.
 * ``EPILOGUE``: the cluster shape, the fusion operation and the epilogue
   collective builder (``${cluster_*}``, ``${epilogue_tag}``, ``${fusion_type}``,
-  ``${epilogue_schedule}`` placeholders).
+  ``${epilogue_schedule}``, ``${epilogue_tile}`` placeholders).
 * ``TMA_DRIVER``: templates/tma_driver.h, the preamble of every TMA unit (the
   driver entry point of the descriptor encodes looked up once, not per encode).
 * ``launcher(...)``, ``CACHE_HIT``, ``run_tail(...)``: the launch path. ``run``
@@ -44,7 +44,7 @@ ${fusion_type};
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
     TileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto,
+    ${epilogue_tile},
     ElementAccumulator, ElementCompute,
     ElementC, LayoutC, AlignmentC,
     ElementD, LayoutD, AlignmentD,
@@ -169,12 +169,59 @@ def check_stages(stages: int) -> None:
         raise ValueError(f"stages must be 0 (auto) or >= 2, got {stages}")
 
 
+_COOP = "KernelTmaWarpSpecializedCooperative"
+_PINGPONG = "KernelTmaWarpSpecializedPingpong"
+EPILOGUE_TILE_AUTO = "cutlass::epilogue::collective::EpilogueTileAuto"
+
+
+def epilogue_tile(config) -> str:
+    """The epilogue tile (``${epilogue_tile}``) of a GEMM-family ``config``: C++ text.
+
+    CUTLASS's automatic one (``EpilogueTileAuto``; sm90_builder.inl
+    ``sm90_compute_tile_shape_or_override``) stores a cooperative tile in 128 x
+    gcd(32, tile N) subtiles and a ping-pong tile in 64 x gcd(32, tile N): 16
+    columns for a tile N that is an odd multiple of 16 (176, 208, 240), 11 to 15
+    subtiles, each with its barrier and TMA store, where a 128-wide tile takes 4.
+    Such tiles ran about half as fast on the H200 (select/sm90.py FIT_TILE_N), so
+    they get one subtile as wide as the tile: (128, N) cooperative, (64, N)
+    ping-pong, the only row counts the builder accepts for an explicit tile (and
+    N % 16 == 0). Every other config keeps the automatic tile, so its source (and
+    cache key) is unchanged.
+    """
+    _, tn, _ = config.tile
+    rows = {_COOP: 128, _PINGPONG: 64}.get(config.kernel_schedule)
+    if tn % 32 == 0 or rows is None:
+        return EPILOGUE_TILE_AUTO
+    return f"cute::Shape<cute::_{rows}, cute::_{tn}>"
+
+
+# The wgmma N extents CuTe's atom selector offers by default (cute/arch/mma_sm90.hpp
+# ss_op_selector); every other multiple of 8 up to 256 is behind EXTENDED_MMA_DEFINE.
+BASE_WGMMA_N = (8, 16, 32, 64, 96, 128, 192, 256)
+EXTENDED_MMA_DEFINE = "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"
+
+
+def mma_defines(config) -> tuple:
+    """The macros a unit needs for ``config``'s wgmma: ``(EXTENDED_MMA_DEFINE,)`` for a
+    tile N outside BASE_WGMMA_N, else ().
+
+    Without it the collective builder's selector takes the largest default N that
+    divides the tile's: a 128x176 tile runs eleven 64x16 wgmmas per K step, each
+    reading the tile's A from shared memory again. Those tiles ran about half as fast
+    on the H200 (select/sm90.py FIT_TILE_N). With it the selector offers every
+    multiple of 8 and picks the tile N itself; the default extents are picked as
+    before (the selector tries larger N first, and none larger divides them), at the
+    cost of parsing the extended headers (cute/arch/mma_sm90_gmma_ext.hpp and its
+    traits, about 3.4 MB)."""
+    return () if config.tile[1] in BASE_WGMMA_N else (EXTENDED_MMA_DEFINE,)
+
+
 def shape_values(kernel) -> dict:
-    """The ``${align_*}``, ``${tile_*}`` and ``${cluster_*}`` values of ``kernel``'s
-    alignments (elements) and config (str -> str)."""
+    """The ``${align_*}``, ``${tile_*}``, ``${cluster_*}`` and ``${epilogue_tile}``
+    values of ``kernel``'s alignments (elements) and config (str -> str)."""
     cfg = kernel.config
     out = {"align_a": str(kernel.align_a), "align_b": str(kernel.align_b),
-           "align_c": str(kernel.align_c)}
+           "align_c": str(kernel.align_c), "epilogue_tile": epilogue_tile(cfg)}
     for name, triple in (("tile", cfg.tile), ("cluster", cfg.cluster)):
         out.update({f"{name}_{axis}": str(v) for axis, v in zip("mnk", triple)})
     return out

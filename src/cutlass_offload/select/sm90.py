@@ -301,11 +301,11 @@ def search_space(problem: GemmProblem, num_sms: int) -> tuple:
 
 
 # Wave-fitted tiles (fitted_configs). wgmma takes any N that is a multiple of 8 up to
-# 256, but tiles whose N is an odd multiple of 16 ran about half as fast on the H200
-# (CUTLASS's automatic epilogue tile, gcd(32, N) columns, falls to 16 for them):
-# 2048x5632x2048 took 137 us in 128x176 tiles against 69 us in 128x128
-# (kernels_fitted_2026-12-01_h200.json), so only multiples of 32.
-FIT_TILE_N = tuple(range(64, 257, 32))
+# 256. Tiles whose N is an odd multiple of 16 ran about half as fast on the H200 with
+# CUTLASS's automatic epilogue tile (16 columns for them): 2048x5632x2048 took 137 us
+# in 128x176 tiles against 69 us in 128x128 (kernels_fitted_2026-12-01_h200.json);
+# they now store through one tile-wide epilogue subtile (emit/sm90_parts.epilogue_tile).
+FIT_TILE_N = tuple(range(64, 257, 16))
 FIT_PER_M = 2            # fitted tile Ns proposed per tile M
 FIT_MIN_GAIN = 1.03      # estimated gain over the best fixed tile of that M to propose one
 FIT_I0 = 16.0            # intensity (MACs per element loaded) at which a tile runs at half rate
