@@ -532,8 +532,10 @@ def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, n
                 base: dict | None = None, search: str = "full"):
     """select/sm90.py's table from a full search: per (M, N, K, batch, B layout), the
     winner of the shape's plain fp16 problem when there is one, else of its first
-    problem. Only CUTLASS 3.x winners. ``base``: a table (same GPU and SM count) whose
-    entries are kept where this search measured no winner for the shape."""
+    problem, plus as "residual" the winner of its first problem with a source-C
+    epilogue where that differs. Only CUTLASS 3.x winners. ``base``: a table (same GPU
+    and SM count) whose entries are kept where this search measured no winner for the
+    shape."""
     from cutlass_offload.build.toolchain import cutlass_version
     from cutlass_offload.select import tuning_id
     by_tid = {tp.tuning_id: tp for tp in report_problems}
@@ -558,6 +560,18 @@ def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, n
                         "config": tp.winner_config, "launch": tp.winner_launch or {},
                         "us": ok.get(tp.winner), "anchor_us": tp.torch_us,
                         "from": f"{p.dtype} {p.epilogue.tag}"}
+    for p, _ in order:      # a source-C epilogue's own winner where it differs (sm90.Table)
+        tp = by_tid.get(tuning_id(p))
+        key = (p.m, p.n, p.k, p.batch or 1, p.layout_b)
+        if p.epilogue.residual == "none" or key not in entries or "residual" in entries[key] \
+                or tp is None or tp.winner_config is None \
+                or tp.winner_config["family"] != "cutlass3x_sm90":
+            continue
+        e = entries[key]
+        if (tp.winner_config, tp.winner_launch or {}) != (e["config"], e["launch"]):
+            ok = {c.tag: c.us for c in tp.candidates if c.status == "ok" and c.us}
+            e["residual"] = {"config": tp.winner_config, "launch": tp.winner_launch or {},
+                             "us": ok.get(tp.winner), "from": f"{p.dtype} {p.epilogue.tag}"}
     merged = {**kept, **entries}
     if kept:
         note += (f"; merged into the table of {base['date']} ({len(kept)} entries, "

@@ -3,6 +3,7 @@ synthetic grid, the rows and summaries, and the learned table it writes (read ba
 by select/sm90.py)."""
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,39 @@ def test_written_table_is_what_select_reads(tmp_path):
         assert choose_kernel(plain, "sm90a").launch == GemmLaunch(**launch)
     finally:
         sm90.use_table(sm90.TABLES / "sm90a_h200.json")
+
+
+def test_a_source_c_epilogue_keeps_its_own_winner(tmp_path):
+    """Where the shape's problem with a residual epilogue measured another winner than
+    its plain one (llama's 2048x5632x2048), the table stores it as the entry's
+    "residual" choice, which select reads for epilogues that load C; an epilogue
+    without C, or a shape whose winners agree, gets the plain winner."""
+    def problem(n, epilogue=GemmEpilogue()):
+        return GemmProblem(n=n, k=2048, dtype="f16", layout_b="col", align_a=8, align_b=8,
+                           align_c=8, epilogue=epilogue, m=2048, m_hint=2048)
+    resmul = GemmEpilogue(activation="silu", residual="mul")
+    plain, fused, silu = problem(5632), problem(5632, resmul), problem(5632, GemmEpilogue(activation="silu"))
+    agree_plain, agree_res = problem(2048), problem(2048, GemmEpilogue(residual="add"))
+    wide = sm90._config((128, 176, 64), (2, 1, 1), sm90.COOP)
+    pp = sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG)
+    pdl = {"raster": "heuristic", "swizzle": 1, "splits": 1, "decomposition": "heuristic", "pdl": True}
+    tps = []
+    for p, cfg, ln in ((plain, wide, {}), (fused, pp, pdl), (agree_plain, pp, {}), (agree_res, pp, {})):
+        tps.append(TunedProblem("k", tuning_id(p), 1, False, "h", cfg.tag, config_to_dict(cfg),
+                                [CandidateResult("n", cfg.tag, "ok", us=5.0, launch=ln)], 6.0,
+                                winner_launch=ln))
+    path = tmp_path / "table.json"
+    problems = [(fused, {}), (plain, {}), (agree_res, {}), (agree_plain, {})]
+    assert kb.write_table(tps, problems, path, "NVIDIA H200", 132, "test") == 2
+    entries = {e["n"]: e for e in json.loads(path.read_text())["entries"]}
+    assert entries[5632]["residual"]["from"] == "f16 silu_resmul" and "residual" not in entries[2048]
+    table = sm90.Table.load(path)
+    assert table.lookup(plain, 132) == (wide, GemmLaunch())
+    assert table.lookup(silu, 132) == (wide, GemmLaunch())          # no C: the plain winner
+    assert table.lookup(fused, 132) == (pp, GemmLaunch(**pdl))
+    near = replace(fused, m=1900, m_hint=1900)                       # the nearest entry's too
+    assert table.lookup(near, 132) == (pp, GemmLaunch(**pdl))
+    assert table.lookup(agree_res, 132) == (pp, GemmLaunch())
 
 
 def test_merged_table_keeps_the_shapes_not_searched(tmp_path):

@@ -173,48 +173,67 @@ class Table:
 
     File (JSON): {"gpu", "num_sms", "date", "cutlass", "source", "entries": [{"m", "n",
     "k", "batch", "layout_b", "config": ir.KernelConfig fields, "launch":
-    ir.GemmLaunch fields, "us", "anchor_us"}]}; ``m`` counts the rows of one batch
-    entry. Entries are keyed by shape and B layout only: one winner serves every
-    epilogue and both 16-bit dtypes (wgmma runs fp16 and bf16 at one rate; the
-    corpus run measured the table's choices at 1.10x cuBLAS geomean for fp16 and
-    1.08x for bf16 plain GEMMs, 1.21x / 1.19x fused). Raises ValueError (from the config classes) or KeyError / TypeError for a
-    file of another shape.
+    ir.GemmLaunch fields, "us", "anchor_us", optional "residual": {"config", "launch",
+    "us", "from"}}]}; ``m`` counts the rows of one batch entry. Entries are keyed by
+    shape and B layout only: one winner serves every epilogue and both 16-bit dtypes
+    (wgmma runs fp16 and bf16 at one rate; the corpus run measured the table's choices
+    at 1.10x cuBLAS geomean for fp16 and 1.08x for bf16 plain GEMMs, 1.21x / 1.19x
+    fused), except that an entry's "residual" winner, where the profile measured one
+    apart, serves the epilogues that read a source C: reading C through the epilogue
+    changes which tile wins (llama's 2048x5632x2048: 128x176 tiles ran the plain GEMM
+    at 67.7 us and the one with a fused SiLU-multiply at 100.6, 128x128 ping-pong that
+    one at 82.3; kernels_fitted_2026-12-03_h200.json). Raises ValueError (from the
+    config classes) or KeyError / TypeError for a file of another shape.
     """
 
     def __init__(self, data: dict):
         self.gpu, self.num_sms = data["gpu"], int(data["num_sms"])
         self.meta = {k: v for k, v in data.items() if k != "entries"}
-        self.entries = {}
+        self.entries, self.residual = {}, {}
         for e in data["entries"]:
             key = (int(e["m"]) * max(1, int(e.get("batch", 1))), int(e["n"]), int(e["k"]),
                    e["layout_b"])
             self.entries[key] = (config_from_dict(e["config"]), GemmLaunch(**e.get("launch", {})))
+            if "residual" in e:
+                r = e["residual"]
+                self.residual[key] = (config_from_dict(r["config"]), GemmLaunch(**r.get("launch", {})))
 
     @classmethod
     def load(cls, path) -> Table:
         return cls(json.loads(Path(path).read_text()))
 
     def lookup(self, problem: GemmProblem, num_sms: int):
-        """(KernelConfig, GemmLaunch) for ``problem``, or None: the exact shape, else
-        the nearest profiled one within NEAREST_MAX_RATIO in M, N and K."""
+        """(KernelConfig, GemmLaunch) for ``problem``, or None: the entry of the exact
+        shape, else of the nearest profiled one within NEAREST_MAX_RATIO in M, N and K;
+        its "residual" winner when ``problem``'s epilogue reads a source C and the
+        entry has one."""
+        key = self._key(problem, num_sms)
+        if key is None:
+            return None
+        if problem.epilogue.residual != "none" and key in self.residual:
+            return self.residual[key]
+        return self.entries[key]
+
+    def _key(self, problem: GemmProblem, num_sms: int):
+        """The key of the entry that serves ``problem``, or None."""
         if num_sms != self.num_sms or problem.layout_a != "row":
             return None        # measured on row-major A only: a column-major A takes the rules
         m, n, k = gemm_mnk(problem)
-        hit = self.entries.get((m, n, k, problem.layout_b))
-        if hit is not None:
-            return hit
+        if (m, n, k, problem.layout_b) in self.entries:
+            return m, n, k, problem.layout_b
         best, best_d = None, None
         limit = math.log(NEAREST_MAX_RATIO) + 1e-9
-        for (em, en, ek, lay), choice in self.entries.items():
+        for key in self.entries:
+            em, en, ek, lay = key
             if lay != problem.layout_b:
                 continue
             ds = [abs(math.log(a / b)) for a, b in ((m, em), (n, en), (k, ek))]
             if max(ds) > limit:
                 continue
             d = sum(ds)
-            if best_d is None or d < best_d or (d == best_d and (em, en, ek) < best[0]):
-                best, best_d = ((em, en, ek), choice), d
-        return best[1] if best else None
+            if best_d is None or d < best_d or (d == best_d and key < best):
+                best, best_d = key, d
+        return best
 
 
 TABLE_FILE = TABLES / "sm90a_h200.json"
