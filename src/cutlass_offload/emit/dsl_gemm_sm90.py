@@ -47,7 +47,8 @@ from .activations import FUNCTOR
 ACTIVATIONS = tuple(FUNCTOR)        # the C++ emitters' (activations.py)
 RESIDUALS = RESIDUAL_OPS
 # M: one or two wgmma m64 rows per consumer warp group; N: what wgmma takes, in
-# steps of 32 (odd multiples of 16 ran ~2x slower in the C++ kernels: select/sm90.py)
+# steps of 32 (not re-measured since the C++ kernels' odd multiples of 16 got their own
+# wgmma shapes: emit/sm90_parts.mma_defines)
 TILES = tuple((m, n) for m in (64, 128) for n in range(64, 257, 32))
 CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
 DTYPES = ("f16", "bf16")

@@ -182,11 +182,15 @@ def epilogue_tile(config) -> str:
     gcd(32, tile N) subtiles and a ping-pong tile in 64 x gcd(32, tile N): 16
     columns for a tile N that is an odd multiple of 16 (176, 208, 240), 11 to 15
     subtiles, each with its barrier and TMA store, where a 128-wide tile takes 4.
-    Such tiles ran about half as fast on the H200 (select/sm90.py FIT_TILE_N), so
-    they get one subtile as wide as the tile: (128, N) cooperative, (64, N)
+    Such tiles get one subtile as wide as the tile: (128, N) cooperative, (64, N)
     ping-pong, the only row counts the builder accepts for an explicit tile (and
     N % 16 == 0). Every other config keeps the automatic tile, so its source (and
-    cache key) is unchanged.
+    cache key) is unchanged. Not measured apart from ``mma_defines`` (both came in
+    together): with both, 128x176 ran llama's plain 2048x5632x2048 in 68.8 us on
+    the H200, but with a fused SiLU-multiply reading C in 100.6 us, where 128x128
+    ping-pong took 82.3 (the tile-wide C stages leave the mainloop fewer stages;
+    not profiled), so the learned table keeps that epilogue's own winner
+    (select/sm90.py Table).
     """
     _, tn, _ = config.tile
     rows = {_COOP: 128, _PINGPONG: 64}.get(config.kernel_schedule)
@@ -207,8 +211,9 @@ def mma_defines(config) -> tuple:
 
     Without it the collective builder's selector takes the largest default N that
     divides the tile's: a 128x176 tile runs eleven 64x16 wgmmas per K step, each
-    reading the tile's A from shared memory again. Those tiles ran about half as fast
-    on the H200 (select/sm90.py FIT_TILE_N). With it the selector offers every
+    reading the tile's A from shared memory again: 137 us on llama's 2048x5632x2048
+    on the H200, 68.8 us with the define (kernels_fitted_2026-12-0[13]_h200.json;
+    the SASS holds HGMMA.64x176x16). With it the selector offers every
     multiple of 8 and picks the tile N itself; the default extents are picked as
     before (the selector tries larger N first, and none larger divides them), at the
     cost of parsing the extended headers (cute/arch/mma_sm90_gmma_ext.hpp and its

@@ -50,16 +50,20 @@ no compile. What each config costs to build shows in the build report (seconds p
 unit and the kernels it holds).
 
 To ``SPACE`` the search adds tiles fitted to the problem's waves
-(``fitted_configs``): a tile N of a multiple of 32 from 64 to 256 whose grid
+(``fitted_configs``): a tile N of a multiple of 16 from 64 to 256 whose grid
 fills the SMs' waves better than the fixed tiles do. cuBLAS does this: it ran
 llama's 2048x5632x2048 with 176x128 tiles (512 or 528 CTAs, as the 176 lies
 along N or M: four waves on 132 SMs) at 65 us, where our best fixed tile (128x128,
 704 CTAs: 5.3 waves) took 71 us (glue_profile_2026-12-01_h200.log,
-kernels_2026-12-01_h200.log). Measured on 21 corpus shapes (``--search fitted``,
-kernels_fitted_2026-12-01_h200.*), they won nowhere by more than the noise:
-CUTLASS's 128x176 ran that GEMM at 137 us (see FIT_TILE_N), 128x160 and 64x96 /
-64x160 came within 0-15% of the fixed tiles' winners. So the wave count alone
-does not explain cuBLAS's lead there.
+kernels_2026-12-01_h200.log). Until session 22 a tile N outside CuTe's default
+wgmma shapes (64, 96, 128, 192, 256) ran on narrower wgmmas (128x176 as eleven
+64x16: 137 us on that GEMM; kernels_fitted_2026-12-01_h200.*), so fitted tiles won
+nowhere. With the extended shapes (emit/sm90_parts.mma_defines) 128x176 runs it
+in 68.8 us (128x128 ping-pong: 67.6), and fitted tiles became the table's winner on
+11 of 18 corpus shapes (``--search fitted``, kernels_fitted_2026-12-03_h200.*): e.g.
+2048x1920x640 64x240 ping-pong 11.4 us against 15.6 in 128x192, 1568x3072x768
+128x160 20.7 against 24.1, 6000x3072x768 128x224 65.3 against 69.6; the 25 problems
+of those shapes went from 1.05x to 1.11x the anchor (geomean).
 """
 from __future__ import annotations
 
@@ -320,10 +324,8 @@ def search_space(problem: GemmProblem, num_sms: int) -> tuple:
 
 
 # Wave-fitted tiles (fitted_configs). wgmma takes any N that is a multiple of 8 up to
-# 256. Tiles whose N is an odd multiple of 16 ran about half as fast on the H200 with
-# CUTLASS's automatic epilogue tile (16 columns for them): 2048x5632x2048 took 137 us
-# in 128x176 tiles against 69 us in 128x128 (kernels_fitted_2026-12-01_h200.json);
-# they now store through one tile-wide epilogue subtile (emit/sm90_parts.epilogue_tile).
+# 256; tiles outside CuTe's default shapes compile with its extended ones
+# (emit/sm90_parts.mma_defines), multiples of 16 so that TMA rows stay 32-byte wide.
 FIT_TILE_N = tuple(range(64, 257, 16))
 FIT_PER_M = 2            # fitted tile Ns proposed per tile M
 FIT_MIN_GAIN = 1.03      # estimated gain over the best fixed tile of that M to propose one
