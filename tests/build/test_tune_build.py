@@ -6,9 +6,10 @@ CUTLASS's grid dependency control (for PDL launches) and CUTLASS 4.2's stream-K
 scheduler does not compile with it (build.shards.unit_class); a final plan that
 uses one of them reuses that object and compiles only launchers. (All 30 configs
 of select/sm90.SPACE compiled, 43 kernels in one unit, when the space was added.)
-A wave-fitted 128x176 tile rides in the persistent unit: it needs CuTe's extended
-wgmma shapes and a tile-wide epilogue subtile (emit/sm90_parts.mma_defines,
-epilogue_tile), which CUTLASS's builders must accept."""
+A wave-fitted 128x176 tile rides in the persistent unit: its wgmma comes from CuTe's
+extended shapes through a specialized selector (emit/sm90_parts.wgmma_selector; a
+static_assert checks the builder took it) and it stores through a tile-wide epilogue
+subtile (epilogue_tile), which CUTLASS's builders must accept."""
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,8 @@ def test_new_config_kinds_compile_in_one_unit(candidates_built):
         stream_k = "streamk" in name
         assert source.count("cutlass::gemm::StreamKScheduler>") == int(stream_k)
         assert ("#define CUTLASS_ENABLE_GDC_FOR_SM90" in source) != stream_k
-        assert ("#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in source) != stream_k
+        assert ("#include <cute/arch/mma_sm90_gmma_ext.hpp>" in source) != stream_k
+        assert ("TiledMma::AtomShape_MNK{}) == 176" in source) != stream_k
         assert ("cute::Shape<cute::_128, cute::_176>," in source) != stream_k
     library_exports(res, plan)
 

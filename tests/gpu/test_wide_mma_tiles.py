@@ -1,6 +1,7 @@
 """GPU: sm90a GEMM tiles whose N is outside CuTe's default wgmma shapes (the
 wave-fitted 128x176 of llama's MLP, 64x80, 128x160) run correctly: compiled with
-the extended wgmma shapes and, for N an odd multiple of 16, one tile-wide epilogue
+a wgmma as wide as the tile (emit/sm90_parts.wgmma_selector) and, for N an odd
+multiple of 16, one tile-wide epilogue
 subtile (emit/sm90_parts.py), including a fused residual multiply that reads C
 through that subtile, ragged M and N edges, and fp16 and bf16.
 

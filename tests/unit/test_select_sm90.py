@@ -1,10 +1,11 @@
 """sm90a GEMM kernel choice (no nvcc, no GPU): the shape heuristic, the candidate
 set for --tune, and the stream-K tile scheduler in the config and the emitter."""
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
-from cutlass_offload.emit import gemm_sm90
+from cutlass_offload.emit import gemm_sm90, sm90_parts
 from cutlass_offload.ir import (
     GemmEpilogue,
     GemmKernel,
@@ -236,7 +237,7 @@ def test_fitted_tiles_fill_the_waves_and_emit(shape, tile):
         assert f"cute::_{c.tile[1]}" in code
 
 
-@pytest.mark.parametrize("tile, schedule, extended, epilogue_tile", [
+@pytest.mark.parametrize("tile, schedule, wide, epilogue_tile", [
     ((128, 128, 64), sm90.COOP, False, None),
     ((128, 192, 64), sm90.COOP, False, None),
     ((64, 96, 64), sm90.PINGPONG, False, None),
@@ -245,23 +246,43 @@ def test_fitted_tiles_fill_the_waves_and_emit(shape, tile):
     ((64, 80, 64), sm90.PINGPONG, True, "cute::Shape<cute::_64, cute::_80>"),
 ])
 def test_tile_n_outside_the_default_wgmma_shapes_gets_its_own_mma_and_epilogue(
-        tile, schedule, extended, epilogue_tile):
+        tile, schedule, wide, epilogue_tile):
     """A tile N that CuTe's default wgmma shapes do not hold (176: the builder would run
-    eleven 64x16 wgmmas) compiles with the extended shapes; one that is an odd multiple
-    of 16 stores through one tile-wide epilogue subtile instead of 16-column ones. Every
-    other kernel's source stays as it was (no define, the automatic epilogue tile)."""
+    eleven 64x16 wgmmas) gets the selector specialized to the 64 x N atom, from the
+    extended headers, and a static_assert that the builder took it; one that is an odd
+    multiple of 16 stores through one tile-wide epilogue subtile instead of 16-column
+    ones. Every other kernel's source stays as it was."""
     src = gemm_sm90.emit(_kernel(sm90._config(tile, (1, 1, 1), schedule)))
-    assert ("CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in src.defines) == extended
-    assert "CUTLASS_ENABLE_GDC_FOR_SM90" in src.defines
+    n = tile[1]
+    assert src.defines == gemm_sm90.GDC_DEFINES
+    assert (src.includes == gemm_sm90.INCLUDES + sm90_parts.WGMMA_EXT_INCLUDES) == wide
+    assert (src.includes == gemm_sm90.INCLUDES) != wide
+    assert ("ss_op_selector" in src.code) == wide
+    assert ("TiledMma::AtomShape_MNK{}) == %d" % n in src.code) == wide
+    if wide:
+        # before the kernel's namespace, for its dtype, tile and K-major A and B
+        assert src.code.index("ss_op_selector") < src.code.index(f"namespace {src.name}")
+        assert (f"ss_op_selector<cutlass::half_t, cutlass::half_t, float, cute::Shape<cute::_"
+                f"{tile[0]}, cute::_{n}, cute::_64>,\n               Major::K, Major::K>()") in src.code
+        assert f"return MMA_64x{n}x16_F32F16F16_SS<Major::K, Major::K>{{}};" in src.code
     if epilogue_tile is None:
         assert "cutlass::epilogue::collective::EpilogueTileAuto," in src.code
     else:
         assert "EpilogueTileAuto" not in src.code
         assert f"    {epilogue_tile},\n    ElementAccumulator" in src.code
-    streamk = gemm_sm90.emit(_kernel(sm90._config(tile, (1, 1, 1), sm90.COOP, "stream_k"))) \
-        if schedule == sm90.COOP else None
-    if streamk is not None:     # stream-K units define no GDC; the MMA define still travels
-        assert streamk.defines == (("CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED",) if extended else ())
+
+
+def test_the_wgmma_selector_follows_dtype_and_operand_majors():
+    cfg = sm90._config((128, 176, 64), (1, 1, 1), sm90.COOP)
+    k = replace(_kernel(cfg), dtype="bf16", layout_b="row")
+    code = sm90_parts.wgmma_selector(k)
+    assert "ss_op_selector<cutlass::bfloat16_t, cutlass::bfloat16_t, float" in code
+    assert "MMA_64x176x16_F32BF16BF16_SS<Major::K, Major::MN>" in code
+    assert "#ifndef CO_WGMMA_bf16_KMN_128x176x64" in code       # kernels of a unit share it
+    assert sm90_parts.wgmma_selector(_kernel(sm90.CONFIGS["mid"])) == ""
+    with pytest.raises(ValueError, match="f16 / bf16"):
+        sm90_parts.wgmma_selector(SimpleNamespace(config=cfg, dtype="f32", layout_a="row",
+                                                  layout_b="col"))
 
 
 def test_no_fitted_tiles_where_fixed_ones_fill_or_cannot_apply():

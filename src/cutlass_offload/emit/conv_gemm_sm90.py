@@ -282,7 +282,8 @@ def emit(kernel: ConvKernel) -> KernelSource:
         chunk_bytes=str(IM2COL_CHUNK_BYTES), chunk_rows=str(CHUNK_ROW_MULTIPLE),
         operand_check=check, **_launch_codes(kernel.launch))
     # the pack kernel is named in run() either way (a branch on a constexpr)
-    return KernelSource(name=kernel.name, includes=gemm_sm90.INCLUDES, code=_PACK + "\n" + code,
+    return KernelSource(name=kernel.name, includes=gemm_sm90.includes(gk),
+                        code=sm90_parts.wgmma_selector(gk) + _PACK + "\n" + code,
                         args_type="CoConvArgs", defines=gemm_sm90.defines(gk),
                         preamble=(sm90_parts.TMA_DRIVER,) + activations.preamble(gk.epilogue.activation))
 

@@ -48,7 +48,7 @@ ACTIVATIONS = tuple(FUNCTOR)        # the C++ emitters' (activations.py)
 RESIDUALS = RESIDUAL_OPS
 # M: one or two wgmma m64 rows per consumer warp group; N: what wgmma takes, in
 # steps of 32 (not re-measured since the C++ kernels' odd multiples of 16 got their own
-# wgmma shapes: emit/sm90_parts.mma_defines)
+# wgmma shapes: emit/sm90_parts.wgmma_selector)
 TILES = tuple((m, n) for m in (64, 128) for n in range(64, 257, 32))
 CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
 DTYPES = ("f16", "bf16")

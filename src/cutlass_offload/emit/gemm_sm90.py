@@ -97,7 +97,7 @@ using LayoutD = cutlass::layout::RowMajor;
     TileShape, ClusterShape,
     ${stage_count},
     cutlass::gemm::${kernel_schedule}
-  >::CollectiveOp;
+  >::CollectiveOp;${mma_check}
 
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     cute::Shape<int, int, int, int>,  // (M, N, K, L)
@@ -306,6 +306,7 @@ def values(kernel: GemmKernel) -> dict:
         "epilogue_schedule": cfg.epilogue_schedule or _EPILOGUE_FOR[cfg.kernel_schedule],
         "kernel_schedule": cfg.kernel_schedule,
         "stage_count": stage_count,
+        "mma_check": sm90_parts.mma_check(cfg),
         # persistent: no argument, so those kernels' source (and cache key) is unchanged
         "tile_scheduler": (",\n    cutlass::gemm::StreamKScheduler"
                            if stream_k else ""),
@@ -331,14 +332,18 @@ def emit(kernel: GemmKernel) -> KernelSource:
     NotImplementedError for TF32 with B row-major, KeyError if the template and
     ``values`` ever disagree on a placeholder.
     """
-    code = TEMPLATE.substitute(values(kernel))
-    return KernelSource(name=kernel.name, includes=INCLUDES, code=code, defines=defines(kernel),
+    code = sm90_parts.wgmma_selector(kernel) + TEMPLATE.substitute(values(kernel))
+    return KernelSource(name=kernel.name, includes=includes(kernel), code=code, defines=defines(kernel),
                         preamble=(sm90_parts.TMA_DRIVER,) + activations.preamble(kernel.epilogue.activation))
 
 
 def defines(kernel: GemmKernel) -> tuple:
     """The macros ``kernel``'s unit defines: grid dependency control for persistent
-    kernels (GDC_DEFINES), none for stream-K ones; and the extended wgmma shapes for a
-    tile N outside CuTe's default ones (sm90_parts.mma_defines)."""
-    gdc = () if kernel.config.tile_scheduler == "stream_k" else GDC_DEFINES
-    return gdc + sm90_parts.mma_defines(kernel.config)
+    kernels (GDC_DEFINES), none for stream-K ones."""
+    return () if kernel.config.tile_scheduler == "stream_k" else GDC_DEFINES
+
+
+def includes(kernel: GemmKernel) -> tuple:
+    """``INCLUDES``, then CuTe's extended wgmma headers for a tile N outside its default
+    shapes (sm90_parts.wgmma_selector)."""
+    return INCLUDES + (sm90_parts.WGMMA_EXT_INCLUDES if sm90_parts.wide_mma(kernel.config) else ())

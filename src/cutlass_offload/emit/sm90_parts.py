@@ -185,7 +185,7 @@ def epilogue_tile(config) -> str:
     Such tiles get one subtile as wide as the tile: (128, N) cooperative, (64, N)
     ping-pong, the only row counts the builder accepts for an explicit tile (and
     N % 16 == 0). Every other config keeps the automatic tile, so its source (and
-    cache key) is unchanged. Not measured apart from ``mma_defines`` (both came in
+    cache key) is unchanged. Not measured apart from ``wgmma_selector`` (both came in
     together): with both, 128x176 ran llama's plain 2048x5632x2048 in 68.8 us on
     the H200, but with a fused SiLU-multiply reading C in 100.6 us, where 128x128
     ping-pong took 82.3 (the tile-wide C stages leave the mainloop fewer stages;
@@ -200,25 +200,73 @@ def epilogue_tile(config) -> str:
 
 
 # The wgmma N extents CuTe's atom selector offers by default (cute/arch/mma_sm90.hpp
-# ss_op_selector); every other multiple of 8 up to 256 is behind EXTENDED_MMA_DEFINE.
+# ss_op_selector); the other multiples of 8 up to 256 are in its extended headers.
 BASE_WGMMA_N = (8, 16, 32, 64, 96, 128, 192, 256)
-EXTENDED_MMA_DEFINE = "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"
+WGMMA_EXT_INCLUDES = ("cute/arch/mma_sm90_gmma_ext.hpp", "cute/atom/mma_traits_sm90_gmma_ext.hpp")
+_WGMMA_TYPES = {"f16": ("cutlass::half_t", "F32F16F16"), "bf16": ("cutlass::bfloat16_t", "F32BF16BF16")}
 
 
-def mma_defines(config) -> tuple:
-    """The macros a unit needs for ``config``'s wgmma: ``(EXTENDED_MMA_DEFINE,)`` for a
-    tile N outside BASE_WGMMA_N, else ().
+def wide_mma(config) -> bool:
+    """Whether ``config``'s tile N is outside CuTe's default wgmma shapes (BASE_WGMMA_N)."""
+    return config.tile[1] not in BASE_WGMMA_N
 
-    Without it the collective builder's selector takes the largest default N that
-    divides the tile's: a 128x176 tile runs eleven 64x16 wgmmas per K step, each
-    reading the tile's A from shared memory again: 137 us on llama's 2048x5632x2048
-    on the H200, 68.8 us with the define (kernels_fitted_2026-12-0[13]_h200.json;
-    the SASS holds HGMMA.64x176x16). With it the selector offers every
-    multiple of 8 and picks the tile N itself; the default extents are picked as
-    before (the selector tries larger N first, and none larger divides them), at the
-    cost of parsing the extended headers (cute/arch/mma_sm90_gmma_ext.hpp and its
-    traits, about 3.4 MB)."""
-    return () if config.tile[1] in BASE_WGMMA_N else (EXTENDED_MMA_DEFINE,)
+
+def wgmma_selector(kernel) -> str:
+    """C++ that makes CUTLASS's collective builder run ``kernel`` (a sm90 GemmKernel) on
+    a wgmma as wide as its tile: "" unless ``wide_mma``, else an explicit
+    specialization of CuTe's ``ss_op_selector`` for its element type, tile shape and
+    operand majors returning the 64 x N x 16 atom (guarded, so kernels of one unit may
+    share it). Goes before any namespace of the unit, after WGMMA_EXT_INCLUDES.
+
+    Without it the selector takes the largest default N that divides the tile's: a
+    128x176 tile runs eleven 64x16 wgmmas per K step, each reading the tile's A from
+    shared memory again: 137 us on llama's 2048x5632x2048 on the H200, 68.8 us on the
+    64x176 atom (kernels_fitted_2026-12-0[13]_h200.json; HGMMA.64x176x16 in the SASS).
+    CuTe's own switch, CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, also pulls in the sparse
+    extended headers: parsing a unit's CUTLASS headers took 64.5 s with it, 32.1 s with
+    the two dense headers included here and 19.5 s with neither (nvcc -c, 2-core
+    machine). Raises ValueError for a dtype without 16-bit wgmma atoms here.
+    """
+    cfg = kernel.config
+    if not wide_mma(cfg):
+        return ""
+    if kernel.dtype not in _WGMMA_TYPES:
+        raise ValueError(f"a tile N of {cfg.tile[1]} needs an f16 / bf16 kernel, got {kernel.dtype}")
+    element, kind = _WGMMA_TYPES[kernel.dtype]
+    major_a = "K" if kernel.layout_a == "row" else "MN"
+    major_b = "K" if kernel.layout_b == "col" else "MN"
+    tm, tn, tk = cfg.tile
+    guard = f"CO_WGMMA_{kernel.dtype}_{major_a}{major_b}_{tm}x{tn}x{tk}"
+    return f"""\
+#ifndef {guard}
+#define {guard}
+// tile N {tn} is not among CuTe's default wgmma shapes: without this the builder's
+// selector would run {tn // _largest_base_divisor(tn)} narrow wgmmas per K step (emit/sm90_parts.py)
+namespace cute::SM90::GMMA {{
+template <>
+CUTE_HOST_DEVICE constexpr auto
+ss_op_selector<{element}, {element}, float, cute::Shape<cute::_{tm}, cute::_{tn}, cute::_{tk}>,
+               Major::{major_a}, Major::{major_b}>() {{
+  return MMA_64x{tn}x16_{kind}_SS<Major::{major_a}, Major::{major_b}>{{}};
+}}
+}}  // namespace cute::SM90::GMMA
+#endif
+"""
+
+
+def _largest_base_divisor(n: int) -> int:
+    return max(b for b in BASE_WGMMA_N if n % b == 0)
+
+
+def mma_check(config) -> str:
+    """A static_assert (C++, right after ``CollectiveMainloop``'s definition) that a
+    wide-MMA kernel's wgmma is as wide as its tile; "" for the others (their source
+    stays as it was)."""
+    if not wide_mma(config):
+        return ""
+    return ("\nstatic_assert(cute::size<1>(typename CollectiveMainloop::TiledMma::AtomShape_MNK{}) "
+            f"== {config.tile[1]},\n              \"the wgmma is as wide as the tile "
+            "(sm90_parts.wgmma_selector)\");")
 
 
 def shape_values(kernel) -> dict:

@@ -58,12 +58,12 @@ along N or M: four waves on 132 SMs) at 65 us, where our best fixed tile (128x12
 kernels_2026-12-01_h200.log). Until session 22 a tile N outside CuTe's default
 wgmma shapes (64, 96, 128, 192, 256) ran on narrower wgmmas (128x176 as eleven
 64x16: 137 us on that GEMM; kernels_fitted_2026-12-01_h200.*), so fitted tiles won
-nowhere. With the extended shapes (emit/sm90_parts.mma_defines) 128x176 runs it
-in 68.8 us (128x128 ping-pong: 67.6), and fitted tiles became the table's winner on
+nowhere. On the 64 x N wgmma (emit/sm90_parts.wgmma_selector) 128x176 runs it
+in 68.8 us (128x128 ping-pong: 67.6, cuBLAS 65.4), and fitted tiles became the table's winner on
 11 of 18 corpus shapes (``--search fitted``, kernels_fitted_2026-12-03_h200.*): e.g.
 2048x1920x640 64x240 ping-pong 11.4 us against 15.6 in 128x192, 1568x3072x768
 128x160 20.7 against 24.1, 6000x3072x768 128x224 65.3 against 69.6; the 25 problems
-of those shapes went from 1.05x to 1.11x the anchor (geomean).
+of those shapes went from 1.06x to 1.11x the anchor (geomean).
 """
 from __future__ import annotations
 
@@ -325,7 +325,7 @@ def search_space(problem: GemmProblem, num_sms: int) -> tuple:
 
 # Wave-fitted tiles (fitted_configs). wgmma takes any N that is a multiple of 8 up to
 # 256; tiles outside CuTe's default shapes compile with its extended ones
-# (emit/sm90_parts.mma_defines), multiples of 16 so that TMA rows stay 32-byte wide.
+# (emit/sm90_parts.wgmma_selector); multiples of 16 so that TMA rows stay 32-byte wide.
 FIT_TILE_N = tuple(range(64, 257, 16))
 FIT_PER_M = 2            # fitted tile Ns proposed per tile M
 FIT_MIN_GAIN = 1.03      # estimated gain over the best fixed tile of that M to propose one
