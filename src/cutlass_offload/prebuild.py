@@ -65,8 +65,8 @@ def epilogues(tags) -> list:
 def _configs(arch: str, dtype: str) -> list:
     if arch == "sm90a":
         table = sm90.default_table()
-        seen = list(dict.fromkeys(list(sm90.CONFIGS.values()) +
-                                  ([c for c, _ in table.entries.values()] if table else [])))
+        chosen = list(table.entries.values()) + list(table.residual.values()) if table else []
+        seen = list(dict.fromkeys(list(sm90.CONFIGS.values()) + [c for c, _ in chosen]))
         return [c for c in seen if c.family == "cutlass3x_sm90"]
     return sm80_family.gemm_configs(dtype, 8, 8, 8)
 

@@ -59,9 +59,10 @@ kernels_2026-12-01_h200.log). Until session 22 a tile N outside CuTe's default
 wgmma shapes (64, 96, 128, 192, 256) ran on narrower wgmmas (128x176 as eleven
 64x16: 137 us on that GEMM; kernels_fitted_2026-12-01_h200.*), so fitted tiles won
 nowhere. On the 64 x N wgmma (emit/sm90_parts.wgmma_selector) 128x176 runs it
-in 68.8 us (128x128 ping-pong: 67.6, cuBLAS 65.4), and fitted tiles became the table's winner on
-11 of 18 corpus shapes (``--search fitted``, kernels_fitted_2026-12-03_h200.*): e.g.
-2048x1920x640 64x240 ping-pong 11.4 us against 15.6 in 128x192, 1568x3072x768
+in 68.8 us (128x128 ping-pong: 67.6, cuBLAS 65.4), and fitted tiles became the
+table's winner on 11 of 18 corpus shapes (``--search fitted``,
+kernels_fitted_2026-12-03_h200.*): e.g. 2048x1920x640 64x240 ping-pong 11.4 us
+against 15.6 in 128x192, 1568x3072x768
 128x160 20.7 against 24.1, 6000x3072x768 128x224 65.3 against 69.6; the 25 problems
 of those shapes went from 1.06x to 1.11x the anchor (geomean).
 """
