@@ -553,25 +553,16 @@ def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, n
                 or p.layout_a != "row":      # the table's keys know B's layout only
             continue
         key = (p.m, p.n, p.k, p.batch or 1, p.layout_b)
-        if key in entries:
-            continue
         ok = {c.tag: c.us for c in tp.candidates if c.status == "ok" and c.us}
-        entries[key] = {"m": p.m, "n": p.n, "k": p.k, "batch": p.batch or 1, "layout_b": p.layout_b,
-                        "config": tp.winner_config, "launch": tp.winner_launch or {},
-                        "us": ok.get(tp.winner), "anchor_us": tp.torch_us,
-                        "from": f"{p.dtype} {p.epilogue.tag}"}
-    for p, _ in order:      # a source-C epilogue's own winner where it differs (sm90.Table)
-        tp = by_tid.get(tuning_id(p))
-        key = (p.m, p.n, p.k, p.batch or 1, p.layout_b)
-        if p.epilogue.residual == "none" or key not in entries or "residual" in entries[key] \
-                or tp is None or tp.winner_config is None \
-                or tp.winner_config["family"] != "cutlass3x_sm90":
-            continue
-        e = entries[key]
-        if (tp.winner_config, tp.winner_launch or {}) != (e["config"], e["launch"]):
-            ok = {c.tag: c.us for c in tp.candidates if c.status == "ok" and c.us}
-            e["residual"] = {"config": tp.winner_config, "launch": tp.winner_launch or {},
-                             "us": ok.get(tp.winner), "from": f"{p.dtype} {p.epilogue.tag}"}
+        winner = {"config": tp.winner_config, "launch": tp.winner_launch or {},
+                  "us": ok.get(tp.winner), "from": f"{p.dtype} {p.epilogue.tag}"}
+        e = entries.get(key)
+        if e is None:           # the first problem of the shape in ``order``: plain fp16 first
+            entries[key] = {"m": p.m, "n": p.n, "k": p.k, "batch": p.batch or 1,
+                            "layout_b": p.layout_b, **winner, "anchor_us": tp.torch_us}
+        elif p.epilogue.residual != "none" and "residual" not in e \
+                and (winner["config"], winner["launch"]) != (e["config"], e["launch"]):
+            e["residual"] = winner     # a source-C epilogue's own winner (sm90.Table)
     merged = {**kept, **entries}
     if kept:
         note += (f"; merged into the table of {base['date']} ({len(kept)} entries, "

@@ -240,8 +240,8 @@ def wgmma_selector(kernel) -> str:
     return f"""\
 #ifndef {guard}
 #define {guard}
-// tile N {tn} is not among CuTe's default wgmma shapes: without this the builder's
-// selector would run {tn // _largest_base_divisor(tn)} narrow wgmmas per K step (emit/sm90_parts.py)
+// tile N {tn} is not among CuTe's default wgmma shapes: this gives the builder the
+// 64x{tn} atom instead of several narrower ones per K step (emit/sm90_parts.py)
 namespace cute::SM90::GMMA {{
 template <>
 CUTE_HOST_DEVICE constexpr auto
@@ -252,10 +252,6 @@ ss_op_selector<{element}, {element}, float, cute::Shape<cute::_{tm}, cute::_{tn}
 }}  // namespace cute::SM90::GMMA
 #endif
 """
-
-
-def _largest_base_divisor(n: int) -> int:
-    return max(b for b in BASE_WGMMA_N if n % b == 0)
 
 
 def mma_check(config) -> str:
