@@ -66,7 +66,8 @@ def attention_dims(region: AttentionRegion, out_shape, seq_kv: int) -> tuple:
 def region_flops(region, out_shape, seq_kv: int | None = None) -> float | None:
     """Floating-point operations of one call (multiply and add counted as 2).
 
-    GEMM: 2 * L * M * N * K (= 2 * output elements * K); epilogues not counted.
+    GEMM: 2 * L * M * N * K (= 2 * output elements * K, twice that under a GLU epilogue,
+      whose output has N / 2 columns); epilogues not counted.
     conv2d fprop: 2 * N * P * Q * K * C * R * S (= 2 * output elements * C * R * S).
     attention: 2 * B * H * pairs * (head_dim + head_dim_v), pairs = visible (query,
       key) pairs (``visible_pairs``; = 4 * B * H * Sq * Skv * D without a mask and
@@ -80,7 +81,7 @@ def region_flops(region, out_shape, seq_kv: int | None = None) -> float | None:
     numel = math.prod(out_shape)
     p = region.problem
     if kind == "gemm":
-        return 2.0 * numel * p.k
+        return 2.0 * numel * p.k * (2 if p.epilogue.glu else 1)
     if kind == "conv2d":
         return 2.0 * numel * p.c * p.r * p.s
     if kind == "attention":

@@ -9,7 +9,10 @@ of select/sm90.SPACE compiled, 43 kernels in one unit, when the space was added.
 A wave-fitted 128x176 tile rides in the persistent unit: its wgmma comes from CuTe's
 extended shapes through a specialized selector (emit/sm90_parts.wgmma_selector; a
 static_assert checks the builder took it) and it stores through a tile-wide epilogue
-subtile (epilogue_tile), which CUTLASS's builders must accept."""
+subtile (epilogue_tile), which CUTLASS's builders must accept. So does a GLU kernel of
+that tile (gate and up interleaved, the product written from registers:
+emit/templates/glu_epilogue.h, whose static_asserts check the accumulator layout it
+reads)."""
 from pathlib import Path
 
 import pytest
@@ -24,22 +27,26 @@ pytestmark = pytest.mark.build
 NEW_KINDS = ("stream_k", "wide")
 FITTED_176 = sm90._config((128, 176, 64), (1, 1, 1), sm90.COOP)
 EPILOGUE = GemmEpilogue(bias=True, activation="gelu_erf")
+GLU = GemmEpilogue(bias=True, activation="silu", glu=True)
+FITTED_176_C2 = sm90._config((128, 176, 64), (2, 1, 1), sm90.COOP)
 
 
-def _plan(names, extra=()):
-    problem = GemmProblem(n=256, k=256, dtype="f16", layout_b="col", align_a=8, align_b=8,
-                          align_c=8, epilogue=EPILOGUE, m=256, m_hint=256)
-    kernels = tuple(GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8,
-                               align_c=8, epilogue=EPILOGUE, config=c)
+def _plan(names, extra=(), glu=()):
+    kernels = tuple((EPILOGUE, GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8,
+                                          align_c=8, epilogue=EPILOGUE, config=c))
                     for c in [sm90.CONFIGS[n] for n in names] + list(extra))
+    kernels += tuple((GLU, GemmKernel(arch="sm90a", dtype="bf16", layout_b="col", align_a=8, align_b=8,
+                                      align_c=8, epilogue=GLU, config=c)) for c in glu)
     regions = tuple(GemmRegion(name=f"tune0_{i}", form="linear", nodes=(f"tune0_{i}",), a="a", b="b",
-                               problem=problem) for i in range(len(kernels)))
-    return Plan("sm90a", regions, kernels, ())
+                               problem=GemmProblem(n=256, k=256, dtype=k.dtype, layout_b="col", align_a=8,
+                                                   align_b=8, align_c=8, epilogue=ep, m=256, m_hint=256))
+                    for i, (ep, k) in enumerate(kernels))
+    return Plan("sm90a", regions, tuple(k for _, k in kernels), ())
 
 
 @pytest.fixture(scope="module")
 def candidates_built(cache_dir):
-    plan = _plan(NEW_KINDS, extra=(FITTED_176,))
+    plan = _plan(NEW_KINDS, extra=(FITTED_176,), glu=(FITTED_176_C2,))
     return plan, build_one_job(cache_dir, plan)
 
 
@@ -56,6 +63,7 @@ def test_new_config_kinds_compile_in_one_unit(candidates_built):
         assert ("#include <cute/arch/mma_sm90_gmma_ext.hpp>" in source) != stream_k
         assert ("TiledMma::AtomShape_MNK{}) == 176" in source) != stream_k
         assert ("cute::Shape<cute::_128, cute::_176>," in source) != stream_k
+        assert ("co_glu::GluEpilogue<" in source) != stream_k
     library_exports(res, plan)
 
 

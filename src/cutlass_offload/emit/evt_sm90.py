@@ -99,6 +99,10 @@ def is_plain(ep: GemmEpilogue) -> bool:
 
 def semantics(ep: GemmEpilogue, acc: str, bias: str, source: str) -> str:
     """The epilogue as a formula, for the ``// D = ...`` comment."""
+    if ep.glu:
+        g, u = (f"gate + {bias}_g", f"up + {bias}_u") if ep.bias else ("gate", "up")
+        act = f"{ep.activation}({g})" if ep.activation != "identity" else f"({g})"
+        return f"{act} * ({u}), gate and up: {acc}'s columns interleaved in blocks of 8"
     x = f"{acc} + {bias}" if ep.bias else acc
     if ep.activation != "identity":
         x = f"{ep.activation}({x})"

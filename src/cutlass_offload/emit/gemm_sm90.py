@@ -28,6 +28,7 @@ device query, so it can be captured into a CUDA graph.
 from __future__ import annotations
 
 import string
+from pathlib import Path
 
 from ..ir import GemmKernel, KernelSource
 from . import activations, sm90_parts
@@ -72,7 +73,7 @@ _LAUNCH = """\
 # One template for the family, with the parts every sm90 emitter shares spliced in
 # (sm90_parts.py). Placeholders are ${name}; substitution is strict
 # (string.Template.substitute raises KeyError on a missing key).
-TEMPLATE = string.Template("""\
+_TEXT = ("""\
 // ${name}
 // D = ${semantics}
 namespace ${name} {
@@ -175,6 +176,22 @@ int64_t workspace_size(const CoGemmArgs& args) {
     return CO_CANNOT_IMPLEMENT;
   }
 """ + sm90_parts.run_tail("Gemm", "GemmKernel"))
+TEMPLATE = string.Template(_TEXT)
+
+# A GLU epilogue (ir.GemmEpilogue.glu): templates/glu_epilogue.h in place of the
+# collective builder's TMA epilogue; the rest of the kernel's text is TEMPLATE's.
+GLU_H = (Path(__file__).parent / "templates" / "glu_epilogue.h").read_text()
+_GLU_EPILOGUE = """\
+using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
+
+// Epilogue: ${epilogue_tag}: gate and up columns interleaved in blocks of 8, the product
+// written from registers (templates/glu_epilogue.h; NoSmem: no shared memory taken)
+using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
+    co_glu::GluEpilogue<ElementD, ElementBias, ${glu_activation}, ${glu_bias},
+                        cutlass::epilogue::NoSmemWarpSpecialized>>;
+
+"""
+GLU_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, _GLU_EPILOGUE))
 
 
 # CUTLASS's grid dependency control (griddepcontrol.wait before the first global read,
@@ -284,7 +301,12 @@ def values(kernel: GemmKernel) -> dict:
         stride_b_value = "cute::make_stride(cute::_1{}, int64_t(args.ldb), int64_t(args.batch_stride_b))"
         layout_b_doc = "(K, N, L), N contiguous"
 
-    fusion_type, fusion_args = sm90_parts.fusion(ep)
+    if ep.glu:
+        fusion_type, fusion_args = "", (
+            "  arguments.epilogue.thread.bias = " +
+            ("static_cast<ElementBias const*>(args.bias);" if ep.bias else "nullptr;"))
+    else:
+        fusion_type, fusion_args = sm90_parts.fusion(ep)
     stage_count = sm90_parts.stage_count(cfg.stages, "gemm")
 
     return {
@@ -318,6 +340,8 @@ def values(kernel: GemmKernel) -> dict:
         "stride_b_value": stride_b_value,
         "ptr_c": "static_cast<ElementC const*>(args.c)" if residual else "nullptr",
         "c_check": " && args.c != nullptr && co_tma_aligned(args.c)" if residual else "",
+        "glu_activation": activations.FUNCTOR[ep.activation] or "cutlass::epilogue::thread::Identity",
+        "glu_bias": "true" if ep.bias else "false",
     }
 
 
@@ -332,7 +356,10 @@ def emit(kernel: GemmKernel) -> KernelSource:
     NotImplementedError for TF32 with B row-major, KeyError if the template and
     ``values`` ever disagree on a placeholder.
     """
-    code = sm90_parts.wgmma_selector(kernel) + TEMPLATE.substitute(values(kernel))
+    template = GLU_TEMPLATE if kernel.epilogue.glu else TEMPLATE
+    code = sm90_parts.wgmma_selector(kernel) + template.substitute(values(kernel))
+    if kernel.epilogue.glu:
+        code = GLU_H + code          # guarded: the unit's other GLU kernels share it
     return KernelSource(name=kernel.name, includes=includes(kernel), code=code, defines=defines(kernel),
                         preamble=(sm90_parts.TMA_DRIVER,) + activations.preamble(kernel.epilogue.activation))
 
@@ -343,7 +370,12 @@ def defines(kernel: GemmKernel) -> tuple:
     return () if kernel.config.tile_scheduler == "stream_k" else GDC_DEFINES
 
 
+GLU_INCLUDES = ("cutlass/epilogue/collective/detail.hpp", "cutlass/epilogue/thread/linear_combination.h",
+                "cutlass/numeric_conversion.h")
+
+
 def includes(kernel: GemmKernel) -> tuple:
     """``INCLUDES``, then CuTe's extended wgmma headers for a tile N outside its default
-    shapes (sm90_parts.wgmma_selector)."""
-    return INCLUDES + (sm90_parts.WGMMA_EXT_INCLUDES if sm90_parts.wide_mma(kernel.config) else ())
+    shapes (sm90_parts.wgmma_selector), then what a GLU epilogue uses."""
+    return (INCLUDES + (sm90_parts.WGMMA_EXT_INCLUDES if sm90_parts.wide_mma(kernel.config) else ())
+            + (GLU_INCLUDES if kernel.epilogue.glu else ()))

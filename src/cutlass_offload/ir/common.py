@@ -44,6 +44,11 @@ class GemmEpilogue:
       residual_broadcast, a vector of shape (N,) broadcast over rows (a per-channel
       tensor such as (1, K, 1, 1) after a conv), applied after the activation.
     post_activation: only "relu" after a residual (ResNet/TVM residual block form).
+    glu: a gated linear unit (GEMM kernels on sm90a only): the GEMM's N columns are
+      gate and up values interleaved in blocks of 8 (columns 16i..16i+7 the gate of
+      output columns 8i..8i+7, 16i+8..16i+15 their up; bias interleaved alike) and
+      D = activation(gate + bias_g) * (up + bias_u) has N / 2 columns
+      (partition/gated_gemm.py, emit/templates/glu_epilogue.h). No residual then.
     """
 
     bias: bool = False
@@ -51,6 +56,7 @@ class GemmEpilogue:
     residual: str = "none"
     post_activation: str = "identity"
     residual_broadcast: bool = False
+    glu: bool = False
 
     def __post_init__(self):
         _check(self.activation, ACTIVATIONS, "activation")
@@ -60,10 +66,14 @@ class GemmEpilogue:
             raise ValueError("post_activation needs a residual; fold it into activation")
         if self.residual_broadcast and self.residual == "none":
             raise ValueError("residual_broadcast needs a residual")
+        if self.glu and self.residual != "none":
+            raise ValueError("a GLU epilogue takes no residual")
 
     @property
     def tag(self) -> str:
         parts = ["bias"] if self.bias else []
+        if self.glu:
+            parts.append("glu")
         if self.activation != "identity":
             parts.append(_SHORT[self.activation])
         if self.residual != "none":

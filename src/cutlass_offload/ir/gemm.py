@@ -162,6 +162,8 @@ class GemmKernel:
         _check(self.dtype, DTYPES, "dtype")
         if self.config.family == "cutlass3x_sm90" and self.arch != "sm90a":
             raise ValueError("CUTLASS 3.x sm90 kernels need the sm90a target")
+        if self.epilogue.glu and self.config.family != "cutlass3x_sm90":
+            raise ValueError("a GLU epilogue runs on the CUTLASS 3.x sm90 GEMM kernels only")
         if self.launch != GemmLaunch() and self.config.family != "cutlass3x_sm90":
             raise ValueError("launch arguments are for CUTLASS 3.x kernels only")
         if self.launch.decomposition != "heuristic" and self.config.tile_scheduler != "stream_k":

@@ -23,6 +23,7 @@ from ..config import CompileOptions
 from ..errors import UnsupportedRegion
 from ..ir import Fallback, Note, PartitionResult, note_stops
 from ..target import ALIASES, TARGETS
+from .gated_gemm import fuse_gated_linears
 from .parallel_gemm import combine_parallel_linears
 from .patterns import ANCHOR_BY_TARGET
 from .unanchored import unanchored_fallbacks
@@ -33,13 +34,16 @@ log = logging.getLogger(__name__)
 def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) -> PartitionResult:
     """Find the regions of a canonicalized ATen graph with FakeTensor metadata.
 
-    With ``options.combine_gemms``, sibling linears the first pass found as plain
-    or bias-only GEMM regions on one input, each under a wave of tiles on the
-    target, are rewritten into one linear over
-    their concatenated weights (partition/parallel_gemm.py; ``gm`` changes in
-    place) and the graph is partitioned again; the combined region's notes name
-    its members. Returns a PartitionResult; never raises for an unsupported op (it
-    becomes a Fallback). Node names in the result refer to ``gm.graph``.
+    With ``options.combine_gemms``, two rewrites of ``gm`` (in place) follow the
+    first pass, each followed by another: a gate and an up linear on one input whose
+    outputs are multiplied after an activation (SwiGLU, GEGLU) become one linear
+    over their interleaved weights with a GLU epilogue, on sm90a
+    (partition/gated_gemm.py); then sibling linears the pass found as plain or
+    bias-only GEMM regions on one input, each under a wave of tiles on the target,
+    become one linear over their concatenated weights (partition/parallel_gemm.py).
+    The rewritten regions' notes name their members. Returns a PartitionResult;
+    never raises for an unsupported op (it becomes a Fallback). Node names in the
+    result refer to ``gm.graph``.
     """
     result = _find_regions(gm, options)
     if not options.combine_gemms:
@@ -47,12 +51,16 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
     # any spelling CompileOptions accepts ("sm_80", "sm80"); sm90a's count without one
     target = TARGETS[ALIASES[options.arch]] if options.arch else TARGETS["sm90a"]
     num_sms = options.num_sms or target.num_sms
+    gated = dict(fuse_gated_linears(gm, result.regions, target.arch))
+    if gated:
+        result = _find_regions(gm, options)
     combined = dict(combine_parallel_linears(gm, result.regions, num_sms))
-    if not combined:
+    if combined:
+        result = _find_regions(gm, options)
+    if not (gated or combined):
         return result
-    result = _find_regions(gm, options)
-    return PartitionResult(tuple(_note_combined(r, combined) for r in result.regions),
-                           result.fallbacks)
+    return PartitionResult(tuple(_note_gated(_note_combined(r, combined), gated)
+                                 for r in result.regions), result.fallbacks)
 
 
 def _note_combined(region, combined: dict):
@@ -67,6 +75,19 @@ def _note_combined(region, combined: dict):
         f"combines the sibling linears {', '.join(members)} into one GEMM over their "
         f"concatenated weights",
         f"combines {len(members)} sibling linears into one GEMM (partition/parallel_gemm.py)"),))
+
+
+def _note_gated(region, gated: dict):
+    """``region`` with a note naming the gate and up linears it computes, if it is a
+    rewritten gated pair."""
+    if not region.nodes or region.nodes[0] not in gated:
+        return region
+    gate, up = gated[region.nodes[0]]
+    return replace(region, notes=region.notes + (Note(
+        f"computes the gated pair act({gate}) * {up} as one GEMM over their interleaved "
+        f"weights, the product in its epilogue",
+        "computes a gated pair (act(gate) * up) as one GEMM with a GLU epilogue "
+        "(partition/gated_gemm.py)"),))
 
 
 def _find_regions(gm: fx.GraphModule, options: CompileOptions) -> PartitionResult:

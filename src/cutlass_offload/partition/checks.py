@@ -47,6 +47,7 @@ class EpilogueState:
     residual: str = "none"
     post_activation: str = "identity"
     residual_broadcast: bool = False
+    glu: bool = False
     c: Optional[fx.Node] = None
     nodes: list = field(default_factory=list)
 

@@ -8,7 +8,9 @@ node another region took, or at an op no row accepts (the note says why).
 
 One activation spans several ops: quick_gelu, ``x * sigmoid(1.702 * x)`` (OpenAI
 CLIP's, transformers' QuickGELUActivation), whose ``x`` has two users; it is
-matched as a whole before the one-user rule applies.
+matched as a whole before the one-user rule applies. So is a gated linear unit
+over interleaved gate / up columns (``glu_nodes``: the form gated_gemm.py writes),
+right after the anchor; the epilogue ends there.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
 import torch.fx as fx
 
 from ..ir import note_not_fused, note_stops
@@ -49,6 +52,14 @@ def grow_epilogue(anchor: fx.Node, ops, taken) -> EpilogueState:
                           bias=ops.bias is not None, c=ops.c,
                           residual="add" if ops.c is not None else "none")
     notes = []
+    glu = glu_nodes(anchor)
+    if glu is not None and not any(n in taken for n in glu):
+        state.glu = True
+        state.activation = ACTIVATION_NAMES[glu[3].target](glu[3])
+        state.nodes += glu
+        state.out = glu[-1]
+        state.notes = notes
+        return state
     while True:
         quick = quick_gelu_nodes(state.out)
         if quick is not None and not any(n in taken for n in quick):
@@ -100,6 +111,41 @@ def quick_gelu_nodes(x: fx.Node):
         if is_call(mul, aten.mul.Tensor) and mul in users and set(mul.args) == {x, sig}:
             return [scale, sig, mul]
     return None
+
+
+def glu_nodes(y: fx.Node):
+    """[unflatten, select 0, select 1, act, mul, flatten] when ``y``'s only use is
+    ``flatten(act(v[..., 0, :]) * v[..., 1, :], -2, -1)`` with ``v = y.unflatten(-1,
+    (N / 16, 2, 8))`` (N = y's last dim; columns interleaved in blocks of 8 as
+    gated_gemm.py writes them), ``act`` one op of the activation table, each
+    intermediate used once (the selects by the activation and the product); else None."""
+    un = _only_user(y)
+    yv = val(y)
+    if not is_call(un, aten.unflatten.int) or not isinstance(yv, torch.Tensor) or yv.dim() < 1:
+        return None
+    n = yv.shape[-1]
+    if len(un.args) != 3 or un.args[1] not in (-1, yv.dim() - 1) or list(un.args[2]) != [n // 16, 2, 8] \
+            or not isinstance(n, int) or n % 16:
+        return None
+    rank = yv.dim() + 2
+    sels = {}
+    for s in un.users:
+        if not is_call(s, aten.select.int) or len(s.args) != 3 or s.args[1] not in (-2, rank - 2) \
+                or s.args[2] not in (0, 1) or s.args[2] in sels:
+            return None
+        sels[s.args[2]] = s
+    if len(un.users) != 2 or len(sels) != 2:
+        return None
+    act, mul = _only_user(sels[0]), _only_user(sels[1])
+    if act is None or act.target not in ACTIVATION_NAMES or not act.args or act.args[0] is not sels[0]:
+        return None
+    if not is_call(mul, aten.mul.Tensor) or _only_user(act) is not mul or set(mul.args) != {act, sels[1]} \
+            or len(mul.args) != 2:
+        return None
+    out = _only_user(mul)
+    if not is_call(out, aten.flatten.using_ints) or tuple(out.args[1:]) not in ((-2, -1), (rank - 3, rank - 2)):
+        return None
+    return [un, sels[0], sels[1], act, mul, out]
 
 
 def _only_user(n: fx.Node):

@@ -20,7 +20,8 @@ def make_gemm_region(index, node, ops, options, taken) -> tuple:
 def _make_region(index, anchor, ops, state) -> GemmRegion:
     dtype = ops.dtype
     epilogue = GemmEpilogue(bias=state.bias, activation=state.activation,
-                            residual=state.residual, post_activation=state.post_activation)
+                            residual=state.residual, post_activation=state.post_activation,
+                            glu=state.glu)
     m_dims = ops.m_dims
     m_static = [static_int(d) for d in m_dims]
     m = None if any(s is None for s in m_static) else int(math.prod(m_static))
@@ -33,7 +34,8 @@ def _make_region(index, anchor, ops, state) -> GemmRegion:
     align_b = max_alignment(ops.k if layout_b == "col" else ops.n, dtype)
     problem = GemmProblem(
         n=ops.n, k=ops.k, dtype=dtype, layout_b=layout_b, layout_a=ops.layout_a,
-        align_a=_align_a(ops, dtype), align_b=align_b, align_c=max_alignment(ops.n, dtype),
+        align_a=_align_a(ops, dtype), align_b=align_b,
+        align_c=max_alignment(ops.n // 2 if state.glu else ops.n, dtype),   # D's columns
         epilogue=epilogue, m=m, m_hint=max(1, m_hint(m_dims)), batch=batch,
         batch_hint=max(1, m_hint(ops.batch_dims)) if ops.batch_mode != "fold" else 1,
         a_batch_broadcast=ops.batch_mode == "a_broadcast", tf32=dtype == "f32")

@@ -37,6 +37,8 @@ class GemmRegionModule(RegionModule):
         self._args.set_launch(kernel.launch)      # the same knobs on every call
         p = region.problem
         self._n, self._k = p.n, p.k
+        # D's columns: half the GEMM's N under a GLU epilogue (gate and up interleaved)
+        self._n_out = p.n // 2 if p.epilogue.glu else p.n
         self._align = (kernel.align_a, kernel.align_b, kernel.align_c)
         self._operands = tuple((i, f) for i, f in ((self._ia, "a"), (self._ib, "b"),
                                                    (self._ibias, "bias"), (self._ic, "c"))
@@ -97,7 +99,7 @@ class GemmRegionModule(RegionModule):
         return out, args, []
 
     def _map_general(self, xs):
-        r, n, k = self.region, self._n, self._k
+        r, n, k, n_out = self.region, self._n, self._k, self._n_out
         al_a, al_b, al_c = self._align
         a, b = xs[self._ia], xs[self._ib]
         if not self._same_kind(a, b):
@@ -110,15 +112,15 @@ class GemmRegionModule(RegionModule):
             if bl.numel() != k * n or (col_a and a.dim() != 2):
                 return None
             if r.form == "linear":
-                out_shape = a.shape[:-1] + (n,)
+                out_shape = a.shape[:-1] + (n_out,)
             else:
-                out_shape = torch.broadcast_shapes(a.shape[:-2], bl.shape[:-2]) + (a.shape[-2], n)
+                out_shape = torch.broadcast_shapes(a.shape[:-2], bl.shape[:-2]) + (a.shape[-2], n_out)
             a3 = a.reshape(1, -1, k) if not col_a else a
             b3 = bl.reshape(1, k, n)
         elif r.batch_mode == "b_broadcast":   # a Linear on a column-major A: L = A's leading dims
             if a.dim() < 3 or bl.numel() != k * n:
                 return None
-            out_shape = a.shape[:-1] + (n,)
+            out_shape = a.shape[:-1] + (n_out,)
             a3, b3 = a, bl.reshape(1, k, n)
         else:
             if a.dim() < 2 or (r.batch_mode == "a_broadcast" and a.numel() != a.shape[-2] * k) or \
@@ -130,7 +132,7 @@ class GemmRegionModule(RegionModule):
                 return None
             lsize = math.prod(batch)
             m = a.shape[-2]
-            out_shape = batch + (m, n)
+            out_shape = batch + (m, n_out)
             if r.batch_mode == "expand":      # one batch stride per operand: expand (copy) both
                 a = a.expand(batch + (m, k))
                 bl = bl.expand(batch + (k, n))
@@ -171,10 +173,10 @@ class GemmRegionModule(RegionModule):
         args = self._args
         args.a, args.b, args.d = a3.data_ptr(), b3.data_ptr(), out.data_ptr()
         args.m, args.n, args.k, args.l = m, n, k, lsize
-        args.lda, args.ldb, args.ldd = lda, ldb, n
+        args.lda, args.ldb, args.ldd = lda, ldb, n_out
         args.batch_stride_a, args.batch_stride_b = bsa, bsb
-        args.batch_stride_d = m * n if lsize > 1 else 0
-        if not self._ok(out, n, args.batch_stride_d, al_c):
+        args.batch_stride_d = m * n_out if lsize > 1 else 0
+        if not self._ok(out, n_out, args.batch_stride_d, al_c):
             return None
         args.bias = None
         if self._ibias is not None:

@@ -45,7 +45,8 @@ def choose_kernel(problem: GemmProblem, arch: str, num_sms: int | None = None,
     heuristic's (sm90: the learned table, then the shape rules; ``table`` as for
     select.sm90.choose).
 
-    Raises ValueError when no kernel family can run the problem class.
+    Raises ValueError when no kernel family can run the problem class (a GLU
+    epilogue off the sm90a kernels included).
     """
     num_sms = num_sms or DEFAULT_NUM_SMS[arch]
     if problem.epilogue.residual_broadcast:
@@ -56,6 +57,9 @@ def choose_kernel(problem: GemmProblem, arch: str, num_sms: int | None = None,
     if choice is None:
         if arch == "sm90a" and sm90.supports(problem):
             choice = sm90.choose(problem, num_sms, table)
+        elif problem.epilogue.glu:
+            raise ValueError("a GLU epilogue runs on the sm90a (CUTLASS 3.x) GEMM kernels only: "
+                             "f16 / bf16 with 16-byte aligned operands")
         else:
             choice = (sm80.choose(problem, num_sms), GemmLaunch())
     return _kernel(problem, arch, *choice)
@@ -85,7 +89,17 @@ def tuning_id(problem: GemmProblem) -> str:
                        "dtype": problem.dtype, "tf32": problem.tf32, "layout_a": problem.layout_a,
                        "layout_b": problem.layout_b, "a_batch_broadcast": problem.a_batch_broadcast,
                        "align": [problem.align_a, problem.align_b, problem.align_c],
-                       "epilogue": asdict(problem.epilogue)}, sort_keys=True)
+                       "epilogue": epilogue_id(problem.epilogue)}, sort_keys=True)
+
+
+def epilogue_id(ep) -> dict:
+    """A GemmEpilogue as the tuning ids spell it: its fields, ``glu`` only when set
+    (so the ids of every other problem, and the tuning caches keyed on them, are
+    what they were before the field existed)."""
+    out = asdict(ep)
+    if not out["glu"]:
+        del out["glu"]
+    return out
 
 
 def attention_tuning_id(problem) -> str:
@@ -102,7 +116,7 @@ def conv_tuning_id(problem) -> str:
     """What a searched conv choice is about (families/conv_sm90_table.class_key of
     the problem, with its dtype and epilogue), as canonical JSON."""
     return json.dumps({"op": "conv2d", "class": conv_sm90_table.class_key(problem),
-                       "dtype": problem.dtype, "epilogue": asdict(problem.epilogue)}, sort_keys=True)
+                       "dtype": problem.dtype, "epilogue": epilogue_id(problem.epilogue)}, sort_keys=True)
 
 
 def kernel_tag(config_tag: str, launch: GemmLaunch | None) -> str:

@@ -90,7 +90,7 @@ def problem_spec(problem) -> dict:
             "layout_b": problem.layout_b, "layout_a": problem.layout_a,
             "a_batch_broadcast": problem.a_batch_broadcast,
             "epilogue": {f: getattr(problem.epilogue, f)
-                         for f in ("bias", "activation", "residual", "post_activation")}}
+                         for f in ("bias", "activation", "residual", "post_activation", "glu")}}
 
 
 def _from_record(key: str, tid: str, regions: int, rec: dict):

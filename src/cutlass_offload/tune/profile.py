@@ -87,7 +87,9 @@ class Operands:
     a (La, M, K), La = 1 when A is broadcast over the batch or L = 1: row-major, or
     M-contiguous for layout_a "col" (stored (La, K, M));
     b stored (L, N, K) for layout_b "col" (a Linear weight), (L, K, N) for "row";
-    bias (N,), c (L, M, N) when the epilogue reads them; d (L, M, N) the output.
+    bias (N,), c (L, M, N) when the epilogue reads them; d (L, M, N) the output,
+    (L, M, N / 2) under a GLU epilogue (B's and the bias's N values are then gate and
+    up interleaved in blocks of 8, partition/gated_gemm.py).
     """
 
     def __init__(self, spec: dict, seed: int, device):
@@ -106,17 +108,26 @@ class Operands:
         self.b = rand(batch, *((n, k) if spec["layout_b"] == "col" else (k, n)), scale=k ** -0.5)
         self.bias = rand(n, scale=0.5) if ep["bias"] else None
         self.c = rand(batch, m, n) if ep["residual"] != "none" else None
-        self.d = torch.empty(batch, m, n, dtype=dt, device=device)
+        self.glu = bool(ep.get("glu"))
+        n_out = n // 2 if self.glu else n
+        self.d = torch.empty(batch, m, n_out, dtype=dt, device=device)
         self.args = args = CoGemmArgs()
         args.a, args.b, args.d = self.a.data_ptr(), self.b.data_ptr(), self.d.data_ptr()
         args.bias = self.bias.data_ptr() if self.bias is not None else None
         args.c = self.c.data_ptr() if self.c is not None else None
         args.m, args.n, args.k, args.l = m, n, k, batch
         args.lda, args.ldb = (m if col_a else k), (k if spec["layout_b"] == "col" else n)
-        args.ldc = args.ldd = n
+        args.ldc, args.ldd = n, n_out
         args.batch_stride_a = m * k if la > 1 else 0
         args.batch_stride_b = n * k if batch > 1 else 0
-        args.batch_stride_c = args.batch_stride_d = m * n if batch > 1 else 0
+        args.batch_stride_c = m * n if batch > 1 else 0
+        args.batch_stride_d = m * n_out if batch > 1 else 0
+        if self.glu:
+            # the model's own gate and up weights (N / 2, K) and biases, for the unfused
+            # PyTorch sequence (torch_ops)
+            bl = self.b_logical
+            self.gate_w, self.up_w = (split_glu(bl, -1)[i].transpose(-1, -2).contiguous() for i in (0, 1))
+            self.gate_b, self.up_b = split_glu(self.bias, -1) if self.bias is not None else (None, None)
 
     @property
     def b_logical(self):
@@ -124,9 +135,13 @@ class Operands:
         return self.b.transpose(-1, -2) if self.spec["layout_b"] == "col" else self.b
 
     def epilogue(self, acc, add_bias=True):
-        """post(residual(act(acc + bias), C)) in acc's dtype (emit/evt_sm90.semantics)."""
+        """post(residual(act(acc + bias), C)) in acc's dtype (emit/evt_sm90.semantics);
+        act(gate + bias_g) * (up + bias_u) under a GLU epilogue."""
         ep = self.spec["epilogue"]
         x = acc + self.bias.to(acc.dtype) if self.bias is not None and add_bias else acc
+        if self.glu:
+            g, u = split_glu(x, -1)
+            return ACTIVATIONS[ep["activation"]](g) * u
         x = ACTIVATIONS[ep["activation"]](x)
         if ep["residual"] == "add":
             x = x + self.c.to(acc.dtype)
@@ -143,11 +158,29 @@ class Operands:
         addmm (bias) or mm for one batch entry (as F.linear / torch.mm call it), bmm
         / matmul for a batch, then the rest of the epilogue op by op."""
         a, b = self.a, self.b_logical
+        if self.glu:         # the model's two linears, its activation and the product
+            act = ACTIVATIONS[self.spec["epilogue"]["activation"]]
+            if a.shape[0] == 1 and self.gate_w.shape[0] == 1:
+                g = F.linear(a[0], self.gate_w[0], self.gate_b)
+                return (act(g) * F.linear(a[0], self.up_w[0], self.up_b)).unsqueeze(0)
+            g, u = torch.matmul(a, self.gate_w.transpose(-1, -2)), torch.matmul(a, self.up_w.transpose(-1, -2))
+            if self.gate_b is not None:
+                g, u = g + self.gate_b, u + self.up_b
+            return act(g) * u
         if a.shape[0] == 1 and b.shape[0] == 1:
             if self.bias is not None:
                 return self.epilogue(torch.addmm(self.bias, a[0], b[0]).unsqueeze(0), add_bias=False)
             return self.epilogue(torch.mm(a[0], b[0]).unsqueeze(0))
         return self.epilogue(torch.matmul(a, b))
+
+
+def split_glu(t: torch.Tensor, dim: int) -> tuple:
+    """(gate, up): ``t``'s ``dim`` (2N values, gate and up interleaved in blocks of 8,
+    partition/gated_gemm.py) split into two views of N values each."""
+    dim = dim % t.dim()
+    n = t.shape[dim]
+    v = t.unflatten(dim, (n // 16, 2, 8))
+    return tuple(v.select(dim + 1, i).flatten(dim, dim + 1) for i in (0, 1))
 
 
 def _copies(spec: dict) -> int:

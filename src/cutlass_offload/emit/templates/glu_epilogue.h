@@ -1,0 +1,168 @@
+// A gated-linear-unit (GLU) epilogue for the CUTLASS 3.x sm90 GEMM kernels
+// (emit/gemm_sm90.py; wrapped in cutlass::epilogue::collective::detail::
+// Sm90TmaWarpSpecializedAdapter like CUTLASS's DefaultEpilogue, which it follows).
+//
+// The GEMM's N columns hold gate and up values interleaved in blocks of 8:
+// columns 16i .. 16i+7 are the gate of output columns 8i .. 8i+7, columns
+// 16i+8 .. 16i+15 their up (partition/gated_gemm.py interleaves the weights so).
+// D, (M, N / 2) row-major, gets
+//     D = round(act(round(gate [+ bias_g]))) * round(up [+ bias_u])
+// rounded to ElementD as PyTorch rounds each op's result (two linears, the
+// activation, the product). The bias, when there is one, has N values
+// interleaved like the columns.
+//
+// Why blocks of 8: a warpgroup's wgmma accumulator gives each thread two adjacent
+// columns of every 8-column group (value mode (2, 2, N/8) of the 64 x N atom's
+// C layout: column pair, row + 8, column group), so a thread holds a column's gate
+// (group 2j) and up (group 2j + 1) in registers and writes their product directly;
+// no shared memory, no exchange between threads. The stores are 2 x 16 bits per
+// thread and row, 16 contiguous bytes per quad of threads.
+// Spliced into a unit's code after its includes, once per unit (the guard).
+#ifndef CO_GLU_EPILOGUE_H
+#define CO_GLU_EPILOGUE_H
+
+namespace co_glu {
+
+template <class ElementD_, class ElementBias_, template <class> class Activation_, bool HasBias_,
+          class EpilogueSchedule_>
+class GluEpilogue {
+ public:
+  using EpilogueSchedule = EpilogueSchedule_;
+  using DispatchPolicy = EpilogueSchedule_;
+  // the kernel and the device adapter read these type names; no thread op runs
+  using ThreadEpilogueOp = cutlass::epilogue::thread::LinearCombination<ElementD_, 1, float, float>;
+  using ElementOutput = ElementD_;
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using ElementScalar = float;
+  using ElementC = void;
+  using ElementD = ElementD_;
+  using ElementBias = ElementBias_;
+  using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
+  using StrideD = cute::Stride<int64_t, cute::_1, int64_t>;
+  using GmemElementC = ElementD;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  static constexpr bool HasBias = HasBias_;
+
+  struct SharedStorage {};
+  using TensorStorage = SharedStorage;
+
+  struct Thread {
+    ElementBias const* bias = nullptr;   // (N,) interleaved like the columns; HasBias only
+  };
+  // the shape of DefaultEpilogue's arguments, so the GEMM's Arguments are written alike
+  struct Arguments {
+    Thread thread{};
+    void const* ptr_C = nullptr;         // unused: no source operand
+    StrideC dC{};
+    ElementD* ptr_D = nullptr;
+    StrideD dD{};                        // D's strides: (ld, 1, batch), ld >= N / 2
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
+    auto N = cute::get<1>(problem_shape);
+    // whole 16-column blocks (N / 2 a multiple of 8); 4-byte aligned pair stores
+    return N % 16 == 0 && args.ptr_D != nullptr && cute::get<0>(args.dD) % 2 == 0 &&
+           (reinterpret_cast<uintptr_t>(args.ptr_D) & 3u) == 0 && (!HasBias || args.thread.bias != nullptr);
+  }
+
+  CUTLASS_HOST_DEVICE
+  GluEpilogue(Params const& params_, SharedStorage const& = SharedStorage()) : params(params_) {}
+
+  CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
+            class FrgLayout, class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_MNK,
+                                 BlockCoordMNKL blk_coord_mnkl,
+                                 cute::Tensor<FrgEngine, FrgLayout> const& accumulators, TiledMma tiled_mma,
+                                 ResidueMNK, int thread_idx, char*) {
+    using namespace cute;
+    static_assert(is_static<BlockShapeMNK>::value, "the CTA tile shape must be static");
+    static_assert(is_static<FrgLayout>::value, "the accumulator layout must be static");
+    // ((column pair, row + 8, column groups of 8), MMA_M, MMA_N): the wgmma C layout
+    static_assert(rank(FrgLayout{}) == 3 && rank<0>(FrgLayout{}) == 3, "unexpected accumulator layout");
+    static_assert(size<0, 0>(FrgLayout{}) == 2 && size<0, 1>(FrgLayout{}) == 2,
+                  "unexpected accumulator layout");
+    constexpr int Groups = size<0, 2>(FrgLayout{});
+    static_assert(Groups % 2 == 0, "each wgmma's N must hold whole 16-column gate/up blocks");
+    static_assert(size<1>(BlockShapeMNK{}) % 16 == 0, "tile N must be a multiple of 16");
+
+    int M = get<0>(problem_shape_mnkl);
+    int N = get<1>(problem_shape_mnkl);
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
+    int m0 = int(m_coord) * int(size<0>(blk_shape_MNK));
+    int n0 = int(n_coord) * int(size<1>(blk_shape_MNK));   // a multiple of 16
+
+    // tile-relative (row, column) of every accumulator element of this thread
+    auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+    Tensor cTile = make_identity_tensor(make_shape(size<0>(blk_shape_MNK), size<1>(blk_shape_MNK)));
+    Tensor tCc = thr_mma.partition_C(cTile);
+    CUTE_STATIC_ASSERT_V(size(tCc) == size(accumulators), "one coordinate per accumulator");
+
+    int64_t ldd = get<0>(params.dD);
+    ElementD* d = params.ptr_D + int64_t(l_coord) * get<2>(params.dD);
+    cutlass::NumericConverter<ElementD, float, cutlass::FloatRoundStyle::round_to_nearest> to_d;
+    Activation_<float> act;
+
+    CUTLASS_PRAGMA_UNROLL
+    for (int mn = 0; mn < size<2>(FrgLayout{}); ++mn) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int mm = 0; mm < size<1>(FrgLayout{}); ++mm) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < Groups / 2; ++j) {
+            auto gate0 = make_coord(make_coord(0, r, 2 * j), mm, mn);
+            auto crd = tCc(gate0);
+            int row = m0 + int(get<0>(crd));
+            int col = n0 + int(get<1>(crd));      // the gate's column, col % 16 in {0, 2, 4, 6}
+            if (row >= M || col >= N) {
+              continue;
+            }
+            cutlass::AlignedArray<ElementD, 2> out;
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < 2; ++c) {
+              float g = accumulators(make_coord(make_coord(c, r, 2 * j), mm, mn));
+              float u = accumulators(make_coord(make_coord(c, r, 2 * j + 1), mm, mn));
+              if constexpr (HasBias) {
+                g += float(params.thread.bias[col + c]);
+                u += float(params.thread.bias[col + 8 + c]);
+              }
+              float a = float(to_d(act(float(to_d(g)))));
+              out[c] = to_d(a * float(to_d(u)));
+            }
+            int out_col = (col >> 4) * 8 + (col & 7);
+            *reinterpret_cast<cutlass::AlignedArray<ElementD, 2>*>(d + int64_t(row) * ldd + out_col) = out;
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  Params params;
+};
+
+}  // namespace co_glu
+
+#endif  // CO_GLU_EPILOGUE_H

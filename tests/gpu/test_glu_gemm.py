@@ -1,0 +1,92 @@
+"""GPU: a gate and an up linear multiplied after an activation (SwiGLU / GEGLU) run as
+one sm90a GEMM over their interleaved weights whose GLU epilogue writes only the
+product (partition/gated_gemm.py, emit/templates/glu_epilogue.h): against float32 on
+fresh random inputs, with the allocator poisoned first, for fp16 and bf16, under
+eager and Inductor glue, with ragged M, N and K, biases, three activations and the
+tile kinds whose accumulator layouts differ (a 64-row ping-pong tile, 128-row
+cooperative ones on one and on two wgmma rows per warpgroup, a 176-wide tile on the
+extended wgmma with a 2x1 cluster, a stream-K kernel).
+
+A learned table naming a config per GLU GEMM shape (select/sm90.py ``use_table``)
+makes the compile pick it."""
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import TOLERANCE, poison_allocator, rel_err
+from torch import nn
+
+import cutlass_offload as co
+from cutlass_offload.ir import config_to_dict
+from cutlass_offload.select import sm90
+
+pytestmark = pytest.mark.gpu
+
+M, K = 300, 264              # rows and depth no tile divides
+# name: (hidden N per projection, activation, bias ("none" / "gate" / "both"), config of the
+# GEMM over 2N columns)
+PAIRS = {
+    "swiglu_176": (200, F.silu, "none", sm90._config((128, 176, 64), (2, 1, 1), sm90.COOP)),
+    "geglu_pingpong": (96, lambda t: F.gelu(t, approximate="tanh"), "both",
+                       sm90._config((64, 128, 64), (1, 1, 1), sm90.PINGPONG)),
+    "gelu_256x128": (264, F.gelu, "gate", sm90._config((256, 128, 64), (1, 1, 1), sm90.COOP)),
+    "swiglu_stream_k": (128, F.silu, "none",
+                        sm90._config((128, 128, 64), (1, 1, 1), sm90.COOP, "stream_k")),
+}
+
+
+class Pairs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gates = nn.ModuleDict({k: nn.Linear(K, n, bias=b != "none") for k, (n, _, b, _) in PAIRS.items()})
+        self.ups = nn.ModuleDict({k: nn.Linear(K, n, bias=b == "both") for k, (n, _, b, _) in PAIRS.items()})
+
+    def forward(self, x):
+        return tuple(PAIRS[k][1](self.gates[k](x)) * self.ups[k](x) for k in PAIRS)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """One kernel cache for the module: eager and Inductor glue share a dtype's kernels."""
+    return tmp_path_factory.mktemp("glu_cache")
+
+
+@pytest.fixture
+def glu_table(tmp_path):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    entries = [{"m": M, "n": 2 * n, "k": K, "batch": 1, "layout_b": "col",
+                "config": config_to_dict(cfg), "launch": {}} for n, _, _, cfg in PAIRS.values()]
+    path = tmp_path / "glu_table.json"
+    path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "num_sms": sms, "entries": entries}))
+    before = sm90.TABLE_FILE
+    sm90.use_table(path)
+    yield
+    sm90.use_table(before)
+
+
+@pytest.mark.parametrize("glue", ["eager", "inductor"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_glu_gemms_match_float32(glu_table, cache_dir, dtype, glue, monkeypatch):
+    monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(cache_dir))
+    torch.manual_seed(0)
+    model = Pairs().to(device="cuda", dtype=dtype).eval()
+    x = torch.randn(M, K, device="cuda", dtype=dtype)
+    compiled = co.compile(model, (x,), arch="sm_90a", glue=glue)
+    glu = [k for k in compiled.plan.distinct_kernels if k.epilogue.glu]
+    assert {k.config for k in glu} == {cfg for *_, cfg in PAIRS.values()}, compiled.report.format()
+    assert not compiled.plan.fallbacks
+    ref_model = copy.deepcopy(model).float()
+    for _ in range(2):
+        x = torch.randn(M, K, device="cuda", dtype=dtype)       # fresh data
+        poison_allocator()
+        with torch.no_grad():
+            outs = compiled(x)
+            refs = ref_model(x.float())
+        torch.cuda.synchronize()
+        for name, out, ref in zip(PAIRS, outs, refs):
+            assert out.shape == ref.shape, name
+            assert not out.isnan().any(), name
+            assert rel_err(out, ref) < TOLERANCE[dtype], name
+    assert sum(m.fallback_calls for m in compiled.region_modules()) == 0
