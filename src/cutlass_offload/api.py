@@ -106,7 +106,10 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
       (it fuses them with their neighbours; see CompileOptions), else "all".
     combine_gemms: run sibling linears on one input with nothing fused but a bias
       (attention's q / k / v projections) as one GEMM over their concatenated
-      weights, a copy made now (partition/parallel_gemm.py).
+      weights, and on sm_90a a gate and an up linear multiplied after an activation
+      (SwiGLU / GEGLU) as one GEMM with a GLU epilogue over their interleaved
+      weights; both weight copies are made now (partition/parallel_gemm.py,
+      partition/gated_gemm.py).
     phases_before: seconds of the caller's own steps before this call, by name (the
       CLI passes its model construction as {"model": s}); they come first in the
       report's phases, report.json's included (which also holds the save's seconds).

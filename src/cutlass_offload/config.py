@@ -133,8 +133,11 @@ class CompileOptions:
       output, for one) apply with "inductor" alone.
     combine_gemms: sibling linears on one input (attention's q / k / v projections)
       with nothing fused but a bias run as one GEMM over their concatenated weights,
-      each output a slice of its output (partition/parallel_gemm.py). The combined
-      weights are a copy made at compile time.
+      each output a slice of its output (partition/parallel_gemm.py); on sm90a a gate
+      and an up linear on one input multiplied after an activation (SwiGLU, GEGLU) run
+      as one GEMM over their weights interleaved in blocks of 8 rows, whose GLU
+      epilogue writes only the product (partition/gated_gemm.py). The combined and
+      interleaved weights are copies made at compile time (and again at load).
     """
 
     arch: str | None = None

@@ -212,3 +212,23 @@ def test_the_tuner_times_a_glu_problem_with_its_own_epilogue():
     assert spec["epilogue"]["glu"] is True
     ops = Operands({**spec, "dtype": "f32"}, seed=0, device="cpu")
     assert tuple(ops.d.shape) == (1, 16, 32) and tuple(ops.reference().shape) == (1, 16, 32)
+
+
+def test_a_saved_folder_holds_the_weights_once_and_loads_the_same_glu_plan(tmp_path, monkeypatch):
+    # the folder keeps the captured program (the model's own gate and up weights); the
+    # load partitions it again and interleaves them anew (no nvcc: the fake one)
+    import cutlass_offload as co
+    from cutlass_offload import weights
+    from fault_helpers import fake_env
+    for k, v in fake_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    model = _half(MLP(dim=64, hidden=128))
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    out = tmp_path / "out"
+    compiled = co.compile(model, (x,), arch="sm_90a", out_dir=out, glue="eager")
+    names = sorted(k.name for k in compiled.plan.distinct_kernels)
+    assert any("glu_silu" in n for n in names)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert (out / weights.BIN).stat().st_size <= params + 4096
+    loaded, _, _ = co.load(out, reference=False)
+    assert sorted(k.name for k in loaded.plan.distinct_kernels) == names
