@@ -1,6 +1,7 @@
 """GPU: a gate and an up linear multiplied after an activation (SwiGLU / GEGLU) run as
 one sm90a GEMM over their interleaved weights whose GLU epilogue writes only the
-product (partition/gated_gemm.py, emit/templates/glu_epilogue.h): against float32 on
+product (partition/gated_gemm.py, emit/templates/glu_epilogue.h), and so does one
+projection split in halves (diffusers' GEGLU: ``up, gate = proj(x).chunk(2, -1)``): against float32 on
 fresh random inputs, with the allocator poisoned first, for fp16 and bf16, under
 eager and Inductor glue, with ragged M, N and K, biases, three activations and the
 tile kinds whose accumulator layouts differ (a 64-row ping-pong tile, 128-row
@@ -20,6 +21,7 @@ from torch import nn
 
 import cutlass_offload as co
 from cutlass_offload.ir import config_to_dict
+from cutlass_offload.partition import gated_gemm
 from cutlass_offload.select import sm90
 
 pytestmark = pytest.mark.gpu
@@ -35,6 +37,7 @@ PAIRS = {
     "swiglu_stream_k": (128, F.silu, "none",
                         sm90._config((128, 128, 64), (1, 1, 1), sm90.COOP, "stream_k")),
 }
+GEGLU_N, GEGLU_CONFIG = 320, sm90._config((128, 192, 64), (1, 1, 1), sm90.COOP)   # 640 columns: ragged
 
 
 class Pairs(nn.Module):
@@ -42,9 +45,11 @@ class Pairs(nn.Module):
         super().__init__()
         self.gates = nn.ModuleDict({k: nn.Linear(K, n, bias=b != "none") for k, (n, _, b, _) in PAIRS.items()})
         self.ups = nn.ModuleDict({k: nn.Linear(K, n, bias=b == "both") for k, (n, _, b, _) in PAIRS.items()})
+        self.geglu = nn.Linear(K, 2 * GEGLU_N)
 
     def forward(self, x):
-        return tuple(PAIRS[k][1](self.gates[k](x)) * self.ups[k](x) for k in PAIRS)
+        up, gate = self.geglu(x).chunk(2, dim=-1)
+        return tuple(PAIRS[k][1](self.gates[k](x)) * self.ups[k](x) for k in PAIRS) + (up * F.gelu(gate),)
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +59,12 @@ def cache_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def glu_table(tmp_path):
+def glu_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(gated_gemm, "MIN_K", 0)     # K = 264 here: the kernels at any K
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     entries = [{"m": M, "n": 2 * n, "k": K, "batch": 1, "layout_b": "col",
-                "config": config_to_dict(cfg), "launch": {}} for n, _, _, cfg in PAIRS.values()]
+                "config": config_to_dict(cfg), "launch": {}}
+               for n, cfg in [(n, cfg) for n, _, _, cfg in PAIRS.values()] + [(GEGLU_N, GEGLU_CONFIG)]]
     path = tmp_path / "glu_table.json"
     path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "num_sms": sms, "entries": entries}))
     before = sm90.TABLE_FILE
@@ -75,7 +82,8 @@ def test_glu_gemms_match_float32(glu_table, cache_dir, dtype, glue, monkeypatch)
     x = torch.randn(M, K, device="cuda", dtype=dtype)
     compiled = co.compile(model, (x,), arch="sm_90a", glue=glue)
     glu = [k for k in compiled.plan.distinct_kernels if k.epilogue.glu]
-    assert {k.config for k in glu} == {cfg for *_, cfg in PAIRS.values()}, compiled.report.format()
+    assert {k.config for k in glu} == {cfg for *_, cfg in PAIRS.values()} | {GEGLU_CONFIG}, \
+        compiled.report.format()
     assert not compiled.plan.fallbacks
     ref_model = copy.deepcopy(model).float()
     for _ in range(2):
@@ -85,7 +93,7 @@ def test_glu_gemms_match_float32(glu_table, cache_dir, dtype, glue, monkeypatch)
             outs = compiled(x)
             refs = ref_model(x.float())
         torch.cuda.synchronize()
-        for name, out, ref in zip(PAIRS, outs, refs):
+        for name, out, ref in zip([*PAIRS, "geglu_chunk"], outs, refs):
             assert out.shape == ref.shape, name
             assert not out.isnan().any(), name
             assert rel_err(out, ref) < TOLERANCE[dtype], name

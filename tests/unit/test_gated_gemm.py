@@ -11,11 +11,19 @@ from cutlass_offload.config import CompileOptions
 from cutlass_offload.emit import gemm_sm90
 from cutlass_offload.ir import GemmEpilogue, GemmKernel, GemmProblem, GemmRegion
 from cutlass_offload.partition import partition
+from cutlass_offload.partition import gated_gemm
 from cutlass_offload.partition.gated_gemm import interleave
 from cutlass_offload.select import choose_kernel, sm90, tuning_id
 from cutlass_offload.tune.profile import split_glu
 
 SM90 = CompileOptions(arch="sm90a")
+
+
+@pytest.fixture(autouse=True)
+def any_k(monkeypatch):
+    """The small models here have K = 64: rewrite pairs of any K (the default keeps
+    short-K pairs apart, measured slower: ``test_short_k_pairs_stay_apart_by_default``)."""
+    monkeypatch.setattr(gated_gemm, "MIN_K", 0)
 
 
 class MLP(nn.Module):
@@ -232,3 +240,55 @@ def test_a_saved_folder_holds_the_weights_once_and_loads_the_same_glu_plan(tmp_p
     assert (out / weights.BIN).stat().st_size <= params + 4096
     loaded, _, _ = co.load(out, reference=False)
     assert sorted(k.name for k in loaded.plan.distinct_kernels) == names
+
+
+class GEGLU(nn.Module):
+    """diffusers' GEGLU: one projection split in halves, ``up * gelu(gate)``;
+    ``gate_first``: the gate is the first half instead."""
+
+    def __init__(self, dim=64, inner=96, gate_first=False, bias=True):
+        super().__init__()
+        self.proj = nn.Linear(dim, 2 * inner, bias=bias)
+        self.out = nn.Linear(inner, dim)
+        self.gate_first = gate_first
+
+    def forward(self, x):
+        a, b = self.proj(x).chunk(2, dim=-1)
+        up, gate = (b, a) if self.gate_first else (a, b)
+        return self.out(up * F.gelu(gate))
+
+
+@pytest.mark.parametrize("gate_first", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_projection_split_in_halves_becomes_a_glu_gemm(gate_first, bias):
+    model = _half(GEGLU(gate_first=gate_first, bias=bias))
+    gm, part = _partition(model, torch.randn(2, 8, 64, dtype=torch.bfloat16), dynamic_batch=True)
+    (r,) = [r for r in _gemms(part) if r.problem.epilogue.glu]
+    assert (r.problem.n, r.problem.epilogue.activation, r.problem.epilogue.bias) == (192, "gelu_erf", bias)
+    assert len(_gemms(part)) == 2 and any("gate half" in n for n in r.notes)
+    w = model.proj.weight
+    gate, up = (w[:96], w[96:]) if gate_first else (w[96:], w[:96])
+    assert torch.equal(gm.get_buffer("_co_gated_0_weight"), interleave(gate, up))
+    x5 = torch.randn(5, 8, 64, dtype=torch.bfloat16)
+    torch.testing.assert_close(gm(x5), model(x5), rtol=2e-2, atol=2e-2)
+
+
+def test_halves_of_another_split_stay_apart():
+    class Thirds(GEGLU):
+        def forward(self, x):
+            a, b, c = self.proj(x).chunk(3, dim=-1)
+            return a * F.gelu(b) + c
+    _, part = _partition(_half(Thirds(inner=96)), torch.randn(16, 64, dtype=torch.bfloat16))
+    assert not any(r.problem.epilogue.glu for r in _gemms(part))
+
+
+def test_short_k_pairs_stay_apart_by_default(monkeypatch):
+    # the GLU epilogue's register stores lose to the TMA epilogue + the glue below
+    # MIN_K (gated_gemm.MIN_K: measured on the UNet's GEGLU shapes)
+    monkeypatch.setattr(gated_gemm, "MIN_K", 2048)
+    for model in (MLP(), GEGLU()):
+        _, part = _partition(_half(model), torch.randn(16, 64, dtype=torch.bfloat16))
+        assert not any(r.problem.epilogue.glu for r in _gemms(part))
+    model = _half(MLP(dim=2048, hidden=64))
+    _, part = _partition(model, torch.randn(16, 2048, dtype=torch.bfloat16))
+    assert [r.problem.k for r in _gemms(part) if r.problem.epilogue.glu] == [2048]

@@ -1,6 +1,6 @@
 """Gated linear units as one GEMM: ``act(x @ Wg^T + bg) * (x @ Wu^T + bu)``.
 
-LLaMA's MLP (SwiGLU), T5 v1.1's and Gemma's (GEGLU) compute a gate and an up
+LLaMA's MLP (SwiGLU) and Gemma's (GEGLU, tanh-GELU) compute a gate and an up
 projection of the same input and multiply them. Partitioned op by op, that is
 two GEMMs: the up projection plain, the gate with the activation and the
 product fused (its epilogue reads the up projection back as C). On the H200,
@@ -14,16 +14,22 @@ and writes only the product (GemmEpilogue.glu, emit/templates/glu_epilogue.h):
 the up projection is never written, and one launch replaces two.
 
 ``fuse_gated_linears(gm, regions, arch)`` rewrites ``gm`` after a first partition
-(partition/__init__.py runs the partition again on the rewritten graph). A pair is
+(partition/__init__.py runs the partition again on the rewritten graph). A gated
+pair is, on the sm90a target (the GLU epilogue exists for its kernels only), either
 
-* ``mul(act(linear(x, Wg[, bg])), linear(x, Wu[, bu]))`` (either operand order), with
-  ``act`` a one-op activation of the epilogue table (checks.ACTIVATION_NAMES), each
-  intermediate used only there, no metadata check on them;
-* both linears GEMM regions of the first pass (so PyTorch's side would otherwise run
-  neither), on one input, with 2-D module-constant (``get_attr``) weights of one
-  shape (N, K), dtype (f16 / bf16: the sm90a kernels) and device, N and K multiples
-  of 8 (16-byte rows for TMA), constant biases or none;
-* on the sm90a target (the GLU epilogue exists for its kernels only).
+* ``mul(act(linear(x, Wg[, bg])), linear(x, Wu[, bu]))`` (either operand order): two
+  linears, both GEMM regions of the first pass, on one input, with module-constant
+  weights of one shape (LLaMA's and Gemma's gate_proj / up_proj); or
+* ``up, gate = linear(x, W[, b]).chunk(2, -1); mul(up, act(gate))`` (either operand
+  order, either half the gate): one linear region whose output is split in halves
+  (diffusers' GEGLU in the Stable Diffusion UNet's feed-forward blocks);
+
+with ``act`` a one-op activation of the epilogue table (checks.ACTIVATION_NAMES),
+each intermediate used only there and without metadata checks, 2-D module-constant
+(``get_attr``) weights of f16 / bf16 (the sm90a kernels), N (per half) and K
+multiples of 8 (16-byte rows for TMA), K at least ``MIN_K`` (below it the GLU
+epilogue's register stores cost more than they save: measured, see MIN_K), constant
+biases or none.
 
 The rewrite registers the interleaved weight (and bias: zeros for a member without
 one) as buffers ``_co_gated_<i>_weight`` / ``_bias`` and replaces the pair with
@@ -37,6 +43,8 @@ leaves the linears as they are.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
@@ -45,6 +53,17 @@ from .checks import ACTIVATION_NAMES
 from .graph_utils import aten, attr_tensor, fake_like, is_call, metadata_checks
 
 BLOCK = 8            # rows of one weight per block: a wgmma thread's column group (glu_epilogue.h)
+# K from which a gated pair is rewritten: where it was measured faster end to end. The
+# GLU epilogue stores from registers, 4 bytes per thread and row, where the TMA
+# epilogue it replaces stages through shared memory; with a short K that store is most
+# of the kernel. On the H200 (kernels_glu_*, kernels_geglu_bias_preload_2026-12-03_h200.*):
+# llama's 2048 x 2 x 5632 x 2048 took 139.4 us against 150 for our two kernels before
+# (its forward 0.95 -> 0.90 of torch.compile's in reduce-overhead), while the UNet's
+# GEGLU projections took 60.1 (8192 x 2560 x 320), 37.5 (2048 x 5120 x 640) and 27.0 us
+# (512 x 10240 x 1280) against 26.4, 22.8 and 22.3 for their plain GEMM with bias,
+# which the glue's GELU-multiply then follows (not timed apart): a loss at K = 320, and
+# not measured to gain below K = 2048.
+MIN_K = 2048
 PREFIX = "_co_gated_"
 DTYPES = (torch.float16, torch.bfloat16)
 
@@ -75,7 +94,8 @@ def _linear(gm, node, linears):
     b_node = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
     w = attr_tensor(gm, w_node)
     b = attr_tensor(gm, b_node) if b_node is not None else None
-    if w is None or w.dim() != 2 or w.dtype not in DTYPES or w.shape[0] % BLOCK or w.shape[1] % BLOCK:
+    if w is None or w.dim() != 2 or w.dtype not in DTYPES or w.shape[0] % BLOCK or w.shape[1] % BLOCK \
+            or w.shape[1] < MIN_K:
         return None
     if b_node is not None and (b is None or b.shape != w.shape[:1] or b.dtype != w.dtype):
         return None
@@ -86,7 +106,9 @@ def _linear(gm, node, linears):
 
 
 def _pair(gm, mul, linears):
-    """(act node, gate linear, up linear) when ``mul`` is a gated pair, else None."""
+    """The rewrite of ``mul`` when it is a gated pair, else None: (act node, x, (gate
+    weight, bias or None), (up weight, bias or None), the nodes the rewrite replaces,
+    the (gate, up) names its note gives)."""
     if not is_call(mul, aten.mul.Tensor) or len(mul.args) != 2 or mul.kwargs:
         return None
     for act, up in (mul.args, mul.args[::-1]):
@@ -96,11 +118,41 @@ def _pair(gm, mul, linears):
         if _only_user(act) is not mul or not isinstance(gate, fx.Node) or not isinstance(up, fx.Node):
             continue
         g, u = _linear(gm, gate, linears), _linear(gm, up, linears)
-        if g is None or u is None or g[0] is not u[0] or g[1].shape != u[1].shape \
-                or g[1].device != u[1].device:
-            continue
-        return act, gate, up
+        if g is not None and u is not None and g[0] is u[0] and g[1].shape == u[1].shape \
+                and g[1].device == u[1].device:
+            return act, g[0], g[1:], u[1:], (mul, act, gate, up), (gate.name, up.name)
+        halves = _halves(gm, gate, up, linears)
+        if halves is not None:
+            return (act, *halves[:3], (mul, act, gate, up, *halves[3]),
+                    (f"{halves[3][-1].name}[gate half]", f"{halves[3][-1].name}[up half]"))
     return None
+
+
+def _halves(gm, gate, up, linears):
+    """(x, (gate weight, bias), (up weight, bias), (chunk, linear)) when ``gate`` and
+    ``up`` are the two halves of one linear's output split along its last dim
+    (``chunk(2, -1)`` and its two getitems), else None."""
+    if not (is_call(gate, operator.getitem) and is_call(up, operator.getitem)) \
+            or gate.args[0] is not up.args[0] or {gate.args[1], up.args[1]} != {0, 1} \
+            or len(gate.users) != 1 or len(up.users) != 1:
+        return None
+    chunk = gate.args[0]
+    if not is_call(chunk, aten.chunk.default) or len(chunk.users) != 2 or chunk.kwargs:
+        return None
+    lin = chunk.args[0]
+    val = lin.meta.get("val") if isinstance(lin, fx.Node) else None
+    if val is None or list(chunk.args[1:]) not in ([2, -1], [2, val.dim() - 1]):
+        return None
+    whole = _linear(gm, lin, linears)
+    if whole is None or whole[1].shape[0] % (2 * BLOCK):
+        return None
+    x, w, b = whole
+    n = w.shape[0] // 2
+    parts = [(w[:n], b[:n] if b is not None else None), (w[n:], b[n:] if b is not None else None)]
+    if gate.args[1] == 0:
+        parts.reverse()
+    up_part, gate_part = parts
+    return x, gate_part, up_part, (chunk, lin)
 
 
 def fuse_gated_linears(gm: fx.GraphModule, regions, arch: str) -> list:
@@ -119,17 +171,17 @@ def fuse_gated_linears(gm: fx.GraphModule, regions, arch: str) -> list:
     for mul in list(gm.graph.nodes):
         pair = _pair(gm, mul, linears)
         if pair is not None:
-            done.append(_rewrite(gm, mul, *pair, len(done)))
+            done.append(_rewrite(gm, *pair, len(done)))
     if done:
         gm.graph.eliminate_dead_code()
         gm.recompile()
     return done
 
 
-def _rewrite(gm, mul, act, gate, up, index) -> tuple:
+def _rewrite(gm, act, x, gate, up, replaced, names, index) -> tuple:
     graph = gm.graph
-    x, wg, bg = _linear_parts(gm, gate)
-    _, wu, bu = _linear_parts(gm, up)
+    (wg, bg), (wu, bu) = gate, up
+    mul = replaced[0]
     n = wg.shape[0]
     with torch.no_grad():
         w = interleave(wg.detach(), wu.detach())
@@ -151,7 +203,8 @@ def _rewrite(gm, mul, act, gate, up, index) -> tuple:
     gm.register_buffer(w_name, w)
     if has_bias:
         gm.register_buffer(b_name, b)
-    first = gate if list(graph.nodes).index(gate) < list(graph.nodes).index(up) else up
+    order = {nd: i for i, nd in enumerate(graph.nodes)}
+    first = min(replaced, key=order.__getitem__)
 
     def node(target, args, value, kwargs=None):
         nd = graph.call_function(target, args, kwargs or {})
@@ -174,13 +227,6 @@ def _rewrite(gm, mul, act, gate, up, index) -> tuple:
         h_node = node(aten.mul.Tensor, (a_node, u_node), h)
         out_node = node(aten.flatten.using_ints, (h_node, -2, -1), out)
     mul.replace_all_uses_with(out_node)
-    names = (gate.name, up.name)
-    for old in (mul, act, gate, up):
+    for old in replaced:            # users first: the product, the activation, ... the linears
         graph.erase_node(old)
     return lin.name, names
-
-
-def _linear_parts(gm, node):
-    x, w_node = node.args[0], node.args[1]
-    b_node = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
-    return x, attr_tensor(gm, w_node), attr_tensor(gm, b_node) if b_node is not None else None

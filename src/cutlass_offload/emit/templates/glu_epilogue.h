@@ -124,8 +124,30 @@ class GluEpilogue {
     cutlass::NumericConverter<ElementD, float, cutlass::FloatRoundStyle::round_to_nearest> to_d;
     Activation_<float> act;
 
+    // The bias values of this thread's columns, loaded once before any store: they
+    // repeat down the rows, and loads after the stores of D could not be hoisted past
+    // them by the compiler (the pointers might alias).
+    constexpr int MmaN = size<2>(FrgLayout{});
+    float bias_g[MmaN][Groups / 2][2];
+    float bias_u[MmaN][Groups / 2][2];
+    if constexpr (HasBias) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int mn = 0; mn < MmaN; ++mn) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < Groups / 2; ++j) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < 2; ++c) {
+            int col = n0 + int(get<1>(tCc(make_coord(make_coord(c, 0, 2 * j), 0, mn))));
+            bool in = col < N;
+            bias_g[mn][j][c] = in ? float(params.thread.bias[col]) : 0.f;
+            bias_u[mn][j][c] = in ? float(params.thread.bias[col + 8]) : 0.f;
+          }
+        }
+      }
+    }
+
     CUTLASS_PRAGMA_UNROLL
-    for (int mn = 0; mn < size<2>(FrgLayout{}); ++mn) {
+    for (int mn = 0; mn < MmaN; ++mn) {
       CUTLASS_PRAGMA_UNROLL
       for (int mm = 0; mm < size<1>(FrgLayout{}); ++mm) {
         CUTLASS_PRAGMA_UNROLL
@@ -145,8 +167,8 @@ class GluEpilogue {
               float g = accumulators(make_coord(make_coord(c, r, 2 * j), mm, mn));
               float u = accumulators(make_coord(make_coord(c, r, 2 * j + 1), mm, mn));
               if constexpr (HasBias) {
-                g += float(params.thread.bias[col + c]);
-                u += float(params.thread.bias[col + 8 + c]);
+                g += bias_g[mn][j][c];
+                u += bias_u[mn][j][c];
               }
               float a = float(to_d(act(float(to_d(g)))));
               out[c] = to_d(a * float(to_d(u)));
