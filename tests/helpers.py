@@ -18,6 +18,27 @@ def poison_allocator(device="cuda", mb=256):
     del blocks
 
 
+def check_fresh_outputs(compiled, model, shape, dtype, names, rounds=2):
+    """Call ``compiled`` on ``rounds`` fresh random inputs of ``shape`` (CUDA, ``dtype``)
+    with the allocator poisoned first, and check each of its outputs (named by
+    ``names``, in order) against ``model`` run in float32: same shape, no NaN, norm-wise
+    error under TOLERANCE."""
+    import copy
+    ref_model = copy.deepcopy(model).float()
+    for _ in range(rounds):
+        x = torch.randn(*shape, device="cuda", dtype=dtype)
+        poison_allocator()
+        with torch.no_grad():
+            outs = compiled(x)
+            refs = ref_model(x.float())
+        torch.cuda.synchronize()
+        assert len(outs) == len(refs) == len(names)
+        for name, out, ref in zip(names, outs, refs):
+            assert out.shape == ref.shape, name
+            assert not out.isnan().any(), name
+            assert rel_err(out, ref) < TOLERANCE[dtype], name
+
+
 class Fn(torch.nn.Module):
     """A module that calls ``fn`` on its inputs (to capture a function as a model)."""
 

@@ -10,13 +10,12 @@ extended wgmma with a 2x1 cluster, a stream-K kernel).
 
 A learned table naming a config per GLU GEMM shape (select/sm90.py ``use_table``)
 makes the compile pick it."""
-import copy
 import json
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TOLERANCE, poison_allocator, rel_err
+from helpers import check_fresh_outputs
 from torch import nn
 
 import cutlass_offload as co
@@ -85,16 +84,5 @@ def test_glu_gemms_match_float32(glu_table, cache_dir, dtype, glue, monkeypatch)
     assert {k.config for k in glu} == {cfg for *_, cfg in PAIRS.values()} | {GEGLU_CONFIG}, \
         compiled.report.format()
     assert not compiled.plan.fallbacks
-    ref_model = copy.deepcopy(model).float()
-    for _ in range(2):
-        x = torch.randn(M, K, device="cuda", dtype=dtype)       # fresh data
-        poison_allocator()
-        with torch.no_grad():
-            outs = compiled(x)
-            refs = ref_model(x.float())
-        torch.cuda.synchronize()
-        for name, out, ref in zip([*PAIRS, "geglu_chunk"], outs, refs):
-            assert out.shape == ref.shape, name
-            assert not out.isnan().any(), name
-            assert rel_err(out, ref) < TOLERANCE[dtype], name
+    check_fresh_outputs(compiled, model, (M, K), dtype, [*PAIRS, "geglu_chunk"])
     assert sum(m.fallback_calls for m in compiled.region_modules()) == 0

@@ -8,13 +8,12 @@ through that subtile, ragged M and N edges, and fp16 and bf16.
 A learned table naming those configs for the model's shapes (select/sm90.py
 ``use_table``) makes the compile pick them; each output is checked against a
 float32 reference on fresh random inputs, with the allocator poisoned first."""
-import copy
 import json
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TOLERANCE, poison_allocator, rel_err
+from helpers import check_fresh_outputs
 from torch import nn
 
 import cutlass_offload as co
@@ -70,15 +69,5 @@ def test_wide_mma_tiles_match_float32(wide_table, dtype, tmp_path, monkeypatch):
     tiles = {k.config.tile[:2] for k in compiled.plan.distinct_kernels}
     assert tiles == {cfg.tile[:2] for _, cfg in WIDE.values()}, compiled.report.format()
     assert not compiled.plan.fallbacks
-    ref_model = copy.deepcopy(model).float()
-    for _ in range(2):
-        x = torch.randn(M, K, device="cuda", dtype=dtype)       # fresh data
-        poison_allocator()
-        with torch.no_grad():
-            outs = compiled(x)
-            refs = ref_model(x.float())
-        torch.cuda.synchronize()
-        for name, out, ref in zip(WIDE, outs, refs):
-            assert not out.isnan().any(), name
-            assert rel_err(out, ref) < TOLERANCE[dtype], name
+    check_fresh_outputs(compiled, model, (M, K), dtype, list(WIDE))
     assert sum(m.fallback_calls for m in compiled.region_modules()) == 0
