@@ -246,11 +246,20 @@ def _glue_args(p, default, saved):
                         "graphs around the whole forward)" + saved)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: the message and where the usage is, not the
+    usage block itself (13 lines for ``compile``) above it. Exit status 2 as before;
+    the subcommands' parsers are of this class too (add_subparsers uses the parent's)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+
+
 def main(argv=None) -> int:
     from .config import __doc__ as knobs_doc
     env = knobs_doc[knobs_doc.index("Environment variables:"):]
-    p = argparse.ArgumentParser(prog="cutlass-offload", description=__doc__, epilog=env,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="cutlass-offload", description=__doc__, epilog=env,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="offload a model's GEMMs, convs, attention and norms and build the library (no GPU needed)")
     from .models import BUILTIN, DEFAULT_SIZES

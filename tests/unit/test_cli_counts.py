@@ -21,8 +21,10 @@ def test_compile_refuses_a_count_below_one(tmp_path, capsys, monkeypatch, flag, 
         cli.main(_compile(tmp_path, flag, value))
     assert e.value.code == 2
     err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1            # the error alone, no usage block
     last = err.strip().splitlines()[-1]
     assert last.startswith("cutlass-offload compile: error: argument " + flag)
+    assert last.endswith("(usage: cutlass-offload compile --help)")
     assert repr(value) in last or value in last
     assert "Traceback" not in err
     assert not (tmp_path / "m").exists()
