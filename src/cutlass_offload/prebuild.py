@@ -36,9 +36,10 @@ from .select import sm90
 
 # The epilogues of the built-in and zoo models' GEMMs (benchmarks/corpus): plain,
 # bias, bias + relu / gelu (erf, tanh) / silu, bias + residual add, residual add,
-# SiLU gate * up (llama).
+# SiLU gate * up as a fused multiply (a SwiGLU with K < gated_gemm.MIN_K) and as one
+# GEMM with a GLU epilogue (llama's; sm90a only).
 DEFAULT_EPILOGUES = ("plain", "bias", "bias_relu", "bias_gelu", "bias_gelutanh", "bias_silu",
-                     "bias_resadd", "resadd", "silu_resmul")
+                     "bias_resadd", "resadd", "silu_resmul", "glu_silu")
 
 
 def known_epilogues() -> dict:
@@ -49,6 +50,9 @@ def known_epilogues() -> dict:
         for post in (("identity", "relu") if res != "none" else ("identity",)):
             ep = GemmEpilogue(bias=bias, activation=act, residual=res, post_activation=post)
             out[ep.tag] = ep
+    for bias, act in product((False, True), ACTIVATIONS):     # gated linear units (sm90a)
+        ep = GemmEpilogue(bias=bias, activation=act, glu=True)
+        out[ep.tag] = ep
     return out
 
 
@@ -74,9 +78,12 @@ def _configs(arch: str, dtype: str) -> list:
 def prebuild_kernels(arch: str, dtypes=("f16", "bf16"), epilogue_tags=DEFAULT_EPILOGUES,
                      layouts=("col",)) -> list:
     """The distinct GemmKernels to prebuild for ``arch`` ("sm90a" / "sm80"), 8-element
-    aligned operands. ValueError for an unknown epilogue tag, dtype or layout."""
+    aligned operands; GLU epilogues on sm90a only (no other family has one).
+    ValueError for an unknown epilogue tag, dtype or layout."""
     kernels = {}
     for dtype, ep, layout in product(dtypes, epilogues(epilogue_tags), layouts):
+        if ep.glu and arch != "sm90a":
+            continue
         for config in _configs(arch, dtype):
             k = GemmKernel(arch=arch, dtype=dtype, layout_b=layout, align_a=8, align_b=8,
                            align_c=8, epilogue=ep, config=config)

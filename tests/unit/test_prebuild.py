@@ -145,3 +145,14 @@ def test_model_plan_renames_regions_apart():
     names = [r.name for r in plan.regions]
     assert len(names) == len(set(names)) and all(n.startswith(("mlp_f16_", "mlp_bf16_")) for n in names)
     assert {k.dtype for k in plan.kernels} == {"f16", "bf16"}
+
+
+def test_glu_epilogues_are_prebuilt_on_sm90a_only():
+    # llama's SwiGLU runs as one GEMM with a GLU epilogue (partition/gated_gemm.py); no
+    # 2.x kernel has that epilogue, so sm_80 prebuilds skip it instead of failing
+    assert "glu_silu" in known_epilogues() and known_epilogues()["bias_glu_gelu"].glu
+    sm90a = prebuild_kernels("sm90a", dtypes=("f16",), epilogue_tags=("glu_silu", "bias"))
+    assert {k.epilogue.tag for k in sm90a} == {"glu_silu", "bias"}
+    assert sum(k.epilogue.glu for k in sm90a) == len(sm90a) // 2
+    sm80 = prebuild_kernels("sm80", dtypes=("f16",), epilogue_tags=("glu_silu", "bias"))
+    assert sm80 and {k.epilogue.tag for k in sm80} == {"bias"}
