@@ -1,4 +1,4 @@
-"""The Hopper attention search of benchmarks/kernels.py (``--search full``): every
+"""The Hopper attention search of benchmarks/kernels_bench.py (``--search full``): every
 config of ``families/attention_sm90.search_space`` timed on each corpus attention
 problem, and the learned table (families/attention_sm90_table.py) written from the
 winners.
@@ -173,7 +173,7 @@ def write_table(rows, path: Path, gpu: str, num_sms: int) -> int:
                     "from": sorted({f"{r['dtype']} b{r['batch']} h{r['heads']}" for r in rs})}
     data = {"gpu": gpu, "num_sms": num_sms, "date": datetime.date.today().isoformat(),
             "cutlass": cutlass_version(),
-            "source": "benchmarks/kernels.py --kinds attention --search full --write-attention-table",
+            "source": "benchmarks/kernels_bench.py --kinds attention --search full --write-attention-table",
             "min_gain": MIN_GAIN, "rows": dict(sorted(out.items()))}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")

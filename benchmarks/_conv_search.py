@@ -1,4 +1,4 @@
-"""The sm90a conv search of benchmarks/kernels.py (``--kinds conv --search full``):
+"""The sm90a conv search of benchmarks/kernels_bench.py (``--kinds conv --search full``):
 every choice of ``select/conv.search_space`` (TMA implicit-GEMM tiles, clusters and
 stage counts; the im2col lowering with and without split-K for small outputs)
 timed on each corpus conv, and the learned conv table
@@ -164,7 +164,7 @@ def write_table(rows, path: Path, gpu: str, num_sms: int) -> int:
                     "anchor_us": sum(g.get("anchor_us") or 0 for g in group) / len(group)}
     data = {"gpu": gpu, "num_sms": num_sms, "date": datetime.date.today().isoformat(),
             "cutlass": cutlass_version(), "min_gain": MIN_GAIN,
-            "source": "benchmarks/kernels.py --kinds conv --search full --write-conv-table",
+            "source": "benchmarks/kernels_bench.py --kinds conv --search full --write-conv-table",
             "rows": dict(sorted(out.items()))}
     path = Path(path)
     tmp = path.with_suffix(".tmp")

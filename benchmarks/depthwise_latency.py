@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from _timing import graph_ms  # noqa: E402
-from kernels import geomean, write_pytorch_faster  # noqa: E402
+from kernels_bench import geomean, write_pytorch_faster  # noqa: E402
 
 # (model, C, H = W, R = S, stride, SiLU after): every distinct depthwise conv of the two
 # architectures at 224 x 224 (timm's convnext_tiny and efficientnet_b0)

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
     from _timing import graph_ms
     from dsl_gemm import json_path, missing, parse_configs
-    from kernels import _rel_err as rel_err
+    from kernels_bench import _rel_err as rel_err
     why = missing()
     if why:
         print(why, file=sys.stderr)

@@ -4,7 +4,7 @@ For every corpus GEMM the DSL kernel runs (emit/dsl_gemm_sm90.unsupported names
 the others), in one process on one GPU:
 
 * the anchor (cuBLAS's mm / addmm, or the unfused PyTorch sequence for a fused
-  epilogue) and our C++ kernel with the heuristic's config: benchmarks/kernels.py's
+  epilogue) and our C++ kernel with the heuristic's config: benchmarks/kernels_bench.py's
   ``bench_gemms`` with search "heuristic" (the tuner's profiler);
 * the DSL kernel at each candidate (tile, cluster) of ``--configs``, plus the C++
   choice's tile and cluster where the DSL kernel has them: compiled ahead of time
@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-import kernels  # noqa: E402
+import kernels_bench as kernels  # noqa: E402  (benchmarks/kernels_bench.py)
 
 DEFAULT_CONFIGS = ("128x128:1x1,128x128:2x1,128x128:1x2,128x256:1x1,128x256:2x1,"
                    "64x128:1x1,64x256:1x1,128x64:1x1")

@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from _timing import graph_ms  # noqa: E402
 from depthwise_latency import PROBLEMS  # noqa: E402
-from kernels import geomean  # noqa: E402
+from kernels_bench import geomean  # noqa: E402
 from cutlass_offload.families import depthwise  # noqa: E402
 from cutlass_offload.runtime.library import CoConvArgs  # noqa: E402
 

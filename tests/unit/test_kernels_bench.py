@@ -1,4 +1,4 @@
-"""benchmarks/kernels.py without a GPU: the corpus read into problem objects, the
+"""benchmarks/kernels_bench.py without a GPU: the corpus read into problem objects, the
 synthetic grid, the rows and summaries, and the learned table it writes (read back
 by select/sm90.py)."""
 import json
@@ -15,7 +15,7 @@ from cutlass_offload.tune.result import CandidateResult, TunedProblem, config_to
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import kernels as kb  # noqa: E402
+import kernels_bench as kb  # noqa: E402
 
 CORPUS = kb.load_corpus(kb.CORPUS)
 

@@ -90,7 +90,7 @@ def test_the_packaged_list_loads_and_names_its_gpu():
 
 
 def test_the_benchmark_writes_what_select_reads(tmp_path):
-    import kernels as kb
+    import kernels_bench as kb
     rows = [{"kind": "attention", "batch": 4, "heads": 12, "seq_q": 1500, "seq_kv": 1500, "head_dim": 64,
              "head_dim_v": 64, "causal": "none", "dtype": "f16", "heuristic_us": 227.0,
              "anchor": "cudnn", "anchor_us": 84.0, "heuristic_speedup": 84 / 227},
@@ -105,7 +105,7 @@ def test_a_merged_write_updates_only_the_problems_the_run_measured(tmp_path):
     """--merge-pytorch-faster: a run over some models gives its problems this run's
     verdict (a problem now faster with ours leaves the list) and keeps the rest; a
     list of another GPU is refused."""
-    import kernels as kb
+    import kernels_bench as kb
 
     def row(seq, causal, ours, anchor):
         return {"kind": "attention", "batch": 4, "heads": 32, "seq_q": seq, "seq_kv": seq,
@@ -132,7 +132,7 @@ def test_depthwise_rows_key_the_problem_the_partitioner_states(tmp_path, monkeyp
     example batch stays in PyTorch with the benchmark named; the same conv measured
     faster with ours, or at another batch, keeps our kernel."""
     import depthwise_latency as dl
-    import kernels as kb
+    import kernels_bench as kb
     conv = torch.nn.Conv2d(240, 240, 5, padding=2, groups=240).half().to(memory_format=torch.channels_last)
     x = torch.randn(4, 240, 28, 28).half().to(memory_format=torch.channels_last)
     part = partition(capture(conv, (x,), dynamic_batch=True).graph_module, CompileOptions(arch="sm90a"))
@@ -165,13 +165,13 @@ class Mlp(torch.nn.Module):
 
 
 def _gemm_rows(part, slower: set, kernel_of=None):
-    """benchmarks/kernels.py's rows of the part's GEMMs (through its own gemm_row), ours
+    """benchmarks/kernels_bench.py's rows of the part's GEMMs (through its own gemm_row), ours
     at 9 us against cuBLAS's 6 for the regions named in ``slower``, 3 against 6 for
     the others."""
     from dataclasses import replace
     from types import SimpleNamespace
 
-    import kernels as kb
+    import kernels_bench as kb
     from cutlass_offload.select import choose_kernel, gemm_kernel_tag
     rows = []
     for r in part.regions:
@@ -188,11 +188,11 @@ def _gemm_rows(part, slower: set, kernel_of=None):
 
 
 def test_a_gemm_listed_with_the_kernel_select_chooses_stays_in_pytorch(tmp_path, monkeypatch):
-    """A GEMM problem benchmarks/kernels.py timed slower than cuBLAS (with its rows'
+    """A GEMM problem benchmarks/kernels_bench.py timed slower than cuBLAS (with its rows'
     keys: M at the example size of a dynamic batch, the epilogue tag) stays in
     PyTorch with the times; the faster one runs ours; an entry that timed another
     kernel than select now chooses (a table changed since) is not applied."""
-    import kernels as kb
+    import kernels_bench as kb
     x = torch.randn(4, 8, 64).half()
     part = partition(capture(Mlp().half(), (x,), dynamic_batch=True).graph_module,
                      CompileOptions(arch="sm90a"))

@@ -180,7 +180,7 @@ def config_for(head_dim_tile: int, block_kv: int | None = None,
 
 def candidates(problem: AttentionProblem, defaults_only: bool = True) -> tuple:
     """The configs that can run ``problem`` (legal, head tile >= its head dim), the
-    smallest head tile that holds it first; what a search times (benchmarks/kernels.py)."""
+    smallest head tile that holds it first; what a search times (benchmarks/kernels_bench.py)."""
     heads = DEFAULT_HEAD_TILES if defaults_only else HEAD_TILES
     causal = problem.causal != "none"
     fits = [c for c in CONFIGS if c.tile[2] in heads and c.tile[2] >= problem.head_dim
@@ -243,7 +243,7 @@ def learned_configs() -> list:
 
 
 def search_space(problem: AttentionProblem) -> tuple:
-    """The configs a search times for ``problem`` (benchmarks/kernels.py): those of
+    """The configs a search times for ``problem`` (benchmarks/kernels_bench.py): those of
     the smallest head tile holding its head dim (of all HEAD_TILES; the next one
     too when that is not an exact fit) and the default choice's; the default first."""
     default = default_config(problem)

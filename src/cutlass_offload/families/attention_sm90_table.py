@@ -1,6 +1,6 @@
 """The learned choice of Hopper attention config (families/attention_sm90.py): the
 fastest config per problem class from an H200 search of the kernel corpus
-(``benchmarks/kernels.py --kinds attention --search full --write-attention-table``),
+(``benchmarks/kernels_bench.py --kinds attention --search full --write-attention-table``),
 as data. A class is (head dim, causal, query-length bucket, key-length bucket);
 buckets are powers of two (a length L falls in bucket 2**ceil(log2 L)), so a row
 measured at 1500 tokens serves 1025..2048. Problems of no row get the example's

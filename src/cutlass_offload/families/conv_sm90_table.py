@@ -2,7 +2,7 @@
 the fastest ``ir.ConvChoice`` of the conv search space (select/conv.py
 ``search_space``: TMA implicit-GEMM tiles, clusters and stage counts, and for
 small outputs the im2col lowering with split-K), from an H200 search
-(``benchmarks/kernels.py --kinds conv --dtypes fp16 --search full
+(``benchmarks/kernels_bench.py --kinds conv --dtypes fp16 --search full
 --write-conv-table FILE``), as data like the GEMM and attention tables.
 
 A row is keyed by the problem's sizes with the batch at its example size (N, H,

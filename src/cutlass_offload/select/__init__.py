@@ -120,7 +120,7 @@ def conv_tuning_id(problem) -> str:
 
 
 def kernel_tag(config_tag: str, launch: GemmLaunch | None) -> str:
-    """A GEMM kernel's config and launch knobs as tune/ and benchmarks/kernels.py's
+    """A GEMM kernel's config and launch knobs as tune/ and benchmarks/kernels_bench.py's
     rows name them ("128x128x64_c1x1x1_pingpong+along_m_pdl")."""
     knobs = launch or GemmLaunch()
     return config_tag if knobs == GemmLaunch() else f"{config_tag}+{knobs.tag}"
@@ -179,7 +179,7 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
     tuned: {tuning_id(problem): (KernelConfig, GemmLaunch)} of profiled GEMM winners (tune/),
     {attention_tuning_id(problem): KernelConfig} of Hopper attention configs and
     {conv_tuning_id(problem): ConvChoice} of sm90a conv choices (a search's
-    candidates, benchmarks/kernels.py); other problems get the heuristic's choice."""
+    candidates, benchmarks/kernels_bench.py); other problems get the heuristic's choice."""
     regions, kernels, fallbacks = [], [], list(part.fallbacks)
     num_sms = options.num_sms or DEFAULT_NUM_SMS[arch]
     defer = options.pytorch_when_faster and not options.strict

@@ -5,7 +5,7 @@ measured times as its reason): there cuBLAS (with the unfused epilogue ops after
 it), cuDNN's conv or the best SDPA backend (cuDNN, flash, efficient) beats our
 kernel on that GPU, and with Inductor glue PyTorch's
 kernel sits in the compiled graph like ours would. The list comes from the kernel
-corpus benchmark (``benchmarks/kernels.py --write-pytorch-faster``: every corpus
+corpus benchmark (``benchmarks/kernels_bench.py --write-pytorch-faster``: every corpus
 problem whose speedup over the anchor is below ``DEFER_BELOW`` in that run) and
 holds the GPU, its SM count, the date and the CUTLASS version it was measured
 with; it applies only to the SM count it was measured on (the arch sm_90a).
@@ -14,7 +14,7 @@ Shapes it does not list keep our kernel: nothing is extrapolated.
 File (JSON): {"gpu", "num_sms", "date", "cutlass", "source", "below", "conv2d":
 [{ConvProblem fields n, c, k, h, w, r, s, pad, stride, dilation, dtype, "ours_us",
 "anchor", "anchor_us", optional "bench": the benchmark that measured it, default
-benchmarks/kernels.py}], "attention": [{AttentionProblem fields batch, heads,
+benchmarks/kernels_bench.py}], "attention": [{AttentionProblem fields batch, heads,
 seq_q, seq_kv, head_dim, head_dim_v, causal, dtype, "ours_us", "anchor",
 "anchor_us"}], "gemm": [{"m" (rows at the example size), "n", "k", "batch",
 "dtype", "layout_a", "layout_b", "align" [A, B, C], "epilogue" (GemmEpilogue.tag),
@@ -112,7 +112,7 @@ class PytorchFaster:
         if e is None or e.get("glue", glue) != glue:
             return None
         return (f"PyTorch is faster here: {e['anchor']} {e['anchor_us']:.1f} us against our kernel's "
-                f"{e['ours_us']:.1f} us per call on {self.gpu} ({e.get('bench', 'benchmarks/kernels.py')})")
+                f"{e['ours_us']:.1f} us per call on {self.gpu} ({e.get('bench', 'benchmarks/kernels_bench.py')})")
 
 
 @functools.cache
@@ -149,7 +149,7 @@ def measured_keys(rows: list) -> dict:
 
 def entries_from_rows(rows: list, below: float = DEFER_BELOW) -> dict:
     """{"gemm": [...], "conv2d": [...], "attention": [...]} of benchmark rows
-    (benchmarks/kernels.py) whose heuristic speedup over the anchor is below
+    (benchmarks/kernels_bench.py) whose heuristic speedup over the anchor is below
     ``below``; a GEMM entry names the kernel it timed (the row's "heuristic")."""
     out, seen = {"gemm": [], "conv2d": [], "attention": []}, set()
     for r in rows:
@@ -162,7 +162,7 @@ def entries_from_rows(rows: list, below: float = DEFER_BELOW) -> dict:
         anchor = r.get("anchor", "pytorch")
         if kind == "gemm":
             e["kernel"] = r["heuristic"]
-            if "anchor" not in r:     # kernels.py's GEMM rows: cuBLAS, then the unfused ops
+            if "anchor" not in r:     # kernels_bench.py's GEMM rows: cuBLAS, then the unfused ops
                 anchor = "cuBLAS" + (" and the unfused epilogue" if r.get("fused") else "")
         e.update(ours_us=r["heuristic_us"], anchor=anchor, anchor_us=r["anchor_us"])
         if "bench" in r:

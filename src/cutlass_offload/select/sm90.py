@@ -7,7 +7,7 @@ with alignment 8 everywhere; the rest go to the 2.x kernels (select/sm80.py).
 How a problem gets its kernel without a GPU (``choose``):
 
 1. the learned table (``select/tables/sm90a_*.json``, written by
-   ``benchmarks/kernels.py --write-table`` from a profile of the kernel corpus on
+   ``benchmarks/kernels_bench.py --write-table`` from a profile of the kernel corpus on
    the GPU it names): the measured winner (config and launch knobs) for the same
    (M, N, K, batch, B layout), or for the nearest profiled shape within a factor
    of ``NEAREST_MAX_RATIO`` in each of M, N and K (log-space distance); used only

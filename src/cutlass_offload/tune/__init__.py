@@ -26,7 +26,7 @@ sizes, dtypes, layouts, alignments, epilogue) not in the tuning cache:
    and every result, per key, in the tuning cache (tune/cache.py).
 
 ``search="heuristic"`` profiles the heuristic's kernel alone (a measurement, not
-a tuning: benchmarks/kernels.py). ``search="fitted"`` ranks only the heuristic's
+a tuning: benchmarks/kernels_bench.py). ``search="fitted"`` ranks only the heuristic's
 (the learned table's) choice against the tiles fitted to the problem's waves
 (sm90.fitted_configs), then goes on as a full search: it adds those tiles to a
 table a full search made, at a fraction of the compiles; like "heuristic" it

@@ -44,7 +44,7 @@ a full search into the learned table select/sm90.py reads (the winner per shape,
 with GPU, date and CUTLASS version). JSON to ``--json`` (default
 ``$OUT/kernels.json``, else ``benchmarks/results/kernels.json``).
 
-    python benchmarks/kernels.py [--kinds gemm,conv,attention] [--dtypes fp16,bf16]
+    python benchmarks/kernels_bench.py [--kinds gemm,conv,attention] [--dtypes fp16,bf16]
         [--search full|heuristic] [--grid/--no-grid] [--write-table FILE]
         [--write-attention-table FILE] [--write-conv-table FILE] [--models A,B] [--json FILE]
 
@@ -568,7 +568,7 @@ def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, n
         note += (f"; merged into the table of {base['date']} ({len(kept)} entries, "
                  f"{len(set(kept) & set(entries))} re-measured)")
     data = {"gpu": gpu, "num_sms": num_sms, "date": datetime.date.today().isoformat(),
-            "cutlass": cutlass_version(), "source": f"benchmarks/kernels.py --search {search} --write-table",
+            "cutlass": cutlass_version(), "source": f"benchmarks/kernels_bench.py --search {search} --write-table",
             "note": note, "entries": sorted(merged.values(), key=lambda e: (e["m"], e["n"], e["k"]))}
     path = Path(path)
     tmp = path.with_suffix(".tmp")
@@ -665,13 +665,13 @@ def main(argv=None) -> int:
     if args.write_pytorch_faster and args.from_results:
         old = json.loads(Path(args.from_results).read_text())
         data = write_pytorch_faster(old["rows"], Path(args.write_pytorch_faster), old["gpu"],
-                                    old["num_sms"], f"benchmarks/kernels.py run of {old['date'][:10]} "
+                                    old["num_sms"], f"benchmarks/kernels_bench.py run of {old['date'][:10]} "
                                     f"({Path(args.from_results).name})", merge=args.merge_pytorch_faster)
         print(f"{len(data['gemm'])} GEMM, {len(data['conv2d'])} conv2d and {len(data['attention'])} attention problems "
               f"-> {args.write_pytorch_faster}")
         return 0
     if not torch.cuda.is_available():
-        print("kernels.py needs a CUDA GPU", file=sys.stderr)
+        print("kernels_bench.py needs a CUDA GPU", file=sys.stderr)
         return 2
     out_path = Path(args.json or (Path(os.environ["OUT"]) / "kernels.json" if os.environ.get("OUT")
                                   else HERE / "results" / "kernels.json"))
@@ -797,7 +797,7 @@ def main(argv=None) -> int:
     save()
     if args.write_pytorch_faster:
         write_pytorch_faster(result["rows"], Path(args.write_pytorch_faster), gpu, sms,
-                             f"benchmarks/kernels.py run of {result['date'][:10]}",
+                             f"benchmarks/kernels_bench.py run of {result['date'][:10]}",
                              merge=args.merge_pytorch_faster)
     print_tables(result["rows"], result["summary"])
     print(f"\nJSON: {out_path}")
