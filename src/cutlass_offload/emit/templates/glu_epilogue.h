@@ -16,7 +16,10 @@
 // C layout: column pair, row + 8, column group), so a thread holds a column's gate
 // (group 2j) and up (group 2j + 1) in registers and writes their product directly;
 // no shared memory, no exchange between threads. The stores are 2 x 16 bits per
-// thread and row, 16 contiguous bytes per quad of threads.
+// thread and row, 16 contiguous bytes per quad of threads: slower than the TMA store
+// of CUTLASS's epilogue, which is why partition/gated_gemm.py rewrites only pairs
+// with a long K (MIN_K; measured on the H200).
+//
 // Spliced into a unit's code after its includes, once per unit (the guard).
 #ifndef CO_GLU_EPILOGUE_H
 #define CO_GLU_EPILOGUE_H
