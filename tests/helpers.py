@@ -1,4 +1,6 @@
 """Shared test helpers: tolerances, relative error, allocator poisoning."""
+import copy
+
 import torch
 
 # Norm-wise relative error tolerated against a float32 reference, by input dtype.
@@ -23,7 +25,6 @@ def check_fresh_outputs(compiled, model, shape, dtype, names, rounds=2):
     with the allocator poisoned first, and check each of its outputs (named by
     ``names``, in order) against ``model`` run in float32: same shape, no NaN, norm-wise
     error under TOLERANCE."""
-    import copy
     ref_model = copy.deepcopy(model).float()
     for _ in range(rounds):
         x = torch.randn(*shape, device="cuda", dtype=dtype)
@@ -75,7 +76,6 @@ def check_batches(compiled, model, make_input, batches, dtype=torch.float16):
     """Run ``compiled`` on fresh inputs ``make_input(batch)`` for each batch (outputs
     poisoned first) against a float32 copy of ``model``, within TOLERANCE[dtype];
     then check that no region call fell back to PyTorch."""
-    import copy
     ref_model = copy.deepcopy(model).float()
     for batch in batches:
         x = make_input(batch)

@@ -24,7 +24,8 @@ import torch.fx as fx
 from ..ir import note_not_fused, note_stops
 from . import checks as C
 from .checks import ACTIVATION_NAMES, EpilogueState
-from .graph_utils import aten, is_call, same_shape, val
+from .gated_gemm import BLOCK
+from .graph_utils import aten, is_call, only_user, same_shape, val
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,8 @@ def quick_gelu_nodes(x: fx.Node):
         if (isinstance(factor, bool) or not isinstance(factor, (int, float))
                 or not math.isclose(factor, QUICK_GELU_SCALE, rel_tol=1e-6)):
             continue
-        sig = _only_user(scale)
-        mul = _only_user(sig) if is_call(sig, aten.sigmoid.default) else None
+        sig = only_user(scale)
+        mul = only_user(sig) if is_call(sig, aten.sigmoid.default) else None
         if is_call(mul, aten.mul.Tensor) and mul in users and set(mul.args) == {x, sig}:
             return [scale, sig, mul]
     return None
@@ -119,13 +120,13 @@ def glu_nodes(y: fx.Node):
     (N / 16, 2, 8))`` (N = y's last dim; columns interleaved in blocks of 8 as
     gated_gemm.py writes them), ``act`` one op of the activation table, each
     intermediate used once (the selects by the activation and the product); else None."""
-    un = _only_user(y)
+    un = only_user(y)
     yv = val(y)
     if not is_call(un, aten.unflatten.int) or not isinstance(yv, torch.Tensor) or yv.dim() < 1:
         return None
     n = yv.shape[-1]
-    if len(un.args) != 3 or un.args[1] not in (-1, yv.dim() - 1) or list(un.args[2]) != [n // 16, 2, 8] \
-            or not isinstance(n, int) or n % 16:
+    if len(un.args) != 3 or un.args[1] not in (-1, yv.dim() - 1) or list(un.args[2]) != [n // (2 * BLOCK), 2, BLOCK] \
+            or not isinstance(n, int) or n % (2 * BLOCK):
         return None
     rank = yv.dim() + 2
     sels = {}
@@ -136,20 +137,16 @@ def glu_nodes(y: fx.Node):
         sels[s.args[2]] = s
     if len(un.users) != 2 or len(sels) != 2:
         return None
-    act, mul = _only_user(sels[0]), _only_user(sels[1])
+    act, mul = only_user(sels[0]), only_user(sels[1])
     if act is None or act.target not in ACTIVATION_NAMES or not act.args or act.args[0] is not sels[0]:
         return None
-    if not is_call(mul, aten.mul.Tensor) or _only_user(act) is not mul or set(mul.args) != {act, sels[1]} \
+    if not is_call(mul, aten.mul.Tensor) or only_user(act) is not mul or set(mul.args) != {act, sels[1]} \
             or len(mul.args) != 2:
         return None
-    out = _only_user(mul)
+    out = only_user(mul)
     if not is_call(out, aten.flatten.using_ints) or tuple(out.args[1:]) not in ((-2, -1), (rank - 3, rank - 2)):
         return None
     return [un, sels[0], sels[1], act, mul, out]
-
-
-def _only_user(n: fx.Node):
-    return next(iter(n.users)) if len(n.users) == 1 else None
 
 
 def _match_stage(state, node):

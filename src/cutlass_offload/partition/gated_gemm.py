@@ -50,7 +50,7 @@ import torch.fx as fx
 
 from ..ir import GemmRegion
 from .checks import ACTIVATION_NAMES
-from .graph_utils import aten, attr_tensor, fake_like, is_call, metadata_checks
+from .graph_utils import aten, attr_tensor, fake_like, is_call, metadata_checks, only_user
 
 BLOCK = 8            # rows of one weight per block: a wgmma thread's column group (glu_epilogue.h)
 # K from which a gated pair is rewritten: where it was measured faster end to end. The
@@ -79,11 +79,6 @@ def interleave(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     rest = gate.shape[1:]
     return torch.stack([gate.reshape(n // BLOCK, BLOCK, *rest), up.reshape(n // BLOCK, BLOCK, *rest)],
                        dim=1).reshape(2 * n, *rest).contiguous()
-
-
-def _only_user(n):
-    us = list(n.users)
-    return us[0] if len(us) == 1 else None
 
 
 def _linear(gm, node, linears):
@@ -115,7 +110,7 @@ def _pair(gm, mul, linears):
         if not isinstance(act, fx.Node) or act.target not in ACTIVATION_NAMES or len(act.args) < 1:
             continue
         gate = act.args[0]
-        if _only_user(act) is not mul or not isinstance(gate, fx.Node) or not isinstance(up, fx.Node):
+        if only_user(act) is not mul or not isinstance(gate, fx.Node) or not isinstance(up, fx.Node):
             continue
         g, u = _linear(gm, gate, linears), _linear(gm, up, linears)
         if g is not None and u is not None and g[0] is u[0] and g[1].shape == u[1].shape \

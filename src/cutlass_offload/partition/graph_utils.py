@@ -23,6 +23,11 @@ def users(n) -> list:
     return [u for u in n.users if u.target is not ASSERT_METADATA]
 
 
+def only_user(n):
+    """The one user of node ``n``, or None when it has none or several."""
+    return next(iter(n.users)) if len(n.users) == 1 else None
+
+
 def metadata_checks(n) -> list:
     """The metadata checks torch.export inserted on n."""
     return [u for u in n.users if u.target is ASSERT_METADATA]

@@ -30,14 +30,10 @@ import math
 import torch
 import torch.fx as fx
 
-from .graph_utils import aten, fake_value, is_call, same_shape, val
+from .graph_utils import aten, fake_value, is_call, only_user, same_shape, val
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 _SOFTMAX = (aten._softmax.default, aten.softmax.int)
-
-
-def _only_user(n: fx.Node):
-    return next(iter(n.users)) if len(n.users) == 1 else None
 
 
 def _tensor_add(n):
@@ -89,7 +85,7 @@ def merge_window_bias(graph: fx.Graph) -> int:
     new node gets its ``meta['val']``."""
     done = 0
     for t4 in list(graph.nodes):
-        if not is_call(t4, *_VIEWS) or not is_call(_only_user(t4), *_SOFTMAX):
+        if not is_call(t4, *_VIEWS) or not is_call(only_user(t4), *_SOFTMAX):
             continue
         t3 = t4.args[0]
         added = _tensor_add(t3) if len(t3.users) == 1 else None
