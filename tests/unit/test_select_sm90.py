@@ -228,6 +228,8 @@ def test_fitted_tiles_fill_the_waves_and_emit(shape, tile):
     assert tile in {c.tile for c in fitted}
     assert not set(fitted) & set(sm90.SPACE)
     for c in fitted:
+        if c.n_split:              # 192-row tiles: tests/unit/test_n_split_gemm.py
+            continue
         assert c.tile[1] % 16 == 0 and c.tile[1] not in sm90._FIXED_N[c.tile[0]]
         est = sm90.tile_estimate(shape[0], shape[1], c.tile[0], c.tile[1], SMS)
         best_fixed = min(sm90.tile_estimate(shape[0], shape[1], c.tile[0], n, SMS)

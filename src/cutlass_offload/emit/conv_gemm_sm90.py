@@ -277,7 +277,7 @@ def emit(kernel: ConvKernel) -> KernelSource:
     code = TEMPLATE.substitute(
         name=kernel.name, iterator=kernel.iterator,
         semantics=semantics(ep, "conv(x, filter)", "bias[k]", "residual"),
-        gemm_code=gemm_sm90.TEMPLATE.substitute(inner), element=ELEMENT[kernel.dtype][0],
+        gemm_code=gemm_sm90.template_for(gk).substitute(inner), element=ELEMENT[kernel.dtype][0],
         im2col="true" if kernel.iterator == "im2col" else "false",
         chunk_bytes=str(IM2COL_CHUNK_BYTES), chunk_rows=str(CHUNK_ROW_MULTIPLE),
         operand_check=check, **_launch_codes(kernel.launch))

@@ -259,6 +259,8 @@ def validate(kernel: ConvKernel) -> None:
             raise ValueError(f"{what}={a}: TMA needs 16-byte alignment, i.e. {need} "
                              f"{kernel.dtype} elements (C and K multiples of {need})")
     tm, tn, tk = cfg.tile
+    if cfg.n_split:
+        raise ValueError("N-split warp groups are for GEMM kernels (gemm_sm90), not implicit-GEMM convs")
     if tm not in (64, 128):
         # one consumer warpgroup: 64-row wgmma atoms, M tile 64 or 128
         raise ValueError(f"tile M must be 64 or 128, got {tm}")

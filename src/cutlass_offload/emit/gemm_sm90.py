@@ -70,6 +70,18 @@ _LAUNCH = """\
   if (Gemm::run(params, stream, nullptr, args.pdl != 0) != cutlass::Status::kSuccess) {
 """
 
+_MAINLOOP = """\
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    ElementA, LayoutA, AlignmentA,
+    ElementB, LayoutB, AlignmentB,
+    ElementAccumulator,
+    TileShape, ClusterShape,
+    ${stage_count},
+    cutlass::gemm::${kernel_schedule}
+  >::CollectiveOp;${mma_check}
+"""
+
 # One template for the family, with the parts every sm90 emitter shares spliced in
 # (sm90_parts.py). Placeholders are ${name}; substitution is strict
 # (string.Template.substitute raises KeyError on a missing key).
@@ -90,16 +102,7 @@ using LayoutB = ${layout_b};
 using LayoutC = cutlass::layout::RowMajor;
 using LayoutD = cutlass::layout::RowMajor;
 """ + sm90_parts.ALIGNMENTS + """using TileShape = cute::Shape<cute::_${tile_m}, cute::_${tile_n}, cute::_${tile_k}>;
-""" + sm90_parts.EPILOGUE + """using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-    ElementA, LayoutA, AlignmentA,
-    ElementB, LayoutB, AlignmentB,
-    ElementAccumulator,
-    TileShape, ClusterShape,
-    ${stage_count},
-    cutlass::gemm::${kernel_schedule}
-  >::CollectiveOp;${mma_check}
-
+""" + sm90_parts.EPILOGUE + _MAINLOOP + """
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     cute::Shape<int, int, int, int>,  // (M, N, K, L)
     CollectiveMainloop,
@@ -193,6 +196,93 @@ using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpe
 """
 GLU_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, _GLU_EPILOGUE))
 
+# N-split cooperative kernels (KernelConfig.n_split, warp = (M, N / 2, K)): the two
+# consumer warp groups split the tile's columns, not its rows, so a tile may be 192
+# rows high (cuBLAS's "coopB" kernels: whisper's 6000x768 outputs are 128 tiles of
+# 192x192, one wave on 132 SMs, where 128-row tiles make 188). CUTLASS's builders
+# only split rows and only take 128-row epilogue subtiles for cooperative kernels, so
+# mainloop and epilogue are assembled here from the parts the builders use.
+_N_SPLIT_EPILOGUE = """\
+using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
+
+// Epilogue fusion: ${epilogue_tag}
+using FusionOp =
+${fusion_type};
+
+// Each warp group holds 64-row blocks of its half of the columns, so a subtile spans
+// the tile's width (64 x ${tile_n}), with one store stage (a second would cost the
+// mainloop one). Assembled as the builder's Sm90TmaBuilderImpl assembles it, but for
+// the shared-memory swizzle atoms: as wide as one warp group's ${wg_n} columns, since
+// an atom as wide as the subtile (64 columns for 192) would straddle the two halves.
+using EpilogueTile = cute::Shape<cute::_64, cute::_${tile_n}>;
+using WarpGroupTile = cute::Shape<cute::_64, cute::_${wg_n}>;
+using EpiloguePolicyAuto = decltype(cutlass::epilogue::collective::detail::sm90_get_tma_dispatch_policy<
+    TileShape, EpilogueTile, ElementC, ElementD, cutlass::epilogue::TmaWarpSpecializedCooperative>());
+using EpiloguePolicy = cutlass::epilogue::Sm90TmaWarpSpecialized<
+    EpiloguePolicyAuto::StagesC, 1, EpiloguePolicyAuto::FragmentSize,
+    EpiloguePolicyAuto::ReuseSmemC, EpiloguePolicyAuto::DelayTmaStore>;
+using StrideC = cutlass::detail::TagToStrideC_t<LayoutC>;
+using StrideD = cutlass::detail::TagToStrideC_t<LayoutD>;
+using ElementCSmem = cute::conditional_t<cute::is_void_v<ElementC>, ElementD, ElementC>;
+using CollectiveEpilogue = cutlass::epilogue::collective::CollectiveEpilogue<
+    EpiloguePolicy, TileShape, EpilogueTile,
+    ElementC, StrideC, ElementD, StrideD,
+    typename cutlass::epilogue::collective::detail::CallbacksBuilder<
+        EpiloguePolicy, FusionOp, TileShape, EpilogueTile, ElementAccumulator>::Callbacks,
+    cute::SM90_TMA_LOAD,
+    decltype(cutlass::epilogue::collective::detail::sm90_get_epilogue_smem_swizzle_layout_atom<
+        StrideC, ElementCSmem, WarpGroupTile>()),
+    decltype(cutlass::epilogue::collective::detail::sm90_get_smem_load_op_for_source<
+        StrideC, ElementCSmem, WarpGroupTile>()),
+    cute::SM90_TMA_STORE,
+    decltype(cutlass::epilogue::collective::detail::sm90_get_epilogue_smem_swizzle_layout_atom<
+        StrideD, ElementD, WarpGroupTile>()),
+    decltype(cutlass::epilogue::collective::detail::sm90_get_smem_store_op_for_accumulator<
+        StrideD, ElementD, WarpGroupTile>()),
+    cute::Copy_Atom<cute::SM90_U32x4_STSM_N, cutlass::half_t>,
+    void>;
+
+"""
+_N_SPLIT_MAINLOOP = """\
+// The builder's mainloop but for its TiledMma: warp groups side by side along N, each
+// on 64 x ${wg_n} wgmmas over all ${tile_m} rows
+constexpr auto MajorA = cutlass::gemm::collective::detail::gmma_ss_tag_to_major_A<ElementA, LayoutA>();
+constexpr auto MajorB = cutlass::gemm::collective::detail::gmma_ss_tag_to_major_B<ElementB, LayoutB>();
+using TiledMma = decltype(cute::make_tiled_mma(
+    cute::SM90::GMMA::MMA_64x${wg_n}x16_${wgmma_kind}_SS<MajorA, MajorB>{},
+    cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>{}));
+constexpr int MainloopStages = cutlass::gemm::collective::detail::compute_stage_count_or_override<
+    cutlass::gemm::collective::detail::sm90_smem_capacity_bytes, ElementA, ElementB, TileShape>(
+    ${stage_count}{});
+using CollectiveMainloop = cutlass::gemm::collective::CollectiveMma<
+    cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<MainloopStages, ClusterShape,
+                                                      cutlass::gemm::${kernel_schedule}>,
+    TileShape,
+    ElementA, cutlass::detail::TagToStrideA_t<LayoutA>,
+    ElementB, cutlass::detail::TagToStrideB_t<LayoutB>,
+    TiledMma,
+    decltype(cutlass::gemm::collective::detail::sm90_cluster_shape_to_tma_atom(cute::shape<1>(ClusterShape{}))),
+    decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+        MajorA, ElementA, decltype(cute::get<0>(TileShape{})), decltype(cute::get<2>(TileShape{}))>()),
+    void, cute::identity,
+    decltype(cutlass::gemm::collective::detail::sm90_cluster_shape_to_tma_atom(cute::shape<0>(ClusterShape{}))),
+    decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+        MajorB, ElementB, decltype(cute::get<1>(TileShape{})), decltype(cute::get<2>(TileShape{}))>()),
+    void, cute::identity>;
+static_assert(cute::size(TiledMma{}) == 256 && MainloopStages >= 2,
+              "two consumer warp groups, at least two mainloop stages");
+"""
+N_SPLIT_TEMPLATE = string.Template(
+    _TEXT.replace(sm90_parts.EPILOGUE, _N_SPLIT_EPILOGUE).replace(_MAINLOOP, _N_SPLIT_MAINLOOP))
+
+
+def template_for(kernel: GemmKernel) -> string.Template:
+    """The family's template ``kernel`` is emitted from: GLU_TEMPLATE for a GLU
+    epilogue, N_SPLIT_TEMPLATE for an N-split config, else TEMPLATE."""
+    if kernel.epilogue.glu:
+        return GLU_TEMPLATE
+    return N_SPLIT_TEMPLATE if kernel.config.n_split else TEMPLATE
+
 
 # CUTLASS's grid dependency control (griddepcontrol.wait before the first global read,
 # cutlass/arch/grid_dependency_control.h) compiled into the persistent kernels, so a
@@ -240,7 +330,9 @@ def validate(kernel: GemmKernel) -> None:
             raise ValueError(
                 f"{what}={a}: TMA needs 16-byte alignment, i.e. {need} {kernel.dtype} elements")
     tm, tn, tk = cfg.tile
-    if tm not in (64, 128, 256):
+    if cfg.n_split:
+        _validate_n_split(kernel)
+    elif tm not in (64, 128, 256):
         raise ValueError(f"tile M must be 64, 128 or 256, got {tm}")
     if not (tn % 16 == 0 and 16 <= tn <= 256):
         raise ValueError(f"tile N must be a multiple of 16 in [16, 256], got {tn}")
@@ -266,6 +358,23 @@ def validate(kernel: GemmKernel) -> None:
         # sm90_gemm_tma_warpspecialized_pingpong.hpp static_asserts against stream-K
         raise ValueError("the stream-K tile scheduler needs the cooperative kernel schedule")
     sm90_parts.check_stages(cfg.stages)
+
+
+def _validate_n_split(kernel: GemmKernel) -> None:
+    """The limits of N-split kernels (N_SPLIT_TEMPLATE): cooperative, persistent,
+    16-bit, no GLU epilogue, tile M a multiple of 64 from 128 to 256 and each warp
+    group's N a multiple of 16, with at most 160 fp32 accumulators per thread (the
+    consumer warp groups get 232 registers)."""
+    cfg = kernel.config
+    tm, tn, _ = cfg.tile
+    if cfg.kernel_schedule != "KernelTmaWarpSpecializedCooperative" or cfg.tile_scheduler != "persistent":
+        raise ValueError("an N-split config needs the cooperative schedule and the persistent scheduler")
+    if kernel.dtype not in ("f16", "bf16") or kernel.epilogue.glu:
+        raise ValueError(f"N-split kernels are f16 / bf16 without a GLU epilogue, got {kernel.dtype}"
+                         + (" with GLU" if kernel.epilogue.glu else ""))
+    if tm not in (128, 192, 256) or tn % 32 or tm * tn // 256 > 160:
+        raise ValueError(f"an N-split tile is 128, 192 or 256 rows by a multiple of 32 columns with "
+                         f"at most 160 accumulators per thread, got {tm}x{tn}")
 
 
 def values(kernel: GemmKernel) -> dict:
@@ -342,6 +451,8 @@ def values(kernel: GemmKernel) -> dict:
         "c_check": " && args.c != nullptr && co_tma_aligned(args.c)" if residual else "",
         "glu_activation": activations.FUNCTOR[ep.activation] or "cutlass::epilogue::thread::Identity",
         "glu_bias": "true" if ep.bias else "false",
+        "wg_n": str(cfg.tile[1] // 2),
+        "wgmma_kind": sm90_parts.WGMMA_TYPES.get(kernel.dtype, ("", ""))[1],
     }
 
 
@@ -356,8 +467,7 @@ def emit(kernel: GemmKernel) -> KernelSource:
     NotImplementedError for TF32 with B row-major, KeyError if the template and
     ``values`` ever disagree on a placeholder.
     """
-    template = GLU_TEMPLATE if kernel.epilogue.glu else TEMPLATE
-    code = sm90_parts.wgmma_selector(kernel) + template.substitute(values(kernel))
+    code = sm90_parts.wgmma_selector(kernel) + template_for(kernel).substitute(values(kernel))
     if kernel.epilogue.glu:
         code = GLU_H + code          # guarded: the unit's other GLU kernels share it
     return KernelSource(name=kernel.name, includes=includes(kernel), code=code, defines=defines(kernel),

@@ -203,12 +203,18 @@ def epilogue_tile(config) -> str:
 # ss_op_selector); the other multiples of 8 up to 256 are in its extended headers.
 BASE_WGMMA_N = (8, 16, 32, 64, 96, 128, 192, 256)
 WGMMA_EXT_INCLUDES = ("cute/arch/mma_sm90_gmma_ext.hpp", "cute/atom/mma_traits_sm90_gmma_ext.hpp")
-_WGMMA_TYPES = {"f16": ("cutlass::half_t", "F32F16F16"), "bf16": ("cutlass::bfloat16_t", "F32BF16BF16")}
+WGMMA_TYPES = {"f16": ("cutlass::half_t", "F32F16F16"), "bf16": ("cutlass::bfloat16_t", "F32BF16BF16")}
+
+
+def wgmma_n(config) -> int:
+    """The N of ``config``'s wgmma: the tile's N, or half of it for an N-split config
+    (each consumer warp group takes half of the columns)."""
+    return config.tile[1] // 2 if config.n_split else config.tile[1]
 
 
 def wide_mma(config) -> bool:
-    """Whether ``config``'s tile N is outside CuTe's default wgmma shapes (BASE_WGMMA_N)."""
-    return config.tile[1] not in BASE_WGMMA_N
+    """Whether ``config``'s wgmma N is outside CuTe's default shapes (BASE_WGMMA_N)."""
+    return wgmma_n(config) not in BASE_WGMMA_N
 
 
 def wgmma_selector(kernel) -> str:
@@ -228,11 +234,11 @@ def wgmma_selector(kernel) -> str:
     machine). Raises ValueError for a dtype without 16-bit wgmma atoms here.
     """
     cfg = kernel.config
-    if not wide_mma(cfg):
+    if not wide_mma(cfg) or cfg.n_split:   # an N-split mainloop names its atom itself
         return ""
-    if kernel.dtype not in _WGMMA_TYPES:
+    if kernel.dtype not in WGMMA_TYPES:
         raise ValueError(f"a tile N of {cfg.tile[1]} needs an f16 / bf16 kernel, got {kernel.dtype}")
-    element, kind = _WGMMA_TYPES[kernel.dtype]
+    element, kind = WGMMA_TYPES[kernel.dtype]
     major_a = "K" if kernel.layout_a == "row" else "MN"
     major_b = "K" if kernel.layout_b == "col" else "MN"
     tm, tn, tk = cfg.tile
@@ -261,7 +267,7 @@ def mma_check(config) -> str:
     if not wide_mma(config):
         return ""
     return ("\nstatic_assert(cute::size<1>(typename CollectiveMainloop::TiledMma::AtomShape_MNK{}) "
-            f"== {config.tile[1]},\n              \"the wgmma is as wide as the tile "
+            f"== {wgmma_n(config)},\n              \"the wgmma is as wide as the tile "
             "(sm90_parts.wgmma_selector)\");")
 
 

@@ -88,7 +88,12 @@ class KernelConfig:
     """How a kernel computes: the tuning choice.
 
     tile: threadblock (CTA) tile (M, N, K) in elements.
-    warp: warp tile (M, N, K) for CUTLASS 2.x; unused (0, 0, 0) for 3.x.
+    warp: warp tile (M, N, K) for CUTLASS 2.x. For 3.x GEMMs, the tile of one
+    consumer warp group when it is not the schedule's own split: (0, 0, 0) for
+    that (cooperative: the two warp groups split the tile's rows; ping-pong: each
+    takes whole tiles), or (M, N / 2, K) for a cooperative kernel whose two warp
+    groups split the tile's columns (``n_split``; tile M may then be 192, e.g.
+    192x192 tiles: emit/gemm_sm90.py).
     instruction: MMA instruction shape for 2.x, e.g. (16, 8, 16).
     stages: software pipeline depth; 0 = let the 3.x collective builder choose.
     cluster: thread block cluster shape (3.x only), (1, 1, 1) for 2.x.
@@ -121,6 +126,16 @@ class KernelConfig:
             raise ValueError(f"tile_scheduler {self.tile_scheduler!r} is for CUTLASS 3.x kernels only")
         if self.family == "cutlass2x_sm80" and (len(self.warp) != 3 or 0 in self.warp):
             raise ValueError("a CUTLASS 2.x config needs a warp shape")
+        if self.family == "cutlass3x_sm90" and tuple(self.warp) not in (
+                (0, 0, 0), (self.tile[0], self.tile[1] // 2, self.tile[2])):
+            raise ValueError(f"a CUTLASS 3.x warp group tile is (0, 0, 0) or (M, N / 2, K) of the "
+                             f"tile {self.tile}, got {self.warp}")
+
+    @property
+    def n_split(self) -> bool:
+        """Whether a 3.x GEMM's two consumer warp groups split the tile's columns
+        (``warp`` = (M, N / 2, K)) instead of its rows."""
+        return self.family == "cutlass3x_sm90" and tuple(self.warp) != (0, 0, 0)
 
     @property
     def tag(self) -> str:
@@ -131,6 +146,7 @@ class KernelConfig:
                      "KernelTmaWarpSpecializedPingpong": "pingpong",
                      "KernelTmaWarpSpecialized": "ws",
                      "KernelImplicitTmaWarpSpecializedSm90": "ws"}.get(self.kernel_schedule, "auto")
+            sched += "n" if self.n_split else ""
             return (f"{t}_c{c}_{sched}" + (f"_s{self.stages}" if self.stages else "")
                     + {"stream_k": "_streamk", "lpt": "_lpt"}.get(self.tile_scheduler, ""))
         w = "x".join(map(str, self.warp))

@@ -79,9 +79,10 @@ COOP = "KernelTmaWarpSpecializedCooperative"
 PINGPONG = "KernelTmaWarpSpecializedPingpong"
 
 
-def _config(tile, cluster, sched, scheduler="persistent") -> KernelConfig:
+def _config(tile, cluster, sched, scheduler="persistent", n_split=False) -> KernelConfig:
+    warp = (tile[0], tile[1] // 2, tile[2]) if n_split else (0, 0, 0)
     return KernelConfig("cutlass3x_sm90", tile, stages=0, cluster=cluster, kernel_schedule=sched,
-                        tile_scheduler=scheduler)
+                        tile_scheduler=scheduler, warp=warp)
 
 
 CONFIGS = {
@@ -266,9 +267,16 @@ def choose(problem: GemmProblem, num_sms: int, table: Table | None | bool = True
     with DEFAULT_LAUNCH."""
     table = default_table() if table is True else (table or None)
     hit = table.lookup(problem, num_sms) if table is not None else None
-    if hit is not None:
+    if hit is not None and takes(problem, hit[0]):
         return hit
     return CONFIGS[choose_name(problem, num_sms)], DEFAULT_LAUNCH
+
+
+def takes(problem: GemmProblem, config: KernelConfig) -> bool:
+    """Whether ``problem`` can run on ``config`` as far as the kind of kernel goes: an
+    N-split config (emit/gemm_sm90.py) only for f16 / bf16 without a GLU epilogue (a
+    table entry measured on one problem serves its neighbours)."""
+    return not config.n_split or (problem.dtype in ("f16", "bf16") and not problem.epilogue.glu)
 
 
 def _plausible_rule(problem: GemmProblem, name: str, num_sms: int) -> bool:
@@ -369,7 +377,30 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
                 continue
             tiles_m = math.ceil(m / tm)
             out += [_config((tm, tn, 64), c, sched) for c in clusters if c[0] <= tiles_m]
-    return tuple(out)
+    n_split = _n_split_configs(m, n, num_sms)
+    return tuple(out) + tuple(c for c in n_split if takes(problem, c))
+
+
+# N-split tiles (KernelConfig.n_split): 192 rows, the two warp groups side by side
+# along N (at most 160 fp32 accumulators per thread: tile N <= 192)
+N_SPLIT_M = 192
+N_SPLIT_TILE_N = (128, 160, 192)
+
+
+def _n_split_configs(m: int, n: int, num_sms: int) -> tuple:
+    """192-row N-split configs (clusters 1x1 and 2x1) for the ``FIT_PER_M`` tile Ns of
+    ``N_SPLIT_TILE_N`` with the smallest ``tile_estimate``, each only when it beats
+    every fixed tile of SPACE (64 and 128 rows) by ``FIT_MIN_GAIN``: a 192-row tile
+    pays where M / 192 fills the waves better (whisper's 6000 x 768: 128 CTAs, one
+    wave on 132 SMs; cuBLAS runs it on 192x192 tiles split along N)."""
+    if m < 2 * N_SPLIT_M:
+        return ()
+    best_fixed = min(tile_estimate(m, n, tm, tn, num_sms) for tm in _FIXED_N for tn in _FIXED_N[tm])
+    ranked = sorted((tile_estimate(m, n, N_SPLIT_M, tn, num_sms), tn) for tn in N_SPLIT_TILE_N
+                    if not tn >= 2 * n)
+    return tuple(_config((N_SPLIT_M, tn, 64), c, COOP, n_split=True)
+                 for est, tn in ranked[:FIT_PER_M] if est * FIT_MIN_GAIN <= best_fixed
+                 for c in (_C11, _C21))
 
 
 def launch_variants(config: KernelConfig, problem: GemmProblem, num_sms: int) -> tuple:
