@@ -555,3 +555,25 @@ def test_big_problems_are_timed_with_fewer_launches():
     assert launches_for(big) == 2
     mid = {"m": 4096, "n": 4096, "k": 4096, "batch": 1}
     assert 2 <= launches_for(mid) < LAUNCHES
+
+
+def test_a_glu_problem_ranked_on_its_plain_proxy_passes_over_n_split_configs(tmp_path):
+    """The rank step times a GLU problem's plain proxy, for which the search proposes
+    192-row N-split tiles (sm90.fitted_configs); the final step builds the problem's
+    own kernels, and a GLU epilogue does not run on an N-split config
+    (emit/gemm_sm90.py), so those ranked configs are passed over, not built."""
+    glu = _problem(6000, 2 * 768, 768, GemmEpilogue(activation="silu", glu=True))
+    proxy = replace(glu, epilogue=GemmEpilogue())
+    assert any(c.n_split for c in sm90.fitted_configs(proxy, SMS))
+
+    def n_split_first(tag, spec, launch):
+        return 1.0 if "coopn" in tag.split("+")[0] else 9.0
+
+    fb = FakeBuild()
+    rep = tune(_plan(glu), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=fb,
+               profiler=FakeProfiler(n_split_first), search="fitted")
+    rank, final = fb.plans
+    assert any(k.config.n_split for k in rank.kernels)
+    assert final.kernels and all(k.epilogue.glu and not k.config.n_split for k in final.kernels)
+    (tp,) = rep.problems
+    assert "coopn" not in (tp.winner or "")

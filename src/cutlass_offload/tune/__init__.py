@@ -212,8 +212,9 @@ def _final(todo, counts, ranking, ctx, done, search):
         if search != "heuristic":
             if first.config.family == "cutlass3x_sm90":
                 ranked = ranking.get(tuning_id(_proxy(problem)), [])
+                # ranked on the plain proxy: a GLU problem passes over N-split configs
                 kernels += [_kernel(problem, ctx.arch, c) for c in ranked[:TOP]
-                            if c != first.config]
+                            if c != first.config and sm90.takes(problem, c)]
             else:
                 kernels += [k for k in candidate_kernels(problem, ctx.arch, ctx.num_sms)[1:]]
         specs[str(i)] = problem
