@@ -87,7 +87,8 @@ def prebuild_kernels(arch: str, dtypes=("f16", "bf16"), epilogue_tags=DEFAULT_EP
         for config in _configs(arch, dtype):
             k = GemmKernel(arch=arch, dtype=dtype, layout_b=layout, align_a=8, align_b=8,
                            align_c=8, epilogue=ep, config=config)
-            kernels.setdefault(k.name, k)
+            if sm90.takes(k, config):            # no GLU epilogue on an N-split tile
+                kernels.setdefault(k.name, k)
     return list(kernels.values())
 
 

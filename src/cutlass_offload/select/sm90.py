@@ -65,6 +65,14 @@ kernels_fitted_2026-12-03_h200.*): e.g. 2048x1920x640 64x240 ping-pong 11.4 us
 against 15.6 in 128x192, 1568x3072x768
 128x160 20.7 against 24.1, 6000x3072x768 128x224 65.3 against 69.6; the 25 problems
 of those shapes went from 1.06x to 1.11x the anchor (geomean).
+
+Since session 24 the fitted tiles include 192-row N-split ones (``_n_split_configs``:
+the two consumer warp groups side by side along N, KernelConfig.n_split), cuBLAS's
+shape for whisper's 6000 x 768 outputs (128 CTAs of 192x192, one wave). On the H200
+(kernels_n_split_*_2026-12-03_h200.json) they won convnext-tiny's 6272x1536x384 GELU
+GEMM (26.7 us against 31.5 for 128x256 2x1) and tied or lost elsewhere: whisper's
+6000x768x768 15.5 against 15.7 us for 64x192 ping-pong (its knob search kept
+ping-pong), llama's LM head 384 against 363, the UNet's 2048x1920x640 12.8 against 12.6.
 """
 from __future__ import annotations
 
@@ -273,9 +281,10 @@ def choose(problem: GemmProblem, num_sms: int, table: Table | None | bool = True
 
 
 def takes(problem: GemmProblem, config: KernelConfig) -> bool:
-    """Whether ``problem`` can run on ``config`` as far as the kind of kernel goes: an
-    N-split config (emit/gemm_sm90.py) only for f16 / bf16 without a GLU epilogue (a
-    table entry measured on one problem serves its neighbours)."""
+    """Whether ``problem`` (a GemmProblem, or a GemmKernel: its dtype and epilogue are
+    read) can run on ``config`` as far as the kind of kernel goes: an N-split config
+    (emit/gemm_sm90.py) only for f16 / bf16 without a GLU epilogue (a table entry
+    measured on one problem serves its neighbours)."""
     return not config.n_split or (problem.dtype in ("f16", "bf16") and not problem.epilogue.glu)
 
 
