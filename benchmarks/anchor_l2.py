@@ -11,36 +11,19 @@ writes JSON. Needs a CUDA GPU.
     python benchmarks/anchor_l2.py [--shape 6000x768x768] [--json anchor_l2.json]
 """
 import argparse
+import itertools
 import json
-import statistics
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import graph_ms  # noqa: E402
+
 REPS, REPLAYS, COLD_COPIES = 24, 15, 12
-
-
-def graph_us(fn, calls: int) -> float:
-    """Median us per call of ``fn`` (which makes ``calls`` calls) replayed in a CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    times = []
-    for _ in range(REPLAYS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / calls)
-    return statistics.median(times)
 
 
 def main():
@@ -69,10 +52,12 @@ def main():
         }
         row = {}
         for name, call in calls.items():
-            def run(call=call):
-                for i in range(REPS):
-                    call(*sets[i % copies], outs[i % copies])
-            row[name] = graph_us(run, REPS)
+            turn = itertools.count()
+
+            def one(call=call, turn=turn):      # the captured calls rotate over the sets
+                i = next(turn) % copies
+                call(*sets[i], outs[i])
+            row[name] = graph_ms(one, calls=REPS, reps=REPLAYS) * 1e3
         result[label] = row
         print(f"| {label} | {row['addmm_bias']:.2f} | {row['mm']:.2f} | {row['linear_bias']:.2f} |")
     x, w, b = operands()

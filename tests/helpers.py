@@ -1,5 +1,8 @@
-"""Shared test helpers: tolerances, relative error, allocator poisoning."""
+"""Shared test helpers: tolerances, relative error, allocator poisoning, a learned
+GEMM table of the test's own."""
+import contextlib
 import copy
+import json
 
 import torch
 
@@ -184,3 +187,23 @@ def property_settings():
     deep = int(os.environ.get("CUTLASS_OFFLOAD_PROPERTY_EXAMPLES", "0"))
     return settings(max_examples=deep or 25, derandomize=not deep, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@contextlib.contextmanager
+def gemm_table(path, m: int, k: int, configs):
+    """Make ``select.sm90`` read a learned table of one entry per (n, KernelConfig) of
+    ``configs`` for (m, n, k) problems, written to ``path`` for the current CUDA
+    device (its name and SM count), until the block ends; then the table before."""
+    from cutlass_offload.ir import config_to_dict
+    from cutlass_offload.select import sm90
+    entries = [{"m": m, "n": n, "k": k, "batch": 1, "layout_b": "col",
+                "config": config_to_dict(cfg), "launch": {}} for n, cfg in configs]
+    path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0),
+                                "num_sms": torch.cuda.get_device_properties(0).multi_processor_count,
+                                "entries": entries}))
+    before = sm90.TABLE_FILE
+    sm90.use_table(path)
+    try:
+        yield
+    finally:
+        sm90.use_table(before)

@@ -8,16 +8,13 @@ through that subtile, ragged M and N edges, and fp16 and bf16.
 A learned table naming those configs for the model's shapes (select/sm90.py
 ``use_table``) makes the compile pick them; each output is checked against a
 float32 reference on fresh random inputs, with the allocator poisoned first."""
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import check_fresh_outputs
+from helpers import check_fresh_outputs, gemm_table
 from torch import nn
 
 import cutlass_offload as co
-from cutlass_offload.ir import config_to_dict
 from cutlass_offload.select import sm90
 
 pytestmark = pytest.mark.gpu
@@ -48,16 +45,8 @@ class WideTiles(nn.Module):
 
 @pytest.fixture
 def wide_table(tmp_path):
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    entries = [{"m": M, "n": n, "k": K, "batch": 1, "layout_b": "col",
-                "config": config_to_dict(cfg), "launch": {}} for n, cfg in WIDE.values()]
-    path = tmp_path / "wide_table.json"
-    path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "num_sms": sms,
-                                "entries": entries}))
-    before = sm90.TABLE_FILE
-    sm90.use_table(path)
-    yield
-    sm90.use_table(before)
+    with gemm_table(tmp_path / "wide_table.json", M, K, WIDE.values()):
+        yield
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
