@@ -314,10 +314,12 @@ class _Log:
 
 def _warm_up(device, ms: float = WARM_MS) -> None:
     """Keep the GPU busy with fp16 matmuls for about ``ms`` milliseconds, so the first
-    problem is not timed while the clocks ramp up from idle (an idle H200 reports a
-    345 MHz SM clock; in session 24's corpus runs the first problem's PyTorch anchor,
-    whisper's biased 6000x768x768, read 17.1 us against 14.5 for the same addmm in
-    benchmarks/anchor_l2.py: anchor_l2_whisper_2026-12-03_h200.log)."""
+    problem is not timed while the clocks ramp up from idle: an idle H200 reports a
+    345 MHz SM clock, and in session 24's corpus run the PyTorch anchor of whisper's
+    biased 6000x768x768, timed by a freshly started profiling process, read 17.1 us
+    against 14.5 for the same addmm in benchmarks/anchor_l2.py
+    (anchor_l2_whisper_2026-12-03_h200.log; the ramp-up is the likely cause, not
+    confirmed)."""
     a = torch.randn(4096, 4096, device=device, dtype=torch.float16)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     spent = 0.0
