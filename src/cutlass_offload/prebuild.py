@@ -23,6 +23,7 @@ into is cached like any other and not used.
 """
 from __future__ import annotations
 
+import difflib
 from itertools import product
 
 from . import build as build_stage
@@ -62,7 +63,12 @@ def epilogues(tags) -> list:
     known = known_epilogues()
     bad = [t for t in tags if t not in known]
     if bad:
-        raise ValueError(f"unknown epilogue {bad[0]!r}; known: {', '.join(sorted(known))}")
+        close = difflib.get_close_matches(bad[0], known, n=3)
+        acts = sorted({ep.tag.split("_")[-1] for ep in known.values() if ep.glu and ep.bias} - {"glu"})
+        raise ValueError(
+            f"unknown epilogue {bad[0]!r}" + (f" (did you mean {', '.join(close)}?)" if close else "")
+            + f"; tags are plain, [bias_]ACT, [bias_][ACT_]resadd|resmul[_relu] or [bias_]glu_ACT, "
+            f"ACT one of {', '.join(acts)} ({len(known)} in all)")
     return [known[t] for t in tags]
 
 

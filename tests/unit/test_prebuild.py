@@ -19,8 +19,10 @@ def test_kernel_list():
     assert {k.dtype for k in sm90} == {"f16", "bf16"} and {k.layout_b for k in sm90} == {"col", "row"}
     # every tag names its own epilogue
     assert all(ep.tag == tag for tag, ep in known_epilogues().items())
-    with pytest.raises(ValueError, match="unknown epilogue 'bias_tanh'"):
+    with pytest.raises(ValueError, match="unknown epilogue 'bias_tanh' \\(did you mean bias_gelutanh"):
         epilogues(["bias_tanh"])
+    with pytest.raises(ValueError, match=r"\[bias_\]glu_ACT, ACT one of gelu, .*silu \(108 in all\)$"):
+        epilogues(["bogus"])          # how tags are spelled, not all 108 of them
 
 
 def test_a_model_whose_kernels_are_prebuilt_compiles_only_its_launchers(tmp_path, monkeypatch):
