@@ -169,7 +169,18 @@ def test_cuda_include_dir_from_nvcc_dryrun_or_beside_it(tmp_path):
     assert cmd[:3] == ["c++", "-x", "c++"] and ["-I", found] == cmd[cmd.index("-I"):cmd.index("-I") + 2]
 
 
-def test_an_interrupt_starts_no_queued_job(tmp_path):
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler for the test, whatever an earlier test or library
+    left installed (interrupt_main() does nothing under SIG_IGN / SIG_DFL: one CI run
+    saw no KeyboardInterrupt in the test below after the whole suite before it)."""
+    import signal
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_an_interrupt_starts_no_queued_job(tmp_path, python_sigint):
     """Ctrl-C while jobs run: KeyboardInterrupt reaches the caller once the running
     job ends, and the queued jobs never start (no nvcc keeps compiling after it)."""
     import _thread
