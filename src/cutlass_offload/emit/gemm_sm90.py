@@ -203,12 +203,6 @@ GLU_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, _GLU_EPILOGUE)
 # only split rows and only take 128-row epilogue subtiles for cooperative kernels, so
 # mainloop and epilogue are assembled here from the parts the builders use.
 _N_SPLIT_EPILOGUE = """\
-using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
-
-// Epilogue fusion: ${epilogue_tag}
-using FusionOp =
-${fusion_type};
-
 // Each warp group holds 64-row blocks of its half of the columns, so a subtile spans
 // the tile's width (64 x ${tile_n}), with one store stage (a second would cost the
 // mainloop one). Assembled as the builder's Sm90TmaBuilderImpl assembles it, but for
@@ -273,7 +267,7 @@ static_assert(cute::size(TiledMma{}) == 256 && MainloopStages >= 2,
               "two consumer warp groups, at least two mainloop stages");
 """
 N_SPLIT_TEMPLATE = string.Template(
-    _TEXT.replace(sm90_parts.EPILOGUE, _N_SPLIT_EPILOGUE).replace(_MAINLOOP, _N_SPLIT_MAINLOOP))
+    _TEXT.replace(sm90_parts.EPILOGUE_BUILDER, _N_SPLIT_EPILOGUE).replace(_MAINLOOP, _N_SPLIT_MAINLOOP))
 
 
 def template_for(kernel: GemmKernel) -> string.Template:

@@ -34,13 +34,18 @@ constexpr auto RoundStyle = cutlass::FloatRoundStyle::round_to_nearest;
 
 """
 
-EPILOGUE = """\
+# The cluster shape and the fusion operation (``${cluster_*}``, ``${epilogue_tag}``,
+# ``${fusion_type}``), then the TMA epilogue the collective builder makes of them;
+# an emitter that builds its epilogue otherwise replaces EPILOGUE_BUILDER only.
+EPILOGUE_FUSION = """\
 using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
 
 // Epilogue fusion: ${epilogue_tag}
 using FusionOp =
 ${fusion_type};
 
+"""
+EPILOGUE_BUILDER = """\
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
     TileShape, ClusterShape,
@@ -53,6 +58,7 @@ using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBui
   >::CollectiveOp;
 
 """
+EPILOGUE = EPILOGUE_FUSION + EPILOGUE_BUILDER
 
 # A conv's CoConvArgs extents: each fits an int (co_fits_int), the sizes positive
 CONV_EXTENTS_OK = """\
