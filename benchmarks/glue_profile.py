@@ -8,7 +8,10 @@ captured with a dynamic batch, as benchmarks/runtime.py compiles it; and
 ``ours_python_wrapper`` / ``ours_cpp_wrapper``: ours in default mode with Inductor's
 Python / C++ wrapper whatever glue.CPP_WRAPPER_IN_DEFAULT_MODE says; and
 ``attention_in_pytorch``: ours with every attention region left to PyTorch's SDPA,
-as if the measured-faster list named them), each checked against a
+as if the measured-faster list named them; and ``ours_no_pdl``: ours with every GEMM
+launched without programmatic dependent launch, whatever the learned table says: with
+PDL a kernel starts during its predecessor's tail and the profiler counts its wait as
+its time), each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
 ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
 ``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
@@ -47,7 +50,7 @@ from cutlass_offload.config import CompileOptions
 from cutlass_offload.models import load_model
 
 VARIANTS = ("torch_compile", "ours", "ours_dynamic", "ours_python_wrapper", "ours_cpp_wrapper",
-            "norms_all", "attention_in_pytorch")
+            "norms_all", "attention_in_pytorch", "ours_no_pdl")
 WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True}
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
@@ -237,6 +240,26 @@ def _attention_in_pytorch(on: bool):
         pytorch_faster.reason = real
 
 
+@contextlib.contextmanager
+def _no_pdl(on: bool):
+    """While ``on``: every GEMM kernel select chooses launches without PDL."""
+    if not on:
+        yield
+        return
+    from dataclasses import replace
+
+    from cutlass_offload import select
+    real = select._kernel
+
+    def kernel(problem, arch, config, launch=select.GemmLaunch()):
+        return real(problem, arch, config, replace(launch, pdl=False))
+    select._kernel = kernel
+    try:
+        yield
+    finally:
+        select._kernel = real
+
+
 def run_variant(variant, model, inputs, check, a):
     """(result, the compiled forward or None): the forward is kept only for
     ``--rounds``, which times the variants again side by side."""
@@ -250,7 +273,7 @@ def run_variant(variant, model, inputs, check, a):
         options = CompileOptions(arch=resolve_arch(None),
                                  offload_norms="all" if variant == "norms_all" else "auto")
         cap = capture(model, inputs, dynamic_batch=variant == "ours_dynamic")
-        with _attention_in_pytorch(variant == "attention_in_pytorch"):
+        with _attention_in_pytorch(variant == "attention_in_pytorch"), _no_pdl(variant == "ours_no_pdl"):
             fn = compile_captured(cap, options, glue="inductor", mode=mode,
                                   inductor_options={"cpp_wrapper": WRAPPER[variant]}
                                   if variant in WRAPPER and mode is None else None)
