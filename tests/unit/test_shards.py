@@ -102,3 +102,36 @@ def test_unit_names_say_what_they_hold(monkeypatch):
     assert build.shard_name(mixed) == "shard_sm90_gemm_f16_4k+rowwise_layer_norm_f16_1k+sm80_gemm_f16_1k"
     monkeypatch.setattr(build, "_NAME_MAX", 40)            # names prefix folder names: bounded
     assert build.shard_name(mixed) == "shard_sm90_gemm_f16_4k+2k_more"
+
+
+def test_a_unit_too_big_for_its_share_of_memory_is_cut():
+    """One cicc holds every instantiation of its unit: 42 CUTLASS 3.x kernels in one
+    unit peaked at 16.6 GB on a 2-core machine, and a second such unit beside it
+    was killed by the OOM killer (24 GiB). With 2 slots and 21 GiB, every unit fits
+    half of it; with memory to spare, or unknown (0), the plan stays as it was."""
+    from dataclasses import replace
+
+    from cutlass_offload.build.shards import choose_shards, fit_memory, peak_memory
+    many = [replace(k, config=replace(SM90, tile=(128, 8 * (i % 26 + 1), 64)))
+            for i, k in enumerate(kernels(42))]
+    assert peak_memory(many) > 15 * 2**30 > peak_memory(many[:1]) * 3
+    gib = 2**30
+    roomy = choose_shards(many, slots=2, memory=200 * gib)
+    tight = choose_shards(many, slots=2, memory=21 * gib)
+    assert len(tight) > len(roomy)
+    assert all(peak_memory(s) <= 21 * gib / 2 for s in tight)
+    assert sorted(k.name for s in tight for k in s) == sorted(k.name for k in many)
+    assert fit_memory(roomy, 2, 0) == roomy
+    # a one-kernel unit is never cut, even when it alone is over the share
+    one = [many[:1]]
+    assert fit_memory(one, 2, 1 * gib) == one
+
+
+def test_peak_memory_grows_with_mainloops_more_than_with_epilogues():
+    from dataclasses import replace
+
+    from cutlass_offload.build.shards import peak_memory
+    epilogues = kernels(6)                                   # one mainloop, six epilogues
+    mainloops = [replace(k, config=replace(SM90, tile=(128, 64 + 16 * i, 64)))
+                 for i, k in enumerate(kernels(6))]
+    assert peak_memory([]) < peak_memory(epilogues[:1]) < peak_memory(epilogues) < peak_memory(mainloops)

@@ -34,6 +34,7 @@ Costs, in seconds (relative weights for balancing, not predictions):
 """
 from __future__ import annotations
 
+import math
 import os
 
 from ..config import knobs
@@ -42,11 +43,22 @@ from .toolchain import available_memory
 COST = {"cutlass3x_sm90": (43.0, 9.0, 3.0), "cutlass2x_sm80": (10.0, 2.0, 0.8),  # fixed, mainloop, epilogue
         "rowwise_norm": (4.0, 0.3, 0.3), "nhwc_group_norm": (4.0, 0.3, 0.3),
         "direct_depthwise": (4.0, 1.0, 1.0), "attention": (12.0, 6.0, 6.0)}
-# bytes per nvcc of a unit (3.x: 4.1-5.2 GB for 1-5 kernels in the sweep above, 7.6 GB for 17)
+# bytes per nvcc of a one-kernel unit (3.x: 4.1-5.2 GB for 1-5 kernels in the sweep
+# above, 7.6 GB for 17), then per further mainloop and per further epilogue on a
+# mainloop already in it: on 2 cores one 3.x GEMM kernel alone peaked at 1.6-3.8 GB,
+# 42 in one unit at 16.6 GB (cicc; a second unit beside it was killed by the OOM
+# killer on a 24 GiB machine; session 25).
 PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30,
                "rowwise_norm": 0.5 * 2**30, "nhwc_group_norm": 0.5 * 2**30,
                "direct_depthwise": 0.5 * 2**30,
                "attention": 0.6 * 2**30}
+# 2.x's and the small families' from their 1-kernel figures, not measured per kernel.
+# Fitted to 2-core units (nvcc 13.0, cicc's peak): 42 kernels / 26 mainloops 16.2 GiB,
+# 13 / 12 12.3 GiB, 7 / 7 8.1 GiB, 11 / 5 6.9 GiB (the last three with nvcc -t2).
+MAINLOOP_MEMORY = {"cutlass3x_sm90": 0.7 * 2**30, "cutlass2x_sm80": 0.15 * 2**30,
+                   "attention": 0.15 * 2**30}
+EPILOGUE_MEMORY = {"cutlass3x_sm90": 0.1 * 2**30}
+OTHER_KERNEL_MEMORY = 0.05 * 2**30
 
 
 def _priced(kernel) -> str:
@@ -81,10 +93,22 @@ def estimate(kernels) -> float:
 
 
 def peak_memory(kernels=()) -> float:
-    """Bytes one nvcc of a unit holding ``kernels`` needs (the largest PEAK_MEMORY of
-    their families); a unit without CUTLASS kernels (launchers, library info) took
-    334 MB on 2 cores, hence 0.5 GiB. The Ray executor asks for this much per task."""
-    return max((PEAK_MEMORY[_priced(k)] for k in kernels), default=0.5 * 2**30)
+    """Bytes one nvcc of a unit holding ``kernels`` needs: the largest PEAK_MEMORY of
+    their families plus KERNEL_MEMORY for each kernel after the first (cicc holds
+    every instantiation of the unit at once); a unit without CUTLASS kernels
+    (launchers, library info) took 334 MB on 2 cores, hence 0.5 GiB. The Ray
+    executor asks for this much per task."""
+    kernels = list(kernels)
+    if not kernels:
+        return 0.5 * 2**30
+    seen, extra = set(), 0.0
+    for k in kernels:
+        row, key = _priced(k), mainloop(k)
+        extra += (EPILOGUE_MEMORY.get(row, OTHER_KERNEL_MEMORY) if key in seen else
+                  MAINLOOP_MEMORY.get(row, OTHER_KERNEL_MEMORY))
+        seen.add(key)
+    first = max(MAINLOOP_MEMORY.get(_priced(k), OTHER_KERNEL_MEMORY) for k in kernels)
+    return max(PEAK_MEMORY[_priced(k)] for k in kernels) + extra - first
 
 
 def job_slots(kernels=()) -> int:
@@ -170,19 +194,40 @@ def predicted_wall(shards: list, slots: int) -> float:
     return max(loads) / (concurrency_efficiency(slots) if len(loads) > 1 else 1.0)
 
 
-def choose_shards(kernels: list, slots: int) -> list:
+def choose_shards(kernels: list, slots: int, memory: int | None = None) -> list:
     """The sharded build's units: ``plan_shards``, unless putting every kernel into
     as few translation units as CUTLASS's headers allow (``header_compatible_groups``:
     the single strategy's units) is predicted to be at least as fast, which happens
     on few cores, where concurrent nvcc processes gain less than the fixed cost
     each extra unit repeats. Shards of one unit each are never slower than
-    ``single`` by this model."""
+    ``single`` by this model. Then ``fit_memory`` cuts a unit too big for its share of
+    ``memory`` (bytes; None: this machine's available memory)."""
     if not kernels:
         return []
     planned = plan_shards(kernels, slots)
     merged = sorted(header_compatible_groups(sorted(kernels, key=lambda k: k.name)),
                     key=estimate, reverse=True)
-    return merged if predicted_wall(merged, slots) <= predicted_wall(planned, slots) else planned
+    chosen = merged if predicted_wall(merged, slots) <= predicted_wall(planned, slots) else planned
+    return fit_memory(chosen, slots, available_memory() if memory is None else memory)
+
+
+def fit_memory(shards: list, slots: int, memory: int) -> list:
+    """``shards`` with each one whose ``peak_memory`` exceeds its share of ``memory``
+    (bytes; 0: unknown, nothing is split) cut into the fewest pieces (``_pack``)
+    that fit, so that ``slots`` units compiling at once stay within it: one cicc
+    holds all of its unit's instantiations, and on a 2-core 24 GiB machine two
+    units of 42 CUTLASS 3.x kernels each were more than it had (PEAK_MEMORY's
+    note). A one-kernel unit is never cut. Longest predicted first, as the input."""
+    if not memory:
+        return shards
+    share = memory / max(1, min(slots, len(shards)))
+    out = []
+    for shard in shards:
+        pieces = min(len(shard), math.ceil(peak_memory(shard) / share))
+        while pieces < len(shard) and max(peak_memory(p) for p in _pack(shard, pieces)) > share:
+            pieces += 1
+        out += _pack(shard, pieces) if pieces > 1 else [shard]
+    return sorted(out, key=estimate, reverse=True)
 
 
 def unit_class(kernel) -> str:
