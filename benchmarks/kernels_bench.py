@@ -227,6 +227,8 @@ def gemm_row(p, info, kernel, tp) -> dict:
                tuned=tp.winner, tuned_us=ok[tp.winner].us if tp.winner in ok else None)
     no_pdl = [c.us for c in ok.values() if not (c.launch or {}).get("pdl")]
     row["tuned_no_pdl_us"] = min(no_pdl) if no_pdl else None
+    # every timed candidate of the final step (own epilogue and dtype), fastest first
+    row["candidates_us"] = [[c.tag, c.us] for c in sorted(ok.values(), key=lambda c: c.us)]
     failed = [f"{c.tag}: {c.status}" for c in tp.candidates if c.status != "ok"]
     if failed:
         row["failed_candidates"] = failed
