@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..ir.common import HEAVY_ACTIVATIONS
-
 THREAD = "cutlass::epilogue::thread::"
 # ir activation -> functor template (None: no node / the identity)
 FUNCTOR = {
@@ -26,7 +24,7 @@ FUNCTOR = {
     "quick_gelu": "co_act::QuickGELU",
 }
 # the ones CUTLASS marks kIsHeavy (its 2.x epilogues skip them for an all-zero source)
-HEAVY = HEAVY_ACTIVATIONS
+HEAVY = ("gelu_erf", "gelu_tanh", "silu", "sigmoid", "quick_gelu")
 
 ACTIVATIONS_H = (Path(__file__).parent / "templates" / "activations.h").read_text()
 

@@ -16,9 +16,6 @@ DTYPES = NAMES                      # dtypes.py: the dtype table
 # quick_gelu: x * sigmoid(1.702 x) (OpenAI CLIP; transformers' QuickGELUActivation)
 ACTIVATIONS = ("identity", "relu", "gelu_erf", "gelu_tanh", "silu", "sigmoid", "hardswish", "hardsigmoid",
                "quick_gelu")
-# activations with a transcendental (erf, tanh, exp): CUTLASS marks their functors
-# kIsHeavy (cutlass/epilogue/thread/activation.h)
-HEAVY_ACTIVATIONS = ("gelu_erf", "gelu_tanh", "silu", "sigmoid", "quick_gelu")
 RESIDUAL_OPS = ("none", "add", "mul")
 POST_ACTIVATIONS = ("identity", "relu")
 LAYOUTS = ("row", "col")
@@ -71,14 +68,6 @@ class GemmEpilogue:
             raise ValueError("residual_broadcast needs a residual")
         if self.glu and self.residual != "none":
             raise ValueError("a GLU epilogue takes no residual")
-
-    @property
-    def heavy(self) -> bool:
-        """Whether per-element math costs the epilogue real time: an activation with a
-        transcendental (``HEAVY_ACTIVATIONS``), or a GLU's gate times up. Such an
-        epilogue is where a ping-pong kernel (one warp group's epilogue overlapping
-        the other's mainloop) can beat the cooperative kernel a plain GEMM prefers."""
-        return self.glu or self.activation in HEAVY_ACTIVATIONS
 
     @property
     def tag(self) -> str:

@@ -341,14 +341,6 @@ def search_space(problem: GemmProblem, num_sms: int) -> tuple:
     return out + tuple(c for c in fitted_configs(problem, num_sms) if c not in out)
 
 
-def overlap_configs(problem: GemmProblem, num_sms: int) -> tuple:
-    """The ping-pong configs of ``search_space``: where the epilogue is heavy
-    (GemmEpilogue.heavy), a ping-pong kernel overlaps one warp group's epilogue with
-    the other's mainloop, which a ranking on the plain proxy (tune/) cannot see, so
-    the tuner times the best of these with the problem's own epilogue too."""
-    return tuple(c for c in search_space(problem, num_sms) if c.kernel_schedule == PINGPONG)
-
-
 # Wave-fitted tiles (fitted_configs). wgmma takes any N that is a multiple of 8 up to
 # 256; tiles outside CuTe's default shapes compile with its extended ones
 # (emit/sm90_parts.wgmma_selector); multiples of 16 so that TMA rows stay 32-byte wide.

@@ -12,11 +12,7 @@ sizes, dtypes, layouts, alignments, epilogue) not in the tuning cache:
    of bf16 and fused problems share kernels, so the search compiles each config
    once per B layout and alignment, not once per epilogue and dtype);
 2. final: the heuristic's kernel and the ``TOP`` best-ranked configs, built with
-   the problem's own epilogue and dtype (for a heavy epilogue, GemmEpilogue.heavy,
-   also the ``OVERLAP_TOP`` best-ranked ping-pong configs below them: ping-pong
-   overlaps one tile's epilogue with the next one's mainloop, which the plain proxy
-   cannot show; the fitted search ranks sm90.overlap_configs for them), each timed
-   with its launch knobs; the
+   the problem's own epilogue and dtype, each timed with its launch knobs; the
    ``KNOB_TOP`` fastest are retimed with every launch variant
    (sm90.launch_variants: raster order, swizzle, split-K / stream-K
    decomposition: no recompile), then the fastest of all with PDL on. CUTLASS
@@ -64,7 +60,6 @@ from .runner import profile_candidates
 __all__ = ["TuningCache", "TuningReport", "gpu_identity", "tune"]
 
 TOP = 3          # ranked configs built with the problem's own epilogue
-OVERLAP_TOP = 2  # and, for a heavy epilogue, the best-ranked ping-pong ones besides
 KNOB_TOP = 2     # of those, how many are retimed with every launch variant
 SEARCHES = ("full", "fitted", "heuristic")
 
@@ -185,19 +180,16 @@ def _rank(todo, ctx, search="full") -> dict:
     """{proxy tuning id: [KernelConfig, ...] fastest first} for the 3.x problems of
     ``todo`` (step 1 of the module docstring; ``search`` "fitted": the heuristic's
     config and the fitted tiles only); the rows go to report.ranking."""
-    proxies, heavy = {}, set()
+    proxies = {}
     for _, _, problem in todo:
         if choose_kernel(problem, ctx.arch, ctx.num_sms).config.family != "cutlass3x_sm90":
             continue
         proxy = _proxy(problem)
         proxies.setdefault(tuning_id(proxy), proxy)
-        if problem.epilogue.heavy:
-            heavy.add(tuning_id(proxy))
     jobs = []
     for pid, (ptid, proxy) in enumerate(proxies.items()):
         space = (sm90.search_space(proxy, ctx.num_sms) if search == "full" else
-                 (sm90.choose(proxy, ctx.num_sms)[0],) + sm90.fitted_configs(proxy, ctx.num_sms)
-                 + (sm90.overlap_configs(proxy, ctx.num_sms) if ptid in heavy else ()))
+                 (sm90.choose(proxy, ctx.num_sms)[0],) + sm90.fitted_configs(proxy, ctx.num_sms))
         for config in dict.fromkeys(space):
             jobs.append((str(pid), proxy, _kernel(proxy, ctx.arch, config), False))
     results, _, _ = _build_and_profile(jobs, {str(i): p for i, p in enumerate(proxies.values())},
@@ -219,15 +211,10 @@ def _final(todo, counts, ranking, ctx, done, search):
         kernels = [first]
         if search != "heuristic":
             if first.config.family == "cutlass3x_sm90":
-                ranked = [c for c in ranking.get(tuning_id(_proxy(problem)), [])
-                          if c != first.config and sm90.takes(problem, c)]
-                # ranked on the plain proxy: a GLU problem passes over N-split configs,
-                # and a heavy epilogue, which the proxy lacks, gets ping-pong ones too
-                picks = ranked[:TOP]
-                if problem.epilogue.heavy:
-                    picks += [c for c in ranked[TOP:]
-                              if c.kernel_schedule == sm90.PINGPONG][:OVERLAP_TOP]
-                kernels += [_kernel(problem, ctx.arch, c) for c in picks]
+                ranked = ranking.get(tuning_id(_proxy(problem)), [])
+                # ranked on the plain proxy: a GLU problem passes over N-split configs
+                kernels += [_kernel(problem, ctx.arch, c) for c in ranked[:TOP]
+                            if c != first.config and sm90.takes(problem, c)]
             else:
                 kernels += [k for k in candidate_kernels(problem, ctx.arch, ctx.num_sms)[1:]]
         specs[str(i)] = problem
