@@ -94,8 +94,9 @@ def estimate(kernels) -> float:
 
 def peak_memory(kernels=()) -> float:
     """Bytes one nvcc of a unit holding ``kernels`` needs: the largest PEAK_MEMORY of
-    their families plus KERNEL_MEMORY for each kernel after the first (cicc holds
-    every instantiation of the unit at once); a unit without CUTLASS kernels
+    their families plus, for each kernel after the first, MAINLOOP_MEMORY for a new
+    mainloop or EPILOGUE_MEMORY for a further epilogue on one already in the unit
+    (cicc holds every instantiation of the unit at once); a unit without CUTLASS kernels
     (launchers, library info) took 334 MB on 2 cores, hence 0.5 GiB. The Ray
     executor asks for this much per task."""
     kernels = list(kernels)
