@@ -569,6 +569,8 @@ def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, n
     if kept:
         note += (f"; merged into the table of {base['date']} ({len(kept)} entries, "
                  f"{len(set(kept) & set(entries))} re-measured)")
+        if base.get("note"):            # keep the base table's history
+            note = f"{base['note']}; then {note}"
     data = {"gpu": gpu, "num_sms": num_sms, "date": datetime.date.today().isoformat(),
             "cutlass": cutlass_version(), "source": f"benchmarks/kernels_bench.py --search {search} --write-table",
             "note": note, "entries": sorted(merged.values(), key=lambda e: (e["m"], e["n"], e["k"]))}

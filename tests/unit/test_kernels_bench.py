@@ -167,6 +167,9 @@ def test_merged_table_keeps_the_shapes_not_searched(tmp_path):
     assert n == len(base["entries"]) + 1
     table = sm90.Table.load(path)
     assert table.lookup(p, int(base["num_sms"]))[0] == cfg
+    note = json.loads(path.read_text())["note"]           # the base table's history stays
+    assert note.startswith(base["note"])
+    assert "then test; merged into the table of" in note
     old = base["entries"][0]
     same = GemmProblem(n=old["n"], k=old["k"], dtype="f16", layout_b=old["layout_b"], align_a=8,
                        align_b=8, align_c=8, m=old["m"], m_hint=old["m"], batch=old.get("batch", 1))
