@@ -43,7 +43,7 @@ METRICS = {"Duration": "us", "Compute (SM) Throughput": "sm_pct", "Memory Throug
            "Grid Size": "grid", "Dynamic Shared Memory Per Block": "dyn_smem",
            "Achieved Occupancy": "occupancy", "L2 Hit Rate": "l2_hit_pct",
            "Elapsed Cycles": "cycles", "SM Frequency": "sm_mhz"}
-STALL_METRICS = {"Warp Cycles Per Issued Instruction": "cycles_per_issue",
+WARP_METRICS = {"Warp Cycles Per Issued Instruction": "cycles_per_issue",
                  "Avg. Active Threads Per Warp": "active_threads"}
 
 
@@ -102,14 +102,9 @@ def parse(text: str) -> list:
                 value = value / {"hz": 1e6, "cycle/second": 1e6, "cycle/nsecond": 1e-3,
                                  "ghz": 1e-3, "mhz": 1.0}.get(unit.lower(), 1.0)
             k[METRICS[metric]] = value
-        elif row["Section Name"].startswith("WarpStateStats") and metric in STALL_METRICS:
-            k[STALL_METRICS[metric]] = value
+        elif row["Section Name"].startswith("WarpStateStats") and metric in WARP_METRICS:
+            k[WARP_METRICS[metric]] = value
     return list(kernels.values())
-
-
-def owner(name: str) -> str:
-    return "ours" if ("cutlass13device_kernel" in name or name.startswith("void cutlass::device_kernel")
-                      or "cutlass::device_kernel" in name) else "pytorch"
 
 
 def main(argv=None) -> int:
@@ -126,6 +121,8 @@ def main(argv=None) -> int:
         child(a)
         return 0
     import torch
+    sys.path.insert(0, str(HERE))
+    from glue_profile import classify           # ours / PyTorch's by kernel name
     if not torch.cuda.is_available() or not shutil.which(a.ncu):
         print("needs a CUDA GPU and Nsight Compute (ncu)", file=sys.stderr)
         return 2
@@ -145,7 +142,7 @@ def main(argv=None) -> int:
     print("| # | owner | us | SM % | mem % | DRAM % | L2 hit % | grid | regs | dyn. smem | MHz | cycles / issue | kernel |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        r["owner"] = owner(r["name"])
+        r["owner"] = "ours" if classify(r["name"]).startswith("ours") else "pytorch"
         print(f"| {r['id']} | {r['owner']} | {r.get('us', 0):.2f} | {r.get('sm_pct', 0):.0f} | "
               f"{r.get('mem_pct', 0):.0f} | {r.get('dram_pct', 0):.0f} | {r.get('l2_hit_pct', 0):.0f} | "
               f"{r.get('grid_xyz')} | {r.get('regs')} | {r.get('dyn_smem', 0)} | {r.get('sm_mhz')} | "
