@@ -197,16 +197,36 @@ class _Builder:
         tmp.write_text(json.dumps({"kernel": kernel, "prefix": prefix, "key": key}))
         os.replace(tmp, path)
 
-    def _cached_shard_of(self, kernel: str):
-        """The committed object of any earlier shard that compiled ``kernel``."""
+    def _indexed_unit(self, kernel: str):
+        """(prefix, key) of the unit the index names for ``kernel``'s current code, or None."""
         try:
             ref = json.loads(self._index_path(kernel).read_text())
-        except (OSError, ValueError):
+            return ref["prefix"], ref["key"]
+        except (OSError, ValueError, KeyError, TypeError):
             return None
-        hit = self.cache.lookup("obj", ref["prefix"], ref["key"], OBJ_NAME)
+
+    def _cached_shard_of(self, kernel: str):
+        """The committed object of any earlier shard that compiled ``kernel``."""
+        ref = self._indexed_unit(kernel)
+        if ref is None:
+            return None
+        hit = self.cache.lookup("obj", ref[0], ref[1], OBJ_NAME)
         if hit is None or not hit[1].get("ok", True):
             return None
-        return ref["prefix"], ref["key"], hit
+        return ref[0], ref[1], hit
+
+    def _unit_serves(self, found, claimed: set) -> bool:
+        """Whether a cached unit (``_cached_shard_of``) may be linked: every kernel of
+        this plan it holds has its current key indexed to it, and it shares no kernel
+        with a unit already taken. A kernel's code can change under the same name (an
+        epilogue functor rewritten): the unit's copy is then stale, and it would also
+        clash at link time with the fresh unit that compiles the new code; two units
+        holding one symbol fail the link."""
+        prefix, key, (_, meta) = found
+        kernels = meta.get("kernels", ())
+        if claimed.intersection(kernels):
+            return False
+        return all(self._indexed_unit(k) == (prefix, key) for k in kernels if k in self.sources)
 
     def _run(self, pending: list, desc: str, workers=None) -> list:
         """Compile pending jobs; UnitReports in order."""
@@ -228,14 +248,15 @@ class _Builder:
     def sharded(self, shards=None, workers=None, strategy="sharded") -> BuildResult:
         """shards: explicit kernel groups (else planned); workers: parallel nvcc jobs."""
         units, pending = [], []
-        reused = set()
+        reused, claimed = set(), set()
         for name in self.sources:                      # kernels compiled by an earlier build
             if name in reused or shards is not None:
                 continue
             found = self._cached_shard_of(name)
-            if found:
+            if found and self._unit_serves(found, claimed):
                 prefix, key, (d, meta) = found
-                reused.update(meta.get("kernels", ()))
+                claimed.update(meta.get("kernels", ()))
+                reused.update(k for k in meta.get("kernels", ()) if k in self.sources)
                 # named as a fresh unit is (the cache folder's name adds the key, which
                 # the output folder's src/ file name adds again)
                 units.append(UnitReport(prefix, tuple(meta.get("kernels", ())), 0.0, True, True,
