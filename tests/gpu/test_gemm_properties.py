@@ -30,6 +30,9 @@ CLASSES = [
     ("n1", torch.bfloat16, 64, 1, True, False, lambda y, b, r: torch.sigmoid(y + b)),
     ("large_k", torch.float16, 4096, 24, True, False, lambda y, b, r: (y + b) * r),
     ("tma", torch.float16, 40, 72, True, False, lambda y, b, r: torch.relu(F.silu(y + b) + r)),
+    # our erfc-based GELU functor (emit/templates/activations.h) in a 3.x EVT, both dtypes
+    ("tma_gelu", torch.float16, 64, 96, True, False, lambda y, b, r: F.gelu(y + b)),
+    ("tma_gelu_bf16", torch.bfloat16, 128, 48, True, False, lambda y, b, r: F.gelu(y + b) + r),
     ("tma_bf16_batched", torch.bfloat16, 96, 80, False, True,
      lambda y, b, r: F.gelu(y + b, approximate="tanh")),
 ]

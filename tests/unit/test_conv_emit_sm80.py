@@ -5,8 +5,9 @@ from cutlass_offload.emit import conv_sm80, emit_unit
 from cutlass_offload.ir import ConvKernel, GemmEpilogue, KernelConfig
 
 ACTS = ("identity", "relu", "gelu_erf", "gelu_tanh", "silu", "sigmoid")
-FUNCTOR = {"identity": "Identity", "relu": "ReLu", "gelu_erf": "GELU",
-           "gelu_tanh": "GELU_taylor", "silu": "SiLu", "sigmoid": "Sigmoid"}
+T = "cutlass::epilogue::thread::"
+FUNCTOR = {"identity": T + "Identity", "relu": T + "ReLu", "gelu_erf": "co_act::GELU",
+           "gelu_tanh": T + "GELU_taylor", "silu": T + "SiLu", "sigmoid": T + "Sigmoid"}
 
 
 def kernel(dtype="f16", align=8, align_c=8, epilogue=GemmEpilogue(), config=None,
@@ -126,7 +127,7 @@ def test_plain_epilogue_functors(act):
     assert "int64_t workspace_size(const CoConvArgs& args)" in code
     assert "int run(const CoConvArgs& args, cudaStream_t stream)" in code
     assert "LinearCombinationGeneric<\n    RoundedActivation," in code
-    assert f"cutlass::epilogue::thread::{FUNCTOR[act]}<Fragment> act;" in code
+    assert f"{FUNCTOR[act]}<Fragment> act;" in code
     assert "ScaleType::NoBetaScaling" in code
     assert "ref<ElementOutput>(args.bias, broadcast_layout())" in code
     assert "DefaultConv2dFprop<" in code and "ImplicitGemmConvolution<Kernel>" in code

@@ -18,7 +18,7 @@ H = torch.float16
 ACTS = {"relu": torch.relu, "gelu_erf": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
         "silu": F.silu, "sigmoid": torch.sigmoid, "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid,
         "quick_gelu": lambda t: t * torch.sigmoid(1.702 * t)}
-FUNCTORS = {"relu": "cutlass::epilogue::thread::ReLu", "gelu_erf": "cutlass::epilogue::thread::GELU",
+FUNCTORS = {"relu": "cutlass::epilogue::thread::ReLu", "gelu_erf": "co_act::GELU",
             "gelu_tanh": "cutlass::epilogue::thread::GELU_taylor", "silu": "cutlass::epilogue::thread::SiLu",
             "sigmoid": "cutlass::epilogue::thread::Sigmoid", "hardswish": "cutlass::epilogue::thread::HardSwish",
             "hardsigmoid": "co_act::HardSigmoid", "quick_gelu": "co_act::QuickGELU"}

@@ -15,7 +15,7 @@ THREAD = "cutlass::epilogue::thread::"
 FUNCTOR = {
     "identity": None,
     "relu": THREAD + "ReLu",
-    "gelu_erf": THREAD + "GELU",
+    "gelu_erf": "co_act::GELU",          # templates/activations.h: erfc without erff
     "gelu_tanh": THREAD + "GELU_taylor",
     "silu": THREAD + "SiLu",
     "sigmoid": THREAD + "Sigmoid",
