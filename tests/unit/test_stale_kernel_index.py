@@ -41,3 +41,21 @@ def test_a_kernel_whose_code_changed_is_compiled_again(tmp_path, monkeypatch):
     # and the unit just compiled serves the changed code the next time
     _, units, fresh = _compile()
     assert fresh == [], units
+
+
+def test_a_kernel_whose_preamble_changed_is_compiled_again(tmp_path, monkeypatch):
+    """A preamble block (e.g. our activation functors, emit/templates/activations.h)
+    is code the kernel compiles against: a change to it is a change to the kernel."""
+    for k, v in fake_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    compiled, _, _ = _compile()
+    changed = next(k.name for k in compiled.plan.kernels if "relu" in k.name)
+    real = build_stage.emit_kernels
+
+    def emit_changed(plan):
+        src = real(plan)
+        return {n: dataclasses.replace(s, preamble=s.preamble + ("// a functor rewritten\n",))
+                if n == changed else s for n, s in src.items()}
+    monkeypatch.setattr(build_stage, "emit_kernels", emit_changed)
+    _, units, fresh = _compile()
+    assert any(changed in u["kernels"] for u in fresh), units

@@ -116,11 +116,12 @@ class _Builder:
         return cache_key(tu.text, toolchain.flags_signature(cmd), *self.versions)
 
     def _kernel_key(self, name: str) -> str:
-        # a source's defines follow from its code (emit/gemm_sm90.py), so the code covers them
+        # a source's defines follow from its code (emit/gemm_sm90.py), so the code covers
+        # them; its preamble blocks (our activation functors, the TMA driver) do not
         s = self.sources[name]
         cmd = toolchain.compile_command("nvcc", self.plan.arch, UNIT_NAME, OBJ_NAME)
-        return cache_key(s.code, "\n".join(s.includes), toolchain.flags_signature(cmd),
-                         *self.versions)
+        return cache_key(s.code, "\n".join(s.includes), "\n".join(s.preamble),
+                         toolchain.flags_signature(cmd), *self.versions)
 
     def _index_path(self, name: str) -> Path:
         return self.cache.root / "index" / f"{self._kernel_key(name)[:32]}.json"
