@@ -532,7 +532,7 @@ def print_tables(rows, summary):
 
 def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, note: str,
                 base: dict | None = None, search: str = "full"):
-    """select/sm90.py's table from a full search: per (M, N, K, batch, B layout), the
+    """select/sm90.py's table from a full search: per (M, N, K, batch, B and A layouts), the
     winner of the shape's plain fp16 problem when there is one, else of its first
     problem, plus as "residual" the winner of its first problem with a source-C
     epilogue where that differs. Only CUTLASS 3.x winners. ``base``: a table (same GPU
@@ -547,21 +547,22 @@ def write_table(report_problems, problems, path: Path, gpu: str, num_sms: int, n
         if (base["gpu"], int(base["num_sms"])) != (gpu, num_sms):
             raise ValueError(f"--merge-table: the packaged table is for {base['gpu']} "
                              f"({base['num_sms']} SMs), this GPU is {gpu} ({num_sms})")
-        kept = {(e["m"], e["n"], e["k"], e.get("batch", 1), e["layout_b"]): e for e in base["entries"]}
+        kept = {(e["m"], e["n"], e["k"], e.get("batch", 1), e["layout_b"], e.get("layout_a", "row")): e
+                for e in base["entries"]}
     order = sorted(problems, key=lambda pi: (pi[0].epilogue.tag != "plain", pi[0].dtype != "f16"))
     for p, _ in order:
         tp = by_tid.get(tuning_id(p))
-        if tp is None or tp.winner_config is None or tp.winner_config["family"] != "cutlass3x_sm90" \
-                or p.layout_a != "row":      # the table's keys know B's layout only
+        if tp is None or tp.winner_config is None or tp.winner_config["family"] != "cutlass3x_sm90":
             continue
-        key = (p.m, p.n, p.k, p.batch or 1, p.layout_b)
+        key = (p.m, p.n, p.k, p.batch or 1, p.layout_b, p.layout_a)
         ok = {c.tag: c.us for c in tp.candidates if c.status == "ok" and c.us}
         winner = {"config": tp.winner_config, "launch": tp.winner_launch or {},
                   "us": ok.get(tp.winner), "from": f"{p.dtype} {p.epilogue.tag}"}
         e = entries.get(key)
         if e is None:           # the first problem of the shape in ``order``: plain fp16 first
-            entries[key] = {"m": p.m, "n": p.n, "k": p.k, "batch": p.batch or 1,
-                            "layout_b": p.layout_b, **winner, "anchor_us": tp.torch_us}
+            entries[key] = {"m": p.m, "n": p.n, "k": p.k, "batch": p.batch or 1, "layout_b": p.layout_b,
+                            **({"layout_a": p.layout_a} if p.layout_a != "row" else {}),
+                            **winner, "anchor_us": tp.torch_us}
         elif p.epilogue.residual != "none" and "residual" not in e \
                 and (winner["config"], winner["launch"]) != (e["config"], e["launch"]):
             e["residual"] = winner     # a source-C epilogue's own winner (sm90.Table)

@@ -122,6 +122,20 @@ def test_written_table_is_what_select_reads(tmp_path):
         sm90.use_table(sm90.TABLES / "sm90a_h200.json")
 
 
+def test_a_column_major_a_gets_an_entry_of_its_own(tmp_path):
+    row = GemmProblem(n=1536, k=512, dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                      m=4096, m_hint=4096)
+    col = replace(row, layout_a="col")
+    tps = [TunedProblem("k", tuning_id(p), 1, False, "h", cfg.tag, config_to_dict(cfg),
+                        [CandidateResult("n", cfg.tag, "ok", us=3.0)], 4.0)
+           for p, cfg in ((row, sm90.CONFIGS["mid"]), (col, sm90.CONFIGS["big"]))]
+    path = tmp_path / "table.json"
+    assert kb.write_table(tps, [(row, {}), (col, {})], path, "NVIDIA H200", 132, "test") == 2
+    assert sorted(e.get("layout_a", "row") for e in json.loads(path.read_text())["entries"]) == ["col", "row"]
+    table = sm90.Table.load(path)
+    assert table.lookup(row, 132)[0] == sm90.CONFIGS["mid"] and table.lookup(col, 132)[0] == sm90.CONFIGS["big"]
+
+
 def test_a_source_c_epilogue_keeps_its_own_winner(tmp_path):
     """Where the shape's problem with a residual epilogue measured another winner than
     its plain one (llama's 2048x5632x2048), the table stores it as the entry's

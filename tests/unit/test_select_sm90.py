@@ -345,15 +345,19 @@ def test_packaged_table_names_its_gpu_and_loads():
         gemm_sm90.emit(replace(_kernel(config), launch=launch))
 
 
-def test_learned_table_serves_row_major_a_only():
-    """The table's winners were measured on row-major A; a column-major A (a Linear on
-    a transposed view) takes the shape rules, and its kernel emits ColumnMajor A."""
+def test_learned_table_keys_the_a_layout():
+    """The table's winners are keyed by A's layout too: a column-major A (a Linear on a
+    transposed view) takes an entry measured on a column-major A, else the shape rules,
+    never a row-major A's winner; and its kernel emits ColumnMajor A."""
     row = _problem(2048, 5632, 2048)
     col = replace(row, layout_a="col")
     assert sm90.default_table().lookup(row, SMS) is not None
     assert sm90.default_table().lookup(col, SMS) is None
     k = choose_kernel(col, "sm90a")
     assert k.layout_a == "col" and k.config == choose_kernel(col, "sm90a", table=False).config
+    vae = replace(_problem(4096, 1536, 512), layout_a="col")      # the VAE's attention projections
+    assert sm90.default_table()._key(vae, SMS) == (4096, 1536, 512, "col", "col")
+    assert sm90.default_table()._key(replace(vae, layout_a="row"), SMS)[-1] == "row"
     code = gemm_sm90.emit(k).code
     assert "using LayoutA = cutlass::layout::ColumnMajor;" in code
     assert "cute::make_stride(cute::_1{}, int64_t(args.lda), int64_t(args.batch_stride_a))" in code

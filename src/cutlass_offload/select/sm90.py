@@ -186,10 +186,15 @@ class Table:
     """A learned table: measured winners per GEMM shape on one GPU.
 
     File (JSON): {"gpu", "num_sms", "date", "cutlass", "source", "entries": [{"m", "n",
-    "k", "batch", "layout_b", "config": ir.KernelConfig fields, "launch":
+    "k", "batch", "layout_b", optional "layout_a" (default "row"), "config":
+    ir.KernelConfig fields, "launch":
     ir.GemmLaunch fields, "us", "anchor_us", optional "residual": {"config", "launch",
     "us", "from"}}]}; ``m`` counts the rows of one batch entry. Entries are keyed by
-    shape and B layout only: one winner serves every epilogue and both 16-bit dtypes
+    shape and the A and B layouts (a column-major A, the VAE's attention projections
+    read through a transpose, loads its tiles MN-major and wins with other tiles:
+    4096x1536x512 ran 15.8 us on the rules' 128x128 cooperative tile and 12.75 on 128x128
+    ping-pong, kernels_worst_plain_search_2026-12-04_h200.json); one winner serves every
+    epilogue and both 16-bit dtypes
     (wgmma runs fp16 and bf16 at one rate; the corpus run measured the table's choices
     at 1.10x cuBLAS geomean for fp16 and 1.08x for bf16 plain GEMMs, 1.21x / 1.19x
     fused), except that an entry's "residual" winner, where the profile measured one
@@ -206,7 +211,7 @@ class Table:
         self.entries, self.residual = {}, {}
         for e in data["entries"]:
             key = (int(e["m"]) * max(1, int(e.get("batch", 1))), int(e["n"]), int(e["k"]),
-                   e["layout_b"])
+                   e["layout_b"], e.get("layout_a", "row"))
             self.entries[key] = (config_from_dict(e["config"]), GemmLaunch(**e.get("launch", {})))
             if "residual" in e:
                 r = e["residual"]
@@ -230,17 +235,18 @@ class Table:
 
     def _key(self, problem: GemmProblem, num_sms: int):
         """The key of the entry that serves ``problem``, or None."""
-        if num_sms != self.num_sms or problem.layout_a != "row":
-            return None        # measured on row-major A only: a column-major A takes the rules
+        if num_sms != self.num_sms:
+            return None
         m, n, k = gemm_mnk(problem)
-        if (m, n, k, problem.layout_b) in self.entries:
-            return m, n, k, problem.layout_b
+        exact = (m, n, k, problem.layout_b, problem.layout_a)
+        if exact in self.entries:
+            return exact
         best, best_d = None, None
         limit = math.log(NEAREST_MAX_RATIO) + 1e-9
         for key in self.entries:
-            em, en, ek, lay = key
-            if lay != problem.layout_b:
-                continue
+            em, en, ek, lay_b, lay_a = key
+            if (lay_b, lay_a) != (problem.layout_b, problem.layout_a):
+                continue       # a nearest shape of the other layouts is no guide
             ds = [abs(math.log(a / b)) for a, b in ((m, em), (n, en), (k, ek))]
             if max(ds) > limit:
                 continue
