@@ -86,12 +86,13 @@ struct GELU {
   }
 };
 
-template <typename T, int N>
-struct GELU<cutlass::Array<T, N>> {
-  static const bool kIsHeavy = true;
+// The Array form CUTLASS's epilogues call: the scalar functor on each element.
+template <template <typename> class Op, typename T, int N>
+struct ElementWise {
+  static const bool kIsHeavy = Op<T>::kIsHeavy;
   CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& value) const {
     cutlass::Array<T, N> y;
-    GELU<T> op;
+    Op<T> op;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < N; ++i) {
       y[i] = op(value[i]);
@@ -101,32 +102,11 @@ struct GELU<cutlass::Array<T, N>> {
 };
 
 template <typename T, int N>
-struct HardSigmoid<cutlass::Array<T, N>> {
-  static const bool kIsHeavy = false;
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& value) const {
-    cutlass::Array<T, N> y;
-    HardSigmoid<T> op;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) {
-      y[i] = op(value[i]);
-    }
-    return y;
-  }
-};
-
+struct GELU<cutlass::Array<T, N>> : ElementWise<GELU, T, N> {};
 template <typename T, int N>
-struct QuickGELU<cutlass::Array<T, N>> {
-  static const bool kIsHeavy = true;
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& value) const {
-    cutlass::Array<T, N> y;
-    QuickGELU<T> op;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) {
-      y[i] = op(value[i]);
-    }
-    return y;
-  }
-};
+struct HardSigmoid<cutlass::Array<T, N>> : ElementWise<HardSigmoid, T, N> {};
+template <typename T, int N>
+struct QuickGELU<cutlass::Array<T, N>> : ElementWise<QuickGELU, T, N> {};
 
 }  // namespace co_act
 #endif  // CO_ACTIVATIONS_H
