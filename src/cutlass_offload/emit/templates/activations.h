@@ -40,8 +40,8 @@ struct QuickGELU {
 // + P(t)), t = 1 / (1 + z / 2), fractional error < 1.2e-7 everywhere), as
 // h = t 2^(Q(t) - x^2 log2(e) / 2) with Q = P log2(e) - 1: 20 instructions, two of
 // them MUFU (rcp, ex2). Measured on the H200 (session 26, same run): whisper's
-// 6000x3072x768 fc1 + bias + GELU 64.4 -> 59.0 us, convnext-tiny's GELU GEMMs
-// 11-16% faster. Error against float64 (tests/build/test_activation_numerics.py):
+// 6000x3072x768 fc1 + bias + GELU 64.4 -> 59.0 us, convnext-tiny's four GELU
+// GEMMs 8-16% faster. Error against float64 (tests/build/test_activation_numerics.py):
 // under 2.5e-7 absolute for |x| <= 4 and 2.5e-6 relative, where PyTorch's own
 // float32 formula is off by up to 1.2e-6 absolute and, 1 + erf cancelling for
 // x < -3, by far more relative. gelu(-inf) is NaN (-inf * 0), gelu(inf) inf, NaN
