@@ -11,7 +11,10 @@ Python / C++ wrapper whatever glue.CPP_WRAPPER_IN_DEFAULT_MODE says; and
 as if the measured-faster list named them; and ``ours_no_pdl``: ours with every GEMM
 launched without programmatic dependent launch, whatever the learned table says: with
 PDL a kernel starts during its predecessor's tail and the profiler counts its wait as
-its time), each checked against a
+its time; and ``ours_no_buffer_reuse``: ours with Inductor allocating every glue buffer
+fresh (no reuse of a dead buffer, nothing in place), to test whether a Triton copy that
+writes into a buffer our GEMMs have just read runs slower: in session 26's whisper
+profile two such copies ran 1.5x their torch.compile counterparts), each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
 ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
 ``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
@@ -50,7 +53,7 @@ from cutlass_offload.config import CompileOptions
 from cutlass_offload.models import load_model
 
 VARIANTS = ("torch_compile", "ours", "ours_dynamic", "ours_python_wrapper", "ours_cpp_wrapper",
-            "norms_all", "attention_in_pytorch", "ours_no_pdl")
+            "norms_all", "attention_in_pytorch", "ours_no_pdl", "ours_no_buffer_reuse")
 WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True}
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
@@ -241,6 +244,18 @@ def _attention_in_pytorch(on: bool):
 
 
 @contextlib.contextmanager
+def _no_buffer_reuse(on: bool):
+    """While ``on``: Inductor neither reuses dead buffers nor writes in place (its
+    compile and the first calls, which record reduce-overhead's CUDA graphs)."""
+    if not on:
+        yield
+        return
+    import torch._inductor.config as inductor_config
+    with inductor_config.patch(allow_buffer_reuse=False, inplace_buffers=False):
+        yield
+
+
+@contextlib.contextmanager
 def _no_pdl(on: bool):
     """While ``on``: every GEMM kernel select chooses launches without PDL."""
     if not on:
@@ -267,18 +282,21 @@ def run_variant(variant, model, inputs, check, a):
         torch._dynamo.reset()
     mode = None if a.mode == "default" else a.mode
     t0 = time.perf_counter()
-    if variant == "torch_compile":
-        fn = torch.compile(model, mode=mode)
-    else:
-        options = CompileOptions(arch=resolve_arch(None),
-                                 offload_norms="all" if variant == "norms_all" else "auto")
-        cap = capture(model, inputs, dynamic_batch=variant == "ours_dynamic")
-        with _attention_in_pytorch(variant == "attention_in_pytorch"), _no_pdl(variant == "ours_no_pdl"):
-            fn = compile_captured(cap, options, glue="inductor", mode=mode,
-                                  inductor_options={"cpp_wrapper": WRAPPER[variant]}
-                                  if variant in WRAPPER and mode is None else None)
+    # Inductor's codegen (where buffers are reused) may run at the first call: both inside
+    with _no_buffer_reuse(variant == "ours_no_buffer_reuse"):
+        if variant == "torch_compile":
+            fn = torch.compile(model, mode=mode)
+        else:
+            options = CompileOptions(arch=resolve_arch(None),
+                                     offload_norms="all" if variant == "norms_all" else "auto")
+            cap = capture(model, inputs, dynamic_batch=variant == "ours_dynamic")
+            with _attention_in_pytorch(variant == "attention_in_pytorch"), _no_pdl(variant == "ours_no_pdl"):
+                fn = compile_captured(cap, options, glue="inductor", mode=mode,
+                                      inductor_options={"cpp_wrapper": WRAPPER[variant]}
+                                      if variant in WRAPPER and mode is None else None)
+        with torch.no_grad():
+            fn(*inputs)
     with torch.no_grad():
-        fn(*inputs)
         torch.cuda.synchronize()
         res = {"variant": variant, "setup_s": time.perf_counter() - t0}
         if variant != "torch_compile":
