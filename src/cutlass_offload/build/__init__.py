@@ -98,6 +98,7 @@ class _Builder:
         self.jobs = jobs or self.executor.slots(plan.kernels)
         self._threads = 1              # nvcc -t of the CUTLASS units of the current _run
         self.sources = emit_kernels(plan)
+        self._kernel_keys = {}          # kernel name -> index key (_kernel_key)
         self.kernels = {k.name: k for k in plan.kernels}
         # with the local executor, units without CUTLASS (the launchers) go to the host
         # compiler when nvcc's CUDA headers are found; else (a stand-in nvcc, a bare
@@ -117,11 +118,14 @@ class _Builder:
 
     def _kernel_key(self, name: str) -> str:
         # a source's defines follow from its code (emit/gemm_sm90.py), so the code covers
-        # them; its preamble blocks (our activation functors, the TMA driver) do not
-        s = self.sources[name]
-        cmd = toolchain.compile_command("nvcc", self.plan.arch, UNIT_NAME, OBJ_NAME)
-        return cache_key(s.code, "\n".join(s.includes), "\n".join(s.preamble),
-                         toolchain.flags_signature(cmd), *self.versions)
+        # them; its preamble blocks (our activation functors, the TMA driver) do not.
+        # Memoized: _unit_serves asks for every kernel of each unit an index names
+        if name not in self._kernel_keys:
+            s = self.sources[name]
+            cmd = toolchain.compile_command("nvcc", self.plan.arch, UNIT_NAME, OBJ_NAME)
+            self._kernel_keys[name] = cache_key(s.code, "\n".join(s.includes), "\n".join(s.preamble),
+                                                toolchain.flags_signature(cmd), *self.versions)
+        return self._kernel_keys[name]
 
     def _index_path(self, name: str) -> Path:
         return self.cache.root / "index" / f"{self._kernel_key(name)[:32]}.json"
