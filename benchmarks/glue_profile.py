@@ -14,7 +14,11 @@ PDL a kernel starts during its predecessor's tail and the profiler counts its wa
 its time; and ``ours_no_buffer_reuse``: ours with Inductor allocating every glue buffer
 fresh (no reuse of a dead buffer, nothing in place), to test whether a Triton copy that
 writes into a buffer our GEMMs have just read runs slower: in session 26's whisper
-profile two such copies ran 1.5x their torch.compile counterparts), each checked against a
+profile two such copies ran 1.5x their torch.compile counterparts; session 27: it does
+not); and ``ours_dynamic_glue_auto``: ``ours_dynamic``'s capture with the glue's first
+compile specialized like torch.compile's (``set_glue(dynamic="auto")``, runtime.py's
+``--glue-dynamic auto``), to tell what the dynamic capture costs from what a symbolic
+glue costs), each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
 ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
 ``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
@@ -53,7 +57,8 @@ from cutlass_offload.config import CompileOptions
 from cutlass_offload.models import load_model
 
 VARIANTS = ("torch_compile", "ours", "ours_dynamic", "ours_python_wrapper", "ours_cpp_wrapper",
-            "norms_all", "attention_in_pytorch", "ours_no_pdl", "ours_no_buffer_reuse")
+            "norms_all", "attention_in_pytorch", "ours_no_pdl", "ours_no_buffer_reuse",
+            "ours_dynamic_glue_auto")
 WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True}
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
@@ -289,11 +294,14 @@ def run_variant(variant, model, inputs, check, a):
         else:
             options = CompileOptions(arch=resolve_arch(None),
                                      offload_norms="all" if variant == "norms_all" else "auto")
-            cap = capture(model, inputs, dynamic_batch=variant == "ours_dynamic")
+            cap = capture(model, inputs,
+                          dynamic_batch=variant in ("ours_dynamic", "ours_dynamic_glue_auto"))
             with _attention_in_pytorch(variant == "attention_in_pytorch"), _no_pdl(variant == "ours_no_pdl"):
                 fn = compile_captured(cap, options, glue="inductor", mode=mode,
                                       inductor_options={"cpp_wrapper": WRAPPER[variant]}
                                       if variant in WRAPPER and mode is None else None)
+            if variant == "ours_dynamic_glue_auto":
+                fn.set_glue("inductor", mode=mode, dynamic="auto")
         with torch.no_grad():
             fn(*inputs)
     with torch.no_grad():

@@ -43,3 +43,37 @@ def test_idle_gaps_sum_the_waits_between_kernels_and_name_what_they_follow():
     assert idle["us_per_forward"] == pytest.approx(15.0 / 5)
     assert idle["after"] == [[pytest.approx(2.0), "c"], [pytest.approx(1.0), "a"]]
     assert gp.idle_gaps([], reps=1) == {"us_per_forward": 0.0, "after": []}
+
+
+def test_dynamic_glue_auto_variant_captures_dynamic_and_specializes_the_glue(monkeypatch):
+    """``ours_dynamic_glue_auto``: runtime.py's dynamic-batch capture with the glue's
+    first compile specialized (set_glue dynamic="auto"); ``ours_dynamic`` keeps the
+    exported (symbolic) glue."""
+    seen = []
+
+    class Compiled:
+        plan = type("Plan", (), {"regions": ()})()
+        inductor = None
+
+        def set_glue(self, glue, mode=None, dynamic="exported"):
+            seen.append(("set_glue", glue, mode, dynamic))
+            return self
+
+        def __call__(self, *args):
+            return args[0]
+
+    monkeypatch.setattr(gp, "capture", lambda model, inputs, dynamic_batch=False:
+                        seen.append(("capture", dynamic_batch)))
+    monkeypatch.setattr(gp, "compile_captured", lambda cap, options, **kw: Compiled())
+    monkeypatch.setattr(gp, "resolve_arch", lambda arch: "sm90a")
+    monkeypatch.setattr(gp.torch.cuda, "synchronize", lambda: None)
+    for name in ("rel_err", "events_ms"):
+        monkeypatch.setattr(gp, name, lambda *a, **k: 0.0)
+    monkeypatch.setattr(gp, "kernel_profile", lambda *a, **k: {})
+    args = gp.argparse.Namespace(rounds=1, mode="reduce-overhead", reps=1, profile_reps=1, host_profile=0)
+    x = gp.torch.ones(2)
+    gp.run_variant("ours_dynamic_glue_auto", None, (x,), ((x,), x), args)
+    assert seen == [("capture", True), ("set_glue", "inductor", "reduce-overhead", "auto")]
+    seen.clear()
+    gp.run_variant("ours_dynamic", None, (x,), ((x,), x), args)
+    assert seen == [("capture", True)]
