@@ -45,20 +45,12 @@ def _ours(lin, x, pdl: bool):
         return co.compile(lin, (x,), glue="eager")
 
 
-def _kernel_times(graph, reps: int) -> dict:
-    """{kernel name: us per call} over one replay of ``graph`` (``reps`` pairs)."""
-    from torch.profiler import ProfilerActivity, profile
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        graph.replay()
-        torch.cuda.synchronize()
-    out = {}
-    for ev in prof.events():
-        if getattr(ev, "device_type", None) != torch.autograd.DeviceType.CUDA:
-            continue
-        dur = getattr(ev, "device_time", None) or getattr(ev, "cuda_time", 0.0)
-        out.setdefault(ev.name, []).append(float(dur))
-    return {name: statistics.median(v) for name, v in out.items() if len(v) >= reps // 2}
+def _kernel_times(graph) -> dict:
+    """{kernel name: mean us per call} over one replay of ``graph`` (glue_profile's
+    kernel_profile: CUPTI records kernels inside graph replays)."""
+    from glue_profile import kernel_profile
+    return {k["name"]: k["us_per_forward"] / k["per_forward"]
+            for k in kernel_profile(graph.replay, 1)["top"]}
 
 
 def main(argv=None) -> int:
@@ -90,14 +82,20 @@ def main(argv=None) -> int:
 
     copy = torch.compile(split)
     y0 = torch.randn(a.tokens, a.width, device=dev, dtype=dt)
-    make = {"none": lambda: (lambda: y0),
-            "cublas": lambda: (lambda: torch.mm(x, lin.weight.t())),
-            "ours": lambda: (lambda m=_ours(lin, x, True): m(x)),
-            "ours_no_pdl": lambda: (lambda m=_ours(lin, x, False): m(x))}
+
+    def producer(name):
+        """The callable that writes the copy's input (compiling ours first)."""
+        if name == "none":
+            return lambda: y0
+        if name == "cublas":
+            return lambda: torch.mm(x, lin.weight.t())
+        ours = _ours(lin, x, pdl=name == "ours")
+        return lambda: ours(x)
+
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d"), "shape": [a.tokens, a.width, a.heads], "producers": {}}
     for name in producers:
-        produce = make[name]()
+        produce = producer(name)
         with torch.no_grad():
             for _ in range(3):                     # compile / warm both outside the graph
                 out = copy(produce())
@@ -108,7 +106,7 @@ def main(argv=None) -> int:
                 for _ in range(a.reps):
                     copy(produce())
         g.replay()
-        rounds = [_kernel_times(g, a.reps) for _ in range(a.rounds)]
+        rounds = [_kernel_times(g) for _ in range(a.rounds)]
         names = sorted(set().union(*rounds))
         res["producers"][name] = {k: statistics.median(r.get(k, float("nan")) for r in rounds) for k in names}
         print(f"{name}: " + "; ".join(f"{k[:60]} {v:.2f} us" for k, v in res["producers"][name].items()),
