@@ -75,7 +75,8 @@ def mainloop(kernel) -> tuple:
     return (kernel.kind, kernel.config.family, kernel.dtype, kernel.layout_a, kernel.layout_b,
             getattr(kernel, "iterator", ""), kernel.align_a,
             kernel.align_b, kernel.align_c, kernel.config.tile, kernel.config.cluster,
-            kernel.config.stages, kernel.config.kernel_schedule, kernel.config.warp)
+            kernel.config.stages, kernel.config.kernel_schedule, kernel.config.warp,
+            getattr(kernel.config, "swap_ab", False))
 
 
 def estimate(kernels) -> float:

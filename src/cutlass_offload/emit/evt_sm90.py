@@ -65,19 +65,33 @@ def row_broadcast(pointer: str) -> Node:
         f"{{static_cast<ElementBias const*>({pointer}), ElementBias(0), {{}}}}")
 
 
+def col_broadcast(pointer: str) -> Node:
+    """A vector with one value per output row of the kernel's D, constant along N and
+    L: the per-column bias of a GEMM computed transposed (KernelConfig.swap_ab), whose
+    D^T rows are the problem's columns. Its alignment is the output's (AlignmentD):
+    the vector is as long as D's contiguous extent."""
+    return Node(
+        f"{NS}Sm90ColBroadcast<0, TileShape, ElementBias, ElementCompute, "
+        "cute::Stride<cute::_1, cute::_0, cute::_0>, AlignmentD>",
+        f"{{static_cast<ElementBias const*>({pointer}), ElementBias(0), {{}}}}")
+
+
 def src_fetch() -> Node:
     """The epilogue's source operand C."""
     return Node(f"{NS}Sm90SrcFetch<ElementC>", "{}")
 
 
-def evt(ep: GemmEpilogue, residual_source: Node | None = None) -> Node:
+def evt(ep: GemmEpilogue, residual_source: Node | None = None, transposed: bool = False) -> Node:
     """The epilogue tree for a non-plain epilogue; the root outputs ElementD.
 
-    ``residual_source`` is the residual's node (default: the source C)."""
+    ``residual_source`` is the residual's node (default: the source C);
+    ``transposed``: the kernel computes D^T (KernelConfig.swap_ab), so the bias runs
+    along its rows (``col_broadcast``)."""
     # Each stage is (functor, extra children) applied on top of the tree so far.
     stages = []
     if ep.bias:
-        stages.append(("cutlass::plus", (row_broadcast("args.bias"),)))
+        bias = col_broadcast if transposed else row_broadcast
+        stages.append(("cutlass::plus", (bias("args.bias"),)))
     if ACTIVATION[ep.activation]:
         stages.append((ACTIVATION[ep.activation], ()))
     if ep.residual != "none":

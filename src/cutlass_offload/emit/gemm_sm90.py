@@ -22,6 +22,11 @@ launch (persistent kernels only: they are compiled with grid dependency control,
 (EVT) computed in fp32; a plain epilogue uses ``LinearCombination`` with beta 0
 and no source load (ElementC = void).
 
+A ``config.swap_ab`` kernel computes the transpose, D^T (N, M) = B^T A^T: CUTLASS's A
+is the problem's B (an (N, K) weight, K contiguous), its B the problem's A, its D
+(and C) column-major, which is the problem's D row-major; the bias runs along D^T's
+rows. The arguments stay the problem's (CoGemmArgs), swapped in ``make_arguments``.
+
 ``run`` does no allocation, no synchronisation and, after its first call, no
 device query, so it can be captured into a CUDA graph.
 """
@@ -99,8 +104,8 @@ using ElementAccumulator = float;
 using ElementCompute = float;
 using LayoutA = ${layout_a};
 using LayoutB = ${layout_b};
-using LayoutC = cutlass::layout::RowMajor;
-using LayoutD = cutlass::layout::RowMajor;
+using LayoutC = ${layout_cd};
+using LayoutD = ${layout_cd};
 """ + sm90_parts.ALIGNMENTS + """using TileShape = cute::Shape<cute::_${tile_m}, cute::_${tile_n}, cute::_${tile_k}>;
 """ + sm90_parts.EPILOGUE + _MAINLOOP + """
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
@@ -114,23 +119,23 @@ static_assert(cute::is_same_v<typename GemmKernel::StrideA, ${stride_a_type}>,
               "A: ${layout_a_doc}");
 static_assert(cute::is_same_v<typename GemmKernel::StrideB, ${stride_b_type}>,
               "B: ${layout_b_doc}");
-static_assert(cute::is_same_v<typename GemmKernel::StrideD, cute::Stride<int64_t, cute::_1, int64_t>>,
-              "D: row-major (M, N, L)");
+static_assert(cute::is_same_v<typename GemmKernel::StrideD, ${stride_d_type}>,
+              "D: ${layout_d_doc}");
 
 static inline typename Gemm::Arguments make_arguments(const CoGemmArgs& args) {
   typename Gemm::Arguments arguments{
       cutlass::gemm::GemmUniversalMode::kGemm,
-      {static_cast<int>(args.m), static_cast<int>(args.n), static_cast<int>(args.k),
+      {static_cast<int>(args.${extent_m}), static_cast<int>(args.${extent_n}), static_cast<int>(args.k),
        static_cast<int>(args.l)},
-      {static_cast<ElementA const*>(args.a),
+      {static_cast<ElementA const*>(args.${operand_a}),
        ${stride_a_value},
-       static_cast<ElementB const*>(args.b),
+       static_cast<ElementB const*>(args.${operand_b}),
        ${stride_b_value}},
       {{},
        ${ptr_c},
-       cute::make_stride(int64_t(args.ldc), cute::_1{}, int64_t(args.batch_stride_c)),
+       ${stride_c_value},
        static_cast<ElementD*>(args.d),
-       cute::make_stride(int64_t(args.ldd), cute::_1{}, int64_t(args.batch_stride_d))},
+       ${stride_d_value}},
       co_hardware_info<cutlass::KernelHardwareInfo>()};
 ${fusion_args}
   // launch knobs (prelude.h): how the tile scheduler walks the output tiles
@@ -348,6 +353,11 @@ def validate(kernel: GemmKernel) -> None:
     if cfg.tile_scheduler not in ("persistent", "stream_k"):
         raise ValueError(f"GEMM tile schedulers are 'persistent' and 'stream_k', got "
                          f"{cfg.tile_scheduler!r}")
+    if cfg.swap_ab and (kernel.layout_a, kernel.layout_b) != ("row", "col"):
+        raise ValueError("swap_ab needs K-contiguous A and B (layout_a 'row', layout_b 'col'), "
+                         f"got {kernel.layout_a!r} / {kernel.layout_b!r}")
+    if cfg.swap_ab and (kernel.epilogue.glu or kernel.dtype not in ("f16", "bf16")):
+        raise ValueError("swap_ab kernels are f16 / bf16 without a GLU epilogue")
     if cfg.tile_scheduler == "stream_k" and cfg.kernel_schedule != "KernelTmaWarpSpecializedCooperative":
         # sm90_gemm_tma_warpspecialized_pingpong.hpp static_asserts against stream-K
         raise ValueError("the stream-K tile scheduler needs the cooperative kernel schedule")
@@ -371,6 +381,44 @@ def _validate_n_split(kernel: GemmKernel) -> None:
                          f"at most 160 accumulators per thread, got {tm}x{tn}")
 
 
+def _k_major(x: str) -> str:
+    """The CuTe stride of operand ``x`` (a, b, c or d of CoGemmArgs) with its second
+    mode contiguous: K for A and B, N for C and D."""
+    return f"cute::make_stride(int64_t(args.ld{x}), cute::_1{{}}, int64_t(args.batch_stride_{x}))"
+
+
+def _mn_major(x: str) -> str:
+    """The CuTe stride of operand ``x`` with its first mode contiguous."""
+    return f"cute::make_stride(cute::_1{{}}, int64_t(args.ld{x}), int64_t(args.batch_stride_{x}))"
+
+
+_K_MAJOR_TYPE = "cute::Stride<int64_t, cute::_1, int64_t>"
+_MN_MAJOR_TYPE = "cute::Stride<cute::_1, int64_t, int64_t>"
+
+
+def _operands(kernel: GemmKernel) -> dict:
+    """The ``${layout_*}``, ``${stride_*_type}``, ``${stride_*_value}`` and
+    ``${layout_*_doc}`` values of the kernel's A and B as CUTLASS sees them: the
+    problem's own, or for swap_ab B^T as A (row-major: K contiguous) and A as B."""
+    if kernel.config.swap_ab:
+        a = ("RowMajor", _K_MAJOR_TYPE, _k_major("b"), "B^T, row-major (N, K, L): swap AB")
+        b = ("ColumnMajor", _K_MAJOR_TYPE, _k_major("a"), "A as (M, K, L), K contiguous: swap AB")
+    else:
+        # a column-major A: (M, K), M contiguous (TMA and wgmma read 16-bit A MN-major)
+        a = (("RowMajor", _K_MAJOR_TYPE, _k_major("a"), "row-major (M, K, L)")
+             if kernel.layout_a == "row" else
+             ("ColumnMajor", _MN_MAJOR_TYPE, _mn_major("a"), "column-major (M, K, L), M contiguous"))
+        # B stored (N, K), K contiguous (a Linear weight), or (K, N), N contiguous
+        b = (("ColumnMajor", _K_MAJOR_TYPE, _k_major("b"), "(N, K, L), K contiguous")
+             if kernel.layout_b == "col" else
+             ("RowMajor", _MN_MAJOR_TYPE, _mn_major("b"), "(K, N, L), N contiguous"))
+    out = {}
+    for x, (layout, stride_type, stride, doc) in (("a", a), ("b", b)):
+        out.update({f"layout_{x}": f"cutlass::layout::{layout}", f"stride_{x}_type": stride_type,
+                    f"stride_{x}_value": stride, f"layout_{x}_doc": doc})
+    return out
+
+
 def values(kernel: GemmKernel) -> dict:
     """Build the substitution dict for ``TEMPLATE`` (every placeholder, no more).
 
@@ -382,35 +430,18 @@ def values(kernel: GemmKernel) -> dict:
     ep = kernel.epilogue
     element = ELEMENT[kernel.dtype][0]
     residual = ep.residual != "none"
-
-    if kernel.layout_a == "row":  # (M, K), K contiguous: the source every kernel had before
-        layout_a = "cutlass::layout::RowMajor"
-        stride_a_type = "cute::Stride<int64_t, cute::_1, int64_t>"
-        stride_a_value = "cute::make_stride(int64_t(args.lda), cute::_1{}, int64_t(args.batch_stride_a))"
-        layout_a_doc = "row-major (M, K, L)"
-    else:  # (M, K), M contiguous (TMA and wgmma read 16-bit A MN-major)
-        layout_a = "cutlass::layout::ColumnMajor"
-        stride_a_type = "cute::Stride<cute::_1, int64_t, int64_t>"
-        stride_a_value = "cute::make_stride(cute::_1{}, int64_t(args.lda), int64_t(args.batch_stride_a))"
-        layout_a_doc = "column-major (M, K, L), M contiguous"
-    if kernel.layout_b == "col":  # stored (N, K), K contiguous
-        layout_b = "cutlass::layout::ColumnMajor"
-        stride_b_type = "cute::Stride<int64_t, cute::_1, int64_t>"
-        stride_b_value = "cute::make_stride(int64_t(args.ldb), cute::_1{}, int64_t(args.batch_stride_b))"
-        layout_b_doc = "(N, K, L), K contiguous"
-    else:  # stored (K, N), N contiguous
-        layout_b = "cutlass::layout::RowMajor"
-        stride_b_type = "cute::Stride<cute::_1, int64_t, int64_t>"
-        stride_b_value = "cute::make_stride(cute::_1{}, int64_t(args.ldb), int64_t(args.batch_stride_b))"
-        layout_b_doc = "(K, N, L), N contiguous"
-
+    swap = cfg.swap_ab
     if ep.glu:
         fusion_type, fusion_args = "", (
             "  arguments.epilogue.thread.bias = " +
             ("static_cast<ElementBias const*>(args.bias);" if ep.bias else "nullptr;"))
     else:
-        fusion_type, fusion_args = sm90_parts.fusion(ep)
+        fusion_type, fusion_args = sm90_parts.fusion(ep, transposed=swap)
     stage_count = sm90_parts.stage_count(cfg.stages, "gemm")
+    shape = sm90_parts.shape_values(kernel)   # alignments, tile, cluster
+    if swap:
+        shape.update(align_a=str(kernel.align_b), align_b=str(kernel.align_a))
+    stride_cd = _mn_major if swap else _k_major
 
     return {
         "name": kernel.name,
@@ -419,13 +450,18 @@ def values(kernel: GemmKernel) -> dict:
         "element_ab": element,
         "element_c": element if residual else "void",
         "element_d": element,
-        "layout_a": layout_a,
-        "layout_a_doc": layout_a_doc,
-        "stride_a_type": stride_a_type,
-        "stride_a_value": stride_a_value,
-        "layout_b": layout_b,
-        "layout_b_doc": layout_b_doc,
-        **sm90_parts.shape_values(kernel),   # alignments, tile, cluster
+        **shape,
+        **_operands(kernel),
+        "layout_cd": "cutlass::layout::ColumnMajor" if swap else "cutlass::layout::RowMajor",
+        "stride_d_type": _MN_MAJOR_TYPE if swap else _K_MAJOR_TYPE,
+        "layout_d_doc": "D^T (N, M, L) column-major, i.e. D row-major: swap AB" if swap
+                        else "row-major (M, N, L)",
+        "extent_m": "n" if swap else "m",
+        "extent_n": "m" if swap else "n",
+        "operand_a": "b" if swap else "a",
+        "operand_b": "a" if swap else "b",
+        "stride_c_value": stride_cd("c"),
+        "stride_d_value": stride_cd("d"),
         "fusion_type": fusion_type,
         "fusion_args": fusion_args,
         "epilogue_schedule": cfg.epilogue_schedule or _EPILOGUE_FOR[cfg.kernel_schedule],
@@ -439,8 +475,6 @@ def values(kernel: GemmKernel) -> dict:
         "split_knobs_ok": ("args.splits >= 0 && args.splits <= 64 && "
                            "args.decomposition >= 0 && args.decomposition <= 3"
                            if stream_k else "args.splits <= 1 && args.decomposition == 0"),
-        "stride_b_type": stride_b_type,
-        "stride_b_value": stride_b_value,
         "ptr_c": "static_cast<ElementC const*>(args.c)" if residual else "nullptr",
         "c_check": " && args.c != nullptr && co_tma_aligned(args.c)" if residual else "",
         "glu_activation": activations.FUNCTOR[ep.activation] or "cutlass::epilogue::thread::Identity",

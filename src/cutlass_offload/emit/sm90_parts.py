@@ -144,16 +144,17 @@ def run_tail(adapter: str, kernel: str) -> str:
     return _RUN_TAIL.replace("@ADAPTER@", adapter).replace("@KERNEL@", kernel)
 
 
-def fusion(ep: GemmEpilogue, residual_source=None) -> tuple:
+def fusion(ep: GemmEpilogue, residual_source=None, transposed: bool = False) -> tuple:
     """(fusion_type, fusion_args) template values: ``LinearCombination`` with beta 0
     and no source load for a plain epilogue, else the EVT of evt_sm90.py
-    (``residual_source``: the residual's node, default the source C)."""
+    (``residual_source``: the residual's node, default the source C; ``transposed``:
+    a kernel computing D^T, its bias along D^T's rows)."""
     if is_plain(ep):
         return ("  cutlass::epilogue::fusion::LinearCombination<"
                 "ElementD, ElementCompute, ElementC, ElementCompute, RoundStyle>",
                 "  arguments.epilogue.thread.alpha = ElementCompute(1);\n"
                 "  arguments.epilogue.thread.beta = ElementCompute(0);")
-    tree = evt(ep, residual_source)
+    tree = evt(ep, residual_source, transposed)
     return (tree.render_type(1),
             "  // EVT arguments: each node is {child args..., op args}\n"
             "  arguments.epilogue.thread =\n" + tree.render_args(2) + ";")

@@ -105,6 +105,11 @@ class KernelConfig:
     heuristic decomposition picks data-parallel, split-K or stream-K per problem
     and needs a workspace), or for causal Hopper attention "lpt" (query tiles
     heaviest first: emit/templates/fmha_lpt_scheduler.h).
+    swap_ab: a 3.x GEMM computed transposed, D^T (N, M) = B^T A^T, and D^T stored
+    column-major, which is D row-major: the tile's M runs along the problem's N and
+    its N along M, so a problem with few rows (M = 154 for the UNet's text
+    projections) fills a tile N fitted to M instead of leaving most of a 64-row tile
+    empty (cuBLAS's and TensorRT-LLM's "swap AB" for small M; emit/gemm_sm90.py).
     """
 
     family: str
@@ -116,9 +121,14 @@ class KernelConfig:
     kernel_schedule: str = ""
     epilogue_schedule: str = ""
     tile_scheduler: str = "persistent"
+    swap_ab: bool = False
 
     def __post_init__(self):
         _check(self.family, FAMILIES, "family")
+        if self.swap_ab and (self.family != "cutlass3x_sm90" or self.tile_scheduler != "persistent"
+                             or tuple(self.warp) != (0, 0, 0)):
+            raise ValueError("swap_ab is for CUTLASS 3.x GEMMs on the persistent scheduler, "
+                             "without an N-split warp tile")
         _check(self.tile_scheduler, TILE_SCHEDULERS, "tile_scheduler")
         if len(self.tile) != 3 or len(self.cluster) != 3:
             raise ValueError("tile and cluster are (M, N, K) triples")
@@ -148,7 +158,8 @@ class KernelConfig:
                      "KernelImplicitTmaWarpSpecializedSm90": "ws"}.get(self.kernel_schedule, "auto")
             sched += "n" if self.n_split else ""
             return (f"{t}_c{c}_{sched}" + (f"_s{self.stages}" if self.stages else "")
-                    + {"stream_k": "_streamk", "lpt": "_lpt"}.get(self.tile_scheduler, ""))
+                    + {"stream_k": "_streamk", "lpt": "_lpt"}.get(self.tile_scheduler, "")
+                    + ("_swapab" if self.swap_ab else ""))
         w = "x".join(map(str, self.warp))
         return f"{t}_w{w}_s{self.stages}"
 

@@ -87,10 +87,10 @@ COOP = "KernelTmaWarpSpecializedCooperative"
 PINGPONG = "KernelTmaWarpSpecializedPingpong"
 
 
-def _config(tile, cluster, sched, scheduler="persistent", n_split=False) -> KernelConfig:
+def _config(tile, cluster, sched, scheduler="persistent", n_split=False, swap_ab=False) -> KernelConfig:
     warp = (tile[0], tile[1] // 2, tile[2]) if n_split else (0, 0, 0)
     return KernelConfig("cutlass3x_sm90", tile, stages=0, cluster=cluster, kernel_schedule=sched,
-                        tile_scheduler=scheduler, warp=warp)
+                        tile_scheduler=scheduler, warp=warp, swap_ab=swap_ab)
 
 
 CONFIGS = {
@@ -162,8 +162,15 @@ def gemm_mnk(problem: GemmProblem) -> tuple:
     return problem.rows, problem.n, problem.k
 
 
-def _ctas(problem: GemmProblem, config: KernelConfig) -> int:
+def tiled_mn(problem: GemmProblem, config: KernelConfig) -> tuple:
+    """(rows, columns) of the output ``config``'s tiles cover: (M, N) of gemm_mnk, or
+    (N, M) for a swap_ab config (its tile M runs along the problem's N)."""
     m, n, _ = gemm_mnk(problem)
+    return (n, m) if config.swap_ab else (m, n)
+
+
+def _ctas(problem: GemmProblem, config: KernelConfig) -> int:
+    m, n = tiled_mn(problem, config)
     tm, tn, _ = config.tile
     return math.ceil(m / tm) * math.ceil(n / tn)
 
@@ -287,11 +294,16 @@ def choose(problem: GemmProblem, num_sms: int, table: Table | None | bool = True
 
 
 def takes(problem: GemmProblem, config: KernelConfig) -> bool:
-    """Whether ``problem`` (a GemmProblem, or a GemmKernel: its dtype and epilogue are
-    read) can run on ``config`` as far as the kind of kernel goes: an N-split config
-    (emit/gemm_sm90.py) only for f16 / bf16 without a GLU epilogue (a table entry
-    measured on one problem serves its neighbours)."""
-    return not config.n_split or (problem.dtype in ("f16", "bf16") and not problem.epilogue.glu)
+    """Whether ``problem`` (a GemmProblem, or a GemmKernel: its dtype, layouts and
+    epilogue are read) can run on ``config`` as far as the kind of kernel goes: an
+    N-split or swap_ab config (emit/gemm_sm90.py) only for f16 / bf16 without a GLU
+    epilogue, swap_ab only with K contiguous in A and B (a table entry measured on one
+    problem serves its neighbours)."""
+    if not (config.n_split or config.swap_ab):
+        return True
+    if problem.dtype not in ("f16", "bf16") or problem.epilogue.glu:
+        return False
+    return not config.swap_ab or (problem.layout_a, problem.layout_b) == ("row", "col")
 
 
 def _plausible_rule(problem: GemmProblem, name: str, num_sms: int) -> bool:
@@ -320,7 +332,8 @@ def plausible(problem: GemmProblem, config: KernelConfig, num_sms: int) -> bool:
     tile not mostly empty in M or N, at least an eighth of a wave of CTAs unless
     the problem has fewer tiles than that for every tile, a cluster that fits the
     tile grid, stream-K only with K >= 512 and under two waves of tiles."""
-    m, n, k = gemm_mnk(problem)
+    m, n = tiled_mn(problem, config)
+    k = problem.k
     tm, tn, tk = config.tile
     cm, cn, _ = config.cluster
     if tm > 64 and m <= tm // 2 or tn > 64 and n <= tn // 2:
@@ -380,8 +393,9 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
     in multiples of 64 for full width). Returns a tuple of KernelConfig.
     """
     m, n, _ = gemm_mnk(problem)
+    swapped = swap_configs(problem, num_sms)
     if m <= SMALL_M or problem.layout_b != "col":
-        return ()
+        return swapped
     out = []
     for tm, sched, clusters in ((128, COOP, (_C11, _C21)), (64, PINGPONG, (_C11,))):
         best_fixed = min(tile_estimate(m, n, tm, tn, num_sms) for tn in _FIXED_N[tm])
@@ -393,7 +407,30 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
             tiles_m = math.ceil(m / tm)
             out += [_config((tm, tn, 64), c, sched) for c in clusters if c[0] <= tiles_m]
     n_split = _n_split_configs(m, n, num_sms)
-    return tuple(out) + tuple(c for c in n_split if takes(problem, c))
+    return tuple(out) + tuple(c for c in n_split if takes(problem, c)) + swapped
+
+
+# swap_ab configs (KernelConfig.swap_ab): D^T = B^T A^T, the tile's N fitted to M
+SWAP_MAX_M = 256         # rows up to which the search proposes them (one or two tile Ns)
+
+
+def swap_configs(problem: GemmProblem, num_sms: int) -> tuple:
+    """swap_ab configs for a problem with few rows: the kernel computes D^T, so its
+    tile M (64 ping-pong or 128 cooperative, cluster 1x1) runs along the problem's N
+    and its tile N covers the M rows in one tile (M rounded up to 16) or, above 64
+    rows, in two. A 64-row tile left M = 154 (the UNet's text-token projections)
+    at 154 / 192 of its rows used where a 160-wide one uses 154 / 160, and each
+    weight tile is read once rather than once per 64 rows. For M <= SWAP_MAX_M,
+    f16 / bf16, K contiguous in A and B, no GLU epilogue, one batch entry; else ()."""
+    m, _, _ = gemm_mnk(problem)
+    if m > SWAP_MAX_M or problem.batch != 1:
+        return ()
+    widths = [max(16, -(-m // 16) * 16)]
+    if m > 64:
+        widths.append(-(-m // 32) * 16)       # two tiles of half the rows each
+    configs = (_config((tm, tn, 64), _C11, sched, swap_ab=True)
+               for tn in dict.fromkeys(widths) for tm, sched in ((64, PINGPONG), (128, COOP)))
+    return tuple(c for c in configs if takes(problem, c) and plausible(problem, c, num_sms))
 
 
 # N-split tiles (KernelConfig.n_split): 192 rows, the two warp groups side by side
