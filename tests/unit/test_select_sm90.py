@@ -363,3 +363,23 @@ def test_learned_table_keys_the_a_layout():
     assert "using LayoutA = cutlass::layout::ColumnMajor;" in code
     assert "cute::make_stride(cute::_1{}, int64_t(args.lda), int64_t(args.batch_stride_a))" in code
     assert "using LayoutA = cutlass::layout::RowMajor;" in gemm_sm90.emit(choose_kernel(row, "sm90a")).code
+
+
+def test_skinny_tiles_fit_a_narrow_n_or_short_k_of_many_rows():
+    # EfficientNet's first 1x1 convs as GEMMs: N and K rounded up to 16, no 64-deep K tile
+    tags = [c.tag for c in sm90.skinny_configs(_problem(401408, 16, 32), SMS)]
+    assert tags == ["64x16x32_c1x1x1_pingpong", "128x16x32_c1x1x1_pingpong",
+                    "128x16x32_c1x1x1_coop", "256x16x32_c1x1x1_coop"]
+    assert {c.tile for c in sm90.skinny_configs(_problem(401408, 96, 16), SMS)} >= {(256, 96, 16)}
+    # no tile with more than 128 accumulators per consumer thread
+    for c in sm90.skinny_configs(_problem(100352, 144, 24), SMS):
+        per_thread = c.tile[0] * c.tile[1] // (128 if c.kernel_schedule == sm90.PINGPONG else 256)
+        assert per_thread <= 128, c.tag
+    # proposed by the wave-fitted search, emitted like any config
+    fitted = sm90.fitted_configs(_problem(401408, 16, 32), SMS)
+    assert set(sm90.skinny_configs(_problem(401408, 16, 32), SMS)) <= set(fitted)
+    for c in fitted:
+        gemm_sm90.emit(GemmKernel("sm90a", "f16", "col", 8, 8, 8, GemmEpilogue(bias=True), c))
+    # not for few rows, nor for a problem wide and deep enough for the fixed tiles
+    assert sm90.skinny_configs(_problem(4096, 16, 32), SMS) == ()
+    assert sm90.skinny_configs(_problem(401408, 96, 96), SMS) == ()

@@ -396,6 +396,7 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
     swapped = swap_configs(problem, num_sms)
     if m <= SMALL_M or problem.layout_b != "col":
         return swapped
+    skinny = tuple(c for c in skinny_configs(problem, num_sms) if takes(problem, c))
     out = []
     for tm, sched, clusters in ((128, COOP, (_C11, _C21)), (64, PINGPONG, (_C11,))):
         best_fixed = min(tile_estimate(m, n, tm, tn, num_sms) for tn in _FIXED_N[tm])
@@ -407,7 +408,33 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
             tiles_m = math.ceil(m / tm)
             out += [_config((tm, tn, 64), c, sched) for c in clusters if c[0] <= tiles_m]
     n_split = _n_split_configs(m, n, num_sms)
-    return tuple(out) + tuple(c for c in n_split if takes(problem, c)) + swapped
+    return tuple(out) + tuple(c for c in n_split if takes(problem, c)) + swapped + skinny
+
+
+# Skinny tiles: memory-bound GEMMs of many rows and a narrow N or a short K (the 1x1
+# convs of EfficientNet's early stages: 401408 x 16 x 32, 401408 x 96 x 16)
+SKINNY_MIN_M = 8192      # rows from which the search proposes them
+SKINNY_MAX_K = 48        # a K up to this is one K tile (rounded up to 16)
+SKINNY_MAX_N = 48        # an N up to this is one N tile (rounded up to 16)
+
+
+def skinny_configs(problem: GemmProblem, num_sms: int) -> tuple:
+    """Configs whose tile N and K fit a skinny problem's N and K (rounded up to 16)
+    instead of the fixed 64-deep K tile and 64-wide-or-more N tiles, so that a
+    tile's shared memory and MMAs hold no padding and more tiles stay in flight:
+    rows of 64 and 128 (ping-pong), 128 and 256 (cooperative), cluster 1x1. Where
+    the table's tiles ran such problems on the H200: 401408 x 16 x 32 30.3 us on
+    128x64 against cuBLAS's 16.4 (kernels_lowered_conv_gemm_search_2026-12-01).
+    For M >= SKINNY_MIN_M with K <= SKINNY_MAX_K or N <= SKINNY_MAX_N; else ()."""
+    m, n, k = gemm_mnk(problem)
+    if m < SKINNY_MIN_M or (k > SKINNY_MAX_K and n > SKINNY_MAX_N) or n > 256:
+        return ()
+    tn, tk = max(16, -(-n // 16) * 16), max(16, min(64, -(-k // 16) * 16))
+    # at most 128 fp32 accumulators per consumer thread (a ping-pong warp group holds
+    # a whole tile, the cooperative ones half of it each)
+    return tuple(_config((tm, tn, tk), _C11, sched)
+                 for tm, sched in ((64, PINGPONG), (128, PINGPONG), (128, COOP), (256, COOP))
+                 if tm * tn <= (128 if sched == PINGPONG else 256) * 128)
 
 
 # swap_ab configs (KernelConfig.swap_ab): D^T = B^T A^T, the tile's N fitted to M
