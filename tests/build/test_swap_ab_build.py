@@ -1,0 +1,56 @@
+"""Build tier: a swap_ab sm90a GEMM (D^T = B^T A^T, D^T stored column-major: emit/gemm_sm90.py)
+compiles with nvcc and exports its region (no GPU: about a minute on 2 cores). Its tile
+is also a skinny one (K tile 32, select/sm90.py skinny_configs) on a wgmma outside CuTe's
+default N shapes (160), with a bias and GELU epilogue on the column broadcast, so the
+one kernel compiles every part those configs change. The GPU tier
+(tests/gpu/test_swap_ab_tiles.py) checks their results."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cutlass_offload as co
+from cutlass_offload.emit import gemm_sm90
+from cutlass_offload.ir import config_to_dict
+from cutlass_offload.select import DEFAULT_NUM_SMS, sm90
+
+pytestmark = pytest.mark.build
+
+M, N, K = 154, 520, 96
+CONFIG = sm90._config((64, 160, 32), (1, 1, 1), sm90.PINGPONG, swap_ab=True)
+
+
+class Projection(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(K, N)
+
+    def forward(self, x):
+        return F.gelu(self.lin(x))
+
+
+@pytest.fixture
+def swap_table(tmp_path):
+    entry = {"m": M, "n": N, "k": K, "batch": 1, "layout_b": "col",
+             "config": config_to_dict(CONFIG), "launch": {}}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"gpu": "build test", "num_sms": DEFAULT_NUM_SMS["sm90a"],
+                                "entries": [entry]}))
+    before = sm90.TABLE_FILE
+    sm90.use_table(path)
+    yield
+    sm90.use_table(before)
+
+
+def test_a_swapped_kernel_compiles_and_exports_its_region(swap_table, tmp_path):
+    model = Projection().half()
+    compiled = co.compile(model, (torch.randn(M, K).half(),), arch="sm_90a", out_dir=tmp_path / "out")
+    (kernel,) = compiled.plan.distinct_kernels
+    assert kernel.config == CONFIG and kernel.name.endswith("64x160x32_c1x1x1_pingpong_swapab_align888_bias_gelu")
+    assert not compiled.plan.fallbacks
+    assert compiled.library_path.stat().st_size > 0
+    code = gemm_sm90.emit(kernel).code
+    assert "Sm90ColBroadcast" in code and "using LayoutD = cutlass::layout::ColumnMajor;" in code
+    assert "MMA_64x160x16" in code       # the wgmma selector's atom, as wide as the tile
