@@ -73,6 +73,15 @@ shape for whisper's 6000 x 768 outputs (128 CTAs of 192x192, one wave). On the H
 GEMM (26.7 us against 31.5 for 128x256 2x1) and tied or lost elsewhere: whisper's
 6000x768x768 15.5 against 15.7 us for 64x192 ping-pong (its knob search kept
 ping-pong), llama's LM head 384 against 363, the UNet's 2048x1920x640 12.8 against 12.6.
+
+Since session 28 they also include, for problems of few rows, swap_ab configs
+(``swap_configs``: the kernel computes D^T, its tile N fitted to M) and, for many
+rows with a narrow N or short K, skinny tiles (``skinny_configs``: tile N and K fitted
+to N and K). On the H200 (kernels_swap_ab_* / kernels_skinny_2026-12-04_h200_s28.json)
+swap_ab won the UNet's 154x24960x768 (14.7 us on 64x160, 17.7 on the table's 64x192;
+cuBLAS 15.0) and 16x11264x2048 and lost on the other 13 small-M shapes; skinny tiles
+won five of EfficientNet's seven 1x1-conv GEMMs (401408x16x32: 16.7 us on 256x16x32,
+30.3 on 128x64; cuBLAS 16.0). The rules never choose either: only table entries do.
 """
 from __future__ import annotations
 
