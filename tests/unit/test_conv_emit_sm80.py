@@ -7,7 +7,7 @@ from cutlass_offload.ir import ConvKernel, GemmEpilogue, KernelConfig
 ACTS = ("identity", "relu", "gelu_erf", "gelu_tanh", "silu", "sigmoid")
 T = "cutlass::epilogue::thread::"
 FUNCTOR = {"identity": T + "Identity", "relu": T + "ReLu", "gelu_erf": "co_act::GELU",
-           "gelu_tanh": T + "GELU_taylor", "silu": T + "SiLu", "sigmoid": T + "Sigmoid"}
+           "gelu_tanh": T + "GELU_taylor", "silu": "co_act::SiLU", "sigmoid": "co_act::Sigmoid"}
 
 
 def kernel(dtype="f16", align=8, align_c=8, epilogue=GemmEpilogue(), config=None,
@@ -157,7 +157,7 @@ def test_residual_epilogue(op, binary, broadcast):
     assert (f"LinearCombinationResidualBlock<\n    ElementOutput, ElementAccumulator, "
             f"ElementCompute, ElementOutput, kAlignC,\n    RoundedActivation, "
             f"cutlass::{binary}, cutlass::epilogue::thread::ReLu>") in code
-    assert "cutlass::epilogue::thread::SiLu<Fragment> act;" in code
+    assert "co_act::SiLU<Fragment> act;" in code
     assert "/*ptr_Vector=*/const_cast<void*>(args.bias)" in code
     layout = "broadcast_layout()" if broadcast else "Layout::packed(ps.output_extent())"
     assert f"ref<ElementOutput>(args.residual, {layout})" in code

@@ -143,8 +143,8 @@ def test_bias_only():
 
 @pytest.mark.parametrize("act,functor", [
     ("relu", "cutlass::epilogue::thread::ReLu"), ("gelu_erf", "co_act::GELU"),
-    ("gelu_tanh", "cutlass::epilogue::thread::GELU_taylor"), ("silu", "cutlass::epilogue::thread::SiLu"),
-    ("sigmoid", "cutlass::epilogue::thread::Sigmoid")])
+    ("gelu_tanh", "cutlass::epilogue::thread::GELU_taylor"), ("silu", "co_act::SiLU"),
+    ("sigmoid", "co_act::Sigmoid")])
 def test_activation_functor(act, functor):
     c = code(ep=GemmEpilogue(bias=True, activation=act))
     assert f"Sm90Compute<{functor}, ElementD," in c

@@ -19,8 +19,8 @@ ACTS = {"relu": torch.relu, "gelu_erf": F.gelu, "gelu_tanh": lambda t: F.gelu(t,
         "silu": F.silu, "sigmoid": torch.sigmoid, "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid,
         "quick_gelu": lambda t: t * torch.sigmoid(1.702 * t)}
 FUNCTORS = {"relu": "cutlass::epilogue::thread::ReLu", "gelu_erf": "co_act::GELU",
-            "gelu_tanh": "cutlass::epilogue::thread::GELU_taylor", "silu": "cutlass::epilogue::thread::SiLu",
-            "sigmoid": "cutlass::epilogue::thread::Sigmoid", "hardswish": "cutlass::epilogue::thread::HardSwish",
+            "gelu_tanh": "cutlass::epilogue::thread::GELU_taylor", "silu": "co_act::SiLU",
+            "sigmoid": "co_act::Sigmoid", "hardswish": "cutlass::epilogue::thread::HardSwish",
             "hardsigmoid": "co_act::HardSigmoid", "quick_gelu": "co_act::QuickGELU"}
 # odd N (alignment 1): CUTLASS 2.x kernels on either arch; N = 64: 3.x on sm_90a
 SHAPES = {"2x": (12, 40, 63), "3x": (12, 40, 64)}

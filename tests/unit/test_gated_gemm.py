@@ -175,7 +175,7 @@ def test_glu_source_swaps_the_epilogue_only(bias):
                      epilogue=GemmEpilogue(bias=bias, activation="silu", glu=True), config=cfg)
     src = gemm_sm90.emit(glu)
     code = src.code
-    assert "co_glu::GluEpilogue<ElementD, ElementBias, cutlass::epilogue::thread::SiLu, " \
+    assert "co_glu::GluEpilogue<ElementD, ElementBias, co_act::SiLU, " \
            f"{'true' if bias else 'false'}," in code
     assert "cutlass::epilogue::NoSmemWarpSpecialized" in code
     assert code.count("#ifndef CO_GLU_EPILOGUE_H") == 1

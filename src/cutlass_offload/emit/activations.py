@@ -17,8 +17,8 @@ FUNCTOR = {
     "relu": THREAD + "ReLu",
     "gelu_erf": "co_act::GELU",          # templates/activations.h: erfc without erff
     "gelu_tanh": THREAD + "GELU_taylor",
-    "silu": THREAD + "SiLu",
-    "sigmoid": THREAD + "Sigmoid",
+    "silu": "co_act::SiLU",              # templates/activations.h: ex2 and rcp, no IEEE divide
+    "sigmoid": "co_act::Sigmoid",
     "hardswish": THREAD + "HardSwish",
     "hardsigmoid": "co_act::HardSigmoid",
     "quick_gelu": "co_act::QuickGELU",
