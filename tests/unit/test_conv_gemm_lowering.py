@@ -75,7 +75,11 @@ def test_selection_takes_the_lowering_on_sm90a_only():
     assert (k.align_a, k.align_b, k.align_c) == (1, 1, 8)
     assert "_im2col_" in k.name
     d = choose_conv_kernel(_problem(**ONE_BY_ONE), "sm90a", 132)
-    assert d.iterator == "direct" and d.config.tile[1] == 64      # N = 16: the narrow rule
+    # EfficientNet's 32 -> 16 1x1 conv: the GEMM family's choice for its GEMM (the learned
+    # table's skinny 256x16x32 tile since session 28; the narrow rule's 128x64 without it)
+    g = rules.gemm_problem(_problem(**ONE_BY_ONE), "direct")
+    assert d.iterator == "direct" and d.config == sm90.choose(g, 132)[0] and d.config.tile[1] <= 64
+    assert sm90.choose(g, 132, table=None)[0].tile[1] == 64
     sm80 = choose_conv_kernel(_problem(), "sm80", 108)
     assert sm80.config.family == "cutlass2x_sm80"
     tma = choose_conv_kernel(_problem(**{**ONE_BY_ONE, "stride": (2, 2)}), "sm90a", 132)

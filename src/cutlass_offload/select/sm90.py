@@ -397,7 +397,9 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
     For tile M 128 (cooperative, clusters 1x1 and 2x1) and 64 (ping-pong, 1x1):
     the ``FIT_PER_M`` tile Ns of ``FIT_TILE_N`` outside SPACE with the smallest
     ``tile_estimate``, each only when it beats the best of SPACE's tile Ns for
-    that M by ``FIT_MIN_GAIN``. None for M <= 128 rows (one tile row: the fixed
+    that M by ``FIT_MIN_GAIN``; then the 192-row N-split tiles (``_n_split_configs``),
+    the swap_ab ones (``swap_configs``) and the skinny ones (``skinny_configs``). None
+    of the first, second and fourth kind for M <= 128 rows (one tile row: the fixed
     small tiles cover it) or an N-contiguous B (its shared-memory swizzle needs N
     in multiples of 64 for full width). Returns a tuple of KernelConfig.
     """
@@ -405,7 +407,7 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
     swapped = swap_configs(problem, num_sms)
     if m <= SMALL_M or problem.layout_b != "col":
         return swapped
-    skinny = tuple(c for c in skinny_configs(problem, num_sms) if takes(problem, c))
+    skinny = skinny_configs(problem, num_sms)
     out = []
     for tm, sched, clusters in ((128, COOP, (_C11, _C21)), (64, PINGPONG, (_C11,))):
         best_fixed = min(tile_estimate(m, n, tm, tn, num_sms) for tn in _FIXED_N[tm])
