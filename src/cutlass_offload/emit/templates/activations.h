@@ -28,9 +28,10 @@ struct HardSigmoid {
 // CTA's 256 consumer threads per SM do little else, that cost more than the GEMM:
 // EfficientNet's 401408x96x16 GEMM took 32.6 us plain and 92.4 us with bias + SiLU on
 // the H200 (session 28, benchmarks/gemm_tune.py --shapes effnet). Relative error
-// under 2^-21 (both approximations are within 2 ulp); the non-ftz forms keep
-// subnormal inputs and results, so for x near -87 bf16 gets PyTorch's tiny value,
-// not 0. sigmoid(-inf) = rcp(inf) = 0, sigmoid(inf) = 1, NaN stays NaN.
+// about 2^-20 for |x| <= 8 (each approximation within 2 ulp), growing to about 2^-17
+// near x = -88 as x log2(e) is rounded to fp32: far below fp16 / bf16 rounding. The
+// non-ftz forms keep subnormal inputs and results, so for x near -87 bf16 gets
+// PyTorch's tiny value, not 0. sigmoid(-inf) = rcp(inf) = 0, sigmoid(inf) = 1, NaN stays NaN.
 CUTLASS_HOST_DEVICE float sigmoid_f32(float x) {
 #if defined(__CUDA_ARCH__)
   float e, r;
