@@ -17,8 +17,9 @@ For each problem: every candidate's time, the winner, the heuristic's choice and
 the PyTorch ops the region replaces (addmm + epilogue ops, timed the same way:
 20 launches in a CUDA graph, median of 15 replays, us per launch; tune/profile.py).
 Target (H200, fp16): the winner at least as fast as PyTorch for M >= 256, within
-1.2x for smaller M. Results are remembered in the tuning cache like ``--tune``'s
-(a second run profiles nothing; CUTLASS_OFFLOAD_CACHE_DIR picks the cache).
+1.2x for smaller M. With ``--search full`` (the default) results are remembered in
+the tuning cache like ``--tune``'s (a second run profiles nothing;
+CUTLASS_OFFLOAD_CACHE_DIR picks the cache); the other searches cache nothing.
 Prints the candidate table and a target table; writes JSON to
 $OUT/gemm_tune.json (default ./out).
 
