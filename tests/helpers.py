@@ -190,17 +190,19 @@ def property_settings():
 
 
 @contextlib.contextmanager
-def gemm_table(path, m: int, k: int, configs):
+def gemm_table(path, m: int, k: int, configs, gpu: str | None = None, num_sms: int | None = None):
     """Make ``select.sm90`` read a learned table of one entry per (n, KernelConfig) of
-    ``configs`` for (m, n, k) problems, written to ``path`` for the current CUDA
-    device (its name and SM count), until the block ends; then the table before."""
+    ``configs`` for (m, n, k) problems, written to ``path`` for ``gpu`` with
+    ``num_sms`` SMs (default: the current CUDA device's name and SM count), until the
+    block ends; then the table before."""
     from cutlass_offload.ir import config_to_dict
     from cutlass_offload.select import sm90
     entries = [{"m": m, "n": n, "k": k, "batch": 1, "layout_b": "col",
                 "config": config_to_dict(cfg), "launch": {}} for n, cfg in configs]
-    path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0),
-                                "num_sms": torch.cuda.get_device_properties(0).multi_processor_count,
-                                "entries": entries}))
+    path.write_text(json.dumps({
+        "gpu": gpu if gpu is not None else torch.cuda.get_device_name(0),
+        "num_sms": num_sms if num_sms is not None else torch.cuda.get_device_properties(0).multi_processor_count,
+        "entries": entries}))
     before = sm90.TABLE_FILE
     sm90.use_table(path)
     try:

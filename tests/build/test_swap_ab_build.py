@@ -4,16 +4,14 @@ is also a skinny one (K tile 32, select/sm90.py skinny_configs) on a wgmma outsi
 default N shapes (160), with a bias and GELU epilogue on the column broadcast, so the
 one kernel compiles every part those configs change. The GPU tier
 (tests/gpu/test_swap_ab_tiles.py) checks their results."""
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import gemm_table
 from torch import nn
 
 import cutlass_offload as co
 from cutlass_offload.emit import gemm_sm90
-from cutlass_offload.ir import config_to_dict
 from cutlass_offload.select import DEFAULT_NUM_SMS, sm90
 
 pytestmark = pytest.mark.build
@@ -33,15 +31,9 @@ class Projection(nn.Module):
 
 @pytest.fixture
 def swap_table(tmp_path):
-    entry = {"m": M, "n": N, "k": K, "batch": 1, "layout_b": "col",
-             "config": config_to_dict(CONFIG), "launch": {}}
-    path = tmp_path / "table.json"
-    path.write_text(json.dumps({"gpu": "build test", "num_sms": DEFAULT_NUM_SMS["sm90a"],
-                                "entries": [entry]}))
-    before = sm90.TABLE_FILE
-    sm90.use_table(path)
-    yield
-    sm90.use_table(before)
+    with gemm_table(tmp_path / "table.json", M, K, [(N, CONFIG)], gpu="build test",
+                    num_sms=DEFAULT_NUM_SMS["sm90a"]):
+        yield
 
 
 def test_a_swapped_kernel_compiles_and_exports_its_region(swap_table, tmp_path):

@@ -419,6 +419,25 @@ def _operands(kernel: GemmKernel) -> dict:
     return out
 
 
+def _orientation(swap: bool) -> dict:
+    """The ``${extent_*}``, ``${operand_*}``, C / D layout and stride values: the
+    problem's own, or for swap_ab its transpose (CUTLASS's (M, N) is the problem's
+    (N, M), its A the problem's B, D^T column-major)."""
+    stride_cd = _mn_major if swap else _k_major
+    return {
+        "layout_cd": "cutlass::layout::ColumnMajor" if swap else "cutlass::layout::RowMajor",
+        "stride_d_type": _MN_MAJOR_TYPE if swap else _K_MAJOR_TYPE,
+        "layout_d_doc": "D^T (N, M, L) column-major, i.e. D row-major: swap AB" if swap
+                        else "row-major (M, N, L)",
+        "extent_m": "n" if swap else "m",
+        "extent_n": "m" if swap else "n",
+        "operand_a": "b" if swap else "a",
+        "operand_b": "a" if swap else "b",
+        "stride_c_value": stride_cd("c"),
+        "stride_d_value": stride_cd("d"),
+    }
+
+
 def values(kernel: GemmKernel) -> dict:
     """Build the substitution dict for ``TEMPLATE`` (every placeholder, no more).
 
@@ -441,7 +460,6 @@ def values(kernel: GemmKernel) -> dict:
     shape = sm90_parts.shape_values(kernel)   # alignments, tile, cluster
     if swap:
         shape.update(align_a=str(kernel.align_b), align_b=str(kernel.align_a))
-    stride_cd = _mn_major if swap else _k_major
 
     return {
         "name": kernel.name,
@@ -452,16 +470,7 @@ def values(kernel: GemmKernel) -> dict:
         "element_d": element,
         **shape,
         **_operands(kernel),
-        "layout_cd": "cutlass::layout::ColumnMajor" if swap else "cutlass::layout::RowMajor",
-        "stride_d_type": _MN_MAJOR_TYPE if swap else _K_MAJOR_TYPE,
-        "layout_d_doc": "D^T (N, M, L) column-major, i.e. D row-major: swap AB" if swap
-                        else "row-major (M, N, L)",
-        "extent_m": "n" if swap else "m",
-        "extent_n": "m" if swap else "n",
-        "operand_a": "b" if swap else "a",
-        "operand_b": "a" if swap else "b",
-        "stride_c_value": stride_cd("c"),
-        "stride_d_value": stride_cd("d"),
+        **_orientation(swap),
         "fusion_type": fusion_type,
         "fusion_args": fusion_args,
         "epilogue_schedule": cfg.epilogue_schedule or _EPILOGUE_FOR[cfg.kernel_schedule],
