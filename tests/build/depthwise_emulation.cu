@@ -15,6 +15,7 @@
 #include <cutlass/array.h>
 #include <cutlass/numeric_types.h>
 #include PRELUDE_HEADER
+#include ACTIVATIONS_HEADER     // the unit's preamble (emit/depthwise.py)
 #include DEPTHWISE_HEADER
 #include DEPTHWISE_TILED_HEADER
 

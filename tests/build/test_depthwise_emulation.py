@@ -22,6 +22,7 @@ def test_depthwise_threads_match_a_direct_conv(tmp_path):
     nvcc = find_nvcc()
     exe = tmp_path / "emu"
     cmd = [str(nvcc), "-std=c++17", "-O1", "-arch=sm_90a", f'-DPRELUDE_HEADER="{TEMPLATES / "prelude.h"}"',
+           f'-DACTIVATIONS_HEADER="{TEMPLATES / "activations.h"}"',
            f'-DDEPTHWISE_HEADER="{TEMPLATES / "depthwise.cuh"}"',
            f'-DDEPTHWISE_TILED_HEADER="{TEMPLATES / "depthwise_tiled.cuh"}"', "-o", str(exe),
            str(HERE / "depthwise_emulation.cu")]

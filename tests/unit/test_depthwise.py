@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from cutlass_offload.capture import capture
 from cutlass_offload.config import CompileOptions
 from cutlass_offload.emit import emit_kernel
+from cutlass_offload.emit.activations import ACTIVATIONS_H
 from cutlass_offload.families import depthwise
 from cutlass_offload.ir import ConvProblem, DepthwiseKernel, GemmEpilogue
 from cutlass_offload.partition import partition
@@ -109,7 +110,8 @@ def test_problem_and_kernel_refuse_what_they_cannot_be():
 def test_emitted_instantiation_carries_the_epilogue(ep, codes):
     k = DepthwiseKernel(arch="sm90a", dtype="bf16", epilogue=ep, s=7, stride_w=1)
     src = emit_kernel(k)
-    assert src.args_type == "CoConvArgs" and src.preamble == ()
+    # the shared template calls the activations' functors, whatever this kernel applies
+    assert src.args_type == "CoConvArgs" and src.preamble == (ACTIVATIONS_H,)
     assert f"co_depthwise::run<cutlass::bfloat16_t, {codes}>(" in src.code
     assert f"namespace {k.name} {{" in src.code and "int64_t workspace_size" in src.code
 

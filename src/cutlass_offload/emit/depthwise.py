@@ -26,6 +26,7 @@ from string import Template
 
 from ..dtypes import CPP
 from ..ir import DepthwiseKernel, KernelSource
+from . import activations
 
 FAMILY = DepthwiseKernel.FAMILY
 
@@ -88,5 +89,6 @@ def emit(kernel: DepthwiseKernel) -> KernelSource:
         tiled=", ".join(map(str, kernel.tiled or (0, 0, 128, 1))), act=ACTIVATION_CODES[ep.activation],
         res=RESIDUAL_CODES[ep.residual], broadcast="true" if ep.residual_broadcast else "false",
         post=POST_CODES[ep.post_activation])
+    # the activations preamble always: the shared template names its functors
     return KernelSource(name=kernel.name, includes=INCLUDES, code=_COMMON + "\n" + body,
-                        args_type="CoConvArgs")
+                        args_type="CoConvArgs", preamble=(activations.ACTIVATIONS_H,))

@@ -59,17 +59,19 @@ struct Geometry {
 template <int Act>
 __host__ __device__ __forceinline__ float activate(float v) {
   if (Act == kRelu) return v > 0.f ? v : 0.f;         // NaN stays NaN, as torch.relu
-  if (Act == kGeluErf) return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+  // GELU, SiLU, sigmoid, quick_gelu: the GEMM epilogues' functors (activations.h,
+  // this unit's preamble), the same values as there and no IEEE divide or erff
+  if (Act == kGeluErf) return co_act::GELU<float>{}(v);
   if (Act == kGeluTanh) {
     // sqrt(2 / pi) and 0.044715: torch.nn.functional.gelu(approximate="tanh")
     return 0.5f * v * (1.f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
   }
-  if (Act == kSilu) return v / (1.f + expf(-v));
-  if (Act == kSigmoid) return 1.f / (1.f + expf(-v));
-  // torch.nn.functional.hardswish / hardsigmoid; x * sigmoid(1.702 x) (CLIP's quick_gelu)
+  if (Act == kSilu) return co_act::SiLU<float>{}(v);
+  if (Act == kSigmoid) return co_act::Sigmoid<float>{}(v);
+  // torch.nn.functional.hardswish / hardsigmoid
   if (Act == kHardSwish) return v * fminf(fmaxf(v + 3.f, 0.f), 6.f) / 6.f;
   if (Act == kHardSigmoid) return v != v ? v : fminf(fmaxf(v + 3.f, 0.f), 6.f) / 6.f;
-  if (Act == kQuickGelu) return v * (1.f / (1.f + expf(-1.702f * v)));
+  if (Act == kQuickGelu) return co_act::QuickGELU<float>{}(v);
   return v;
 }
 
