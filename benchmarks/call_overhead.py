@@ -10,7 +10,9 @@ wall time per call, which for this launch-bound kernel is the GPU's pace.
 ``host_launcher_miss_us`` changes the output address on every call (the launcher
 builds its Params: checks, TMA descriptors; plus a Python list lookup), and
 ``host_bare_launch_us`` is the floor: one empty kernel launched from Python
-(``torch.cuda._sleep(0)``).
+(``torch.cuda._sleep(0)``). ``host_cudnn_conv_*_us``: one cuDNN conv call as
+Inductor's wrapper makes it (``torch.convolution``) on EfficientNet-b0 shapes, what a
+conv left to PyTorch costs the host in default mode (select/pytorch_faster.py).
 
     python benchmarks/call_overhead.py [--arch sm_90a] [--json call_overhead.json]
 """
@@ -122,6 +124,30 @@ def region_call_costs(mod, xs, n=2000) -> dict:
     return result
 
 
+# Convs as Inductor's wrapper calls a conv it leaves to PyTorch
+# (extern_kernels.convolution = aten.convolution): EfficientNet-b0's shapes at batch
+# 32, channels_last fp16: (C, H, R, stride, groups) -> name
+CUDNN_CONVS = {"depthwise_144x56_3x3": (144, 56, 3, 1, 144), "depthwise_672x14_5x5": (672, 14, 5, 1, 672),
+               "se_expand_10_to_240_1x1": (10, 1, 1, 1, 1)}
+
+
+def cudnn_conv_host_us() -> dict:
+    """Host microseconds of one cuDNN conv call per CUDNN_CONVS shape (GPU kept busy),
+    what select/pytorch_faster.HOST_CONV_MARGIN_US weighs against a region call."""
+    out = {}
+    with torch.no_grad():
+        for name, (c, h, r, stride, groups) in CUDNN_CONVS.items():
+            k = 240 if groups == 1 else c
+            x = torch.randn(32, c, h, h, dtype=torch.float16, device="cuda").to(
+                memory_format=torch.channels_last)
+            w = torch.randn(k, c // groups, r, r, dtype=torch.float16, device="cuda").to(
+                memory_format=torch.channels_last)
+            args = (x, w, None, (stride, stride), (r // 2, r // 2), (1, 1), False, (0, 0), groups)
+            torch.convolution(*args)            # cuDNN's plan for this shape, once
+            out[f"host_cudnn_conv_{name}_us"] = host_us(lambda: torch.convolution(*args))
+    return out
+
+
 def _region_op_call(mod, xs):
     """(torch.ops.cutlass_offload.region.default, key, entry) with ``mod`` registered
     under the key and its FastCall bound (what Inductor's glue calls; the caller keeps
@@ -203,6 +229,7 @@ def main():
             result["host_torch_linear_call_us"] = host_us(lambda: small(xs))
             w = small.weight
             result["host_torch_mm_us"] = host_us(lambda: torch.mm(xs, w))
+            result.update(cudnn_conv_host_us())
         torch.cuda.synchronize()
     for k, v in result.items():
         print(f"{k:>24}: {v:8.1f} us")
