@@ -18,11 +18,9 @@ its own (``--resume`` skips the steps a partial JSON already holds):
   them with ``--no-anchors`` (alias ``--no-compile-baseline``);
 * ours, compiled here (``--dynamic-batch`` on by default; glue "inductor": the
   library builds while Inductor compiles the glue, layer / RMS norms left to
-  Inductor; once in mode "default" and once in "reduce-overhead", as a user passing
-  that mode gets it: with host launches a conv cuDNN runs only slightly faster stays
-  ours, CompileOptions.host_launches; then again with glue "eager", every norm a
-  region, the kernels from the cache; sibling linears combined unless
-  ``--no-combine-gemms``) or loaded from ``--from`` folders (one compile for both modes):
+  Inductor; then again with glue "eager", every norm a region, the kernels
+  from the cache; sibling linears combined unless ``--no-combine-gemms``) or
+  loaded from ``--from`` folders:
   ``ours_inductor`` (Inductor glue, plain calls; its first compile symbolic in the
   export's dynamic dims, or specialized with ``--glue-dynamic auto``),
   ``ours_inductor_ro`` (Inductor glue in mode "reduce-overhead"; neither with
@@ -539,17 +537,15 @@ def bench_inductor_glue(compiled, inputs, mode, checks, a) -> dict:
     return res
 
 
-def bench_paired(model, by_mode: dict, inputs, a) -> dict:
+def bench_paired(model, compiled, inputs, a) -> dict:
     """torch.compile(model, mode) and ours with Inductor glue in the same mode, both
     alive and timed in ``a.paired_rounds`` interleaved rounds of ``a.reps`` forwards
     (_timing.paired_ms), per mode: a host-bound forward's time drifts with the host
     by up to 1.4x within one process (glue_profile's convnext-tiny runs), so the
-    sequential steps above can favour either side; the per-round ratio cannot.
-    ``by_mode``: {"default" / "reduce-overhead": the CompiledModel compiled for it}."""
+    sequential steps above can favour either side; the per-round ratio cannot."""
     from _timing import paired_ms, paired_ratio
     out = {"rounds": a.paired_rounds, "reps_per_round": a.reps}
     for mode in ("default", "reduce-overhead"):
-        compiled = by_mode[mode]
         torch._dynamo.reset()
         tc = torch.compile(model, mode=None if mode == "default" else mode)
         compiled.set_glue("inductor", mode=None if mode == "default" else mode, dynamic=a.glue_dynamic)
@@ -567,11 +563,9 @@ def bench_paired(model, by_mode: dict, inputs, a) -> dict:
     return out
 
 
-def _load_or_compile(name, tpl, model, inputs, tune, a, glue="eager", mode=None):
+def _load_or_compile(name, tpl, model, inputs, tune, a, glue="eager"):
     """(CompiledModel, reference module or None, source, seconds). Compiling here
-    with glue "inductor" compiles the glue (in ``mode``) beside the library build;
-    the mode also decides which measured-faster convs stay in PyTorch
-    (CompileOptions.host_launches)."""
+    with glue "inductor" compiles the glue beside the library build."""
     t0 = time.perf_counter()
     if tpl is not None:
         source = _folder(tpl, name)
@@ -581,8 +575,6 @@ def _load_or_compile(name, tpl, model, inputs, tune, a, glue="eager", mode=None)
         kw = {"tune": True} if tune else {}
         if "glue" in inspect.signature(co.compile).parameters:
             kw["glue"] = glue
-            if mode is not None:
-                kw["mode"] = mode
         if not a.combine_gemms:
             kw["combine_gemms"] = False
         reference, source = None, "compiled here" + (" (dynamic batch)" if a.dynamic_batch else "")
@@ -705,22 +697,10 @@ def bench_model(name, a, peaks, res=None, save=lambda: None, budget=None) -> dic
         cache = {}
         if not a.no_inductor_glue:     # first: compile() may have compiled this glue already
             step("ours_inductor", lambda: bench_inductor_glue(compiled, inputs, None, checks, a))
-            by_mode = {"default": compiled, "reduce-overhead": compiled}
-            if a.from_tpl is None and ("ours_inductor_ro" not in res or "paired" in ours_keys
-                                       and "paired" not in res):
-                # compiled again for reduce-overhead, as a user passing mode= gets it:
-                # without host launches cuDNN's measured-faster convs stay in PyTorch
-                # (CompileOptions.host_launches); the kernels come from the cache
-                torch._dynamo.reset()
-                by_mode["reduce-overhead"], _, _, ro_s = _load_or_compile(
-                    name, None, model, inputs, False, a, glue="inductor", mode="reduce-overhead")
-                res["ours_setup"]["reduce_overhead_compile_s"] = ro_s
-                res["ours_setup"]["regions"] = {m: len(c.region_modules()) for m, c in by_mode.items()}
             step("ours_inductor_ro", lambda: bench_inductor_glue(
-                by_mode["reduce-overhead"], inputs, "reduce-overhead", checks, a))
+                compiled, inputs, "reduce-overhead", checks, a))
             if a.paired_rounds > 0 and not a.no_anchors:
-                step("paired", lambda: bench_paired(model, by_mode, inputs, a))
-            del by_mode
+                step("paired", lambda: bench_paired(model, compiled, inputs, a))
             if "heuristic" not in res and a.from_tpl is None:
                 # eager glue partitions apart: every norm is a region there (offload_norms
                 # "auto"), while Inductor glue leaves layer / RMS norms to Inductor

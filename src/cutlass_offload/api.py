@@ -129,8 +129,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     options = options_for_glue(CompileOptions(
         arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict, num_sms=num_sms,
         build_strategy=build_strategy, executor=executor, ray_address=ray_address, tune=tune,
-        offload_norms=offload_norms, combine_gemms=combine_gemms), glue_spec.resolved(),
-        glue_spec.cuda_graphs())
+        offload_norms=offload_norms, combine_gemms=combine_gemms), glue_spec.resolved())
     _executor(options)      # a missing Ray extra fails now, not after the capture
     if out_dir is not None:
         check_out_dir(out_dir)      # and a path we must not replace, before any work
@@ -180,7 +179,7 @@ def compile_captured(cap: Captured, options: CompileOptions, phases: _Phases | N
     ``tuned``: GEMM winners, Hopper attention configs), e.g. a search's candidates.
     """
     spec = GlueSpec(glue, mode, inductor_options)
-    return _compile_graph(cap.graph_module, options_for_glue(options, spec.resolved(), spec.cuda_graphs()),
+    return _compile_graph(cap.graph_module, options_for_glue(options, spec.resolved()),
                           phases or _Phases(), glue=spec, tuned=tuned)
 
 

@@ -86,7 +86,7 @@ def make_backend(arch: str | None = None, allow_tf32: bool = False, strict: bool
 
     def _backend(gm, example_inputs, mode=mode, options=options):
         from .api import resolve_arch
-        from .runtime.glue import check_glue_args, resolve_glue, uses_cuda_graphs
+        from .runtime.glue import check_glue_args, resolve_glue
         check_glue_args(glue, mode, options)
         copts = CompileOptions(arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict)
         if resolve_glue(glue) == "eager":
@@ -94,8 +94,8 @@ def make_backend(arch: str | None = None, allow_tf32: bool = False, strict: bool
                 warnings.warn("cutlass_offload backend: eager glue (no GPU / Triton for Inductor): "
                               "mode and options are ignored", RuntimeWarning, stacklevel=2)
             return _eager(gm, example_inputs, options_for_glue(copts, "eager"), _backend.compiled)
-        copts = options_for_glue(copts, "inductor", uses_cuda_graphs(mode, options))
-        return _inductor(gm, example_inputs, copts, mode, options, _backend.compiled)
+        return _inductor(gm, example_inputs, options_for_glue(copts, "inductor"), mode, options,
+                         _backend.compiled)
     _backend.compiled = []
     return _backend
 

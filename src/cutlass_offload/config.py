@@ -131,12 +131,6 @@ class CompileOptions:
       ``options_for_glue`` from the compile's glue): measured-faster entries that hold
       only when Inductor compiles PyTorch's side (it pads a misaligned GEMM's
       output, for one) apply with "inductor" alone.
-    host_launches: the glue launches every kernel from the host on each call:
-      Inductor glue in a mode without CUDA graphs ("default"; set by
-      ``options_for_glue``). Such a forward is often host-bound, and a cuDNN conv
-      call costs far more host time than a region call, so a conv that cuDNN was
-      measured to run faster stays ours unless cuDNN wins by more than that
-      difference (select/pytorch_faster.HOST_CONV_MARGIN_US).
     combine_gemms: sibling linears on one input (attention's q / k / v projections)
       with nothing fused but a bias run as one GEMM over their concatenated weights,
       each output a slice of its output (partition/parallel_gemm.py); on sm90a a gate
@@ -158,7 +152,6 @@ class CompileOptions:
     offload_norms: str = "auto"
     combine_gemms: bool = True
     glue: str = "eager"
-    host_launches: bool = False
 
     def __post_init__(self):
         from .target import ALIASES
@@ -182,12 +175,11 @@ class CompileOptions:
 NORM_CHOICES = ("auto", "all", "group", "none")
 
 
-def options_for_glue(options: CompileOptions, glue: str, cuda_graphs: bool = True) -> CompileOptions:
+def options_for_glue(options: CompileOptions, glue: str) -> CompileOptions:
     """``options`` for ``glue`` (the resolved glue, "inductor" or "eager"): its
-    ``glue`` set, ``host_launches`` for Inductor glue without CUDA graphs
-    (``cuda_graphs``: whether its mode runs them), and ``offload_norms`` "auto" made
-    concrete: "group" with Inductor glue unless strict, else "all" (other values stay)."""
-    options = replace(options, glue=glue, host_launches=glue == "inductor" and not cuda_graphs)
+    ``glue`` set, and ``offload_norms`` "auto" made concrete: "group" with Inductor
+    glue unless strict, else "all" (other values stay)."""
+    options = replace(options, glue=glue)
     if options.offload_norms != "auto":
         return options
     return replace(options, offload_norms="group" if glue == "inductor" and not options.strict else "all")

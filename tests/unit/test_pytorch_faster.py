@@ -260,32 +260,3 @@ def test_whisper_attention_entry_applies_with_inductor_glue_alone():
     assert real.reason(problem(dtype="bf16"), 132, glue="inductor") is None
     assert real.reason(problem(batch_hint=2), 132, glue="inductor") is None
     assert real.reason(problem(), 114, glue="inductor") is None        # another GPU
-
-
-def test_with_host_launches_a_conv_stays_ours_unless_cudnn_wins_by_more_than_the_margin(monkeypatch):
-    """Inductor glue in default mode launches from the host each call, where a cuDNN
-    conv call costs more host time than a region call: a conv entry whose cuDNN
-    kernel wins by at most HOST_CONV_MARGIN_US then keeps our kernel; one that wins
-    by more stays in PyTorch; in reduce-overhead (CUDA graphs) both stay there."""
-    from cutlass_offload.config import options_for_glue
-    from cutlass_offload.runtime.glue import GlueSpec
-    x = torch.randn(4, 240, 28, 28).half().to(memory_format=torch.channels_last)
-    conv = torch.nn.Conv2d(240, 240, 5, padding=2, groups=240).half().to(memory_format=torch.channels_last)
-    part = partition(capture(conv, (x,)).graph_module, CompileOptions(arch="sm90a"))
-    (region,) = part.regions
-    p = region.problem
-    base = {"n": 4, "c": 240, "k": 240, "h": 28, "w": 28, "r": 5, "s": 5, "pad": list(p.pad),
-            "stride": [1, 1], "dilation": [1, 1], "dtype": "f16", "groups": 240, "anchor": "cudnn"}
-    margin = pf.HOST_CONV_MARGIN_US
-    for ours, anchor, kept_plain in ((30.0, 30.0 - margin + 1, 1), (30.0 + margin, 29.0, 0)):
-        table = pf.PytorchFaster({"gpu": "NVIDIA H200", "num_sms": 132,
-                                  "conv2d": [dict(base, ours_us=ours, anchor_us=anchor)]})
-        monkeypatch.setattr(pf, "default", lambda table=table: table)
-        for mode, kept in ((None, kept_plain), ("reduce-overhead", 0)):
-            spec = GlueSpec("inductor", mode)
-            opts = options_for_glue(CompileOptions(arch="sm90a"), "inductor", spec.cuda_graphs())
-            assert opts.host_launches == (mode is None)
-            assert len(select(part, "sm90a", opts).regions) == kept, (ours, anchor, mode)
-        # eager glue: the entries apply as measured (cuda_graphed() replays it)
-        eager = options_for_glue(CompileOptions(arch="sm90a"), "eager", False)
-        assert not eager.host_launches and not select(part, "sm90a", eager).regions

@@ -107,10 +107,7 @@ def test_steps_budget_and_resume(cpu_run, tmp_path):
     assert set(five["step_s"]) == {"eager", "ours_inductor", "ours_inductor_ro", "heuristic"}
     oi, oro, h = five["ours_inductor"], five["ours_inductor_ro"], five["heuristic"]
     assert oi["glue"] == "inductor" and oi["compiled_during_compile"] is True
-    # reduce-overhead has its own compile (CompileOptions.host_launches differs),
-    # whose glue compiles during it
-    assert oro["mode"] == "reduce-overhead" and oro["compiled_during_compile"] is True
-    assert five["ours_setup"]["regions"] == {"default": 6, "reduce-overhead": 6}   # a norm left to Inductor
+    assert oro["mode"] == "reduce-overhead" and oro["compiled_during_compile"] is False
     for v in (oi, oro, h):
         assert v["rel_err_fp32_fresh"] < 1e-5 and v["rel_err_fp32_batch2"] < 1e-5
     assert five["second_batch"] == 2 and h["regions"] == 7 and five["tuned"] == "not run (--quick)"
@@ -131,6 +128,5 @@ def test_no_eager_glue_measures_only_the_inductor_variants(cpu_run, tmp_path, mo
     five = json.loads(out.read_text())["models"][0]
     assert set(five["step_s"]) == {"eager", "ours_inductor", "ours_inductor_ro"}
     assert five["heuristic"] == "not run (--no-eager-glue)"
-    # one compile per mode of the Inductor glue, none for the eager glue
-    assert compiles == ["inductor", "inductor"]
+    assert compiles == ["inductor"]            # no second compile for the eager glue
     assert five["ours_inductor_ro"]["rel_err_fp32_batch2"] < 1e-5

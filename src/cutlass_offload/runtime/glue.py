@@ -366,10 +366,6 @@ class GlueSpec:
     def resolved(self) -> str:
         return resolve_glue(self.glue)
 
-    def cuda_graphs(self) -> bool:
-        """Whether the mode / options run the Inductor glue in CUDA graphs."""
-        return uses_cuda_graphs(self.mode, self.options)
-
     def apply(self, compiled):
         compiled.set_glue(self.glue, self.mode, self.options)
         if compiled.report is not None:

@@ -185,8 +185,7 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
     defer = options.pytorch_when_faster and not options.strict
     for r in part.regions:
         if defer and _defer_measured(r):
-            why = pytorch_faster.reason(r.problem, arch, num_sms, glue=options.glue,
-                                        host_launches=options.host_launches)
+            why = pytorch_faster.reason(r.problem, arch, num_sms, glue=options.glue)
             if why is not None:
                 fallbacks.append(Fallback(r.nodes[0], r.form, why))
                 continue

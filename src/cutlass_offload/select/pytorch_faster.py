@@ -37,12 +37,6 @@ from pathlib import Path
 from ..ir import AttentionProblem, ConvProblem, GemmProblem
 
 DEFER_BELOW = 0.97      # speedup over PyTorch under which a measured problem stays there
-# With host launches (CompileOptions.host_launches) a conv entry applies only when
-# cuDNN's kernel is faster by more than this many microseconds: the host time a
-# cuDNN conv call from Inductor's wrapper costs over a region op call. Measured on
-# the H200 host (benchmarks/call_overhead.py, session 29): see HOST_CONV_SOURCE.
-HOST_CONV_MARGIN_US = 20.0
-HOST_CONV_SOURCE = "benchmarks/results/call_overhead_conv_2026-12-04_h200_s29.json"
 FILE = Path(__file__).parent / "tables" / "sm90a_h200_pytorch_faster.json"
 
 _CONV_FIELDS = ("n", "c", "k", "h", "w", "r", "s", "pad", "stride", "dilation", "dtype", "groups")
@@ -102,7 +96,7 @@ class PytorchFaster:
         self.gemm = {_entry_key(e, _GEMM_FIELDS): e for e in data.get("gemm", [])}
 
     def reason(self, problem, num_sms: int, kernel: str | None = None,
-               glue: str = "eager", host_launches: bool = False) -> str | None:
+               glue: str = "eager") -> str | None:
         if num_sms != self.num_sms:
             return None
         if isinstance(problem, ConvProblem):
@@ -117,9 +111,6 @@ class PytorchFaster:
             return None
         if e is None or e.get("glue", glue) != glue:
             return None
-        if host_launches and isinstance(problem, ConvProblem) and \
-                e["ours_us"] - e["anchor_us"] <= HOST_CONV_MARGIN_US:
-            return None         # the host time cuDNN's call adds outweighs its kernel's gain
         return (f"PyTorch is faster here: {e['anchor']} {e['anchor_us']:.1f} us against our kernel's "
                 f"{e['ours_us']:.1f} us per call on {self.gpu} ({e.get('bench', 'benchmarks/kernels_bench.py')})")
 
@@ -131,14 +122,13 @@ def default() -> PytorchFaster | None:
 
 
 def reason(problem, arch: str, num_sms: int, kernel: str | None = None,
-           glue: str = "eager", host_launches: bool = False) -> str | None:
+           glue: str = "eager") -> str | None:
     """Why ``problem`` (a GemmProblem whose chosen kernel has the tag ``kernel``, a
     ConvProblem or an AttentionProblem) should stay in PyTorch on ``arch`` with
     ``num_sms`` SMs under ``glue`` ("eager" / "inductor"), or None (also for other
-    arches and kinds). ``host_launches``: CompileOptions.host_launches (a conv entry
-    then needs cuDNN ahead by more than HOST_CONV_MARGIN_US)."""
+    arches and kinds)."""
     table = default() if arch == "sm90a" else None
-    return table.reason(problem, num_sms, kernel, glue, host_launches) if table is not None else None
+    return table.reason(problem, num_sms, kernel, glue) if table is not None else None
 
 
 def entry_key(kind: str, e: dict) -> tuple:
