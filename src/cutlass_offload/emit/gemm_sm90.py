@@ -339,9 +339,8 @@ def validate(kernel: GemmKernel) -> None:
     if tk <= 0 or tk % k_atom:
         raise ValueError(f"tile K must be a positive multiple of {k_atom}, got {tk}")
     cm, cn, ck = cfg.cluster
-    # 8 CTAs: the portable cluster size limit (CUDA programming guide, thread block clusters)
-    if ck != 1 or cm not in (1, 2, 4) or cn not in (1, 2, 4) or cm * cn > 8:
-        raise ValueError(f"cluster must be (1|2|4, 1|2|4, 1) with at most 8 CTAs, got {cfg.cluster}")
+    if ck != 1 or cm not in (1, 2, 4) or cn not in (1, 2, 4) or cm * cn > 4:
+        raise ValueError(f"cluster must be (1|2|4, 1|2|4, 1) with at most 4 CTAs, got {cfg.cluster}")
     if cfg.kernel_schedule not in _KERNEL_SCHEDULES:
         raise ValueError(f"kernel_schedule must be one of {_KERNEL_SCHEDULES}, "
                          f"got {cfg.kernel_schedule!r}")
