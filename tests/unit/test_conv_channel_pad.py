@@ -90,6 +90,10 @@ def test_pad_channels_only_where_it_lets_tma_run():
     assert pad_channels(_problem(c=PAD_C_BELOW + 2, align_a=2, align_b=2), "sm90a").pad_c == 0
     assert pad_channels(_problem(stride=(9, 9), h=300, w=300), "sm90a").pad_c == 0  # TMA limit
     assert pad_channels(_problem(dtype="f32", tf32=True), "sm90a").pad_c == 0
+    # a squeeze-excite expand conv (1x1 image): its 2.x kernel reads C as it is
+    se = _problem(c=20, k=480, r=1, s=1, pad=(0, 0, 0, 0), stride=(1, 1), h=1, w=1, align_a=4, align_b=4)
+    assert pad_channels(se, "sm90a").pad_c == 0
+    assert pad_channels(dataclasses.replace(se, h=2, w=2), "sm90a").pad_c == 4
     with pytest.raises(ValueError, match="pad_c"):
         dataclasses.replace(_problem(), pad_c=-1)
 

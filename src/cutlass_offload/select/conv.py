@@ -74,10 +74,15 @@ def pad_channels(problem: ConvProblem, arch: str) -> ConvProblem:
     """``problem`` with C zero-padded to a multiple of 8 (``pad_c``, alignments 8)
     where that lets the sm90a TMA kernel run it: arch sm90a, f16/bf16, K % 8 == 0,
     C % 8 != 0 and C < PAD_C_BELOW, the im2col lowering not taking it (C < 8),
-    padding/stride/dilation within the TMA im2col limits (conv_sm90.supports).
-    Otherwise ``problem`` unchanged (sm80 keeps the 2.x kernels at C's own alignment)."""
+    padding/stride/dilation within the TMA im2col limits (conv_sm90.supports), an
+    image larger than 1x1. Otherwise ``problem`` unchanged (sm80 keeps the 2.x
+    kernels at C's own alignment)."""
     if (arch != "sm90a" or problem.pad_c or problem.depthwise or problem.c % 8 == 0
-            or problem.c >= PAD_C_BELOW):
+            or problem.c >= PAD_C_BELOW or problem.h * problem.w == 1):
+        # a 1x1 image (a squeeze-excite block's expand conv: EfficientNet's C = 10,
+        # 20, 28) is a GEMM of N rows: the copy into padded channels would cost more
+        # than it saves, a second launch and a region call that cannot replay in C++
+        # (it reads a copy, not its input)
         return problem
     if conv_gemm_sm90.im2col_ok(problem):
         return problem                        # the im2col lowering reads C as it is
