@@ -80,9 +80,10 @@ def pad_channels(problem: ConvProblem, arch: str) -> ConvProblem:
     if (arch != "sm90a" or problem.pad_c or problem.depthwise or problem.c % 8 == 0
             or problem.c >= PAD_C_BELOW or problem.h * problem.w == 1):
         # a 1x1 image (a squeeze-excite block's expand conv: EfficientNet's C = 10,
-        # 20, 28) is a GEMM of N rows: the copy into padded channels would cost more
-        # than it saves, a second launch and a region call that cannot replay in C++
-        # (it reads a copy, not its input)
+        # 20, 28) is a GEMM of N rows, where the TMA kernel gains little, and the copy
+        # into padded channels costs a second launch and a region call that cannot
+        # replay in C++ (it reads a copy, not its input). On the H200 efficientnet-b0's
+        # forward took the same time either way (session 29, docs/measured.md)
         return problem
     if conv_gemm_sm90.im2col_ok(problem):
         return problem                        # the im2col lowering reads C as it is
