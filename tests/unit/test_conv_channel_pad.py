@@ -171,3 +171,22 @@ def test_call_that_does_not_fit_is_refused():
     assert _call(mod, torch.randn(2, 16, 32, 32, dtype=H), w, b) is None    # C' channels given
     assert _call(mod, x.float(), w, b) is None
     assert mod.channel_pad_copies == 0
+
+
+SE_EXPAND = {"c": 20, "k": 480, "r": 1, "stride": 1, "pad": 0, "hw": 1}   # EfficientNet's squeeze-excite
+
+
+def test_a_1x1_image_conv_reads_its_channels_in_place():
+    """A squeeze-excite expand conv (20 channels on a 1x1 image) keeps C unpadded on a
+    2.x kernel: a call reads the input and filter where they are (no copy), so its
+    signature takes the cached path (and the op's C++ replay)."""
+    m, x, mod = _module(SE_EXPAND)
+    p = mod.region.problem
+    assert p.pad_c == 0 and mod.kernel.config.family != "cutlass3x_sm90" and mod.kernel.align_a == 4
+    w = m.conv.weight.detach().contiguous(memory_format=torch.channels_last)
+    b = m.conv.bias.detach()
+    for _ in range(2):
+        out, args, keep = _call(mod, x, w, b)
+        assert args.x == x.data_ptr() and args.filter == w.data_ptr() and args.c == 20
+        assert out.shape == (2, 480, 1, 1)
+    assert mod.channel_pad_copies == 0 and mod.layout_conversions == 0 and len(mod._direct) == 1
