@@ -11,6 +11,14 @@ class CutlassOffloadError(RuntimeError):
     """Base class of every error this package raises on purpose."""
 
 
+def _rebuilt(cls, args: tuple, kwargs: dict, state: dict):
+    """An error of ``cls`` made again from its constructor's arguments, with its
+    attributes as they were (what ``__reduce__`` below returns to pickle)."""
+    e = cls(*args, **kwargs)
+    e.__dict__.update(state)
+    return e
+
+
 class UnsupportedRegion(Exception):
     """A candidate region that no kernel can run correctly; it stays in PyTorch."""
 
@@ -22,12 +30,14 @@ class ToolchainError(CutlassOffloadError):
 class CompileError(CutlassOffloadError):
     """nvcc failed. Carries the command, the log, the kept source and the regions hit.
 
-    Attributes: command (list[str]), log_path (str), source_path (str),
-    kernels (tuple of kernel names in the failed translation unit),
-    regions (tuple of region names that use them).
+    Attributes: message (str, what failed, without the lines below it), command
+    (list[str]), log_path (str), source_path (str), kernels (tuple of kernel names
+    in the failed translation unit), regions (tuple of region names that use them).
+    Like every error here, it survives pickling (a Ray worker, a process pool).
     """
 
     def __init__(self, message, *, command, log_path, source_path, kernels=(), regions=()):
+        self.message = message
         self.command = list(command)
         self.log_path = str(log_path)
         self.source_path = str(source_path)
@@ -38,6 +48,12 @@ class CompileError(CutlassOffloadError):
             f"{message}\n  regions: {', '.join(self.regions) or '-'}\n"
             f"  kernels: {', '.join(self.kernels) or '-'}\n"
             f"  source kept at: {self.source_path}\n  log: {self.log_path}\n  repro: {repro}")
+
+    def __reduce__(self):
+        # pickle (a Ray worker's or a process pool's error) rebuilds an exception from
+        # self.args, the joined message, which this constructor does not take
+        kw = {k: getattr(self, k) for k in ("command", "log_path", "source_path", "kernels", "regions")}
+        return _rebuilt, (type(self), (self.message,), kw, dict(self.__dict__))
 
 
 class DeviceError(CutlassOffloadError):
@@ -56,10 +72,17 @@ class DamagedFileError(CutlassOffloadError):
         self.path, self.problem, self.fix = str(path), problem, fix
         super().__init__(f"{self.path} {problem}; {fix}")
 
+    def __reduce__(self):
+        return _rebuilt, (type(self), (self.path, self.problem, self.fix), {}, dict(self.__dict__))
+
 
 class DiskFullError(CutlassOffloadError):
-    """A write failed for lack of disk space (ENOSPC). Attribute: path (str)."""
+    """A write failed for lack of disk space (ENOSPC). Attributes: path (str), hint
+    (str, what to do)."""
 
     def __init__(self, path, hint: str):
-        self.path = str(path)
+        self.path, self.hint = str(path), hint
         super().__init__(f"out of disk space writing {self.path}; {hint}")
+
+    def __reduce__(self):
+        return _rebuilt, (type(self), (self.path, self.hint), {}, dict(self.__dict__))
