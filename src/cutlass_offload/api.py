@@ -72,7 +72,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
             ray_address: str | None = None, tune: bool = False,
             glue: str = "auto", mode: str | None = None,
             options: dict | None = None, offload_norms: str = "auto",
-            combine_gemms: bool = True, phases_before: dict | None = None) -> CompiledModel:
+            combine_gemms: bool = True, jobs: int | None = None,
+            phases_before: dict | None = None) -> CompiledModel:
     """Offload ``model``'s GEMM, conv2d, attention and norm regions to CUTLASS kernels
     in one shared library.
 
@@ -110,6 +111,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
       (SwiGLU / GEGLU) as one GEMM with a GLU epilogue over their interleaved
       weights; both weight copies are made now (partition/parallel_gemm.py,
       partition/gated_gemm.py).
+    jobs: parallel nvcc processes (None: ``CUTLASS_OFFLOAD_JOBS`` or the cores,
+      capped by memory); ValueError below 1.
     phases_before: seconds of the caller's own steps before this call, by name (the
       CLI passes its model construction as {"model": s}); they come first in the
       report's phases, report.json's included (which also holds the save's seconds).
@@ -129,7 +132,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     options = options_for_glue(CompileOptions(
         arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict, num_sms=num_sms,
         build_strategy=build_strategy, executor=executor, ray_address=ray_address, tune=tune,
-        offload_norms=offload_norms, combine_gemms=combine_gemms), glue_spec.resolved())
+        offload_norms=offload_norms, combine_gemms=combine_gemms, jobs=jobs), glue_spec.resolved())
     _executor(options)      # a missing Ray extra fails now, not after the capture
     if out_dir is not None:
         check_out_dir(out_dir)      # and a path we must not replace, before any work
@@ -213,7 +216,8 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
     lib = library_path
     if plan.regions and lib is None:
         with phases("build"):
-            res = build_stage.build(plan, options.build_strategy, executor=_executor(options))
+            res = build_stage.build(plan, options.build_strategy, jobs=options.jobs,
+                                    executor=_executor(options))
         lib, plan, build_info = res.library, res.plan, res.to_dict()
         _check_strict(options, plan)
     report = Report.from_plan(plan)
@@ -243,7 +247,7 @@ class _PendingBuild:
         t0 = time.perf_counter()
         try:
             self._res = build_stage.build(self._plan, self._options.build_strategy,
-                                          executor=_executor(self._options))
+                                          jobs=self._options.jobs, executor=_executor(self._options))
         except BaseException as e:          # raised to whoever waits
             self._exc = e
         finally:
@@ -312,7 +316,7 @@ def _overlapped(gm, plan: Plan, options: CompileOptions, phases: _Phases, tuning
 def _tune(plan: Plan, options: CompileOptions):
     from . import tune as tune_stage
     return tune_stage.tune(plan, options, builder=lambda p, strategy: build_stage.build(
-        p, strategy, executor=_executor(options)))
+        p, strategy, jobs=options.jobs, executor=_executor(options)))
 
 
 def _executor(options: CompileOptions):

@@ -22,15 +22,14 @@ def _cmd_compile(a) -> int:
     t0 = time.perf_counter()
     model, inputs = load_model(a.model, a.dtype, a.batch, a.seq)
     t_model = time.perf_counter() - t0
-    if a.jobs:
-        os.environ["CUTLASS_OFFLOAD_JOBS"] = str(a.jobs)
     if a.quiet:
         os.environ["CUTLASS_OFFLOAD_PROGRESS"] = "off"
     compiled = co_compile(model, inputs, arch=a.arch, allow_tf32=a.tf32, dynamic_batch=a.dynamic_batch,
                           out_dir=a.out, strict=a.strict, build_strategy=a.build,
                           executor=a.executor, ray_address=a.ray_address, tune=a.tune,
                           glue=a.glue, mode=a.mode, offload_norms=a.norms,
-                          combine_gemms=a.combine_gemms, phases_before={"model": t_model})
+                          combine_gemms=a.combine_gemms, jobs=a.jobs or None,
+                          phases_before={"model": t_model})
     print(compiled.report)
     print(f"wrote {a.out}")
     return 0
@@ -206,12 +205,11 @@ def _cmd_prebuild(a) -> int:
             print(k.name)
         print(f"{len(listed)} kernels")
         return 0
-    if a.jobs:
-        os.environ["CUTLASS_OFFLOAD_JOBS"] = str(a.jobs)
     if a.quiet:
         os.environ["CUTLASS_OFFLOAD_PROGRESS"] = "off"
     t0 = time.perf_counter()
-    res = prebuild(arch, kernels, executor=make_executor(a.executor, a.ray_address), plan=plan)
+    res = prebuild(arch, kernels, executor=make_executor(a.executor, a.ray_address), plan=plan,
+                   jobs=a.jobs or None)
     info = res.to_dict()
     units = info.get("units", [])
     hits = sum(1 for u in units if u.get("cache_hit"))

@@ -111,6 +111,8 @@ class CompileOptions:
       the default) or "ray" (each shard a Ray task; needs the ``ray`` extra).
     ray_address: the Ray cluster for executor "ray", as ``ray.init`` takes it
       ("HOST:PORT", "auto", "ray://HOST:10001"); None = RAY_ADDRESS or a local one.
+    jobs: parallel nvcc processes of the build; None = ``CUTLASS_OFFLOAD_JOBS`` or
+      this machine's cores, capped by memory (build/shards.job_slots). At least 1.
     tune: profile candidate kernels and launch knobs per distinct GEMM problem on the
       visible GPU and keep the fastest (tune/: the sm90 search space, or four 2.x
       configs; results kept in the tuning cache under cache_dir/tuning, so a second
@@ -147,6 +149,7 @@ class CompileOptions:
     build_strategy: str = "sharded"
     executor: str = "local"
     ray_address: str | None = None
+    jobs: int | None = None
     tune: bool = False
     pytorch_when_faster: bool = True
     offload_norms: str = "auto"
@@ -163,6 +166,9 @@ class CompileOptions:
                              f"got {self.build_strategy!r}")
         if self.executor not in ("local", "ray"):
             raise ValueError(f"executor must be local or ray, got {self.executor!r}")
+        if self.jobs is not None and (isinstance(self.jobs, bool) or not isinstance(self.jobs, int)
+                                      or self.jobs < 1):
+            raise ValueError(f"jobs must be a positive int (or None), got {self.jobs!r}")
         if self.ray_address is not None and self.executor != "ray":
             raise ValueError("ray_address is only used with executor='ray'")
         if self.glue not in ("eager", "inductor"):

@@ -211,13 +211,14 @@ def model_plan(names, arch: str, dtypes=("f16",)) -> Plan:
 _CLI = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}
 
 
-def prebuild(arch: str, kernels, executor=None, plan: Plan | None = None):
+def prebuild(arch: str, kernels, executor=None, plan: Plan | None = None, jobs: int | None = None):
     """Compile ``kernels`` (or, given ``plan``, its kernels: ``model_plan``) into the
-    cache (sharded build). Returns the build's result (build/result.py: units,
+    cache (sharded build) with ``jobs`` parallel nvcc processes (None: as
+    CompileOptions.jobs). Returns the build's result (build/result.py: units,
     seconds, cache hits); a kernel that fails to compile is reported there and
     cached as failed, the others are kept."""
     if plan is not None and kernels:
         plan = Plan(arch=arch, regions=plan.regions + stand_in_plan(arch, kernels).regions,
                     kernels=plan.kernels + tuple(kernels), fallbacks=())
     return build_stage.build(plan if plan is not None else stand_in_plan(arch, kernels), "sharded",
-                             executor=executor)
+                             jobs=jobs, executor=executor)

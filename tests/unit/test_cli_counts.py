@@ -61,3 +61,29 @@ def test_run_refuses_a_tolerance_that_is_no_bound(tmp_path, capsys, monkeypatch,
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         "cutlass-offload run: error: argument --tolerance")
+
+
+def test_jobs_reach_the_build_without_the_environment(tmp_path, monkeypatch):
+    """compile --jobs N is compile(jobs=N): the build gets N, and the process
+    environment (CUTLASS_OFFLOAD_JOBS) is left as it was."""
+    import os
+
+    import cutlass_offload as co
+    from cutlass_offload import api
+    from cutlass_offload.build.result import BuildResult
+    builds = []
+
+    def fake_build(plan, strategy="sharded", cache=None, jobs=None, executor=None):
+        builds.append(jobs)
+        return BuildResult(library=None, plan=plan, strategy=strategy, seconds=0.0, jobs=jobs or 1)
+    monkeypatch.setattr(api.build_stage, "build", fake_build)
+    monkeypatch.setattr(api, "save", lambda *a, **k: None)
+    monkeypatch.delenv("CUTLASS_OFFLOAD_JOBS", raising=False)
+    assert cli.main(_compile(tmp_path, "--jobs", "3", "-q")) == 0
+    assert builds == [3] and "CUTLASS_OFFLOAD_JOBS" not in os.environ
+    assert cli.main(_compile(tmp_path, "-q")) == 0
+    assert builds == [3, None]                       # unset: the build's own count
+    model, inputs = co.models.load_model("mlp", "fp16")
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="jobs must be a positive int"):
+            co.compile(model, inputs, arch="sm_80", jobs=bad)
