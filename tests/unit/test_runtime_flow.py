@@ -70,7 +70,7 @@ def cpu_run(monkeypatch):
     # the eager-glue variant builds in the foreground: no nvcc there either (nor an
     # entry in the user's kernel cache)
     monkeypatch.setattr(api.build_stage, "build",
-                        lambda plan, strategy, executor=None: _NoBuild(plan, None).result())
+                        lambda plan, strategy, jobs=None, executor=None: _NoBuild(plan, None).result())
     monkeypatch.setattr(api, "_warm_inputs", lambda inputs, options, spec:
                         tuple(inputs) if spec.resolved() == "inductor" else None)
     monkeypatch.setattr(glue, "inductor_available", lambda: True)
