@@ -127,17 +127,17 @@ def region_call_costs(mod, xs, n=2000) -> dict:
 
 # Convs as Inductor's wrapper calls a conv it leaves to PyTorch
 # (extern_kernels.convolution = aten.convolution): EfficientNet-b0's shapes at batch
-# 32, channels_last fp16: (C, H, R, stride, groups) -> name
-CUDNN_CONVS = {"depthwise_144x56_3x3": (144, 56, 3, 1, 144), "depthwise_672x14_5x5": (672, 14, 5, 1, 672),
-               "se_expand_10_to_240_1x1": (10, 1, 1, 1, 1)}
+# 32, channels_last fp16: name -> (C, K, H = W, R = S, stride, groups)
+CUDNN_CONVS = {"depthwise_144x56_3x3": (144, 144, 56, 3, 1, 144),
+               "depthwise_672x14_5x5": (672, 672, 14, 5, 1, 672),
+               "se_expand_10_to_240_1x1": (10, 240, 1, 1, 1, 1)}
 
 
 def cudnn_conv_host_us() -> dict:
     """Host microseconds of one cuDNN conv call per CUDNN_CONVS shape (GPU kept busy)."""
     out = {}
     with torch.no_grad():
-        for name, (c, h, r, stride, groups) in CUDNN_CONVS.items():
-            k = 240 if groups == 1 else c
+        for name, (c, k, h, r, stride, groups) in CUDNN_CONVS.items():
             x = torch.randn(32, c, h, h, dtype=torch.float16, device="cuda").to(
                 memory_format=torch.channels_last)
             w = torch.randn(k, c // groups, r, r, dtype=torch.float16, device="cuda").to(

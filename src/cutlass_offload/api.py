@@ -216,8 +216,7 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
     lib = library_path
     if plan.regions and lib is None:
         with phases("build"):
-            res = build_stage.build(plan, options.build_strategy, jobs=options.jobs,
-                                    executor=_executor(options))
+            res = _build(plan, options)
         lib, plan, build_info = res.library, res.plan, res.to_dict()
         _check_strict(options, plan)
     report = Report.from_plan(plan)
@@ -246,8 +245,7 @@ class _PendingBuild:
     def _run(self):
         t0 = time.perf_counter()
         try:
-            self._res = build_stage.build(self._plan, self._options.build_strategy,
-                                          jobs=self._options.jobs, executor=_executor(self._options))
+            self._res = _build(self._plan, self._options)
         except BaseException as e:          # raised to whoever waits
             self._exc = e
         finally:
@@ -315,8 +313,14 @@ def _overlapped(gm, plan: Plan, options: CompileOptions, phases: _Phases, tuning
 
 def _tune(plan: Plan, options: CompileOptions):
     from . import tune as tune_stage
-    return tune_stage.tune(plan, options, builder=lambda p, strategy: build_stage.build(
-        p, strategy, jobs=options.jobs, executor=_executor(options)))
+    return tune_stage.tune(plan, options, builder=lambda p, strategy: _build(p, options, strategy))
+
+
+def _build(plan: Plan, options: CompileOptions, strategy: str | None = None):
+    """build_stage.build of ``plan`` with ``options``' strategy (or ``strategy``), job
+    count and executor."""
+    return build_stage.build(plan, strategy or options.build_strategy, jobs=options.jobs,
+                             executor=_executor(options))
 
 
 def _executor(options: CompileOptions):

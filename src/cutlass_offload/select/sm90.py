@@ -407,7 +407,6 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
     swapped = swap_configs(problem, num_sms)
     if m <= SMALL_M or problem.layout_b != "col":
         return swapped
-    skinny = skinny_configs(problem, num_sms)
     out = []
     for tm, sched, clusters in ((128, COOP, (_C11, _C21)), (64, PINGPONG, (_C11,))):
         best_fixed = min(tile_estimate(m, n, tm, tn, num_sms) for tn in _FIXED_N[tm])
@@ -419,7 +418,8 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
             tiles_m = math.ceil(m / tm)
             out += [_config((tm, tn, 64), c, sched) for c in clusters if c[0] <= tiles_m]
     n_split = _n_split_configs(m, n, num_sms)
-    return tuple(out) + tuple(c for c in n_split if takes(problem, c)) + swapped + skinny
+    return (tuple(out) + tuple(c for c in n_split if takes(problem, c)) + swapped
+            + skinny_configs(problem, num_sms))
 
 
 # Skinny tiles: memory-bound GEMMs of many rows and a narrow N or a short K (the 1x1
