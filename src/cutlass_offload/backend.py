@@ -21,7 +21,7 @@ Inductor's ``compile_fx`` with two changes.
   as inputs, not constants): Inductor fuses it into the glue instead.
 * ``inner_compile``: partition + select the forward graph, start the library
   build in a background thread, replace each region by a
-  ``torch.ops.cutlass_offload.region`` call (runtime/ops.py), trace the result
+  ``torch.ops.cutlass_offload.region_*`` call (runtime/ops.py), trace the result
   again with Inductor's full decomposition table (what was not offloaded is
   decomposed as plain Inductor would), then ``compile_fx_inner``: Inductor's
   codegen and Triton compiles run while nvcc builds the kernels; the first call

@@ -29,12 +29,14 @@ def _graphs() -> int:
 def test_ops_graph_replaces_every_region_and_keeps_the_rest(monkeypatch):
     model = offloaded()
     og = glue.ops_graph(model.graph_module)
-    op = ops.region_op()
     nodes = list(og.graph_module.graph.nodes)
-    assert sum(n.target is op for n in nodes) == len(model.plan.regions)
+    op_nodes = [n for n in nodes if str(n.target).startswith("cutlass_offload.region_")]
+    assert len(op_nodes) == len(model.plan.regions)
     assert not any(n.op == "call_module" for n in nodes)
     assert {e.module.region.name for e in og.entries} == {r.name for r in model.plan.regions}
-    assert all(n.args[2] == e.key for n, e in zip([n for n in nodes if n.target is op], og.entries))
+    for n, e in zip(op_nodes, og.entries):
+        assert n.target is ops.region_op(e.n_tensors, e.n_ints) and n.args[-1] == e.id
+        assert len(n.args) == e.n_tensors + e.n_ints + 1
     assert og.inlined == []
     calls = regions_on_cpu(monkeypatch)
     x = five_kinds_inputs()
@@ -82,6 +84,30 @@ def test_inductor_glue_calls_regions_and_keeps_a_dynamic_batch(monkeypatch):
     assert _graphs() - g0 == 1           # compiled once, dynamic in the batch from the first call
     assert model.inductor.first_call_s is not None
     assert not out[0].requires_grad      # run under no_grad
+
+
+def test_cpp_wrapper_glue_calls_regions_through_the_dispatcher(monkeypatch):
+    """Inductor's C++ wrapper (what default-mode CUDA glue may use) calls each region
+    op from C++ through the dispatcher (aoti_torch_call_dispatcher), never back
+    through Python (custom_op_wrapper), and the result is the model's, with a
+    dynamic batch."""
+    from torch._inductor.utils import run_and_get_code
+    torch.manual_seed(0)
+    eager = FiveKinds().eval()
+    model = offloaded(eager, five_kinds_inputs(3), dynamic_batch=True)
+    calls = regions_on_cpu(monkeypatch)
+    og = glue.ops_graph(model.graph_module)
+    fn = torch.compile(og.graph_module, backend="inductor", options={"cpp_wrapper": True},
+                       dynamic=True)
+    with torch.no_grad():
+        out, code = run_and_get_code(fn, *five_kinds_inputs(3, 1))
+        assert_close(out, eager(*five_kinds_inputs(3, 1)))
+        n = len(calls)
+        assert_close(fn(*five_kinds_inputs(5, 2)), eager(*five_kinds_inputs(5, 2)))
+    assert len(calls) - n == len(model.plan.regions)
+    source = "\n".join(code)
+    assert source.count("aoti_torch_call_dispatcher(\"cutlass_offload::region_") == len(model.plan.regions)
+    assert "custom_op_wrapper" not in source
 
 
 def test_automatic_dynamic_glue_specializes_first_then_recompiles_once(monkeypatch):

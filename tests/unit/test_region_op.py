@@ -31,15 +31,34 @@ def calls(model):
 
 
 def test_schema_is_functional_and_asks_for_exact_strides():
-    op = ops.region_op()
-    assert op is torch.ops.cutlass_offload.region.default
+    op = ops.region_op(2, 1)
+    assert op is torch.ops.cutlass_offload.region_2t_1i.default
     schema = op._schema
-    assert str(schema) == "cutlass_offload::region(Tensor[] tensors, SymInt[] ints, str key) -> Tensor"
+    assert str(schema) == ("cutlass_offload::region_2t_1i(Tensor t0, Tensor t1, SymInt i0, int key)"
+                           " -> Tensor")
     assert not schema.is_mutable
     assert all(a.alias_info is None for a in schema.arguments)
     assert schema.returns[0].alias_info is None
     assert torch.Tag.needs_exact_strides in op.tags
-    assert ops.region_op() is op                       # defined once
+    assert ops.region_op(2, 1) is op                   # defined once per arity
+    assert ops.region_op(3, 0) is torch.ops.cutlass_offload.region_3t_0i.default
+
+
+@pytest.mark.parametrize("arity", [(1, 0), (3, 0), (2, 2), (7, 1)])
+def test_cpp_wrapper_calls_the_op_without_python(arity):
+    """Inductor's C++ wrapper calls an op straight through the dispatcher when its
+    schema is StableIValue-only (tensors and ints); a Tensor[] or str argument sends
+    each call back through Python under torch 2.11 (what the arity ops are for)."""
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    assert CppWrapperCpu._compatible_with_stableivalue(ops.region_op(*arity))
+    for a in ops.region_op(*arity)._schema.arguments:
+        assert not isinstance(a.type, (torch.ListType, torch.StringType))
+
+
+def test_key_ids_are_int64_and_deterministic():
+    assert ops.key_id("abc/linear_0") == ops.key_id("abc/linear_0")
+    assert ops.key_id("abc/linear_0") != ops.key_id("abc/linear_0#1")
+    assert all(0 <= ops.key_id(f"k{i}") < 2 ** 63 for i in range(100))
 
 
 def test_every_kind_is_in_the_model(model):
@@ -66,14 +85,13 @@ def test_output_strides_are_what_each_module_allocates(model, calls):
 
 
 def test_fake_impl_gives_fallback_shape_and_module_strides(model, calls):
-    op = ops.region_op()
     entries = [ops.register(m, ["tensor"] * len(calls[m.region.name])) for m in model.region_modules()]
     mode = FakeTensorMode()
     for e in entries:
         xs = calls[e.module.region.name]
         ref = e.module.fallback(*xs)
         with mode:
-            fake = op([mode.from_tensor(x) for x in xs], [], e.key)
+            fake = ops.call(e, [mode.from_tensor(x) for x in xs])
         assert fake.shape == ref.shape and fake.dtype == ref.dtype
         assert fake.stride() == e.module.output_strides(tuple(ref.shape))
 
@@ -82,15 +100,16 @@ def test_fake_impl_with_symbolic_batch():
     model = offloaded(dynamic_batch=True)
     mods = {m.region.name: m for m in model.region_modules()}
     calls = {k: v[0] for k, v in recorded_calls(model.graph_module, mods, five_kinds_inputs(3)).items()}
-    op = ops.region_op()
     seen = 0
     for m in model.region_modules():
         xs = calls[m.region.name]
         if not all(isinstance(x, torch.Tensor) for x in xs):
             continue
         e = ops.register(m, ["tensor"] * len(xs))
-        gm = make_fx(lambda *ts, key=e.key: op(list(ts), [], key), tracing_mode="symbolic")(*xs)
+        op = ops.region_op(len(xs), 0)
+        gm = make_fx(lambda *ts, e=e: ops.call(e, ts), tracing_mode="symbolic")(*xs)
         node = next(n for n in gm.graph.nodes if n.target is op)
+        assert node.args[-1] == e.id
         val = node.meta["val"]
         symbolic = [d for d in val.shape if isinstance(d, torch.SymInt) and not d.node.is_nested_int()
                     and d.node.expr.free_symbols]
@@ -109,7 +128,7 @@ def test_real_impl_restrides_a_fallback_result(model, calls, monkeypatch):
         m.fallback_calls += 1
         return m.fallback(*args).contiguous()
     monkeypatch.setattr(m, "forward", forward)
-    out = ops.region_op()(list(xs), [], e.key)
+    out = ops.call(e, xs)
     assert out.is_contiguous(memory_format=torch.channels_last)
     assert out.stride() == m.output_strides(tuple(out.shape))
     torch.testing.assert_close(out, m.fallback(*xs))
@@ -124,7 +143,7 @@ def test_real_impl_never_returns_an_alias_of_an_input(model, calls, monkeypatch)
         m.fallback_calls += 1
         return args[0]
     monkeypatch.setattr(m, "forward", forward)
-    out = ops.region_op()(list(xs), [], e.key)
+    out = ops.call(e, xs)
     assert out.untyped_storage().data_ptr() != xs[0].untyped_storage().data_ptr()
     torch.testing.assert_close(out, xs[0])
 
@@ -139,7 +158,7 @@ def test_real_impl_passes_a_kernel_result_through(model, calls, monkeypatch):
         got.append(kernel_like(m, m.fallback(*args)))
         return got[-1]
     monkeypatch.setattr(m, "forward", forward)
-    out = ops.region_op()(list(xs), [], e.key)
+    out = ops.call(e, xs)
     assert out is got[0]                       # no copy on the kernel path
 
 
@@ -153,14 +172,15 @@ def test_keys_are_deterministic_and_never_shared(model):
     assert ops.region_digest(m2) == ops.region_digest(m)
     other = next(x for x in model.region_modules() if x is not m)
     assert ops.region_digest(other) != ops.region_digest(m)
-    key = b.key
-    assert ops.lookup(key) is b
+    assert a.id == ops.key_id(a.key) and b.id == ops.key_id(b.key) and a.id != b.id
+    key, key_id = b.key, b.id
+    assert ops.lookup(key_id) is b
     del b
     gc.collect()
     with pytest.raises(Exception, match="no region module is registered"):
-        ops.lookup(key)
+        ops.lookup(key_id)
     c = ops.register(m, ["tensor"])
-    assert c.key == key                       # a freed key is taken again
+    assert c.key == key and c.id == key_id    # a freed key is taken again
 
 
 def test_digest_changes_with_the_kernel(model):

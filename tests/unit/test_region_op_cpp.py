@@ -12,7 +12,7 @@ import torch
 from fast_call_helpers import FakeLauncher, fast_call_module
 
 from cutlass_offload.runtime.library import CO_CANNOT_IMPLEMENT, CoGemmArgs
-from cutlass_offload.runtime.ops import SCHEMA
+from cutlass_offload.runtime.ops import op_name, schema
 
 NS = "co_cpp_region_test"
 H = torch.float16
@@ -41,11 +41,17 @@ def env(tmp_path_factory):
     ext = fast_call_module()
     fake = FakeLauncher(tmp_path_factory.mktemp("fake_launcher"))
     lib = torch.library.Library(NS, "DEF")
-    lib.define(SCHEMA)
     py = PythonImpl()
-    assert ext.install_region_op(py, namespace=NS, dispatch_key="CPU")
-    assert not ext.install_region_op(py, namespace=NS, dispatch_key="CPU")    # once per pair
-    op = getattr(torch.ops, NS).region.default
+    ops = {}
+    for arity in [(3, 0), (3, 1), (3, 2)]:
+        lib.define(schema(*arity))
+        assert ext.install_region_op(py, namespace=NS, dispatch_key="CPU", name=op_name(*arity))
+        assert not ext.install_region_op(py, namespace=NS, dispatch_key="CPU",
+                                         name=op_name(*arity))       # once per pair
+        ops[arity] = getattr(getattr(torch.ops, NS), op_name(*arity)).default
+
+    def op(tensors, ints, key):
+        return ops[(len(tensors), len(ints))](*tensors, *ints, key)
     yield ext, fake, py, op
     del lib
 
@@ -67,26 +73,26 @@ def fresh():
 def test_bound_key_replays_in_cpp(env):
     ext, fake, py, op = env
     fc = gemm_fast_call(ext, fake)
-    ext.bind("k_bound", fc)
+    ext.bind(101, fc)
     try:
-        assert ext.is_bound("k_bound")
+        assert ext.is_bound(101)
         before, n_py = fake.count, len(py.calls)
         ys = fresh()
-        out = op(ys, [], "k_bound")
+        out = op(ys, [], 101)
         sent = fake.last_args(CoGemmArgs)
         assert (sent.a, sent.b, sent.bias) == tuple(y.data_ptr() for y in ys)
         assert sent.d == out.data_ptr() and out.shape == (8, 32) and out.dtype == H
         assert fake.count == before + 1 and fc.calls == 1 and len(py.calls) == n_py
     finally:
-        ext.unbind("k_bound")
-    assert not ext.is_bound("k_bound")
+        ext.unbind(101)
+    assert not ext.is_bound(101)
 
 
 @pytest.mark.parametrize("why", ["unbound", "ints", "signature", "disabled", "declined"])
 def test_everything_else_goes_to_python(env, why):
     ext, fake, py, op = env
     fc = gemm_fast_call(ext, fake)
-    key = f"k_{why}"
+    key = 200 + ["unbound", "ints", "signature", "disabled", "declined"].index(why)
     if why != "unbound":
         ext.bind(key, fc)
     ys, ints = fresh(), []
@@ -121,19 +127,19 @@ def test_bound_order_maps_tensors_and_ints(env):
     a, b, bias = fresh()
     assert fc.add((a, 128, b, bias), bytes(CoGemmArgs(m=8, n=32, k=64, l=1)), torch.empty(8, 32, dtype=H), 0)
     # region inputs (a, L, b, bias) <- op tensors [a, b, bias] and ints [L]
-    ext.bind("k_order", fc, [(True, 0), (False, 0), (True, 1), (True, 2)])
+    ext.bind(300, fc, [(True, 0), (False, 0), (True, 1), (True, 2)])
     try:
         ys, n_py = fresh(), len(py.calls)
-        out = op(ys, [128], "k_order")
+        out = op(ys, [128], 300)
         sent = fake.last_args(CoGemmArgs)
         assert (sent.a, sent.b, sent.bias, sent.d) == tuple(y.data_ptr() for y in ys) + (out.data_ptr(),)
         assert fc.calls == 1 and len(py.calls) == n_py
         for ints in ([127], [], [128, 1]):
-            out = op(fresh(), ints, "k_order")
+            out = op(fresh(), ints, 300)
             assert torch.equal(out, torch.full((2, 2), 7.0)) and py.calls[-1][1] == ints
         assert fc.calls == 1 and len(py.calls) == n_py + 3
     finally:
-        ext.unbind("k_order")
+        ext.unbind(300)
 
 
 def test_python_errors_come_back(env):
@@ -141,7 +147,7 @@ def test_python_errors_come_back(env):
     py.error = ValueError("region refused: test")
     try:
         with pytest.raises(ValueError, match="region refused: test"):
-            op(fresh(), [], "k_error")
+            op(fresh(), [], 400)
     finally:
         py.error = None
 
@@ -164,15 +170,15 @@ def test_region_module_binds_its_keys_once_it_has_a_fast_call(env):
     ops._op_state["cpp"] = ext
     try:
         entry = ops.RegionEntry(m, None, "k_module")
-        assert entry.cpp
-        m._op_keys["k_module"] = []
+        assert entry.cpp and entry.id == ops.key_id("k_module")
+        m._op_keys[entry.id] = []
         ops.bind_fast(m)                          # no FastCall yet: nothing bound
-        assert not ext.is_bound("k_module")
+        assert not ext.is_bound(entry.id)
         m._fast = gemm_fast_call(ext, fake)
         ops.bind_fast(m)
-        assert ext.is_bound("k_module")
-        ops._forget(m, "k_module")
-        assert not ext.is_bound("k_module") and m._op_keys == {}
+        assert ext.is_bound(entry.id)
+        ops._forget(m, entry.id)
+        assert not ext.is_bound(entry.id) and m._op_keys == {}
         del entry
         gc.collect()
     finally:

@@ -2,7 +2,7 @@
 
 With eager glue every op that is not offloaded runs as its own PyTorch kernel
 (llama's RoPE alone is ~160 elementwise launches per forward). With Inductor
-glue the offloaded graph, its regions as ``torch.ops.cutlass_offload.region``
+glue the offloaded graph, its regions as ``torch.ops.cutlass_offload.region_*``
 calls (runtime/ops.py: opaque extern kernels to Inductor), is compiled by
 ``torch.compile(backend="inductor")``: the glue becomes fused Triton kernels,
 and ``mode="reduce-overhead"`` puts the whole forward, regions included, in
@@ -131,13 +131,12 @@ class OpsGraph:
 
 def ops_graph(gm: fx.GraphModule) -> OpsGraph:
     """``gm`` (an offloaded GraphModule: runtime/compiled_model.offload) with each
-    region module call replaced by ``torch.ops.cutlass_offload.region`` on the
-    region's registered key. torch.export's in-graph input guard (``_guards_fn``)
+    region module call replaced by its arity's region op
+    (``torch.ops.cutlass_offload.region_<T>t_<I>i``) on the region's registered key. torch.export's in-graph input guard (``_guards_fn``)
     is left out: CompiledModel checks each input signature once before the call.
     ``gm`` is not modified."""
     from .ops import input_kinds, register, region_op
     from .region import RegionModule
-    op = region_op()
     graph = fx.Graph()
     graph._codegen = gm.graph._codegen       # the pytree in/out handling of exported modules
     env, entries, inlined = {}, [], []
@@ -154,7 +153,8 @@ def ops_graph(gm: fx.GraphModule) -> OpsGraph:
                 entries.append(entry)
                 tensors = [env[a] for a, k in zip(n.args, kinds) if k == "tensor"]
                 ints = [env[a] if isinstance(a, fx.Node) else a for a, k in zip(n.args, kinds) if k == "int"]
-                env[n] = graph.call_function(op, (tensors, ints, entry.key))
+                op = region_op(len(tensors), len(ints))
+                env[n] = graph.call_function(op, (*tensors, *ints, entry.id))
                 continue
             if n.target.startswith("_guards_fn") and not n.users:
                 continue

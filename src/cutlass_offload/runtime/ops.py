@@ -1,12 +1,18 @@
-"""An offloaded region as a PyTorch operator: ``torch.ops.cutlass_offload.region``.
+"""An offloaded region as a PyTorch operator: ``torch.ops.cutlass_offload.region_<T>t_<I>i``.
 
-    region(Tensor[] tensors, SymInt[] ints, str key) -> Tensor
+    region_2t_1i(Tensor t0, Tensor t1, SymInt i0, int key) -> Tensor
 
-One generic op for every region, so that torch.compile / Inductor treat a region
-as an opaque extern kernel and compile the PyTorch glue around it (glue.py,
-backend.py). ``key`` names a registered region module (``register``); ``tensors``
-and ``ints`` are its inputs (tensors, and the SymInts a region reads under dynamic
-shapes), split by kind. The op:
+One generic op per arity (T tensors, I ints; defined on first use), so that
+torch.compile / Inductor treat a region as an opaque extern kernel and compile the
+PyTorch glue around it (glue.py, backend.py). ``key`` is the id of a registered
+region module (``register``); the tensors and ints are its inputs (tensors, and the
+SymInts a region reads under dynamic shapes), split by kind. Why one op per arity
+rather than one ``(Tensor[] tensors, SymInt[] ints, str key)`` op: a schema of
+tensors and ints alone is one Inductor's C++ wrapper calls straight through the
+dispatcher (``aoti_torch_call_dispatcher``, its StableIValue path); a ``Tensor[]``
+or a ``str`` sends every call back through Python under torch 2.11
+(``codecache.custom_op_wrapper``, ~13 us a call on the H200; docs/measured.md,
+session 20). The op:
 
 * real impl (CPU and CUDA dispatch keys): calls the region module, so the C++
   call path, the Python mapping and the PyTorch fallback subgraph all keep
@@ -14,8 +20,8 @@ shapes), split by kind. The op:
   alias of an input) with exactly the strides the fake impl promised (a cheap
   check, and a copy if a fallback produced another layout). On CUDA the kernel
   is C++ when the C++ call path builds (csrc/fast_call.cpp ``install_region_op``):
-  a region binds its key to its FastCall (with the map from ``tensors`` and
-  ``ints`` to its inputs) once a signature is cached, and those calls never enter
+  a region binds its key to its FastCall (with the map from the op's tensors
+  and ints to its inputs) once a signature is cached, and those calls never enter
   Python (what keeps Inductor's plain-mode glue from paying ~20 us of Python per
   region call); the ints are part of the cached signature. Everything else is
   handed to the Python impl. A key whose output needed a stride fix-up here is
@@ -30,16 +36,17 @@ shapes), split by kind. The op:
   strides they had when traced (what the kernels were chosen for), never a
   padded or re-ordered copy.
 
-Keys are deterministic: a digest of the region, its kernel, its fallback code,
-the module kind and ``LAYOUT_VERSION``, then the region's name, so Inductor's
+Keys are deterministic: a name made of a digest of the region, its kernel, its
+fallback code, the module kind and ``LAYOUT_VERSION``, then the region's name; the
+op's ``key`` is that name's id (60 bits of its sha256, ``key_id``), so Inductor's
 FX-graph cache serves the same compiled glue to a later process that loads the
 same library, and never confuses two libraries or two kernel choices. A second
-live module with the same key (the same library loaded twice) gets ``#1``,
+live module with the same name (the same library loaded twice) gets ``#1``,
 ``#2``, ... appended. The registry holds its entries weakly: whoever holds the
 compiled glue holds its ``RegionEntry`` objects (glue.py, backend.py).
 
-``region_op()`` defines the op (once per process, on first use: importing this
-module has no side effect).
+``region_op(T, I)`` defines the op of an arity (once per process, on first use:
+importing this module has no side effect).
 """
 from __future__ import annotations
 
@@ -53,14 +60,12 @@ from ..errors import CutlassOffloadError
 from . import fast_call
 
 NAMESPACE = "cutlass_offload"
-OP_NAME = "region"
-SCHEMA = f"{OP_NAME}(Tensor[] tensors, SymInt[] ints, str key) -> Tensor"
 # part of every key: bump when a region module's output layout rule changes, so a
 # glue graph compiled (and cached by Inductor) under the old rule is not reused
 LAYOUT_VERSION = 1
 MAX_STRIDE_CACHE = 64
 
-_registry: "weakref.WeakValueDictionary[str, RegionEntry]" = weakref.WeakValueDictionary()
+_registry: "weakref.WeakValueDictionary[int, RegionEntry]" = weakref.WeakValueDictionary()
 _registry_lock = threading.Lock()
 
 
@@ -68,14 +73,18 @@ class RegionEntry:
     """What the op calls for one key.
 
     module: the RegionModule. order: None when the module's inputs are exactly the
-    op's ``tensors`` in order, else one ``(is_tensor, index)`` per module input,
-    picking from ``tensors`` or ``ints``.
+    op's tensors in order, else one ``(is_tensor, index)`` per module input, picking
+    from the op's tensors or ints. key: the entry's name (digest/region[#n]); id: the
+    op's ``key`` argument for it (``key_id(key)``). n_tensors / n_ints: the op's arity.
     """
 
-    __slots__ = ("module", "order", "key", "_strides", "cpp", "__weakref__")
+    __slots__ = ("module", "order", "key", "id", "n_tensors", "n_ints", "_strides", "cpp",
+                 "__weakref__")
 
-    def __init__(self, module, order, key):
+    def __init__(self, module, order, key, n_tensors=0, n_ints=0):
         self.module, self.order, self.key = module, order, key
+        self.id = key_id(key)
+        self.n_tensors, self.n_ints = n_tensors, n_ints
         self._strides = {}
         self.cpp = True               # the C++ kernel may replay this key (see bind_fast)
 
@@ -92,6 +101,24 @@ class RegionEntry:
             if len(self._strides) < MAX_STRIDE_CACHE:
                 self._strides[tuple(shape)] = hit
         return hit
+
+
+def key_id(key: str) -> int:
+    """The op's int ``key`` for an entry name: the first 60 bits of its sha256 (an
+    int64 for every wrapper Inductor emits; deterministic across processes)."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:15], 16)
+
+
+def op_name(n_tensors: int, n_ints: int) -> str:
+    """The op name of an arity: ``region_<T>t_<I>i``."""
+    return f"region_{n_tensors}t_{n_ints}i"
+
+
+def schema(n_tensors: int, n_ints: int) -> str:
+    """The op schema of an arity: tensors, then SymInts, then ``int key``."""
+    args = ([f"Tensor t{i}" for i in range(n_tensors)] + [f"SymInt i{i}" for i in range(n_ints)]
+            + ["int key"])
+    return f"{op_name(n_tensors, n_ints)}({', '.join(args)}) -> Tensor"
 
 
 def contiguous_strides(shape) -> tuple:
@@ -152,15 +179,20 @@ def register(module, kinds) -> RegionEntry:
     base = f"{region_digest(module)}/{module.region.name}"
     with _registry_lock:
         key, n = base, 0
-        while key in _registry:
+        while key_id(key) in _registry:
             n += 1
             key = f"{base}#{n}"
-        entry = RegionEntry(module, None if plain else tuple(order), key)
-        _registry[key] = entry
-    module._op_keys[key] = [] if entry.order is None else list(entry.order)
-    weakref.finalize(entry, _forget, module, key)
+        entry = RegionEntry(module, None if plain else tuple(order), key, nt, ni)
+        _registry[entry.id] = entry
+    module._op_keys[entry.id] = [] if entry.order is None else list(entry.order)
+    weakref.finalize(entry, _forget, module, entry.id)
     bind_fast(module)
     return entry
+
+
+def call(entry: RegionEntry, tensors, ints=()):
+    """``entry``'s region through its op (eagerly, or traced under FX / fake modes)."""
+    return region_op(entry.n_tensors, entry.n_ints)(*tensors, *ints, entry.id)
 
 
 def bind_fast(module) -> None:
@@ -174,24 +206,24 @@ def bind_fast(module) -> None:
         ext.bind(key, module._fast, order)
 
 
-def _unbind(key: str) -> None:
+def _unbind(key: int) -> None:
     ext = _op_state["cpp"]
     if ext is not None:
         ext.unbind(key)
 
 
-def _forget(module, key: str) -> None:
+def _forget(module, key: int) -> None:
     _unbind(key)
     module._op_keys.pop(key, None)
 
 
-def lookup(key: str) -> RegionEntry:
-    """The live entry of ``key``. Raises CutlassOffloadError when there is none
-    (its model was freed, or the graph comes from another process's registry)."""
+def lookup(key: int) -> RegionEntry:
+    """The live entry whose id is ``key``. Raises CutlassOffloadError when there is
+    none (its model was freed, or the graph comes from another process's registry)."""
     entry = _registry.get(key)
     if entry is None:
         raise CutlassOffloadError(
-            f"cutlass_offload::region: no region module is registered as {key!r} (the "
+            f"cutlass_offload region op: no region module is registered under key {key} (the "
             "compiled model that owned it was freed, or this graph was compiled elsewhere)")
     return entry
 
@@ -232,42 +264,54 @@ def _fake(tensors, ints, key):
     return out.new_empty_strided(out.shape, entry.module.output_strides(tuple(out.shape)))
 
 
-_op_state = {"lib": None, "op": None, "cpp": None}
+_op_state = {"lib": None, "ops": {}, "cpp": None}
 _define_lock = threading.Lock()
 
 
-def region_op():
-    """``torch.ops.cutlass_offload.region.default``, defined on first use."""
-    op = _op_state["op"]
+def region_op(n_tensors: int, n_ints: int = 0):
+    """``torch.ops.cutlass_offload.region_<T>t_<I>i.default``, defined on first use."""
+    op = _op_state["ops"].get((n_tensors, n_ints))
     if op is None:
         with _define_lock:
-            if _op_state["op"] is None:
-                _op_state["lib"], _op_state["op"] = _define()
-            op = _op_state["op"]
+            op = _op_state["ops"].get((n_tensors, n_ints))
+            if op is None:
+                op = _define(n_tensors, n_ints)
+                _op_state["ops"][(n_tensors, n_ints)] = op
     return op
 
 
-def _define():
-    if _has_op():                 # defined by another copy of this module (a reload)
-        return None, getattr(getattr(torch.ops, NAMESPACE), OP_NAME).default
-    lib = torch.library.Library(NAMESPACE, "FRAGMENT")
-    lib.define(SCHEMA, tags=(torch.Tag.needs_exact_strides,))
+def _split(n_tensors: int, n_ints: int, fn):
+    """``fn(tensors, ints, key)`` as the op's flat ``(*tensors, *ints, key)`` impl."""
+    def impl(*args):
+        return fn(list(args[:n_tensors]), list(args[n_tensors:n_tensors + n_ints]), args[-1])
+    return impl
+
+
+def _define(n_tensors: int, n_ints: int):
+    if n_tensors < 0 or n_ints < 0:
+        raise ValueError(f"region op arity ({n_tensors}, {n_ints})")
+    name = op_name(n_tensors, n_ints)
+    if _has_op(name):                 # defined by another copy of this module (a reload)
+        return getattr(getattr(torch.ops, NAMESPACE), name).default
+    if _op_state["lib"] is None:
+        _op_state["lib"] = torch.library.Library(NAMESPACE, "FRAGMENT")
+    lib = _op_state["lib"]
+    lib.define(schema(n_tensors, n_ints), tags=(torch.Tag.needs_exact_strides,))
     # backend keys only (no CompositeExplicitAutograd): the fake impl serves Meta and
     # FakeTensor, and a call skips no more of the dispatcher than it must
-    lib.impl(OP_NAME, _run, "CPU")
+    lib.impl(name, _split(n_tensors, n_ints, _run), "CPU")
     ext = fast_call.load(block=True)          # None: turned off, or it failed to build
     if ext is not None and hasattr(ext, "install_region_op"):
-        ext.install_region_op(_run)
+        ext.install_region_op(_run, namespace=NAMESPACE, dispatch_key="CUDA", name=name)
         _op_state["cpp"] = ext
     else:
-        lib.impl(OP_NAME, _run, "CUDA")
-    torch.library.register_fake(f"{NAMESPACE}::{OP_NAME}", _fake, lib=lib)
-    return lib, getattr(getattr(torch.ops, NAMESPACE), OP_NAME).default
+        lib.impl(name, _split(n_tensors, n_ints, _run), "CUDA")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", _split(n_tensors, n_ints, _fake), lib=lib)
+    return getattr(getattr(torch.ops, NAMESPACE), name).default
 
 
-def _has_op() -> bool:
+def _has_op(name: str) -> bool:
     try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{OP_NAME}", "CPU")
+        return torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{name}", "CPU")
     except RuntimeError:
         return False
-

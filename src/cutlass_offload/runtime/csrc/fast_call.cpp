@@ -17,13 +17,12 @@
 // libtorch / libtorch_python, no CUDA headers: the current stream comes from the
 // device guard PyTorch's CUDA library registers (c10::impl::VirtualGuardImpl).
 //
-// It also holds the CUDA kernel of the region op (runtime/ops.py,
-// ``cutlass_offload::region(Tensor[] tensors, SymInt[] ints, str key)``) once
-// ``install_region_op`` is called: a call whose key is bound to a FastCall (a
-// region whose inputs are exactly ``tensors``) replays it without entering Python;
-// anything it declines goes to the Python implementation given at install (with
-// the GIL). So Inductor's compiled glue calls an offloaded region as it calls an
-// aten op: the dispatcher, then C++.
+// It also holds the CUDA kernel of the region ops (runtime/ops.py,
+// ``cutlass_offload::region_<T>t_<I>i(Tensor t0, ..., SymInt i0, ..., int key)``)
+// once ``install_region_op`` is called for one: a call whose key is bound to a
+// FastCall replays it without entering Python; anything it declines goes to the
+// Python implementation given at install (with the GIL). So Inductor's compiled
+// glue calls an offloaded region as it calls an aten op: the dispatcher, then C++.
 #include <Python.h>
 
 #include <ATen/core/Tensor.h>
@@ -266,46 +265,54 @@ class FastCall {
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(out)));
   }
 
-  // The same for a region op call: its ``tensors`` and ``ints``, which ``order``
-  // maps onto the region's inputs (per input: (is_tensor, index); empty: the
-  // inputs are exactly ``tensors``). An undefined tensor when declined. Needs no GIL.
-  at::Tensor call_op(const std::vector<at::Tensor>& tensors, c10::ArrayRef<c10::IValue> ints,
+  // The same for a region op call: its ``n_tensors`` tensors then its ints, as
+  // ``args`` (IValues, e.g. on the dispatcher's stack), which ``order`` maps onto
+  // the region's inputs (per input: (is_tensor, index); empty: the inputs are
+  // exactly the tensors). An undefined tensor when declined. Needs no GIL.
+  at::Tensor call_op(const c10::IValue* args, size_t n_args, size_t n_tensors,
                      const std::vector<std::pair<bool, int64_t>>& order) {
-    if (!enabled_) {
+    if (!enabled_ || n_tensors > n_args) {
       return at::Tensor();
+    }
+    const size_t n_ints = n_args - n_tensors;
+    for (size_t i = 0; i < n_tensors; ++i) {
+      if (!args[i].isTensor()) {
+        return at::Tensor();
+      }
     }
     Inputs in;
     if (order.empty()) {
-      if (static_cast<int64_t>(tensors.size()) != n_inputs_ || !ints.empty()) {
+      if (static_cast<int64_t>(n_tensors) != n_inputs_ || n_ints != 0) {
         return at::Tensor();
       }
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        in[i] = {&tensors[i], 0, false};
+      for (size_t i = 0; i < n_tensors; ++i) {
+        in[i] = {&args[i].toTensor(), 0, false};
       }
       return launch(in);
     }
     if (static_cast<int64_t>(order.size()) != n_inputs_) {
       return at::Tensor();
     }
-    size_t n_tensors = 0;
+    size_t want_tensors = 0;
     for (const auto& o : order) {
-      n_tensors += o.first ? 1 : 0;
+      want_tensors += o.first ? 1 : 0;
     }
-    if (n_tensors != tensors.size() || order.size() - n_tensors != ints.size()) {
+    if (want_tensors != n_tensors || order.size() - want_tensors != n_ints) {
       return at::Tensor();          // not the call this order was made for
     }
     for (size_t i = 0; i < order.size(); ++i) {
       const auto [is_tensor, j] = order[i];
       if (is_tensor) {
-        if (j < 0 || j >= static_cast<int64_t>(tensors.size())) {
+        if (j < 0 || j >= static_cast<int64_t>(n_tensors)) {
           return at::Tensor();
         }
-        in[i] = {&tensors[j], 0, false};
+        in[i] = {&args[j].toTensor(), 0, false};
       } else {
-        if (j < 0 || j >= static_cast<int64_t>(ints.size()) || !ints[j].isInt()) {
+        const c10::IValue& v = args[n_tensors + j];
+        if (j < 0 || j >= static_cast<int64_t>(n_ints) || !v.isInt()) {
           return at::Tensor();      // a symbolic int: the Python path guards it
         }
-        in[i] = {nullptr, ints[j].toInt(), true};
+        in[i] = {nullptr, v.toInt(), true};
       }
     }
     return launch(in);
@@ -435,62 +442,61 @@ class FastCall {
 
 // -- the region op's CUDA kernel -----------------------------------------------------
 
-// An op key's replay: the FastCall and how the op's (tensors, ints) map onto the
-// region's inputs (empty: the inputs are exactly ``tensors``)
+// An op key's replay: the FastCall and how the op's tensors and ints map onto the
+// region's inputs (empty: the inputs are exactly the tensors)
 struct Bound {
   std::shared_ptr<FastCall> fc;
   std::vector<std::pair<bool, int64_t>> order;
 };
 
 std::mutex g_bound_mutex;
-std::unordered_map<std::string, Bound> g_bound;   // op key -> replay
-// per installed "<namespace>::region" / dispatch key: the Python implementation and
-// the registration (process lifetime: never freed, as the dispatcher may call them
-// until exit)
+std::unordered_map<int64_t, std::shared_ptr<const Bound>> g_bound;   // op key -> replay
+// per installed "<namespace>::<op>": the Python implementation, and per op and
+// dispatch key the registration (process lifetime: never freed, as the dispatcher
+// may call them until exit)
 std::unordered_map<std::string, py::object*> g_python_run;
 std::unordered_map<std::string, torch::Library*> g_libraries;
 
-void bind(const std::string& key, std::shared_ptr<FastCall> fc,
-          std::vector<std::pair<bool, int64_t>> order) {
+void bind(int64_t key, std::shared_ptr<FastCall> fc, std::vector<std::pair<bool, int64_t>> order) {
   if (!fc) {
     throw std::invalid_argument("bind: no FastCall");
   }
+  auto b = std::make_shared<const Bound>(Bound{std::move(fc), std::move(order)});
   const std::lock_guard<std::mutex> lock(g_bound_mutex);
-  g_bound[key] = Bound{std::move(fc), std::move(order)};
+  g_bound[key] = std::move(b);
 }
 
-void unbind(const std::string& key) {
+void unbind(int64_t key) {
   const std::lock_guard<std::mutex> lock(g_bound_mutex);
   g_bound.erase(key);
 }
 
-bool is_bound(const std::string& key) {
+bool is_bound(int64_t key) {
   const std::lock_guard<std::mutex> lock(g_bound_mutex);
   return g_bound.count(key) != 0;
 }
 
-bool bound(const std::string& key, Bound& out) {
+std::shared_ptr<const Bound> bound(int64_t key) {
   const std::lock_guard<std::mutex> lock(g_bound_mutex);
   auto it = g_bound.find(key);
-  if (it == g_bound.end()) {
-    return false;
-  }
-  out = it->second;
-  return true;
+  return it == g_bound.end() ? nullptr : it->second;
 }
 
-// region(Tensor[] tensors, SymInt[] ints, str key) -> Tensor, boxed: the bound
-// FastCall when it takes the call, else the Python implementation.
+// region_<T>t_<I>i(Tensor t0, ..., SymInt i0, ..., int key) -> Tensor, boxed: the
+// bound FastCall when it takes the call, else the Python implementation, called as
+// run([tensors], [ints], key).
 void region_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::Stack& s = *stack;
-  const size_t n = s.size();
-  const std::string key = s[n - 1].toStringRef();
-  std::vector<at::Tensor> tensors = s[n - 3].toTensorVector();
-  const c10::ArrayRef<c10::IValue> ints = s[n - 2].toListRef();
+  const size_t n_args = op.schema().arguments().size();      // tensors, ints, key
+  const c10::IValue* args = s.data() + (s.size() - n_args);
+  const int64_t key = args[n_args - 1].toInt();
+  size_t n_tensors = 0;
+  while (n_tensors + 1 < n_args && args[n_tensors].isTensor()) {
+    ++n_tensors;
+  }
   at::Tensor out;
-  Bound b;
-  if (bound(key, b)) {
-    out = b.fc->call_op(tensors, ints, b.order);
+  if (auto b = bound(key)) {
+    out = b->fc->call_op(args, n_args - 1, n_tensors, b->order);
   }
   if (!out.defined()) {
     py::object* run = nullptr;
@@ -504,37 +510,39 @@ void region_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     py::gil_scoped_acquire gil;
     py::list py_tensors;
-    for (const at::Tensor& t : tensors) {
-      py_tensors.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
+    for (size_t i = 0; i < n_tensors; ++i) {
+      py_tensors.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(args[i].toTensor())));
     }
     py::list py_ints;
-    for (const c10::IValue& v : ints) {
+    for (size_t i = n_tensors; i + 1 < n_args; ++i) {
+      const c10::IValue& v = args[i];
       py_ints.append(v.isInt() ? v.toInt() : v.toSymInt().guard_int(__FILE__, __LINE__));
     }
     py::object r = (*run)(py_tensors, py_ints, key);
     if (!THPVariable_Check(r.ptr())) {
-      throw std::runtime_error("cutlass_offload::region: the Python implementation returned no tensor");
+      throw std::runtime_error("cutlass_offload region op: the Python implementation returned no tensor");
     }
     out = THPVariable_Unpack(r.ptr());
   }
-  torch::jit::drop(s, 3);
+  torch::jit::drop(s, n_args);
   torch::jit::push(s, std::move(out));
 }
 
-// Register region_boxed as the kernel of "<ns>::region" for ``dispatch_key`` (once
+// Register region_boxed as the kernel of "<ns>::<name>" for ``dispatch_key`` (once
 // per pair; the op must be defined already). ``run``: the Python implementation,
 // (tensors, ints, key) -> Tensor. False when that pair was installed before.
-bool install_region_op(py::function run, const std::string& ns, const std::string& dispatch_key) {
-  const std::string name = ns + "::region";
+bool install_region_op(py::function run, const std::string& ns, const std::string& dispatch_key,
+                       const std::string& name) {
+  const std::string full = ns + "::" + name;
   const std::lock_guard<std::mutex> lock(g_bound_mutex);
-  if (g_libraries.count(name + "/" + dispatch_key)) {
+  if (g_libraries.count(full + "/" + dispatch_key)) {
     return false;
   }
   const c10::DispatchKey k = c10::parseDispatchKey(dispatch_key);
   auto* lib = new torch::Library(torch::Library::IMPL, ns, k, __FILE__, __LINE__);
-  lib->impl("region", torch::CppFunction::makeFromBoxedFunction<&region_boxed>());
-  g_libraries[name + "/" + dispatch_key] = lib;
-  py::object*& slot = g_python_run[name];
+  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&region_boxed>());
+  g_libraries[full + "/" + dispatch_key] = lib;
+  py::object*& slot = g_python_run[full];
   if (slot == nullptr) {
     slot = new py::object(std::move(run));
   } else {
@@ -564,13 +572,13 @@ PYBIND11_MODULE(_co_fast_call, m) {
       .def_property_readonly("last_status", &FastCall::last_status)
       .def_property("enabled", &FastCall::enabled, &FastCall::set_enabled);
   m.def("install_region_op", &install_region_op, py::arg("run"), py::arg("namespace") = "cutlass_offload",
-        py::arg("dispatch_key") = "CUDA",
-        "register the C++ kernel of <namespace>::region for a dispatch key (once per pair)");
+        py::arg("dispatch_key") = "CUDA", py::arg("name") = "region_1t_0i",
+        "register the C++ kernel of <namespace>::<name> for a dispatch key (once per pair)");
   m.def("bind", &bind, py::arg("key"), py::arg("fast_call"),
         py::arg("order") = std::vector<std::pair<bool, int64_t>>{},
-        "replay calls of the region op's ``key`` with ``fast_call``; ``order``: per region "
-        "input (is_tensor, index into the op's tensors / ints), empty when the inputs are "
-        "exactly the op's tensors");
+        "replay calls of the region op's ``key`` (an int) with ``fast_call``; ``order``: per "
+        "region input (is_tensor, index into the op's tensors / ints), empty when the inputs "
+        "are exactly the op's tensors");
   m.def("unbind", &unbind, py::arg("key"));
   m.def("is_bound", &is_bound, py::arg("key"));
 }
