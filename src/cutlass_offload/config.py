@@ -25,7 +25,7 @@ Environment variables:
   CXX                        the host C++ compiler that builds that path (default c++)
   CUTLASS_OFFLOAD_CPP_WRAPPER  1 / 0 (off, no, false): co.compile / load's default-mode
                              Inductor glue on CUDA compiled with Inductor's C++ wrapper or
-                             not (unset: not, runtime/glue.py CPP_WRAPPER_IN_DEFAULT_MODE);
+                             not (unset: runtime/glue.py CPP_WRAPPER_IN_DEFAULT_MODE, on);
                              a caller's cpp_wrapper option wins; the torch.compile backend
                              takes the caller's options only
 """

@@ -35,10 +35,14 @@ from torch.utils._pytree import tree_leaves
 GLUES = ("auto", "inductor", "eager")
 GLUE_DYNAMIC = ("exported", "auto")
 # True: default mode compiles CUDA glue with Inductor's C++ wrapper unless the caller
-# chose (InductorGlue.compile_options). Off: on the H200 under torch 2.11 it was faster
-# on two models of three and slower on the third, whose many region calls it sends
-# back through Python, and its first call compiles C++ (docs/measured.md, session 20).
-CPP_WRAPPER_IN_DEFAULT_MODE = False
+# chose (InductorGlue.compile_options). On since session 30: with the region ops'
+# StableIValue schema (ops.py) it calls them from C++ through the dispatcher, and on
+# the H200 (torch 2.11) it took ours from 0.70x to 0.38x of torch.compile's forward on
+# efficientnet-b0 and from 0.74x to 0.60x on whisper-encoder (interleaved rounds);
+# its cost is the first call's C++ compile (78 s against 28 s on efficientnet-b0).
+# Session 20 had it off: the Tensor[] schema sent every region call back through
+# Python (docs/measured.md, sessions 20 and 30).
+CPP_WRAPPER_IN_DEFAULT_MODE = True
 
 
 def cpp_wrapper_in_default_mode() -> bool:
@@ -245,11 +249,9 @@ class InductorGlue:
         graphs (default mode) unless the caller set it. Why: the plain forward is
         host-bound on small models, and Inductor's C++ wrapper launches the Triton
         kernels from C++, where the Python wrapper pays ~10-20 us of Python per kernel
-        (the host profiles of glue_profile.py --host-profile). It calls the region op
-        through the dispatcher (``callBoxed``: the op's C++ kernel, no Python) only
-        where Inductor boxes a ``Tensor[]`` schema itself (torch 2.13); torch 2.11
-        calls it back through Python (``codecache.custom_op_wrapper``, ~13 us more a
-        call, measured on the H200)."""
+        (the host profiles of glue_profile.py --host-profile), and calls the region ops
+        through the dispatcher (``aoti_torch_call_dispatcher``: their schema is tensors
+        and ints alone, ops.py), straight into the op's C++ kernel."""
         options = dict(self.options)
         if (on_cuda and cpp_wrapper_in_default_mode() and not self.cuda_graphs
                 and "cpp_wrapper" not in options and self.mode in (None, "default")):
