@@ -22,9 +22,11 @@ export PYTHONUNBUFFERED=1
 start=$(date +%s)
 if [ ! -e "$OUT/prebuilt" ]; then
   # bounded by the budget: units it finished stay cached, the next call goes on
+  # done once it reached its summary line, also when it skipped a model whose package
+  # is missing here (exit 1; that model then fails in runtime.py with the reason)
   timeout "$BUDGET_S" $PY -m cutlass_offload.cli prebuild --arch sm_90a --dtype fp16 \
-    --models "$(echo $models | tr ' ' ',')" -q \
-    > "$OUT/prebuild.log" 2>&1 && touch "$OUT/prebuilt"
+    --models "$(echo $models | tr ' ' ',')" -q > "$OUT/prebuild.log" 2>&1
+  grep -q "^prebuilt " "$OUT/prebuild.log" && touch "$OUT/prebuilt"
   tail -n 5 "$OUT/prebuild.log"
 fi
 left=$(( BUDGET_S - ($(date +%s) - start) ))

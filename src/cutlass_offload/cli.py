@@ -181,10 +181,13 @@ def _cmd_prebuild(a) -> int:
     if bad:
         raise ValueError(f"unknown dtype {bad[0]!r}: prebuild takes {', '.join(_DTYPES)}")
     dtypes = [_DTYPES[d] for d in a.dtype.split(",")]
-    plan = None
+    plan, skipped = None, {}
     if a.models:
         from .prebuild import model_plan
-        plan = model_plan([m for m in a.models.split(",") if m], arch, dtypes)
+        # a model whose package is missing here is named and left out; the rest build
+        plan = model_plan([m for m in a.models.split(",") if m], arch, dtypes, skipped=skipped)
+        for name, why in skipped.items():
+            print(f"prebuild: skipped model {name}: {why}", file=sys.stderr)
         kernels = []
     else:
         kernels = prebuild_kernels(arch, dtypes, [t for t in a.epilogues.split(",") if t],
@@ -204,7 +207,7 @@ def _cmd_prebuild(a) -> int:
         for k in listed:
             print(k.name)
         print(f"{len(listed)} kernels")
-        return 0
+        return 1 if skipped else 0
     if a.quiet:
         os.environ["CUTLASS_OFFLOAD_PROGRESS"] = "off"
     t0 = time.perf_counter()
@@ -215,8 +218,9 @@ def _cmd_prebuild(a) -> int:
     hits = sum(1 for u in units if u.get("cache_hit"))
     failed = [u["name"] for u in units if not u.get("ok", True)]
     print(f"prebuilt {len(listed)} kernels for {arch} in {time.perf_counter() - t0:.1f} s: "
-          f"{len(units)} units ({hits} already cached)" + (f"; failed: {', '.join(failed)}" if failed else ""))
-    return 1 if failed else 0
+          f"{len(units)} units ({hits} already cached)" + (f"; failed: {', '.join(failed)}" if failed else "")
+          + (f"; models skipped: {', '.join(skipped)}" if skipped else ""))
+    return 1 if failed or skipped else 0
 
 
 def _cmd_cache(a) -> int:

@@ -183,13 +183,16 @@ def stand_in_plan(arch: str, kernels) -> Plan:
     return Plan(arch=arch, regions=tuple(regions), kernels=tuple(kernels), fallbacks=())
 
 
-def model_plan(names, arch: str, dtypes=("f16",)) -> Plan:
+def model_plan(names, arch: str, dtypes=("f16",), skipped: dict | None = None) -> Plan:
     """One Plan holding the regions and kernels that ``cutlass-offload compile NAME
     --arch ARCH --dtype D`` selects for each model name (built-ins or
     ``package.module:factory``, models.load_model) and dtype, with every norm
     offloaded (the eager glue's choice, a superset of the Inductor glue's); regions
     renamed ``<name>_<dtype>_<region>`` so that models never clash. Raises what
-    load_model, capture and partition raise (an unknown name: ValueError)."""
+    load_model, capture and partition raise (an unknown name: ValueError), except
+    that with a ``skipped`` dict a model whose package is missing (ImportError) is
+    left out and recorded there (name -> the error's text), so the others still
+    build."""
     from dataclasses import replace as _replace
 
     from .capture import capture
@@ -199,7 +202,15 @@ def model_plan(names, arch: str, dtypes=("f16",)) -> Plan:
     from .select import select
     regions, kernels = [], []
     for name, dtype in product(names, dtypes):
-        model, inputs = load_model(name, _CLI[dtype])
+        if skipped is not None and name in skipped:
+            continue
+        try:
+            model, inputs = load_model(name, _CLI[dtype])
+        except ImportError as e:
+            if skipped is None:
+                raise
+            skipped[name] = f"{type(e).__name__}: {e}"
+            continue
         options = options_for_glue(CompileOptions(arch=arch), "eager")
         plan = select(partition(capture(model, inputs).graph_module, options), arch, options)
         tag = f"{name.replace(':', '_').replace('.', '_').replace('-', '_')}_{dtype}_"

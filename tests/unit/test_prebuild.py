@@ -150,6 +150,33 @@ def test_model_plan_renames_regions_apart():
     assert {k.dtype for k in plan.kernels} == {"f16", "bf16"}
 
 
+def test_a_model_whose_package_is_missing_is_named_and_the_others_build(tmp_path, monkeypatch, capsys):
+    """prebuild --models with one model whose package this machine lacks (sd-unet
+    without diffusers): that model is named with the import error, every other
+    model's kernels are still listed and built, and the exit status is 1."""
+    from cutlass_offload import models
+    from cutlass_offload.prebuild import model_plan
+    for k, v in fake_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+
+    def needs_diffusers(**_):
+        raise ModuleNotFoundError("No module named 'diffusers'", name="diffusers")
+    monkeypatch.setitem(models.BUILTIN, "needs-diffusers", needs_diffusers)
+    with pytest.raises(ImportError):
+        model_plan(["mlp", "needs-diffusers"], "sm80")         # no skipped dict: raises
+    skipped = {}
+    plan = model_plan(["mlp", "needs-diffusers"], "sm80", ["f16", "bf16"], skipped=skipped)
+    assert list(skipped) == ["needs-diffusers"] and "diffusers" in skipped["needs-diffusers"]
+    assert plan.kernels and all(r.name.startswith("mlp_") for r in plan.regions)
+    assert cli.main(["prebuild", "--arch", "sm_80", "--models", "needs-diffusers,mlp", "--list"]) == 1
+    out, err = capsys.readouterr()
+    assert "skipped model needs-diffusers: ModuleNotFoundError: No module named 'diffusers'" in err
+    assert any(w.startswith("cutlass") for w in out.split())
+    assert cli.main(["prebuild", "--arch", "sm_80", "--models", "needs-diffusers,mlp", "-q"]) == 1
+    assert "models skipped: needs-diffusers" in capsys.readouterr().out
+    assert any(c.startswith("compile") for c in nvcc_calls(tmp_path))     # mlp's kernels built
+
+
 def test_glu_epilogues_are_prebuilt_on_sm90a_only():
     # llama's SwiGLU runs as one GEMM with a GLU epilogue (partition/gated_gemm.py); no
     # 2.x kernel has that epilogue, so sm_80 prebuilds skip it instead of failing
