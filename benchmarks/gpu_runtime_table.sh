@@ -10,8 +10,8 @@
 # CUTLASS_OFFLOAD_CACHE_DIR) skips what is built.
 # MAX_AUTOTUNE=none (or a model list) overrides runtime.py's max-autotune anchors
 # (bert-base and llama by default: minutes of Inductor autotuning each);
-# RUNTIME_ARGS adds runtime.py options (e.g. --no-eager-glue: the targets need only
-# the Inductor glue and the anchors).
+# RUNTIME_ARGS adds runtime.py options (e.g. "--no-eager-glue --paired-only": the
+# targets need only the Inductor glue and the anchors, timed in the paired rounds).
 # Usage (GPU machine, README install): OUT=dir BUDGET_S=480 bash benchmarks/gpu_runtime_table.sh [models...]
 set -u
 OUT=${OUT:-$PWD/runtime_table_out}; mkdir -p "$OUT"

@@ -130,3 +130,36 @@ def test_no_eager_glue_measures_only_the_inductor_variants(cpu_run, tmp_path, mo
     assert five["heuristic"] == "not run (--no-eager-glue)"
     assert compiles == ["inductor"]            # no second compile for the eager glue
     assert five["ours_inductor_ro"]["rel_err_fp32_batch2"] < 1e-5
+
+
+def test_paired_only_compiles_each_variant_once_per_mode(cpu_run, tmp_path, monkeypatch):
+    """--paired-only: the anchors' default / reduce-overhead and ours with Inductor
+    glue are measured in the paired rounds alone (one torch.compile of the model
+    per mode, not two), and the JSON still holds what the report and the verdict
+    read: each anchor's ms / compile seconds / error, ours' ms / first call / errors
+    at both batch sizes, and the per-round ratios."""
+    import _timing
+    monkeypatch.setattr(_timing, "events_ms", lambda fn, reps, warmup=1: (fn(), 1.0)[1])
+    real = torch.compile
+    compiled_models = []
+
+    def counted(model, *args, **kw):
+        if isinstance(model, FiveKinds):
+            compiled_models.append(kw.get("mode"))
+        return real(model, *args, **kw)
+    monkeypatch.setattr(torch, "compile", counted)
+    out = tmp_path / "r.json"
+    args = ["five", "--json", str(out), "--no-eager-glue", "--paired-only", "--paired-rounds", "2",
+            "--quick", "--reps", "1", "--max-autotune-models", "none"]
+    assert runtime.main(args) == 0
+    five = json.loads(out.read_text())["models"][0]
+    assert compiled_models == [None, "reduce-overhead"]
+    assert set(five["step_s"]) == {"eager", "ours_inductor", "ours_inductor_ro"}
+    for mode, ours in (("default", five["ours_inductor"]), ("reduce-overhead", five["ours_inductor_ro"])):
+        anchor = five["anchors"][mode]
+        assert anchor["ms"] == 1.0 and anchor["compile_s"] > 0 and anchor["rel_err_fp32_fresh"] < 1e-5
+        assert ours["ms"] == 1.0 and ours["first_call_s"] > 0 and ours["mode"] == mode
+        assert ours["rel_err_fp32_fresh"] < 1e-5 and ours["rel_err_fp32_batch2"] < 1e-5
+        assert five["paired"][mode]["ratio"] == 1.0 and len(five["paired"][mode]["ours_ms"]) == 2
+    assert five["done_when"]["ratios_from"] == "2 interleaved rounds"
+    assert five["done_when"]["verdict"].startswith("MISS")       # 1.0x: neither target met
