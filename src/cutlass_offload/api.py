@@ -20,7 +20,7 @@ from .capture import Captured, Reference, capture, from_exported
 from .config import CompileOptions, options_for_glue
 from .errors import CutlassOffloadError, DamagedFileError, DeviceError
 # the output folder's format (folder.py); check_folder is re-exported for the CLI
-from .folder import MANIFEST, _checked_later, _fingerprint, check_folder, check_out_dir, load_exported, no_folder_message, save  # noqa: F401
+from .folder import MANIFEST, _checked_later, _fingerprint, begin_save, check_folder, check_out_dir, load_exported, no_folder_message, save  # noqa: F401
 from .ir import Plan
 from .partition import partition
 from .report import Report
@@ -141,13 +141,19 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     with phases("capture"):
         cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
                       dynamic_shapes=dynamic_shapes)
-    compiled = _compile_graph(cap.graph_module, options, phases, glue=glue_spec,
-                              warm_inputs=_warm_inputs(example_inputs, options, glue_spec))
-    compiled.verify(verify)
-    if out_dir is not None:
-        with phases("save"):
-            save(compiled, cap, example_inputs, options, out_dir, glue_spec)
-        compiled.report.phases = dict(phases.seconds)
+    # the weights are final once captured: weights.bin is written while the rest runs
+    pending = begin_save(cap, example_inputs, out_dir) if out_dir is not None else None
+    try:
+        compiled = _compile_graph(cap.graph_module, options, phases, glue=glue_spec,
+                                  warm_inputs=_warm_inputs(example_inputs, options, glue_spec))
+        compiled.verify(verify)
+        if pending is not None:
+            with phases("save"):
+                save(compiled, cap, example_inputs, options, out_dir, glue_spec, pending=pending)
+            compiled.report.phases = dict(phases.seconds)
+    finally:
+        if pending is not None:
+            pending.discard()        # a failed compile leaves no temporary folder
     return compiled
 
 

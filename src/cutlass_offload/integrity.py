@@ -70,11 +70,11 @@ def sha256_file(path) -> str:
     return _memoized(path, None, whole)
 
 
-def digests_of_chunks(size: int, chunk_bytes: int, feed) -> list:
+def digests_of_chunks(size: int, chunk_bytes: int, feed, threads: int = 8) -> list:
     """Hex sha256 of each ``chunk_bytes`` chunk of ``size`` bytes (the last one
-    shorter), in order, by up to 8 threads: ``feed(h, start, end)`` updates the
-    hash ``h`` with bytes [start, end). The chunked record's format, whatever holds
-    the bytes (a file, or weights in memory: weights.py)."""
+    shorter), in order, by up to ``threads`` threads: ``feed(h, start, end)``
+    updates the hash ``h`` with bytes [start, end). The chunked record's format,
+    whatever holds the bytes (a file, or weights in memory: weights.py)."""
     def one(start):
         h = hashlib.sha256()
         feed(h, start, min(start + chunk_bytes, size))
@@ -82,7 +82,7 @@ def digests_of_chunks(size: int, chunk_bytes: int, feed) -> list:
     starts = range(0, size, chunk_bytes)
     if not starts:
         return []
-    with ThreadPoolExecutor(min(8, os.cpu_count() or 1, len(starts))) as pool:
+    with ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1, len(starts)))) as pool:
         return list(pool.map(one, starts))
 
 
@@ -112,6 +112,18 @@ def chunk_digests(path, chunk_bytes: int = CHUNK_BYTES, in_child: bool = False) 
                 start += len(block)
         return tuple(digests_of_chunks(st.st_size, chunk_bytes, feed))
     return list(_memoized(path, chunk_bytes, chunks))
+
+
+def remember_chunk_digests(path, chunk_bytes: int, digests) -> None:
+    """Take ``digests`` as ``chunk_digests(path, chunk_bytes)`` of the file as it is
+    now (its identity: device, inode, size and times), for a writer that hashed the
+    bytes it wrote from memory. A file changed afterwards is hashed again."""
+    st = os.stat(path)
+    if -(-st.st_size // chunk_bytes) != len(digests):
+        raise ValueError(f"{len(digests)} chunk digests for {st.st_size} bytes in chunks of {chunk_bytes}")
+    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, chunk_bytes)
+    with _digests_lock:
+        _digests[ident] = tuple(digests)
 
 
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hash_child.py")

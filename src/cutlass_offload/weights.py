@@ -37,6 +37,7 @@ import copy
 import ctypes
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -123,9 +124,9 @@ def _bytes(st) -> memoryview:
     return memoryview((ctypes.c_char * n).from_address(st.data_ptr())) if n else memoryview(b"")
 
 
-def _stream_digests(storages, spans, total: int, chunk_bytes: int) -> list:
+def _stream_digests(storages, spans, total: int, chunk_bytes: int, threads: int = 8) -> list:
     """integrity.chunk_digests of the weights.bin ``write`` would write, computed
-    from the storages in memory (CPU copies of device ones)."""
+    from the storages in memory (CPU copies of device ones) by ``threads`` threads."""
     views = [_bytes(st if st.device.type == "cpu" else st.cpu()) for st in storages]
 
     def feed(h, at, end):
@@ -139,7 +140,7 @@ def _stream_digests(storages, spans, total: int, chunk_bytes: int) -> list:
             at = hi
         if end > at:
             h.update(bytes(end - at))
-    return integrity.digests_of_chunks(total, chunk_bytes, feed)
+    return integrity.digests_of_chunks(total, chunk_bytes, feed, threads)
 
 
 def _free_host_bytes() -> int:
@@ -188,20 +189,37 @@ def write(tensors, folder, previous=None, previous_record=None) -> bool:
     it is hard-linked instead of written: a warm recompile into the same folder
     writes none of the weights (sd-unet's 1.73 GB took 5.9 s to write on the 2-core
     machine; hashing them in memory and the file about 1 s). Returns whether it was.
+    A written file's chunk digests (integrity.record's, for a file of PARALLEL_MIN
+    bytes or more) are computed from memory during the write and remembered for it
+    (integrity.remember_chunk_digests), so the manifest's record does not read it back.
     Raises OSError (ENOSPC for a full disk)."""
     folder = Path(folder)
     storages, spans, entries, total = _layout(tensors)
     reused = previous is not None and _reused(storages, spans, total, folder, Path(previous),
                                               previous_record)
     if not reused:
-        with open(folder / BIN, "wb") as f:
-            for (start, nbytes), st in zip(spans, storages):
-                if f.tell() != start:
-                    f.write(b"\0" * (start - f.tell()))
-                if nbytes:
-                    host = st if st.device.type == "cpu" else st.cpu()   # kept alive while written
-                    f.write(_bytes(host))
-            f.truncate(total)
+        hosts = [st if st.device.type == "cpu" else st.cpu() for st in storages]  # alive while used
+        # a file the folder's manifest records chunk by chunk is hashed from memory while
+        # it is written (hashlib and writes release the GIL), not read back afterwards
+        hashing = None
+        if total >= integrity.PARALLEL_MIN:
+            pool = ThreadPoolExecutor(1, thread_name_prefix="co-weights-hash")
+            # one thread: it runs beside the write and the compile, so more would only
+            # take the GIL from them (on 2 cores partition ran 4x slower with 8)
+            hashing = pool.submit(_stream_digests, hosts, spans, total, integrity.CHUNK_BYTES, 1)
+            pool.shutdown(wait=False)
+        try:
+            with open(folder / BIN, "wb") as f:
+                for (start, nbytes), host in zip(spans, hosts):
+                    if f.tell() != start:
+                        f.write(b"\0" * (start - f.tell()))
+                    if nbytes:
+                        f.write(_bytes(host))
+                f.truncate(total)
+        finally:
+            digests = hashing.result() if hashing is not None else None
+        if digests is not None:
+            integrity.remember_chunk_digests(folder / BIN, integrity.CHUNK_BYTES, digests)
     index = {"format": FORMAT, "bytes": total, "storages": spans, "tensors": entries}
     (folder / INDEX).write_text(json.dumps(index))
     return reused

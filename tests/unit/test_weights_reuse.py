@@ -56,3 +56,67 @@ def test_unchanged_weights_are_linked_changed_or_damaged_ones_written(env):
         f.write(bytes([b[0] ^ 0xFF]))
     assert _compile(model, xs, out) != changed          # not linked: written from memory
     assert _same(_saved_values(out), model)
+
+
+def test_weights_are_written_beside_the_compile_and_recorded_from_memory(env, monkeypatch):
+    """co.compile(out_dir=...) writes weights.bin in a background thread begun right
+    after the capture (before partition runs), hashes it from memory while writing,
+    and the manifest's record is the file's real chunk digests."""
+    import threading
+
+    from cutlass_offload import api
+    model, xs, out = env
+    events = []
+    real_write, real_partition = weights.write, api.partition
+
+    def write(*a, **k):
+        events.append(("write", threading.current_thread().name))
+        return real_write(*a, **k)
+
+    def partition(*a, **k):
+        events.append(("partition", threading.current_thread().name))
+        return real_partition(*a, **k)
+    monkeypatch.setattr(weights, "write", write)
+    monkeypatch.setattr(api, "partition", partition)
+    real_begin = api.begin_save
+
+    def begin(*a, **k):
+        pending = real_begin(*a, **k)
+        pending.wait()              # deterministic order for the check below
+        return pending
+    monkeypatch.setattr(api, "begin_save", begin)
+    co.compile(model, xs, arch="sm_80", out_dir=out, glue="eager")
+    assert [e for e, _ in events] == ["write", "partition"]
+    assert events[0][1].startswith("co-weights") and events[1][1] == threading.current_thread().name
+    import json
+    rec = json.loads((out / "manifest.json").read_text())["files"][weights.BIN]
+    integrity._digests.clear()          # forget the remembered digests: read the file
+    assert rec["sha256_chunks"] == integrity.chunk_digests(out / weights.BIN, rec["chunk_bytes"])
+    assert _same(_saved_values(out), model)
+
+
+def test_a_compile_that_fails_after_capture_leaves_no_temporary_folder(env, monkeypatch):
+    from cutlass_offload import api
+    model, xs, out = env
+    _compile(model, xs, out)
+    before = (out / "manifest.json").read_text()
+
+    def broken(*a, **k):
+        raise RuntimeError("select failed: test")
+    monkeypatch.setattr(api, "_compile_graph", broken)
+    with pytest.raises(RuntimeError, match="select failed: test"):
+        co.compile(model, xs, arch="sm_80", out_dir=out, glue="eager")
+    assert (out / "manifest.json").read_text() == before
+    assert not list(out.parent.glob(f".{out.name}.tmp-*"))
+    check_folder(out)
+
+
+def test_remembered_digests_must_fit_the_file(tmp_path):
+    p = tmp_path / "f.bin"
+    p.write_bytes(bytes(10000))
+    with pytest.raises(ValueError, match="chunk digests"):
+        integrity.remember_chunk_digests(p, 4096, ["0" * 64])
+    integrity.remember_chunk_digests(p, 4096, ["a" * 64] * 3)
+    assert integrity.chunk_digests(p, 4096) == ["a" * 64] * 3      # taken as the file's
+    p.write_bytes(bytes(10001))                                       # changed: hashed again
+    assert integrity.chunk_digests(p, 4096) != ["a" * 64] * 3
