@@ -14,6 +14,9 @@ builds its Params: checks, TMA descriptors; plus a Python list lookup), and
 Inductor's wrapper makes it (``torch.convolution``) on EfficientNet-b0 shapes, what a
 conv left to PyTorch costs the host in default mode (against
 ``host_region_op_call_us``: session 29 measured them alike, 12.3-13.5 against 12.5 us).
+``host_region_op_call_us`` calls the region op from Python (Inductor's Python
+wrapper); ``host_region_op_cpp_wrapper_us`` from Inductor's C++ wrapper, the
+default-mode glue's path since session 30 (``cpp_wrapper_call_us``).
 
     python benchmarks/call_overhead.py [--arch sm_90a] [--json call_overhead.json]
 """
@@ -149,18 +152,51 @@ def cudnn_conv_host_us() -> dict:
 
 
 def _region_op_call(mod, xs):
-    """(torch.ops.cutlass_offload.region.default, key, entry) with ``mod`` registered
-    under the key and its FastCall bound (what Inductor's glue calls; the caller keeps
-    ``entry`` alive: the registry holds it weakly), or (None, None, None) when the
-    region takes other inputs than tensors."""
+    """(the region's op, its entry) with ``mod`` registered and its FastCall bound
+    (what Inductor's glue calls: ``ops.call(entry, xs)``; the caller keeps ``entry``
+    alive: the registry holds it weakly), or (None, None) when the region takes other
+    inputs than tensors."""
     from cutlass_offload.runtime import ops
     kinds = ops.input_kinds(xs)
     if kinds is None or any(k != "tensor" for k in kinds):
-        return None, None, None
-    op = ops.region_op()
+        return None, None
     entry = ops.register(mod, kinds)
-    op(list(xs), [], entry.key)             # binds, and checks the op runs
-    return op, entry.key, entry
+    ops.call(entry, xs)                     # binds, and checks the op runs
+    return ops.region_op(len(xs), 0), entry
+
+
+CHAIN = (1, 9)        # region calls per compiled graph: the per-call cost is the difference
+
+
+def cpp_wrapper_call_us(entry, xs, n=50) -> float | None:
+    """Host microseconds per region call from Inductor's C++ wrapper (default-mode
+    glue on CUDA since session 30: ``aoti_torch_call_dispatcher``, then the op's C++
+    kernel): graphs of CHAIN[0] and CHAIN[1] chained calls of the region op (each
+    output the next call's first input) compiled with ``cpp_wrapper``, each timed
+    with the GPU kept busy; the difference over the extra calls. None when the
+    region's output cannot feed its first input."""
+    import torch.fx as fx
+
+    from cutlass_offload.runtime import ops
+    out = ops.call(entry, xs)
+    if out.shape != xs[0].shape or out.dtype != xs[0].dtype or out.stride() != xs[0].stride():
+        return None
+    op = ops.region_op(len(xs), 0)
+    times = {}
+    for k in CHAIN:
+        g = fx.Graph()
+        phs = [g.placeholder(f"x{i}") for i in range(len(xs))]
+        y = phs[0]
+        for _ in range(k):
+            y = g.call_function(op, (y, *phs[1:], entry.id))
+        g.output(y)
+        torch._dynamo.reset()
+        fn = torch.compile(fx.GraphModule(torch.nn.Module(), g), backend="inductor",
+                           options={"cpp_wrapper": True})
+        with torch.no_grad():
+            fn(*xs)
+            times[k] = host_us(lambda: fn(*xs), n=n)
+    return (times[CHAIN[1]] - times[CHAIN[0]]) / (CHAIN[1] - CHAIN[0])
 
 
 def main():
@@ -221,9 +257,13 @@ def main():
                 lambda: mod._fn(rotating[next(turn) % MISS_ADDRESSES], stream))
             # the floor: one bare kernel launch from Python (pybind11 + cudaLaunchKernel)
             result["host_bare_launch_us"] = host_us(lambda: torch.cuda._sleep(0))
-            op, key, entry = _region_op_call(mod, xs_seen)
+            op, entry = _region_op_call(mod, xs_seen)
             if op is not None:
-                result["host_region_op_call_us"] = host_us(lambda: op(list(xs_seen), [], key))
+                result["host_region_op_call_us"] = host_us(lambda: op(*xs_seen, entry.id))
+                with torch.no_grad():
+                    per_call = cpp_wrapper_call_us(entry, xs_seen)
+                if per_call is not None:
+                    result["host_region_op_cpp_wrapper_us"] = per_call
             result["host_torch_empty_cuda_us"] = host_us(
                 lambda: torch.empty((8, 64), dtype=torch.float16, device="cuda"))
             result["host_torch_linear_call_us"] = host_us(lambda: small(xs))
