@@ -198,11 +198,16 @@ def write(tensors, folder, previous=None, previous_record=None) -> bool:
     reused = previous is not None and _reused(storages, spans, total, folder, Path(previous),
                                               previous_record)
     if not reused:
-        hosts = [st if st.device.type == "cpu" else st.cpu() for st in storages]  # alive while used
+        on_device = sum(st.nbytes() for st in storages if st.device.type != "cpu")
         # a file the folder's manifest records chunk by chunk is hashed from memory while
-        # it is written (hashlib and writes release the GIL), not read back afterwards
+        # it is written (hashlib and writes release the GIL), not read back afterwards;
+        # device weights then need host copies of all of them at once, so only where the
+        # host has room (else each is copied as it is written, and the record reads the file)
+        at_once = total >= integrity.PARALLEL_MIN and (
+            not on_device or on_device <= _free_host_bytes() // 2)
+        hosts = [st if st.device.type == "cpu" or not at_once else st.cpu() for st in storages]
         hashing = None
-        if total >= integrity.PARALLEL_MIN:
+        if at_once:
             pool = ThreadPoolExecutor(1, thread_name_prefix="co-weights-hash")
             # one thread: it runs beside the write and the compile, so more would only
             # take the GIL from them (on 2 cores partition ran 4x slower with 8)
@@ -214,6 +219,7 @@ def write(tensors, folder, previous=None, previous_record=None) -> bool:
                     if f.tell() != start:
                         f.write(b"\0" * (start - f.tell()))
                     if nbytes:
+                        host = host if host.device.type == "cpu" else host.cpu()   # alive while written
                         f.write(_bytes(host))
                 f.truncate(total)
         finally:

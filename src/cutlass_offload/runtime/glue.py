@@ -136,8 +136,9 @@ class OpsGraph:
 def ops_graph(gm: fx.GraphModule) -> OpsGraph:
     """``gm`` (an offloaded GraphModule: runtime/compiled_model.offload) with each
     region module call replaced by its arity's region op
-    (``torch.ops.cutlass_offload.region_<T>t_<I>i``) on the region's registered key. torch.export's in-graph input guard (``_guards_fn``)
-    is left out: CompiledModel checks each input signature once before the call.
+    (``torch.ops.cutlass_offload.region_<T>t_<I>i``) on the region's registered key.
+    torch.export's in-graph input guard (``_guards_fn``) is left out: CompiledModel
+    checks each input signature once before the call.
     ``gm`` is not modified."""
     from .ops import input_kinds, register, region_op
     from .region import RegionModule
