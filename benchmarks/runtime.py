@@ -589,8 +589,8 @@ def bench_paired_mode(model, compiled, inputs, mode, checks, a) -> dict:
     g = compiled.inductor
     warm = (g is not None and compiled.glue == "inductor" and g.mode == glue_mode
             and g.first_call_s is not None and g.dynamic == a.glue_dynamic)
-    torch._dynamo.reset()
-    if not warm:
+    if not warm:             # (a reset would drop the glue compile() already compiled)
+        torch._dynamo.reset()
         compiled.set_glue("inductor", mode=glue_mode, dynamic=a.glue_dynamic)
     tc = torch.compile(model, mode=glue_mode)
     regions = compiled.region_modules()

@@ -308,11 +308,10 @@ class FastCall {
         }
         in[i] = {&args[j].toTensor(), 0, false};
       } else {
-        const c10::IValue& v = args[n_tensors + j];
-        if (j < 0 || j >= static_cast<int64_t>(n_ints) || !v.isInt()) {
+        if (j < 0 || j >= static_cast<int64_t>(n_ints) || !args[n_tensors + j].isInt()) {
           return at::Tensor();      // a symbolic int: the Python path guards it
         }
-        in[i] = {nullptr, v.toInt(), true};
+        in[i] = {nullptr, args[n_tensors + j].toInt(), true};
       }
     }
     return launch(in);
