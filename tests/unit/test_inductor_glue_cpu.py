@@ -110,6 +110,44 @@ def test_cpp_wrapper_glue_calls_regions_through_the_dispatcher(monkeypatch):
     assert "custom_op_wrapper" not in source
 
 
+def test_a_failing_cpp_wrapper_we_chose_falls_back_to_the_python_wrapper(monkeypatch):
+    """When the C++ wrapper that default-mode CUDA glue gets by default cannot be
+    compiled (say, no working host compiler), the glue is compiled again with
+    Inductor's Python wrapper, with a warning, instead of falling back to eager
+    glue; a C++ wrapper the caller asked for fails as before."""
+    from torch._inductor import codecache
+    torch.manual_seed(0)
+    eager = FiveKinds().eval()
+    model = offloaded(eager, five_kinds_inputs(3))
+    calls = regions_on_cpu(monkeypatch)
+    real_options = glue.InductorGlue.compile_options
+    monkeypatch.setattr(glue.InductorGlue, "compile_options",
+                        lambda self, on_cuda: real_options(self, True))     # "CUDA" glue
+    monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", True)
+    monkeypatch.delenv("CUTLASS_OFFLOAD_CPP_WRAPPER", raising=False)
+
+    def broken(*a, **k):
+        raise RuntimeError("C++ compile error: test")
+    monkeypatch.setattr(codecache.CppWrapperCodeCache, "load_pybinding", broken)
+    model.set_glue("inductor")
+    x = five_kinds_inputs(3, 1)
+    with pytest.warns(RuntimeWarning, match="C\\+\\+ wrapper could not compile the glue .*Python wrapper"):
+        out = model(*x)
+    with torch.no_grad():
+        assert_close(out, eager(*x))
+    g = model.inductor
+    assert g.failed is None and "C++ compile error: test" in g.cpp_wrapper_failed
+    assert g.used_options == {} and g.first_call_s is not None
+    n = len(calls)
+    model(*x)
+    assert len(calls) - n == len(model.plan.regions)      # through the op, compiled glue
+    asked = glue.InductorGlue(model.graph_module, options={"cpp_wrapper": True},
+                              fallback_to_eager=True)
+    with pytest.warns(RuntimeWarning, match="the model runs with eager glue"):
+        asked(model.graph_module, *x)
+    assert asked.failed and asked.cpp_wrapper_failed is None
+
+
 def test_automatic_dynamic_glue_specializes_first_then_recompiles_once(monkeypatch):
     torch.manual_seed(0)
     eager = FiveKinds().eval()

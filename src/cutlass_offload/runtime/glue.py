@@ -233,6 +233,7 @@ class InductorGlue:
         self._marked = False
         self.first_call_s = None    # seconds of the first call (Dynamo + Inductor compile)
         self.used_options = None    # the Inductor options of the compiled glue (compile_options)
+        self.cpp_wrapper_failed = None   # why the C++ wrapper we chose failed to compile, if it did
 
     @property
     def inlined(self) -> list:
@@ -255,7 +256,8 @@ class InductorGlue:
         and ints alone, ops.py), straight into the op's C++ kernel."""
         options = dict(self.options)
         if (on_cuda and cpp_wrapper_in_default_mode() and not self.cuda_graphs
-                and "cpp_wrapper" not in options and self.mode in (None, "default")):
+                and "cpp_wrapper" not in options and self.mode in (None, "default")
+                and self.cpp_wrapper_failed is None):
             options["cpp_wrapper"] = True
         return options
 
@@ -300,6 +302,15 @@ class InductorGlue:
             with torch.no_grad():
                 out = fn(*args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as e:
+            if (self.used_options or {}).get("cpp_wrapper") and "cpp_wrapper" not in self.options:
+                # the C++ wrapper was our choice (e.g. no working host compiler): compile
+                # the glue again with Inductor's Python wrapper before giving up on it
+                self.cpp_wrapper_failed = _describe(e)
+                warnings.warn(f"cutlass_offload: Inductor's C++ wrapper could not compile the glue "
+                              f"({self.cpp_wrapper_failed}); compiling it with the Python wrapper",
+                              RuntimeWarning, stacklevel=3)
+                self.reset()
+                return self(gm, *args, **kwargs)
             if not self.fallback_to_eager:
                 raise
             self.failed = _describe(e)
