@@ -308,10 +308,16 @@ def _overlapped(gm, plan: Plan, options: CompileOptions, phases: _Phases, tuning
     if tuning is not None:
         report.tuning = tuning.to_dict()
     ind = compiled.inductor
+    wrapper = ""
+    if ind is not None and ind.used_options is not None:
+        wrapper = (" with Inductor's C++ wrapper" if ind.used_options.get("cpp_wrapper")
+                   else " with Inductor's Python wrapper")
+        if ind.cpp_wrapper_failed:
+            wrapper += f" (the C++ wrapper failed: {ind.cpp_wrapper_failed[:200]})"
     report.glue = {**compiled.report.glue, "glue": compiled.glue,
-                   "note": (f"compiled during the first call, beside the library build "
+                   "note": (f"compiled during the first call{wrapper}, beside the library build "
                             f"({ind.first_call_s:.1f} s)" if ind is not None and ind.first_call_s
-                            else "compiled during the first call, beside the library build")}
+                            else f"compiled during the first call{wrapper}, beside the library build")}
     report.phases = dict(phases.seconds)
     compiled.plan, compiled.report, compiled.library_path = res.plan, report, res.library
     return compiled

@@ -255,6 +255,8 @@ def test_library_builds_beside_the_glue_compile(monkeypatch):
     assert list(disabled) == ["region4_linear_bias"]
     assert model.report.glue["glue"] == "inductor"
     assert "glue: compile + first call" in model.report.phases
+    # CPU glue: Inductor's own default, the Python wrapper (the C++ one is for CUDA glue)
+    assert "compiled during the first call with Inductor's Python wrapper" in model.report.glue["note"]
     with torch.no_grad():
         assert_close(model(*five_kinds_inputs(2, 5)), eager(*five_kinds_inputs(2, 5)))
 
