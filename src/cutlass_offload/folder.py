@@ -147,9 +147,9 @@ class PendingSave:
     weights.bin then holds) and the background write of weights.bin. ``save``
     finishes it; ``discard`` waits for the writer and removes the folder."""
 
-    def __init__(self, out: Path, tmp: Path, program, weighted: bool, future):
+    def __init__(self, out: Path, tmp: Path, program, weighted: bool, future, cancel=None):
         self.out, self.tmp, self.program, self.weighted = out, tmp, program, weighted
-        self._future = future
+        self._future, self._cancel = future, cancel
 
     def wait(self) -> None:
         """Block until weights.bin is written; raises the writer's error (OSError)."""
@@ -157,6 +157,8 @@ class PendingSave:
             self._future.result()
 
     def discard(self) -> None:
+        if self._cancel is not None and not self._future.done():
+            self._cancel.set()                 # a failed compile need not wait for the weights
         if self._future is not None:
             with contextlib.suppress(BaseException):
                 self._future.result()          # never remove a folder under the writer
@@ -190,10 +192,11 @@ def begin_save(cap: Captured, example_inputs, out_dir) -> PendingSave:
         parts = None             # no tensors: nothing to put beside the program
     if parts is None:          # or tensors weights.bin cannot hold: torch's archive holds them
         return PendingSave(out, tmp, cap.exported, False, None)
+    cancel = threading.Event()
     pool = ThreadPoolExecutor(1, thread_name_prefix="co-weights")
-    future = pool.submit(weights.write, parts[1], tmp, *_previous_weights(out))
+    future = pool.submit(weights.write, parts[1], tmp, *_previous_weights(out), cancel=cancel)
     pool.shutdown(wait=False)
-    return PendingSave(out, tmp, parts[0], True, future)
+    return PendingSave(out, tmp, parts[0], True, future, cancel)
 
 
 def _hint(out: Path) -> str:

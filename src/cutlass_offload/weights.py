@@ -180,7 +180,11 @@ def _reused(storages, spans, total: int, folder: Path, previous: Path, record) -
     return False
 
 
-def write(tensors, folder, previous=None, previous_record=None) -> bool:
+class Cancelled(Exception):
+    """``write`` stopped because its ``cancel`` event was set (the save was discarded)."""
+
+
+def write(tensors, folder, previous=None, previous_record=None, cancel=None) -> bool:
     """Write ``tensors`` ([(kind, name, tensor)], from ``split``) as weights.bin and
     weights.json into ``folder``. ``previous``: an earlier save's weights.bin with its
     manifest record (``previous_record``, integrity.record's chunked form, which files
@@ -192,7 +196,8 @@ def write(tensors, folder, previous=None, previous_record=None) -> bool:
     A written file's chunk digests (integrity.record's, for a file of PARALLEL_MIN
     bytes or more) are computed from memory during the write and remembered for it
     (integrity.remember_chunk_digests), so the manifest's record does not read it back.
-    Raises OSError (ENOSPC for a full disk)."""
+    ``cancel``: a threading.Event checked between storages (a discarded save need not
+    wait for the whole file). Raises OSError (ENOSPC for a full disk), Cancelled."""
     folder = Path(folder)
     storages, spans, entries, total = _layout(tensors)
     reused = previous is not None and _reused(storages, spans, total, folder, Path(previous),
@@ -216,6 +221,8 @@ def write(tensors, folder, previous=None, previous_record=None) -> bool:
         try:
             with open(folder / BIN, "wb") as f:
                 for (start, nbytes), host in zip(spans, hosts):
+                    if cancel is not None and cancel.is_set():
+                        raise Cancelled(f"writing {folder / BIN} was cancelled")
                     if f.tell() != start:
                         f.write(b"\0" * (start - f.tell()))
                     if nbytes:

@@ -120,3 +120,31 @@ def test_remembered_digests_must_fit_the_file(tmp_path):
     assert integrity.chunk_digests(p, 4096) == ["a" * 64] * 3      # taken as the file's
     p.write_bytes(bytes(10001))                                       # changed: hashed again
     assert integrity.chunk_digests(p, 4096) != ["a" * 64] * 3
+
+
+def test_a_discarded_save_cancels_the_weights_write(env, monkeypatch, tmp_path):
+    """PendingSave.discard (a compile that failed) stops the background write between
+    storages instead of waiting for the whole file, and removes the folder."""
+    import threading
+
+    from cutlass_offload import folder
+    from cutlass_offload.capture import capture
+    model, xs, out = env
+    real_write, started = weights.write, threading.Event()
+
+    def slow_write(tensors, tmp, previous=None, record=None, cancel=None):
+        started.set()
+        assert cancel is not None and cancel.wait(30), "never cancelled"
+        raise weights.Cancelled("test")
+    monkeypatch.setattr(weights, "write", slow_write)
+    pending = folder.begin_save(capture(model, xs), xs, out)
+    assert started.wait(30)
+    pending.discard()                      # returns once cancelled, not after 30 s
+    assert not pending.tmp.exists()
+    # the real writer checks the event before each storage
+    stop = threading.Event()
+    stop.set()
+    tensors = [("state_dict", k, v) for k, v in model.state_dict().items()]
+    (tmp_path / "w").mkdir()
+    with pytest.raises(weights.Cancelled):
+        real_write(tensors, tmp_path / "w", cancel=stop)
