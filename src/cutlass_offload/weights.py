@@ -218,19 +218,18 @@ def write(tensors, folder, previous=None, previous_record=None, cancel=None) -> 
             # take the GIL from them (on 2 cores partition ran 4x slower with 8)
             hashing = pool.submit(_stream_digests, hosts, spans, total, integrity.CHUNK_BYTES, 1)
             pool.shutdown(wait=False)
-        try:
-            with open(folder / BIN, "wb") as f:
-                for (start, nbytes), host in zip(spans, hosts):
-                    if cancel is not None and cancel.is_set():
-                        raise Cancelled(f"writing {folder / BIN} was cancelled")
-                    if f.tell() != start:
-                        f.write(b"\0" * (start - f.tell()))
-                    if nbytes:
-                        host = host if host.device.type == "cpu" else host.cpu()   # alive while written
-                        f.write(_bytes(host))
-                f.truncate(total)
-        finally:
-            digests = hashing.result() if hashing is not None else None
+        # (on an error the hashing thread finishes alone: it holds its own references)
+        with open(folder / BIN, "wb") as f:
+            for (start, nbytes), host in zip(spans, hosts):
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(f"writing {folder / BIN} was cancelled")
+                if f.tell() != start:
+                    f.write(b"\0" * (start - f.tell()))
+                if nbytes:
+                    host = host if host.device.type == "cpu" else host.cpu()   # alive while written
+                    f.write(_bytes(host))
+            f.truncate(total)
+        digests = hashing.result() if hashing is not None else None
         if digests is not None:
             integrity.remember_chunk_digests(folder / BIN, integrity.CHUNK_BYTES, digests)
     index = {"format": FORMAT, "bytes": total, "storages": spans, "tensors": entries}
