@@ -185,7 +185,8 @@ def _cmd_prebuild(a) -> int:
     if a.models:
         from .prebuild import model_plan
         # a model whose package is missing here is named and left out; the rest build
-        plan = model_plan([m for m in a.models.split(",") if m], arch, dtypes, skipped=skipped)
+        plan = model_plan([m for m in a.models.split(",") if m], arch, dtypes, skipped=skipped,
+                          progress=None if a.quiet else (lambda line: print(line, file=sys.stderr)))
         for name, why in skipped.items():
             print(f"prebuild: skipped model {name}: {why}", file=sys.stderr)
         kernels = []

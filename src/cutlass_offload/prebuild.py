@@ -183,7 +183,8 @@ def stand_in_plan(arch: str, kernels) -> Plan:
     return Plan(arch=arch, regions=tuple(regions), kernels=tuple(kernels), fallbacks=())
 
 
-def model_plan(names, arch: str, dtypes=("f16",), skipped: dict | None = None) -> Plan:
+def model_plan(names, arch: str, dtypes=("f16",), skipped: dict | None = None,
+               progress=None) -> Plan:
     """One Plan holding the regions and kernels that ``cutlass-offload compile NAME
     --arch ARCH --dtype D`` selects for each model name (built-ins or
     ``package.module:factory``, models.load_model) and dtype, with every norm
@@ -192,7 +193,8 @@ def model_plan(names, arch: str, dtypes=("f16",), skipped: dict | None = None) -
     load_model, capture and partition raise (an unknown name: ValueError), except
     that with a ``skipped`` dict a model whose package is missing (ImportError) is
     left out and recorded there (name -> the error's text), so the others still
-    build."""
+    build. ``progress``: called with a line per model and dtype as its capture starts
+    (each takes seconds: the CLI prints them)."""
     from dataclasses import replace as _replace
 
     from .capture import capture
@@ -204,6 +206,8 @@ def model_plan(names, arch: str, dtypes=("f16",), skipped: dict | None = None) -
     for name, dtype in product(names, dtypes):
         if skipped is not None and name in skipped:
             continue
+        if progress is not None:
+            progress(f"prebuild: capturing {name} ({dtype}) and selecting its kernels")
         try:
             model, inputs = load_model(name, _CLI[dtype])
         except ImportError as e:

@@ -171,6 +171,7 @@ def test_a_model_whose_package_is_missing_is_named_and_the_others_build(tmp_path
     assert cli.main(["prebuild", "--arch", "sm_80", "--models", "needs-diffusers,mlp", "--list"]) == 1
     out, err = capsys.readouterr()
     assert "skipped model needs-diffusers: ModuleNotFoundError: No module named 'diffusers'" in err
+    assert "prebuild: capturing mlp (f16)" in err and "prebuild: capturing mlp (bf16)" in err
     assert any(w.startswith("cutlass") for w in out.split())
     assert cli.main(["prebuild", "--arch", "sm_80", "--models", "needs-diffusers,mlp", "-q"]) == 1
     assert "models skipped: needs-diffusers" in capsys.readouterr().out
