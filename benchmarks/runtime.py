@@ -743,10 +743,7 @@ def bench_model(name, a, peaks, res=None, save=lambda: None, budget=None) -> dic
             step(f"torch_compile_{mode}", lambda mode=mode: bench_anchor(model, inputs, mode, checks, a))
             anchors[mode] = res.pop(f"torch_compile_{mode}")
             save()
-        if "ms" in anchors.get("default", {}):
-            res["torch_compile_ms"] = anchors["default"]["ms"]
-            res["torch_compile_s"] = anchors["default"]["compile_s"]
-            res["torch_compile_rel_err_vs_eager"] = anchors["default"].get("rel_err_fp32_fresh")
+        _anchor_summary(res)
     if a.no_eager_glue:
         res.setdefault("heuristic", "not run (--no-eager-glue)")
     ours_keys = ["heuristic"] + ([] if a.no_inductor_glue else ["ours_inductor", "ours_inductor_ro"])
@@ -777,11 +774,7 @@ def bench_model(name, a, peaks, res=None, save=lambda: None, budget=None) -> dic
                         r["paired"]
                 res.setdefault("step_s", {})[key] = res["step_s"].pop(f"paired_{mode}")
                 save()
-            anchors = res.get("anchors") or {}
-            if "ms" in anchors.get("default", {}):
-                res["torch_compile_ms"] = anchors["default"]["ms"]
-                res["torch_compile_s"] = anchors["default"]["compile_s"]
-                res["torch_compile_rel_err_vs_eager"] = anchors["default"].get("rel_err_fp32_fresh")
+            _anchor_summary(res)
         if not a.no_inductor_glue:     # first: compile() may have compiled this glue already
             if not paired_only:
                 step("ours_inductor", lambda: bench_inductor_glue(compiled, inputs, None, checks, a))
@@ -825,6 +818,16 @@ def bench_model(name, a, peaks, res=None, save=lambda: None, budget=None) -> dic
     res["done_when"] = judge(res, TOLERANCE[a.dtype])
     save()
     return res
+
+
+def _anchor_summary(res) -> None:
+    """torch.compile default's ms, compile seconds and error at the top of ``res``,
+    from its anchor entry (the sequential step's or the paired rounds')."""
+    default = (res.get("anchors") or {}).get("default", {})
+    if "ms" in default:
+        res["torch_compile_ms"] = default["ms"]
+        res["torch_compile_s"] = default["compile_s"]
+        res["torch_compile_rel_err_vs_eager"] = default.get("rel_err_fp32_fresh")
 
 
 def _ratios(name, res, v):
