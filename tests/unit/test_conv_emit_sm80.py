@@ -191,7 +191,7 @@ def test_problem_size_takes_explicit_p_q_and_cross_correlation():
     code = conv_sm80.emit(kernel()).code
     assert "int(a.p), int(a.q)" in code
     assert "Mode::kCrossCorrelation" in code
-    assert "/*split_k_slices=*/1, /*groups=*/1" in code
+    assert "/*split_k_slices=*/1, kGroups);" in code and "constexpr int kGroups = 1;" in code
 
 
 @pytest.mark.parametrize("support, cxx, unit", [("strided", "kStrided", "false"),

@@ -85,9 +85,9 @@ def test_other_depthwise_convs_stay_with_a_reason(kw, c, dtype, options, words):
 
 def test_problem_and_kernel_refuse_what_they_cannot_be():
     ep = GemmEpilogue(bias=True)
-    with pytest.raises(ValueError, match="groups"):
+    with pytest.raises(ValueError, match="groups"):      # groups must divide C and K
         ConvProblem(c=32, k=64, h=8, w=8, r=3, s=3, dtype="f16", align_a=8, align_b=1, align_c=8,
-                    groups=32)
+                    groups=3)
     with pytest.raises(ValueError, match="filter width"):
         DepthwiseKernel(arch="sm90a", dtype="f16", epilogue=ep, s=11, stride_w=1)
     with pytest.raises(ValueError, match="dtype"):

@@ -1,9 +1,11 @@
 """Emit one CUTLASS 2.x implicit-GEMM conv2d fprop kernel (``cutlass2x_sm80`` family).
 
 The generated C++ instantiates ``cutlass::conv::device::ImplicitGemmConvolution``
-over ``cutlass::conv::kernel::DefaultConv2dFprop`` (no residual) or
-``DefaultConv2dFpropWithBroadcast`` (residual), NHWC activations x KRSC filters ->
-NPQK output, ArchTag Sm80 (it also runs on sm_90a). The implicit GEMM is
+over ``cutlass::conv::kernel::DefaultConv2dFprop`` (no residual),
+``DefaultConv2dFpropWithBroadcast`` (residual) or, for a grouped conv,
+``DefaultConv2dGroupFprop`` (no residual; its group mode and group count compiled
+in, families/grouped_conv.py), NHWC activations x KRSC filters -> NPQK output,
+ArchTag Sm80 (it also runs on sm_90a). The implicit GEMM is
 M = N*P*Q, N_gemm = K, K_gemm = R*S*C, so the epilogue mapping is the one of
 gemm_sm80.py with "column" = output channel k:
 
@@ -100,10 +102,16 @@ from .epilogue_sm80 import (ELEMENT_TYPES, EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FA
                             epilogue_values, semantics, shape_values)
 
 _STRIDE_SUPPORT = {"strided": "kStrided", "unity": "kUnity"}
+_GROUP_MODE = {"single": "kSingleGroup", "multiple": "kMultipleGroup"}
 
 _INCLUDES_PLAIN = INCLUDES_COMMON + (
     INCLUDE_PLAIN_EPILOGUE,
     "cutlass/conv/kernel/default_conv2d_fprop.h",
+    "cutlass/conv/device/implicit_gemm_convolution.h",
+)
+_INCLUDES_GROUPED = INCLUDES_COMMON + (
+    INCLUDE_PLAIN_EPILOGUE,
+    "cutlass/conv/kernel/default_conv2d_group_fprop.h",
     "cutlass/conv/device/implicit_gemm_convolution.h",
 )
 _INCLUDES_RESIDUAL = INCLUDES_COMMON + (
@@ -124,6 +132,9 @@ using Layout = cutlass::layout::TensorNHWC;  // x NHWC, filter KRSC, y / residua
 constexpr cutlass::conv::StrideSupport kStrideSupport =
     cutlass::conv::StrideSupport::${stride_support};
 constexpr bool kUnitStrideOnly = ${unit_stride_only};
+// channel groups, compiled in (1: an ordinary conv): x's C and the filter's K split
+// into kGroups groups, the filter (K, R, S, C / kGroups)
+constexpr int kGroups = ${groups};
 
 // pad_h / pad_w are the top / left padding; P and Q are passed explicitly, so the
 // bottom / right padding is implied (the iterators mask rows >= H, cols >= W).
@@ -132,7 +143,7 @@ static cutlass::conv::Conv2dProblemSize problem_size(const CoConvArgs& a) {
       int(a.n), int(a.h), int(a.w), int(a.c), int(a.k), int(a.r), int(a.s), int(a.p), int(a.q),
       int(a.pad_h), int(a.pad_w), int(a.stride_h), int(a.stride_w),
       int(a.dilation_h), int(a.dilation_w), cutlass::conv::Mode::kCrossCorrelation,
-      /*split_k_slices=*/1, /*groups=*/1);
+      /*split_k_slices=*/1, kGroups);
 }
 
 template <typename Element>
@@ -162,9 +173,17 @@ static typename Conv::Arguments make_arguments(const CoConvArgs& args) {
       ref<ElementB>(args.filter, Layout::packed(ps.filter_extent())),
       ref<ElementOutput>("""
 
+# A grouped conv's (DefaultConv2dGroupFprop: the group mode before the iterator)
+_GROUP_KERNEL_PARAMS = """<
+    ElementA, Layout, ElementB, Layout, ElementOutput, Layout, ElementAccumulator,
+    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
+    ThreadblockShape, WarpShape, InstructionShape, EpilogueOp, Swizzle,
+    kStages, cutlass::arch::OpMultiplyAdd, cutlass::conv::GroupMode::${group_mode},
+    kIterator, kStrideSupport, kAlignA, kAlignB>::Kernel"""
+
 # Variant 1: no residual. D = act(alpha * acc + bias); bias read as C with zero strides.
 _PLAIN = EPILOGUE_PLAIN + """
-using Kernel = typename cutlass::conv::kernel::DefaultConv2dFprop""" + _KERNEL_PARAMS + _ARGUMENTS_HEAD + """${source_ptr}, broadcast_layout()),
+using Kernel = typename cutlass::conv::kernel::${default_kernel}""" + "${kernel_params}" + _ARGUMENTS_HEAD + """${source_ptr}, broadcast_layout()),
       ref<ElementOutput>(args.y, Layout::packed(ps.output_extent())),
       typename EpilogueOp::Params(ElementCompute(1), ElementCompute(${beta})));
 }
@@ -228,7 +247,8 @@ static bool supported(const CoConvArgs& a) {
       !under_2gib(a.n, a.p, a.q, a.k)) return false;
   // Packed tensors: aligned base pointers plus channel counts divisible by the
   // alignment make every vector access aligned.
-  if (a.c % kAlignA || a.c % kAlignB || a.k % kAlignC) return false;
+  if (a.c % kGroups || a.k % kGroups) return false;
+  if ((a.c / kGroups) % kAlignA || (a.c / kGroups) % kAlignB || a.k % kAlignC) return false;
   if (a.x == nullptr || a.filter == nullptr || a.y == nullptr) return false;
   if (!aligned(a.x, kAlignA) || !aligned(a.filter, kAlignB) || !aligned(a.y, kAlignC)) return false;
 ${operand_checks}  return true;
@@ -319,6 +339,9 @@ def check(kernel: ConvKernel) -> None:
         raise ValueError(f"only f32 accumulation is supported, got {kernel.accumulate!r}")
     check_alignments(kernel.dtype, align_a=kernel.align_a, align_b=kernel.align_b,
                      align_c=kernel.align_c)
+    if kernel.groups != 1 and kernel.epilogue.residual != "none":
+        raise ValueError("a grouped conv kernel has no residual epilogue (CUTLASS has no "
+                         "grouped variant of the fused-epilogue conv)")
     _check_stages(kernel)
     _check_iterator(kernel)
     _check_tiles(kernel)
@@ -348,6 +371,10 @@ def values(kernel: ConvKernel) -> dict:
         "residual_layout": ("broadcast_layout()" if ep.residual_broadcast
                             else "Layout::packed(ps.output_extent())"),
         "operand_checks": operand_checks,
+        "groups": str(kernel.groups),
+        "default_kernel": "DefaultConv2dGroupFprop" if kernel.groups != 1 else "DefaultConv2dFprop",
+        "kernel_params": (Template(_GROUP_KERNEL_PARAMS).substitute(group_mode=_GROUP_MODE[kernel.group_mode])
+                          if kernel.groups != 1 else _KERNEL_PARAMS),
     }
 
 
@@ -366,7 +393,8 @@ def emit(kernel: ConvKernel) -> KernelSource:
         operation=Template(_RESIDUAL if residual else _PLAIN).substitute(v),
         launcher=Template(_LAUNCHER).substitute(v),
     )
-    includes = _INCLUDES_RESIDUAL if residual else _INCLUDES_PLAIN
+    includes = (_INCLUDES_RESIDUAL if residual else
+                _INCLUDES_GROUPED if kernel.groups != 1 else _INCLUDES_PLAIN)
     return KernelSource(name=kernel.name, includes=includes, code=code, args_type="CoConvArgs",
                         preamble=activations.preamble(kernel.epilogue.activation))
 

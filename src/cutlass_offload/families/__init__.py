@@ -13,6 +13,8 @@ import only the IR.
 * ``conv_gemm_sm90``: convs lowered onto the sm90 GEMM (direct 1x1, im2col).
 * ``depthwise``: the hand-written direct depthwise conv (``direct_depthwise``):
   which depthwise convs it runs, with the reason for the rest.
+* ``grouped_conv``: grouped convs (channel groups) on CUTLASS 2.x's grouped
+  implicit GEMM: group mode, tile, and the reason for the rest.
 * ``attention`` / ``attention_sm90``: the sm80 fused multi-head attention
   (examples/41) and the Hopper FMHA (examples/88): refusals with reasons, tiles,
   and ``attention.choose`` between the two.

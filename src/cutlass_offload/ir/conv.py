@@ -12,6 +12,7 @@ CONV_ITERATORS = ("optimized", "analytic", "few_channels", "fixed_channels")
 # 3.x: "" = TMA im2col implicit GEMM; "direct" / "im2col" = lowered onto the sm90
 # GEMM (families/conv_gemm_sm90.py)
 CONV_ITERATORS_3X = ("", "direct", "im2col")
+GROUP_MODES = ("single", "multiple")      # CUTLASS's conv::GroupMode kSingleGroup / kMultipleGroup
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,11 @@ class ConvProblem:
     are masked to zero).
     n: batch, ``None`` when dynamic (n_hint = the example's batch, for tile choice).
     align_a / align_b: elements, the largest of 8/4/2/1 dividing the kernel's C
-    (``c_kernel``; 16-bit types); align_c: the same for K. groups: 1, or C for a
-    depthwise conv (K = C, one input channel per filter; families/depthwise.py);
-    other grouped convs stay in PyTorch.
+    (``c_kernel``; 16-bit types; for a grouped conv the channels of one group,
+    C / groups); align_c: the same for K. groups: 1; C for a depthwise conv (K = C,
+    one input channel per filter; families/depthwise.py); or channel groups (C and
+    K multiples of groups: ``grouped``, CUTLASS 2.x grouped fprop,
+    families/grouped_conv.py).
     pad_c: zero input channels appended for the kernel (0 = none). The kernel runs
     C' = c + pad_c channels: the region module zero-pads the filter (once per
     constant weight) and copies each call's input into an NHWC buffer with C'
@@ -61,8 +64,10 @@ class ConvProblem:
 
     def __post_init__(self):
         _check(self.dtype, DTYPES, "dtype")
-        if self.groups != 1 and not (self.groups == self.c == self.k and self.pad_c == 0):
-            raise ValueError(f"groups must be 1, or C = K (depthwise, no pad_c), got {self.groups}")
+        if self.groups != 1 and (self.groups < 1 or self.c % self.groups or self.k % self.groups
+                                 or self.pad_c):
+            raise ValueError(f"groups must be 1 or divide C = {self.c} and K = {self.k} (no "
+                             f"pad_c), got {self.groups}")
         for a in (self.align_a, self.align_b, self.align_c):
             _check(a, (1, 2, 4, 8), "alignment")
         if self.pad_c < 0:
@@ -95,7 +100,13 @@ class ConvProblem:
 
     @property
     def depthwise(self) -> bool:
-        return self.groups != 1
+        """One input channel per output channel: groups = C = K."""
+        return self.groups != 1 and self.groups == self.c == self.k
+
+    @property
+    def grouped(self) -> bool:
+        """Channel groups that are not depthwise (ResNeXt, RegNet)."""
+        return self.groups != 1 and not self.depthwise
 
     @property
     def c_kernel(self) -> int:
@@ -125,6 +136,10 @@ class ConvKernel:
     ABI carries none: part of the name when not the default. ``pdl`` is not taken
     (a lowered conv launches with PDL wherever its unit compiles grid dependency
     control: emit/conv_gemm_sm90.py).
+    groups / group_mode: a grouped conv's channel groups, compiled in (2.x only;
+    CUTLASS's GroupMode): "single" (each CTA's output tile lies in one group: K /
+    groups a multiple of the tile's N) or "multiple" (a tile holds several whole
+    groups: the tile's N a multiple of K / groups; analytic iterator only).
     Problem sizes, padding, stride and dilation are runtime arguments.
     """
 
@@ -139,11 +154,24 @@ class ConvKernel:
     stride_support: str = "strided"
     accumulate: str = "f32"
     launch: GemmLaunch = GemmLaunch()
+    groups: int = 1
+    group_mode: str = ""
 
     def __post_init__(self):
         _check(self.arch, ARCHS, "arch")
         _check(self.dtype, DTYPES, "dtype")
         _check(self.stride_support, ("strided", "unity"), "stride_support")
+        if (self.groups == 1) != (self.group_mode == ""):
+            raise ValueError(f"group_mode is set exactly when groups > 1: groups {self.groups}, "
+                             f"group_mode {self.group_mode!r}")
+        if self.groups != 1:
+            _check(self.group_mode, GROUP_MODES, "group_mode")
+            if self.groups < 1 or self.config.family != "cutlass2x_sm80":
+                raise ValueError("grouped convs run CUTLASS 2.x grouped fprop kernels only")
+            if self.iterator not in ("analytic", "optimized") or (
+                    self.iterator == "optimized" and self.group_mode != "single"):
+                raise ValueError("a grouped conv takes the analytic iterator, or the optimized "
+                                 "one in single-group mode (CUTLASS's can_implement)")
         if self.config.family == "cutlass3x_sm90":
             if self.arch != "sm90a":
                 raise ValueError("CUTLASS 3.x sm90 kernels need the sm90a target")
@@ -171,7 +199,8 @@ class ConvKernel:
         it = f"_{self.iterator}" if self.iterator else ""
         unity = "_unity" if self.stride_support == "unity" else ""
         launch = "" if self.launch == GemmLaunch() else f"_{self.launch.tag}"
-        return (f"{fam}_conv2d_fprop_{self.dtype}_nhwc_{self.config.tag}{it}{launch}{unity}"
+        groups = f"_g{self.groups}{self.group_mode[0]}" if self.groups != 1 else ""
+        return (f"{fam}_conv2d_fprop_{self.dtype}_nhwc_{self.config.tag}{it}{launch}{unity}{groups}"
                 f"_align{self.align_a}{self.align_b}{self.align_c}_{self.epilogue.tag}")
 
 

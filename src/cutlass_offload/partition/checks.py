@@ -241,6 +241,14 @@ def no_residual_yet(state, node):
     return "a second residual" if state.residual != "none" else None
 
 
+def kernel_takes_residual(state, node):
+    """A grouped conv's kernel (CUTLASS 2.x grouped fprop) has no residual epilogue:
+    the add stays in the glue."""
+    if getattr(state.operands, "grouped", False):
+        return "a grouped conv's kernel has no residual epilogue"
+    return None
+
+
 def has_residual(state, node):
     return None if state.residual != "none" else "relu after a residual only"
 

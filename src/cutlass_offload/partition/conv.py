@@ -2,9 +2,11 @@
 ``aten.convolution``): what the conv computes, or UnsupportedRegion with a reason.
 
 Only fprop on 4-D NCHW tensors with static C, H, W is offloaded (the batch may be
-dynamic), with groups == 1 or depthwise (groups = C = K, within the depthwise
-kernel's limits: families/depthwise.py). A zero ``constant_pad_nd`` over H and W whose only
-user is the conv is folded into the conv's (possibly asymmetric) padding.
+dynamic), with groups == 1, depthwise (groups = C = K, within the depthwise
+kernel's limits: families/depthwise.py) or, with ``CUTLASS_OFFLOAD_GROUPED_CONV=1``,
+channel groups (families/grouped_conv.py: CUTLASS 2.x grouped fprop, no residual
+epilogue). A zero ``constant_pad_nd`` over H and W whose only user is the conv is
+folded into the conv's (possibly asymmetric) padding.
 """
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from typing import Optional
 
 import torch.fx as fx
 
+from ..config import knobs
 from ..errors import UnsupportedRegion
-from ..families import depthwise
+from ..families import depthwise, grouped_conv
 from ..ir import ConvProblem, ConvRegion, GemmEpilogue
 from .epilogue import grow_epilogue
 from .graph_utils import aten, hint_int, max_alignment, static_int, tensor_dtype, val
@@ -40,6 +43,11 @@ class ConvOperands:
     c: Optional[fx.Node] = None
     pad_node: Optional[fx.Node] = None   # folded constant_pad_nd, joins the region
     groups: int = 1                      # C for a depthwise conv
+
+    @property
+    def grouped(self) -> bool:
+        """Channel groups that are not depthwise (groups = C = K)."""
+        return self.groups != 1 and not self.groups == self.c_in == self.n
 
 
 def _pair(v, what) -> tuple:
@@ -93,12 +101,15 @@ def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, group
         groups = static_int(val(groups))
         if groups is None:
             raise UnsupportedRegion("convolution with a dynamic group count")
+    grouped = False
     if groups != 1:
         c_in, k_out = static_int(val(x).shape[1]), static_int(val(w).shape[0])
-        if not (isinstance(groups, int) and groups == c_in == k_out):
-            raise UnsupportedRegion(f"grouped convolution (groups={groups}, not C = K: a channel "
-                                    "multiplier or channel groups) stays in PyTorch: only depthwise "
-                                    "convs have a kernel")
+        grouped = not (isinstance(groups, int) and groups == c_in == k_out)
+        if grouped and not knobs().grouped_conv:
+            raise UnsupportedRegion(
+                f"grouped convolution (groups={groups}, not C = K: a channel multiplier or "
+                "channel groups) stays in PyTorch: its CUTLASS 2.x grouped fprop kernels await "
+                "their GPU tests (CUTLASS_OFFLOAD_GROUPED_CONV=1 offloads them)")
     dtype = tensor_dtype(x, "input")
     if tensor_dtype(w, "weight") != dtype:
         raise UnsupportedRegion("input and weight dtypes differ")
@@ -140,11 +151,13 @@ def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, group
     ops = ConvOperands(form, x_in, w, k, c, h, wd, r, s, dtype, val(x_in).shape[0], pad, stride,
                        dilation, bias=bias, pad_node=pad_node, groups=groups)
     if groups != 1:
-        # the depthwise kernel's own limits, with its reason (the epilogue grows later)
+        # the depthwise / grouped kernels' own limits, with their reason (the epilogue
+        # grows later)
         try:
-            why = depthwise.reason(_problem(ops, GemmEpilogue()))
+            problem = _problem(ops, GemmEpilogue())
         except ValueError as e:          # an impossible problem (an empty output)
             raise UnsupportedRegion(str(e)) from None
+        why = grouped_conv.reason(problem) if ops.grouped else depthwise.reason(problem)
         if why is not None:
             raise UnsupportedRegion(why)
     return ops
@@ -188,9 +201,11 @@ def make_conv_region(index, node, ops: ConvOperands, options, taken) -> tuple:
 
 def _problem(ops: ConvOperands, epilogue: GemmEpilogue) -> ConvProblem:
     dtype = ops.dtype
+    # a grouped conv reads each group's C / groups channels apart: the alignment of those
+    c_read = ops.c_in // ops.groups if ops.grouped else ops.c_in
     return ConvProblem(
         c=ops.c_in, k=ops.n, h=ops.h, w=ops.w, r=ops.r, s=ops.s, dtype=dtype,
-        align_a=max_alignment(ops.c_in, dtype), align_b=max_alignment(ops.c_in // ops.groups, dtype),
+        align_a=max_alignment(c_read, dtype), align_b=max_alignment(ops.c_in // ops.groups, dtype),
         align_c=max_alignment(ops.n, dtype), pad=ops.pad, stride=ops.stride,
         dilation=ops.dilation, epilogue=epilogue, n=static_int(ops.batch),
         n_hint=max(1, batch_hint(ops)), tf32=dtype == "f32", groups=ops.groups)

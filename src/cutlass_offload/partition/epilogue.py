@@ -41,8 +41,8 @@ EPILOGUE_STAGES = (
                    C.other_is_column_vector, C.other_same_dtype)),
     Stage("activation", tuple(ACTIVATION_NAMES), C.all_of(C.no_activation_yet, C.no_residual_yet)),
     Stage("residual", (aten.add.Tensor, aten.mul.Tensor),
-          C.all_of(C.no_residual_yet, C.alpha_is_one, C.other_is_full_shape, C.other_same_dtype,
-                   C.other_independent_of_gemm)),
+          C.all_of(C.no_residual_yet, C.kernel_takes_residual, C.alpha_is_one,
+                   C.other_is_full_shape, C.other_same_dtype, C.other_independent_of_gemm)),
     Stage("post_activation", (aten.relu.default,),
           C.all_of(C.has_residual, C.no_post_activation_yet)),
 )

@@ -1,5 +1,6 @@
 """Conv2d fprop kernel choice: a depthwise conv gets the direct depthwise kernel
-(families/depthwise.py); otherwise, on sm90a a conv lowered onto the sm90 GEMM where
+(families/depthwise.py), a grouped conv CUTLASS 2.x's grouped kernel
+(families/grouped_conv.py); otherwise, on sm90a a conv lowered onto the sm90 GEMM where
 its rule applies (1x1 stride-1 convs, and convs with C < 8 through an explicit
 im2col: families/conv_gemm_sm90.py), else the TMA implicit GEMM where it applies,
 else 2.x.
@@ -24,7 +25,7 @@ import math
 from dataclasses import replace
 
 from ..dtypes import BYTES
-from ..families import conv_gemm_sm90, conv_sm90, conv_sm90_table, depthwise, sm80
+from ..families import conv_gemm_sm90, conv_sm90, conv_sm90_table, depthwise, grouped_conv, sm80
 from ..ir import ConvChoice, ConvKernel, ConvProblem, GemmLaunch, KernelConfig
 from . import sm90
 
@@ -77,7 +78,7 @@ def pad_channels(problem: ConvProblem, arch: str) -> ConvProblem:
     padding/stride/dilation within the TMA im2col limits (conv_sm90.supports), an
     image larger than 1x1. Otherwise ``problem`` unchanged (sm80 keeps the 2.x
     kernels at C's own alignment)."""
-    if (arch != "sm90a" or problem.pad_c or problem.depthwise or problem.c % 8 == 0
+    if (arch != "sm90a" or problem.pad_c or problem.groups != 1 or problem.c % 8 == 0
             or problem.c >= PAD_C_BELOW or problem.h * problem.w == 1):
         # a 1x1 image (a squeeze-excite block's expand conv: EfficientNet's C = 10,
         # 20, 28) is a GEMM of N rows, where the TMA kernel gains little, and the copy
@@ -141,7 +142,7 @@ def search_space(problem: ConvProblem, arch: str, num_sms: int) -> tuple:
     TMA kernel can run, then for outputs of at most IM2COL_SEARCH_MAX_ROWS pixels
     the im2col lowering with the GEMM heuristic's config and with split-K. Empty
     for a depthwise conv, another arch, or a 2.x-only problem."""
-    if arch != "sm90a" or problem.depthwise:
+    if arch != "sm90a" or problem.groups != 1:
         return ()
     try:
         first = choice_of(choose_conv_kernel(problem, arch, num_sms, table=False))
@@ -189,6 +190,8 @@ def choose_conv_kernel(problem: ConvProblem, arch: str, num_sms: int,
     into its launcher; PDL is the launcher's own choice (emit/conv_gemm_sm90.py)."""
     if problem.depthwise:
         return depthwise.choose(problem, arch)
+    if problem.grouped:
+        return grouped_conv.choose(problem, arch, num_sms)
     common = dict(arch=arch, dtype=problem.dtype, align_a=problem.align_a, align_b=problem.align_b,
                   align_c=problem.align_c, epilogue=problem.epilogue)
     if arch == "sm90a":

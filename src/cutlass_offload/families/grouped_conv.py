@@ -1,0 +1,116 @@
+"""Grouped conv2d fprop (channel groups, 1 < groups, not depthwise: ResNeXt, RegNet)
+on CUTLASS 2.x's grouped implicit GEMM (``DefaultConv2dGroupFprop``, family
+``cutlass2x_sm80``; also run on sm_90a): which problems run, in which group mode,
+on which tile.
+
+What the kernel does, read from CUTLASS 4.2 (conv/kernel/default_conv2d_group_fprop.h,
+conv/device/implicit_gemm_convolution.h ``can_implement``, conv/conv2d_problem_size.h
+``implicit_gemm_k_iterations``): the implicit GEMM's N is K, each group's K tile walks
+R * S * ceil(C_g / tile_k) iterations over its own C_g = C / groups input channels.
+
+* ``single`` group mode (kSingleGroup): every CTA's N tile lies in one group, so
+  K_g = K / groups must be a multiple of the tile's N. Analytic or optimized
+  activation iterator; the optimized one masks x's channels against C, not C_g
+  (conv2d_fprop_activation_tile_access_iterator_optimized.h), so a K tile running
+  past a group's channels reads the next group's x against a zeroed filter (a
+  non-finite x would leak as NaN): it is taken only when C_g is whole K tiles.
+* ``multiple`` group mode (kMultipleGroup): a CTA's N tile holds tile_n / K_g whole
+  groups, so tile_n must be a multiple of K_g; the CTA walks each group's K loop in
+  turn with the filter of the others' columns zero: tile_n / K_g times the MMA work
+  of the useful one. Analytic iterator only.
+* Both: C_g a multiple of the operand alignment (16-byte accesses read one group's
+  channels), no split-K, no residual epilogue (there is no grouped variant of the
+  fused-epilogue kernel; a residual add stays in the glue: partition/checks.py
+  ``kernel_takes_residual``).
+
+Waste: the K tile is 32 channels, so C_g = 8 does a quarter useful work, and the
+multiple-group mode multiplies that by tile_n / K_g. Problems whose useful share of
+MMA work would fall below 1 / MAX_WASTE stay in PyTorch with the figure as the reason
+(a rule of thumb, not measured against cuDNN; cuDNN has kernels for small groups).
+"""
+from __future__ import annotations
+
+import math
+
+from ..dtypes import BYTES
+from ..ir import ConvKernel, ConvProblem, KernelConfig
+from . import sm80
+
+MAX_WASTE = 4.0       # at most 4x the useful MMA work (see the module docstring)
+TILE_K = 32           # every sm80 conv config's K tile (families/sm80.py)
+
+
+def _k_waste(c_g: int) -> float:
+    return math.ceil(c_g / TILE_K) * TILE_K / c_g
+
+
+def candidates(problem: ConvProblem) -> list:
+    """(group mode, iterator, config) the grouped kernel can take for ``problem``,
+    single-group ones first (no redundant work), each list largest tile first."""
+    k_g = problem.k // problem.groups
+    # the optimized activation iterator masks channels against C, not C_g: a K tile
+    # past a group's end reads the next group's x (times zero filter: a non-finite x
+    # would leak as NaN), so it takes only groups of whole K tiles
+    optimized = (sm80.cp_async_ok(problem.dtype, problem.align_a, problem.align_b)
+                 and (problem.c // problem.groups) % TILE_K == 0)
+    wide = sm80.known_configs(problem.dtype, problem.align_a, problem.align_b)
+    narrow = [c for n in (32, 16) for c in
+              sm80.narrow_configs(problem.dtype, problem.align_a, problem.align_b, n)]
+    out = [("single", "optimized" if optimized else "analytic", c) for c in wide + narrow
+           if k_g % c.tile[1] == 0]
+    out += [("multiple", "analytic", c) for c in wide + narrow if c.tile[1] % k_g == 0]
+    return out
+
+
+def waste(problem: ConvProblem, mode: str, config: KernelConfig) -> float:
+    """MMA work done per useful unit: the K tile's padding of C_g, times tile_n / K_g
+    in the multiple-group mode."""
+    k_g = problem.k // problem.groups
+    w = _k_waste(problem.c // problem.groups)
+    return w * (config.tile[1] // k_g if mode == "multiple" else 1)
+
+
+def reason(problem: ConvProblem) -> str | None:
+    """Why the grouped kernel cannot run ``problem`` (a sentence), or None."""
+    if not problem.grouped:
+        return "not a grouped conv (1 < groups, not depthwise)"
+    if problem.dtype not in ("f16", "bf16"):
+        return "an fp32 grouped conv stays in PyTorch (the grouped kernels are fp16 / bf16)"
+    c_g, k_g = problem.c // problem.groups, problem.k // problem.groups
+    if c_g * BYTES[problem.dtype] < 4 or problem.align_a * BYTES[problem.dtype] < 4:
+        return (f"grouped conv with {c_g} input channels per group: the kernel reads a "
+                "group's channels at least 4 bytes at a time")
+    choices = candidates(problem)
+    if not choices:
+        return (f"grouped conv with K / groups = {k_g}: neither a multiple of a tile's N "
+                "(64 to 256) nor a divisor of one (16 to 256)")
+    best = min(waste(problem, m, c) for m, _, c in choices)
+    if best > MAX_WASTE:
+        return (f"grouped conv with C / groups = {c_g} and K / groups = {k_g}: CUTLASS's grouped "
+                f"kernel would do {best:.0f}x the useful MMA work (32-channel K tiles, several "
+                "groups per tile); stays in PyTorch")
+    return None
+
+
+def choose(problem: ConvProblem, arch: str, num_sms: int) -> ConvKernel:
+    """The grouped kernel for ``problem``: the least wasteful candidates, single-group
+    ones if any (no work on other groups' columns); of those, largest tile first, the
+    first that gives at least half a wave of CTAs (as for the 2.x convs:
+    select/conv.py ``_sm80_config``), else the one with the most CTAs. ValueError
+    with the reason when none runs it."""
+    why = reason(problem)
+    if why is not None:
+        raise ValueError(why)
+    choices = candidates(problem)
+    least = min(waste(problem, m, c) for m, _, c in choices)
+    best = [(m, it, c) for m, it, c in choices if waste(problem, m, c) == least]
+    best = [b for b in best if b[0] == "single"] or best
+    m_rows = problem.n_hint * problem.p * problem.q
+
+    def ctas(c):
+        return math.ceil(m_rows / c.tile[0]) * math.ceil(problem.k / c.tile[1])
+    mode, iterator, config = next((b for b in best if ctas(b[2]) >= num_sms // 2),
+                                  max(best, key=lambda b: ctas(b[2])))
+    return ConvKernel(arch=arch, dtype=problem.dtype, align_a=problem.align_a,
+                      align_b=problem.align_b, align_c=problem.align_c, epilogue=problem.epilogue,
+                      config=config, iterator=iterator, groups=problem.groups, group_mode=mode)
