@@ -225,11 +225,18 @@ def _cmd_prebuild(a) -> int:
 
 
 def _cmd_cache(a) -> int:
+    from .build import cache_transfer
     from .build.cache import BuildCache
     cache = BuildCache()
+    if a.action in ("export", "import") and not a.file:
+        raise ValueError(f"cache {a.action} needs a FILE (.tar, .tar.gz, .tar.xz)")
     if a.action == "clear":
         cache.clear()
         print(f"cleared {cache.root}")
+    elif a.action == "export":
+        print(cache_transfer.export(a.file, cache).line("exported", a.file))
+    elif a.action == "import":
+        print(cache_transfer.import_(a.file, cache).line("imported", a.file))
     else:
         print(json.dumps(cache.info(), indent=1))
     return 0
@@ -340,8 +347,14 @@ def main(argv=None) -> int:
     b.add_argument("--ray-address", default=None)
     b.add_argument("-q", "--quiet", action="store_true", help="no build progress")
     b.set_defaults(fn=_cmd_prebuild)
-    k = sub.add_parser("cache", help="inspect or clear the build cache")
-    k.add_argument("action", choices=["info", "clear"])
+    k = sub.add_parser("cache", help="inspect, clear, export or import the build cache",
+                       description="info: where the cache is and its size; clear: empty it; "
+                       "export FILE: pack its compiled units and kernel index into a tar file "
+                       "(.tar, .tar.gz, .tar.xz) for a machine that shares no cache folder; "
+                       "import FILE: publish such a file's units into this cache "
+                       "(build/cache_transfer.py)")
+    k.add_argument("action", choices=["info", "clear", "export", "import"])
+    k.add_argument("file", nargs="?", default=None, help="the tar file of export / import")
     k.set_defaults(fn=_cmd_cache)
     a = p.parse_args(argv)
     try:
