@@ -229,7 +229,7 @@ def _cmd_cache(a) -> int:
     from .build.cache import BuildCache
     cache = BuildCache()
     if a.action in ("export", "import") and not a.file:
-        raise ValueError(f"cache {a.action} needs a FILE (.tar, .tar.gz, .tar.xz)")
+        raise ValueError(f"cache {a.action} needs a FILE (.tar, .tar.gz, .tgz, .tar.xz, .tar.bz2)")
     if a.action == "clear":
         cache.clear()
         print(f"cleared {cache.root}")
@@ -350,7 +350,8 @@ def main(argv=None) -> int:
     k = sub.add_parser("cache", help="inspect, clear, export or import the build cache",
                        description="info: where the cache is and its size; clear: empty it; "
                        "export FILE: pack its compiled units and kernel index into a tar file "
-                       "(.tar, .tar.gz, .tar.xz) for a machine that shares no cache folder; "
+                       "(.tar, .tar.gz, .tgz, .tar.xz, .tar.bz2) for a machine that shares no "
+                       "cache folder (linked libraries are not carried: relinked in a moment); "
                        "import FILE: publish such a file's units into this cache "
                        "(build/cache_transfer.py)")
     k.add_argument("action", choices=["info", "clear", "export", "import"])

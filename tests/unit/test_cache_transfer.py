@@ -127,6 +127,11 @@ def test_not_an_export_and_bad_names_are_clear_errors(tmp_path):
         tar.addfile(info, io.BytesIO(b""))
     with pytest.raises(ValueError, match="not a cutlass_offload cache export"):
         cache_transfer.import_(tmp_path / "other.tar", BuildCache(tmp_path / "b"))
+    (tmp_path / "notes.txt").write_text("not a tar file")
+    with pytest.raises(ValueError, match="not a readable tar file"):
+        cache_transfer.import_(tmp_path / "notes.txt", BuildCache(tmp_path / "b"))
+    with pytest.raises(ValueError, match="does not exist"):
+        cache_transfer.import_(tmp_path / "missing.tar", BuildCache(tmp_path / "b"))
     with pytest.raises(ValueError, match=r"\.tar\.gz"):
         cache_transfer.export(tmp_path / "k.zip", BuildCache(tmp_path / "a"))
     assert not list(tmp_path.glob("*k.zip*"))          # no temporary file left behind
@@ -136,9 +141,14 @@ def test_cli_exports_and_imports(source, tmp_path, monkeypatch, capsys):
     cache, _ = source
     monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(cache.root))
     assert main(["cache", "export", str(tmp_path / "k.tar.xz")]) == 0
-    assert "exported 2 compiled units and 2 kernel index records" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith("exported 2 compiled units (") and "and 2 kernel index records" in out
     monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(tmp_path / "b"))
     assert main(["cache", "import", str(tmp_path / "k.tar.xz")]) == 0
     assert "imported 2 compiled units" in capsys.readouterr().out
-    assert main(["cache", "import"]) != 0
+    assert main(["cache", "import"]) == 2
     assert "needs a FILE" in capsys.readouterr().err
+    (tmp_path / "notes.txt").write_text("not a tar file")
+    assert main(["cache", "import", str(tmp_path / "notes.txt")]) == 2     # one line, no traceback
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err

@@ -57,8 +57,9 @@ class Transfer:
     def line(self, verb: str, path) -> str:
         extra = [f"{self.present} already cached"] if self.present else []
         extra += [f"{self.damaged} damaged, left out"] if self.damaged else []
-        return (f"{verb} {self.entries} compiled units and {self.indexes} kernel index records "
-                f"({self.bytes / 2**20:.1f} MiB) {'to' if verb == 'exported' else 'from'} {path}"
+        return (f"{verb} {self.entries} compiled units ({self.bytes / 2**20:.1f} MiB of files, "
+                f"uncompressed) and {self.indexes} kernel index records "
+                f"{'to' if verb == 'exported' else 'from'} {path}"
                 + (f"; {', '.join(extra)}" if extra else ""))
 
 
@@ -134,12 +135,19 @@ def _check_members(tar: tarfile.TarFile, path) -> list:
 
 def import_(path, cache: BuildCache | None = None) -> Transfer:
     """Publish the entries of the export ``path`` into ``cache`` (see the module
-    docstring). Raises ValueError for a file that is not an export or holds anything
-    but cache files (before anything is imported), tarfile.TarError for a damaged
-    archive."""
+    docstring). Raises ValueError for a missing or unreadable file, one that is not
+    an export or one holding anything but cache files (before anything is
+    imported); tarfile.TarError for an archive damaged past its member list."""
     path, cache = Path(path), cache or BuildCache()
     out = Transfer()
-    with tarfile.open(path, "r:*") as tar:
+    try:
+        tar = tarfile.open(path, "r:*")
+    except FileNotFoundError:
+        raise ValueError(f"{path} does not exist") from None
+    except (OSError, tarfile.TarError) as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0].rstrip(":")
+        raise ValueError(f"{path} is not a readable tar file ({first})") from None
+    with tar:
         members = _check_members(tar, path)
         manifest = json.loads(tar.extractfile(MANIFEST).read())
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:

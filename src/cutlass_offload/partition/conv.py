@@ -107,9 +107,10 @@ def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, group
         grouped = not (isinstance(groups, int) and groups == c_in == k_out)
         if grouped and not knobs().grouped_conv:
             raise UnsupportedRegion(
-                f"grouped convolution (groups={groups}, not C = K: a channel multiplier or "
-                "channel groups) stays in PyTorch: its CUTLASS 2.x grouped fprop kernels await "
-                "their GPU tests (CUTLASS_OFFLOAD_GROUPED_CONV=1 offloads them)")
+                f"grouped convolution (groups={groups} with C={c_in}, K={k_out}: channel groups "
+                "or a channel multiplier, not depthwise) stays in PyTorch: its CUTLASS 2.x "
+                "grouped fprop kernels await their GPU tests (CUTLASS_OFFLOAD_GROUPED_CONV=1 "
+                "offloads them)")
     dtype = tensor_dtype(x, "input")
     if tensor_dtype(w, "weight") != dtype:
         raise UnsupportedRegion("input and weight dtypes differ")
