@@ -19,7 +19,7 @@ Environment variables:
   CUTLASS_OFFLOAD_GROUPED_CONV  1 offloads grouped convs (channel groups: 1 < groups,
                              not depthwise) to CUTLASS 2.x grouped fprop kernels; default 0
                              until those kernels have passed the GPU tests
-                             (tests/gpu/test_grouped_conv.py), so they stay in PyTorch
+                             (tests/gpu/test_grouped_conv_gpu.py), so they stay in PyTorch
   CUTLASS_OFFLOAD_HOST_LAUNCHERS  0 compiles the launchers with nvcc, not the host C++
                              compiler (default 1 when nvcc's CUDA headers are found)
   CUTLASS_OFFLOAD_LINEINFO   1 compiles kernels with -lineinfo (CUDA source lines in
