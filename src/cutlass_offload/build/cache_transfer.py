@@ -105,8 +105,9 @@ def export(path, cache: BuildCache | None = None) -> Transfer:
                     rec = json.loads(rec_path.read_text())
                 except (OSError, ValueError):
                     continue
-                if isinstance(rec, dict) and rec.get("key") in kept and _INDEX.match(f"index/{rec_path.name}"):
-                    tar.add(rec_path, arcname=f"index/{rec_path.name}", recursive=False)
+                arcname = f"index/{rec_path.name}"
+                if isinstance(rec, dict) and rec.get("key") in kept and _INDEX.match(arcname):
+                    tar.add(rec_path, arcname=arcname, recursive=False)
                     out.indexes += 1
             blob = json.dumps({"format": FORMAT, "entries": out.entries, "indexes": out.indexes}).encode()
             info = tarfile.TarInfo(MANIFEST)
