@@ -210,3 +210,31 @@ def test_the_cli_says_an_interrupt_left_nothing_half_built(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("interrupted:") and "Traceback" not in err
 
+
+
+def test_the_launchers_slot_is_not_taken_by_a_third_cutlass_unit():
+    """A build runs its CUTLASS units ``jobs`` at a time plus the launchers in a slot
+    of their own; once the launchers are done, that slot must stay empty (three
+    7-kernel sm90a units at once stalled a 2-core 24 GiB machine, session 31)."""
+    import threading
+    import time
+    lock, running, peak, first = threading.Lock(), [0], [0], []
+
+    def runner(job):
+        with lock:
+            first.append(job.name)
+            if job.kernels:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+        time.sleep(0.15 if job.kernels else 0.01)
+        with lock:
+            if job.kernels:
+                running[0] -= 1
+        return JobResult(job.name, True, 0.1, 0, "", job.kernels)
+    units = [Job(f"shard{i}", [], (f"k{i}",), 10.0 - i) for i in range(5)]
+    launchers = Job("launchers", [], (), 1.0)
+    res = run_jobs(units + [launchers], workers=3, runner=runner,
+                   heavy=lambda j: bool(j.kernels), heavy_limit=2)
+    assert all(r.ok for r in res) and [r.name for r in res] == [j.name for j in units + [launchers]]
+    assert peak[0] == 2                     # 3 with the launchers' slot handed on
+    assert first[0] == "launchers"          # light jobs first: beside the units, not after

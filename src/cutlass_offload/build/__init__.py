@@ -233,8 +233,9 @@ class _Builder:
             return False
         return all(self._indexed_unit(k) == (prefix, key) for k in kernels if k in self.sources)
 
-    def _run(self, pending: list, desc: str, workers=None) -> list:
-        """Compile pending jobs; UnitReports in order."""
+    def _run(self, pending: list, desc: str, workers=None, heavy_limit=None) -> list:
+        """Compile pending jobs, at most ``heavy_limit`` CUTLASS units at once (None:
+        ``workers``); UnitReports in order."""
         workers = workers or self.jobs
         self._threads = 1
         if isinstance(self.executor, LocalExecutor):
@@ -243,7 +244,8 @@ class _Builder:
             # device passes side by side, as the single strategy's -t0 does
             heavy = sum(1 for j in pending if j.unit[3])
             self._threads = knobs().nvcc_threads or max(1, _cores() // max(1, min(heavy, workers)))
-        results = run_jobs(pending, workers, desc, runner=self._compile_object)
+        results = run_jobs(pending, workers, desc, runner=self._compile_object,
+                           heavy=lambda j: j.unit[3], heavy_limit=heavy_limit or workers)
         return [UnitReport(j.name, j.unit[2].kernels, r.seconds, r.seconds == 0.0, r.ok,
                            r.peak_rss / 2**20, str(j.entry / UNIT_NAME), str(j.entry / "nvcc.log"),
                            "" if r.seconds == 0.0 else r.executor)
@@ -278,7 +280,7 @@ class _Builder:
                 units.append(report)
             else:
                 pending.append(job)
-        launchers = None
+        launchers, heavy_limit = None, None
         if strategy == "sharded" and pending:
             # the launchers (no CUTLASS headers, seconds) compile beside the shards in a
             # slot of their own instead of after them; only a failed kernel redoes them
@@ -287,7 +289,8 @@ class _Builder:
             if job is not None:
                 pending.append(job)
                 workers = (workers or self.jobs) + 1
-        units += self._run(pending, "compiling shards", workers)
+                heavy_limit = workers - 1      # that slot stays the launchers' (jobs.run_jobs)
+        units += self._run(pending, "compiling shards", workers, heavy_limit)
         if launchers is None and pending and pending[-1].name == "launchers":
             launchers = units.pop()
         failed = self._isolate([u for u in units if not u.ok])

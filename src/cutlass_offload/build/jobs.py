@@ -70,24 +70,37 @@ def was_killed(returncode: int, log: str) -> bool:
             or (returncode != 0 and "died due to signal" in log))
 
 
-def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None) -> list:
-    """Run jobs, longest estimate first, at most ``workers`` at once.
+def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None,
+             heavy=None, heavy_limit: int | None = None) -> list:
+    """Run jobs, longest estimate first, at most ``workers`` at once, and of those
+    for which ``heavy(job)`` holds at most ``heavy_limit`` (None: ``workers``).
 
-    Returns JobResults in the order of ``jobs``. Progress (``Progress``) counts
-    kernels: a job weighs as many kernels as it compiles (the launchers, none).
-    An exception of ``runner``, or a KeyboardInterrupt, is raised after the jobs
-    already running end; queued jobs are not started.
+    The light ones (the launchers: seconds, no CUTLASS) start first: a build gives
+    them a slot of their own beside the CUTLASS units, and that slot must not pass
+    to another CUTLASS unit once they are done (on a 2-core 24 GiB machine three
+    7-kernel sm90a units at once took all its memory and stalled a prebuild for
+    over half an hour, session 31). Returns JobResults in the order of ``jobs``.
+    Progress (``Progress``) counts kernels: a job weighs as many kernels as it
+    compiles (the launchers, none). An exception of ``runner``, or a
+    KeyboardInterrupt, is raised after the jobs already running end; queued jobs
+    are not started.
     """
     if not jobs:
         return []
-    order = sorted(range(len(jobs)), key=lambda i: -jobs[i].estimate)
+    heavy = heavy or (lambda job: True)
+    order = sorted(range(len(jobs)), key=lambda i: (heavy(jobs[i]), -jobs[i].estimate))
     results = [None] * len(jobs)
     progress = Progress(jobs, workers, desc)
     run = runner or run_job
+    limit = threading.BoundedSemaphore(max(1, heavy_limit or workers))
 
     def started(i):
-        progress.started(i)
-        return run(jobs[i])
+        if not heavy(jobs[i]):
+            progress.started(i)
+            return run(jobs[i])
+        with limit:
+            progress.started(i)
+            return run(jobs[i])
     try:
         with ThreadPoolExecutor(max(1, workers)) as pool:
             futures = {pool.submit(started, i): i for i in order}
