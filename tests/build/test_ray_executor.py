@@ -35,7 +35,6 @@ pytestmark = [pytest.mark.build,
                                  reason="Ray is not installed: pip install 'cutlass_offload[ray]'")]
 
 # cicc's per-compile names of internal-linkage device symbols (see the first test)
-INTERNAL = re.compile(rb"(?:_INTERNAL|_GLOBAL__N_)_[0-9a-f]{8}_\d+_\w+?_cu_[0-9a-f]{8}_\d+")
 
 WRAPPER = """#!/bin/bash
 # nvcc stand-in of the test's Ray worker: the mode file says how to misbehave
@@ -264,12 +263,19 @@ def _host_code(lib) -> list | None:
     return code
 
 
+# an internal name with the decimal length prefix a mangled name gives it: the temporary
+# file's pid in it may have another number of digits on the other side
+INTERNAL_NAME = re.compile(r"\d*(?:_INTERNAL|_GLOBAL__N_)_[0-9a-f]{8}_\d+_\w+?_cu_[0-9a-f]{8}_\d+")
+
+
 def _device_code(lib: bytes) -> list:
-    """Every cubin in the library's .nv_fatbin: its non-debug sections."""
+    """Every cubin in the library's .nv_fatbin: its code sections (``.text.<kernel>``,
+    internal names normalized). Not the symbol and string tables: a pid of another
+    digit count in an internal name shifts every later string offset."""
     fatbin = _sections(lib)[".nv_fatbin"]
     cubins, at = [], fatbin.find(b"\x7fELF")
     while at >= 0:
-        cubins.append({k: INTERNAL.sub(b"_INTERNAL_", v) for k, v in _sections(fatbin, at).items()
-                       if "debug" not in k})
+        cubins.append({INTERNAL_NAME.sub("_INTERNAL_", k): v for k, v in _sections(fatbin, at).items()
+                       if k.startswith(".text")})
         at = fatbin.find(b"\x7fELF", at + 4)
     return cubins
