@@ -196,11 +196,8 @@ class _Builder:
                 shutil.rmtree(staging, ignore_errors=True)
 
     def _write_index(self, kernel: str, prefix: str, key: str):
-        path = self._index_path(kernel)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"kernel": kernel, "prefix": prefix, "key": key}))
-        os.replace(tmp, path)
+        self.cache.write_index(self._index_path(kernel).name,
+                               {"kernel": kernel, "prefix": prefix, "key": key})
 
     def _indexed_unit(self, kernel: str):
         """(prefix, key) of the unit the index names for ``kernel``'s current code, or None."""

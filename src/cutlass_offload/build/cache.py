@@ -147,6 +147,15 @@ class BuildCache:
             raise
         return final
 
+    def write_index(self, filename: str, record: dict) -> None:
+        """Write ``index/<filename>`` (which unit holds a kernel) whole: a temporary
+        file renamed into place."""
+        path = self.root / "index" / filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+
     def staging(self, kind: str) -> Path:
         d = self.root / kind
         d.mkdir(parents=True, exist_ok=True)

@@ -175,10 +175,7 @@ def import_(path, cache: BuildCache | None = None) -> Transfer:
                     continue                       # already there
             except (OSError, ValueError):
                 pass
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(rec))
-            os.replace(tmp, target)
+            cache.write_index(target.name, rec)
             out.indexes += 1
     return out
 
