@@ -22,10 +22,10 @@ class Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.single = nn.Conv2d(128, 256, 3, padding=1, groups=4)     # C_g 32, K_g 64
-        self.multiple = nn.Conv2d(512, 64, 3, padding=1, groups=16)   # C_g 32, K_g 4
+        self.narrow = nn.Conv2d(72, 96, 3, padding=1, groups=3)       # C_g 24, K_g 32
 
     def forward(self, x, y):
-        return torch.relu(self.single(x)), self.multiple(y)
+        return torch.relu(self.single(x)), self.narrow(y)
 
 
 def _args(problem, n, k=None, buf=None):
@@ -45,11 +45,12 @@ def test_grouped_kernels_build_and_cutlass_accepts_their_problems(tmp_path, monk
     out = tmp_path / "grouped"
     h = torch.float16
     x = torch.randn(2, 128, 14, 14, dtype=h).contiguous(memory_format=torch.channels_last)
-    y = torch.randn(2, 512, 14, 14, dtype=h).contiguous(memory_format=torch.channels_last)
+    y = torch.randn(2, 72, 14, 14, dtype=h).contiguous(memory_format=torch.channels_last)
     compiled = co.compile(Net().half().eval(), (x, y), arch="sm_90a", out_dir=out, glue="eager")
     assert not compiled.plan.fallbacks and not compiled.report.build["failures"]
-    modes = sorted((k.groups, k.group_mode) for k in compiled.plan.kernels)
-    assert modes == [(4, "single"), (16, "multiple")], [k.name for k in compiled.plan.kernels]
+    kinds = sorted((k.groups, k.iterator, k.config.tile[1]) for k in compiled.plan.kernels)
+    assert [(g, it) for g, it, _ in kinds] == [(3, "analytic"), (4, "optimized")], kinds
+    assert kinds[0][2] == 32, kinds            # K_g 32: a 32-wide tile
     lib = ctypes.CDLL(str(out / "libcutlass_offload.so"))
     buf = ctypes.create_string_buffer(1024)
     for r, kern in compiled.plan.pairs:
@@ -63,10 +64,8 @@ def test_grouped_kernels_build_and_cutlass_accepts_their_problems(tmp_path, monk
         a = _args(r.problem, 2, buf=buf)
         a.workspace, a.workspace_bytes = None, 0
         assert run(ctypes.byref(a), None) in (CO_INIT_FAILED, CO_LAUNCH_FAILED), kern.name
-        # K / groups that breaks the kernel's mode: not a multiple of its tile's N
-        # (single), or not a divisor of it (multiple)
+        # K / groups that breaks the single-group mode: not a multiple of its tile's N
         tile_n = kern.config.tile[1]
-        bad_k = kern.groups * (tile_n + kern.config.tile[1] // 2 if kern.group_mode == "single"
-                               else 3 * tile_n)
+        bad_k = kern.groups * (tile_n + tile_n // 2)
         bad = _args(r.problem, 2, k=bad_k, buf=buf)
         assert run(ctypes.byref(bad), None) == CO_CANNOT_IMPLEMENT, (kern.name, bad_k)

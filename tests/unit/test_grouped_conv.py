@@ -83,15 +83,15 @@ def test_a_residual_add_stays_in_the_glue(grouped_on):
 @pytest.mark.parametrize("c, k, groups, mode, iterator, tile_n", [
     (128, 256, 4, "single", "optimized", None),   # C_g 32: whole K tiles
     (96, 256, 2, "single", "analytic", None),     # C_g 48: a partial K tile, analytic masks it
-    (512, 64, 16, "multiple", "analytic", 16),    # K_g 4: four groups in a 16-wide tile
-    (256, 128, 16, "multiple", "analytic", 16),   # K_g 8: two groups per tile
+    (256, 128, 4, "single", "optimized", 32),     # K_g 32: a 32-wide tile
+    (72, 96, 3, "single", "analytic", 32),        # C_g 24 (a partial K tile), K_g 32
 ])
 def test_group_mode_iterator_and_tile(c, k, groups, mode, iterator, tile_n):
     kern = grouped_conv.choose(problem(c, k, groups), "sm90a", 132)
     assert (kern.group_mode, kern.iterator) == (mode, iterator)
     k_g = k // groups
     tn = kern.config.tile[1]
-    assert (k_g % tn == 0) if mode == "single" else (tn % k_g == 0)
+    assert k_g % tn == 0 and tn >= 32
     if tile_n is not None:
         assert tn == tile_n
     assert grouped_conv.waste(problem(c, k, groups), mode, kern.config) <= grouped_conv.MAX_WASTE
@@ -104,10 +104,12 @@ def test_many_ctas_take_the_larger_tile_few_the_smaller():
 
 
 @pytest.mark.parametrize("c, k, groups, dtype, words", [
-    (128, 128, 32, "f16", "32x the useful MMA work"),       # ResNeXt's 4 channels per group
+    (128, 128, 32, "f16", "K / groups = 4, not a multiple of 32"),  # ResNeXt's 4 per group
+    (256, 256, 16, "f16", "K / groups = 16, not a multiple of 32"),  # needs a 16-wide tile
+    (64, 512, 16, "f16", "8x the useful MMA work"),         # C_g 4 in 32-channel K tiles
     (64, 128, 64, "f16", "at least 4 bytes"),               # a channel multiplier: 1 per group
     (128, 128, 4, "f32", "fp32"),
-    (96, 72, 3, "f16", "K / groups = 24"),                  # 24: neither a tile multiple nor divisor
+    (96, 72, 3, "f16", "K / groups = 24"),                  # 24: no tile's N divides it
 ])
 def test_other_grouped_convs_have_a_reason(c, k, groups, dtype, words):
     p = problem(c, k, groups, dtype=dtype) if dtype != "f32" else ConvProblem(
@@ -120,13 +122,15 @@ def test_other_grouped_convs_have_a_reason(c, k, groups, dtype, words):
 
 
 def test_model_reasons_reach_the_report(grouped_on):
-    plan = plan_of(Grouped(c=128, k=128, groups=32))
-    (fb,) = plan.fallbacks
-    assert "MMA work" in fb.reason and not plan.regions
+    for model, words in ((Grouped(c=128, k=128, groups=32), "several-groups-per-tile"),
+                         (Grouped(c=64, k=512, groups=16), "MMA work")):
+        plan = plan_of(model)
+        (fb,) = plan.fallbacks
+        assert words in fb.reason and not plan.regions, fb.reason
 
 
 def test_emitted_kernel_is_the_grouped_fprop_with_its_groups_compiled_in():
-    for c, k, groups, mode in ((128, 256, 4, "kSingleGroup"), (512, 64, 16, "kMultipleGroup")):
+    for c, k, groups, mode in ((128, 256, 4, "kSingleGroup"), (96, 96, 3, "kSingleGroup")):
         kern = grouped_conv.choose(problem(c, k, groups), "sm90a", 132)
         src = emit_kernel(kern)
         assert "cutlass/conv/kernel/default_conv2d_group_fprop.h" in src.includes
@@ -144,8 +148,11 @@ def test_kernel_refuses_what_cutlass_cannot_build():
     common = dict(arch="sm90a", dtype="f16", align_a=8, align_b=8, align_c=8, config=cfg)
     with pytest.raises(ValueError, match="group_mode"):
         ConvKernel(epilogue=GemmEpilogue(), groups=4, **common)
-    with pytest.raises(ValueError, match="optimized"):
+    with pytest.raises(ValueError, match="group_mode"):    # wrong rows on the H200
         ConvKernel(epilogue=GemmEpilogue(), groups=4, group_mode="multiple", **common)
+    with pytest.raises(ValueError, match="analytic or the optimized"):
+        ConvKernel(epilogue=GemmEpilogue(), groups=4, group_mode="single",
+                   iterator="few_channels", **common)
     with pytest.raises(ValueError, match="residual"):
         emit_kernel(ConvKernel(epilogue=GemmEpilogue(residual="add"), groups=4, group_mode="single",
                                iterator="analytic", **common))

@@ -102,7 +102,7 @@ from .epilogue_sm80 import (ELEMENT_TYPES, EPILOGUE_PLAIN, EPILOGUE_RESIDUAL, FA
                             epilogue_values, semantics, shape_values)
 
 _STRIDE_SUPPORT = {"strided": "kStrided", "unity": "kUnity"}
-_GROUP_MODE = {"single": "kSingleGroup", "multiple": "kMultipleGroup"}
+_GROUP_MODE = {"single": "kSingleGroup"}        # ir/conv.py GROUP_MODES
 
 _INCLUDES_PLAIN = INCLUDES_COMMON + (
     INCLUDE_PLAIN_EPILOGUE,

@@ -14,19 +14,23 @@ R * S * ceil(C_g / tile_k) iterations over its own C_g = C / groups input channe
   (conv2d_fprop_activation_tile_access_iterator_optimized.h), so a K tile running
   past a group's channels reads the next group's x against a zeroed filter (a
   non-finite x would leak as NaN): it is taken only when C_g is whole K tiles.
-* ``multiple`` group mode (kMultipleGroup): a CTA's N tile holds tile_n / K_g whole
-  groups, so tile_n must be a multiple of K_g; the CTA walks each group's K loop in
-  turn with the filter of the others' columns zero: tile_n / K_g times the MMA work
-  of the useful one. Analytic iterator only.
-* Both: C_g a multiple of the operand alignment (16-byte accesses read one group's
+* Not CUTLASS's ``multiple`` group mode (kMultipleGroup: a CTA's N tile holds
+  tile_n / K_g whole groups, for K_g below a tile's N). Tried on the H200 in session
+  32 (tests/gpu/test_grouped_conv_gpu.py, 64 x 16 tiles of two warps, analytic
+  iterator): rows 32-39 of every 32-row block but the first came out wrong for any
+  C_g, R, S tried (the first rows each warp loads), while the single-group kernels
+  (64- and 32-wide tiles) matched on 90 random problems and a ResNeXt block. Not
+  diagnosed further; 16-wide tiles are left out with it. Problems with K_g not a
+  multiple of 32 (ResNeXt-50's 4, 8 and 16 channels per group) stay in PyTorch.
+* C_g a multiple of the operand alignment (16-byte accesses read one group's
   channels), no split-K, no residual epilogue (there is no grouped variant of the
   fused-epilogue kernel; a residual add stays in the glue: partition/checks.py
   ``kernel_takes_residual``).
 
-Waste: the K tile is 32 channels, so C_g = 8 does a quarter useful work, and the
-multiple-group mode multiplies that by tile_n / K_g. Problems whose useful share of
-MMA work would fall below 1 / MAX_WASTE stay in PyTorch with the figure as the reason
-(a rule of thumb, not measured against cuDNN; cuDNN has kernels for small groups).
+Waste: the K tile is 32 channels, so C_g = 8 does a quarter useful work. Problems
+whose useful share of MMA work would fall below 1 / MAX_WASTE stay in PyTorch with
+the figure as the reason (a rule of thumb, not measured against cuDNN; cuDNN has
+kernels for small groups).
 """
 from __future__ import annotations
 
@@ -45,8 +49,8 @@ def _k_waste(c_g: int) -> float:
 
 
 def candidates(problem: ConvProblem) -> list:
-    """(group mode, iterator, config) the grouped kernel can take for ``problem``,
-    single-group ones first (no redundant work), each list largest tile first."""
+    """(group mode, iterator, config) the grouped kernel can take for ``problem``
+    (single-group mode only, see the module docstring), largest tile first."""
     k_g = problem.k // problem.groups
     # the optimized activation iterator masks channels against C, not C_g: a K tile
     # past a group's end reads the next group's x (times zero filter: a non-finite x
@@ -54,20 +58,17 @@ def candidates(problem: ConvProblem) -> list:
     optimized = (sm80.cp_async_ok(problem.dtype, problem.align_a, problem.align_b)
                  and (problem.c // problem.groups) % TILE_K == 0)
     wide = sm80.known_configs(problem.dtype, problem.align_a, problem.align_b)
-    narrow = [c for n in (32, 16) for c in
-              sm80.narrow_configs(problem.dtype, problem.align_a, problem.align_b, n)]
-    out = [("single", "optimized" if optimized else "analytic", c) for c in wide + narrow
-           if k_g % c.tile[1] == 0]
-    out += [("multiple", "analytic", c) for c in wide + narrow if c.tile[1] % k_g == 0]
-    return out
+    # 32-wide narrow tiles, not 16-wide: the failing multiple-group kernels were all
+    # 16 wide, and no single-group 16-wide kernel has run on a GPU yet
+    narrow = sm80.narrow_configs(problem.dtype, problem.align_a, problem.align_b, 32)
+    return [("single", "optimized" if optimized else "analytic", c) for c in wide + narrow
+            if k_g % c.tile[1] == 0]
 
 
 def waste(problem: ConvProblem, mode: str, config: KernelConfig) -> float:
-    """MMA work done per useful unit: the K tile's padding of C_g, times tile_n / K_g
-    in the multiple-group mode."""
-    k_g = problem.k // problem.groups
-    w = _k_waste(problem.c // problem.groups)
-    return w * (config.tile[1] // k_g if mode == "multiple" else 1)
+    """MMA work done per useful unit: the K tile's padding of C_g (``mode`` and
+    ``config`` do not change it in single-group mode)."""
+    return _k_waste(problem.c // problem.groups)
 
 
 def reason(problem: ConvProblem) -> str | None:
@@ -82,29 +83,26 @@ def reason(problem: ConvProblem) -> str | None:
                 "group's channels at least 4 bytes at a time")
     choices = candidates(problem)
     if not choices:
-        return (f"grouped conv with K / groups = {k_g}: neither a multiple of a tile's N "
-                "(64 to 256) nor a divisor of one (16 to 256)")
+        return (f"grouped conv with K / groups = {k_g}, not a multiple of 32 (a tile's N): "
+                "CUTLASS's several-groups-per-tile mode wrote wrong rows on the H200, so it "
+                "is not used (families/grouped_conv.py)")
     best = min(waste(problem, m, c) for m, _, c in choices)
     if best > MAX_WASTE:
         return (f"grouped conv with C / groups = {c_g} and K / groups = {k_g}: CUTLASS's grouped "
-                f"kernel would do {best:.0f}x the useful MMA work (32-channel K tiles, several "
-                "groups per tile); stays in PyTorch")
+                f"kernel would do {best:.0f}x the useful MMA work (32-channel K tiles); stays "
+                "in PyTorch")
     return None
 
 
 def choose(problem: ConvProblem, arch: str, num_sms: int) -> ConvKernel:
-    """The grouped kernel for ``problem``: the least wasteful candidates, single-group
-    ones if any (no work on other groups' columns); of those, largest tile first, the
+    """The grouped kernel for ``problem``: of the candidates, largest tile first, the
     first that gives at least half a wave of CTAs (as for the 2.x convs:
     select/conv.py ``_sm80_config``), else the one with the most CTAs. ValueError
     with the reason when none runs it."""
     why = reason(problem)
     if why is not None:
         raise ValueError(why)
-    choices = candidates(problem)
-    least = min(waste(problem, m, c) for m, _, c in choices)
-    best = [(m, it, c) for m, it, c in choices if waste(problem, m, c) == least]
-    best = [b for b in best if b[0] == "single"] or best
+    best = candidates(problem)
     m_rows = problem.n_hint * problem.p * problem.q
 
     def ctas(c):

@@ -12,7 +12,9 @@ CONV_ITERATORS = ("optimized", "analytic", "few_channels", "fixed_channels")
 # 3.x: "" = TMA im2col implicit GEMM; "direct" / "im2col" = lowered onto the sm90
 # GEMM (families/conv_gemm_sm90.py)
 CONV_ITERATORS_3X = ("", "direct", "im2col")
-GROUP_MODES = ("single", "multiple")      # CUTLASS's conv::GroupMode kSingleGroup / kMultipleGroup
+# CUTLASS's conv::GroupMode kSingleGroup. Not kMultipleGroup (several whole groups per
+# tile): on the H200 its 64x16 tiles wrote wrong rows (families/grouped_conv.py).
+GROUP_MODES = ("single",)
 
 
 @dataclass(frozen=True)
@@ -138,8 +140,7 @@ class ConvKernel:
     control: emit/conv_gemm_sm90.py).
     groups / group_mode: a grouped conv's channel groups, compiled in (2.x only;
     CUTLASS's GroupMode): "single" (each CTA's output tile lies in one group: K /
-    groups a multiple of the tile's N) or "multiple" (a tile holds several whole
-    groups: the tile's N a multiple of K / groups; analytic iterator only).
+    groups a multiple of the tile's N; see GROUP_MODES).
     Problem sizes, padding, stride and dilation are runtime arguments.
     """
 
@@ -168,10 +169,9 @@ class ConvKernel:
             _check(self.group_mode, GROUP_MODES, "group_mode")
             if self.groups < 1 or self.config.family != "cutlass2x_sm80":
                 raise ValueError("grouped convs run CUTLASS 2.x grouped fprop kernels only")
-            if self.iterator not in ("analytic", "optimized") or (
-                    self.iterator == "optimized" and self.group_mode != "single"):
-                raise ValueError("a grouped conv takes the analytic iterator, or the optimized "
-                                 "one in single-group mode (CUTLASS's can_implement)")
+            if self.iterator not in ("analytic", "optimized"):
+                raise ValueError("a grouped conv takes the analytic or the optimized iterator "
+                                 "(CUTLASS's can_implement)")
         if self.config.family == "cutlass3x_sm90":
             if self.arch != "sm90a":
                 raise ValueError("CUTLASS 3.x sm90 kernels need the sm90a target")

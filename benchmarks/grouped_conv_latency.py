@@ -1,0 +1,137 @@
+"""Grouped conv2d (channel groups, not depthwise): our CUTLASS 2.x grouped fprop
+kernels (families/grouped_conv.py) against cuDNN on the grouped 3x3 convs we take
+(K / groups a multiple of 32) from ResNeXt and RegNetY (issue 19).
+
+All problems go into one model and one library (``cutlass_offload.compile`` with
+CUTLASS_OFFLOAD_GROUPED_CONV=1); each region module is then timed alone against
+PyTorch's same math: ``F.conv2d(groups=g)`` on channels_last input (cuDNN) plus the
+unfused bias + ReLU (a folded BatchNorm and its ReLU), and cuDNN's conv alone (what
+PyTorch's side costs where Inductor fuses the epilogue elsewhere). Device time per
+call as CUDA-graph replays (benchmarks/_timing.graph_ms), fresh random data, each
+output checked against float32 first. Prints a table (us, ratios = cuDNN / ours,
+TFLOP/s of ours) and writes JSON. Needs a GPU.
+
+    python benchmarks/grouped_conv_latency.py [--batch 32] [--dtype fp16] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from _timing import graph_ms  # noqa: E402
+from kernels_bench import geomean  # noqa: E402
+
+# (model, C = K, input H = W, stride, groups): 3x3 grouped convs at 224 x 224 whose
+# K / groups is a multiple of 32. ResNeXt (Xie et al. 2017, torchvision's
+# resnext50_32x4d / resnext101_32x8d: width 4 / 8 per group at 64 base channels,
+# doubling per stage; the stride-2 conv opens stages 2-4). RegNetY-4.0GF (Radosavovic
+# et al. 2020, timm's regnety_040: widths 128 / 192 / 512 / 1088, group width 64).
+PROBLEMS = [("resnext50_32x4d", 1024, 14, 2, 32), ("resnext50_32x4d", 1024, 7, 1, 32),
+            ("resnext101_32x8d", 1024, 28, 2, 32), ("resnext101_32x8d", 1024, 14, 1, 32),
+            ("resnext101_32x8d", 2048, 14, 2, 32), ("resnext101_32x8d", 2048, 7, 1, 32),
+            ("regnety_040", 128, 56, 1, 2), ("regnety_040", 192, 28, 1, 3),
+            ("regnety_040", 512, 14, 1, 8), ("regnety_040", 1088, 7, 1, 17)]
+
+
+def pytorch_op(x, w, b, stride, groups):
+    return torch.relu(F.conv2d(x, w, b, stride=stride, padding=1, groups=groups))
+
+
+class AllGrouped(torch.nn.Module):
+    """Every problem's conv (weights held by the model), each on its own input."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(c, c, 3, stride=s, padding=1, groups=g)
+                                         for _, c, _, s, g in PROBLEMS)
+
+    def forward(self, *xs):
+        return tuple(pytorch_op(x, conv.weight, conv.bias, p[3], p[4])
+                     for x, conv, p in zip(xs, self.convs, PROBLEMS))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    ap.add_argument("--json", default=None, help="default $OUT/grouped_conv_latency.json")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    os.environ["CUTLASS_OFFLOAD_GROUPED_CONV"] = "1"
+    import cutlass_offload as co
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
+    cl = torch.channels_last
+
+    def inputs(batch):
+        return [torch.randn(batch, c, h, h, device="cuda").to(dt).contiguous(memory_format=cl)
+                for _, c, h, _, _ in PROBLEMS]
+    torch.manual_seed(0)         # compiled at the timed batch: its tiles are chosen for it
+    model = AllGrouped().to(dt)
+    t0 = time.perf_counter()
+    compiled = co.compile(model, tuple(x.cpu() for x in inputs(a.batch)), dynamic_batch=True,
+                          glue="eager").to("cuda")
+    build_s = time.perf_counter() - t0
+    model = model.cuda()
+    mods = compiled.region_modules()
+    assert len(mods) == len(PROBLEMS), compiled.report.format()
+    xs = inputs(a.batch)
+    seen = {}                     # each region module's inputs, as the model passes them
+    hooks = [m.register_forward_pre_hook(lambda m, args: seen.setdefault(id(m), args)) for m in mods]
+    with torch.no_grad():
+        compiled(*xs)
+    for h in hooks:
+        h.remove()
+    rows = []
+    for i, (name, c, h, stride, g) in enumerate(PROBLEMS):
+        x, w, b = xs[i], model.convs[i].weight.detach(), model.convs[i].bias.detach()
+        mod = next(m for m in mods if any(t is x for t in seen[id(m)]))
+        args = seen[id(mod)]
+        with torch.no_grad():
+            out = mod(*args)
+            ref = pytorch_op(x.float(), w.float(), b.float(), stride, g)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            ours = graph_ms(lambda: mod(*args)) * 1e3
+            theirs = graph_ms(lambda: pytorch_op(x, w, b, stride, g)) * 1e3
+            conv = graph_ms(lambda: F.conv2d(x, w, None, stride=stride, padding=1, groups=g)) * 1e3
+        p = out.shape[-1]
+        flops = 2 * a.batch * p * p * c * (c // g) * 9
+        rows.append({"model": name, "n": a.batch, "c": c, "h": h, "stride": stride, "groups": g,
+                     "kernel": mod.kernel.name, "fell_back": mod.fallback_calls, "rel_err": err,
+                     "ours_us": ours, "cudnn_us": theirs, "speedup": theirs / ours,
+                     "cudnn_conv_us": conv, "conv_speedup": conv / ours,
+                     "ours_tflops": flops / ours / 1e6})
+    gm, gm_conv = geomean(r["speedup"] for r in rows), geomean(r["conv_speedup"] for r in rows)
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, {a.dtype}, batch {a.batch}; "
+          f"one library of {len(PROBLEMS)} kernels built in {build_s:.0f} s")
+    print("| model | C = K | H | stride | groups | kernel | ours us | cuDNN + bias + ReLU us | ratio "
+          "| cuDNN conv alone us | ratio | ours TFLOP/s | rel. err |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['model']} | {r['c']} | {r['h']} | {r['stride']} | {r['groups']} | {r['kernel']} | "
+              f"{r['ours_us']:.1f} | {r['cudnn_us']:.1f} | {r['speedup']:.2f} | {r['cudnn_conv_us']:.1f} | "
+              f"{r['conv_speedup']:.2f} | {r['ours_tflops']:.0f} | {r['rel_err']:.1e} |")
+    print(f"geomean cuDNN / ours: {gm:.2f}x (min {min(r['speedup'] for r in rows):.2f}x); "
+          f"cuDNN's conv alone / ours: {gm_conv:.2f}x (min {min(r['conv_speedup'] for r in rows):.2f}x)")
+    out = Path(a.json or Path(os.environ.get("OUT", ".")) / "grouped_conv_latency.json")
+    out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                               "date": time.strftime("%Y-%m-%d"), "dtype": a.dtype, "build_s": build_s,
+                               "geomean_speedup": gm, "geomean_conv_speedup": gm_conv, "rows": rows},
+                              indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
