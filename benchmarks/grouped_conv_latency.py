@@ -11,7 +11,13 @@ call as CUDA-graph replays (benchmarks/_timing.graph_ms), fresh random data, eac
 output checked against float32 first. Prints a table (us, ratios = cuDNN / ours,
 TFLOP/s of ours) and writes JSON. Needs a GPU.
 
+``--write-pytorch-faster FILE`` merges the problems where cuDNN's conv alone beats our
+fused kernel (below select/pytorch_faster.DEFER_BELOW) into the measured-faster list,
+so they stay in PyTorch at that batch; with ``--from-json`` it writes them from a saved
+run's JSON instead (no GPU).
+
     python benchmarks/grouped_conv_latency.py [--batch 32] [--dtype fp16] [--json FILE]
+        [--write-pytorch-faster FILE [--from-json RUN.json]]
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from _timing import graph_ms  # noqa: E402
-from kernels_bench import geomean  # noqa: E402
+from kernels_bench import geomean, write_pytorch_faster  # noqa: E402
 
 # (model, C = K, input H = W, stride, groups): 3x3 grouped convs at 224 x 224 whose
 # K / groups is a multiple of 32. ResNeXt (Xie et al. 2017, torchvision's
@@ -60,12 +66,51 @@ class AllGrouped(torch.nn.Module):
                      for x, conv, p in zip(xs, self.convs, PROBLEMS))
 
 
+def list_row(r: dict, dtype: str) -> dict:
+    """A measured-faster list row (kernels_bench.write_pytorch_faster's shape) of a
+    result row: the grouped conv's problem as the partitioner states it, against
+    cuDNN's conv alone."""
+    return {"kind": "conv2d", "n": r["n"], "c": r["c"], "k": r["c"], "h": r["h"], "w": r["h"],
+            "r": 3, "s": 3, "pad": [1] * 4, "stride": [r["stride"]] * 2, "dilation": [1, 1],
+            "dtype": {"fp16": "f16", "bf16": "bf16"}[dtype], "groups": r["groups"],
+            "heuristic_us": r["ours_us"], "heuristic_speedup": r["conv_speedup"],
+            "anchor": "cudnn conv alone", "anchor_us": r["cudnn_conv_us"],
+            "bench": "benchmarks/grouped_conv_latency.py"}
+
+
+def write_list(run: dict, path: Path, num_sms: int) -> None:
+    data = write_pytorch_faster([list_row(r, run["dtype"]) for r in run["rows"]], path, run["gpu"],
+                                num_sms, f"benchmarks/grouped_conv_latency.py run of {run['date']} "
+                                f"({run['dtype']}, batch {run['rows'][0]['n']}; anchor: cuDNN's conv alone)",
+                                merge=True)
+    print(f"{sum(e.get('groups', 1) not in (1, e['c']) for e in data['conv2d'])} grouped conv "
+          f"problems stay in PyTorch -> {path}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--json", default=None, help="default $OUT/grouped_conv_latency.json")
+    ap.add_argument("--write-pytorch-faster", default=None, metavar="FILE",
+                    help="merge the problems cuDNN's conv alone runs faster into FILE "
+                         "(select/pytorch_faster.py)")
+    ap.add_argument("--from-json", default=None, metavar="RUN",
+                    help="with --write-pytorch-faster: take the rows from this saved run (no GPU)")
     a = ap.parse_args(argv)
+    if a.from_json:
+        if not a.write_pytorch_faster:
+            ap.error("--from-json needs --write-pytorch-faster")
+        run = json.loads(Path(a.from_json).read_text())
+        sms = run.get("num_sms")
+        if sms is None:               # runs of session 32 did not record it: the list's, same GPU
+            old = json.loads(Path(a.write_pytorch_faster).read_text())
+            if old.get("gpu") != run["gpu"]:
+                ap.error(f"{a.from_json} has no SM count and {a.write_pytorch_faster} is for "
+                         f"{old.get('gpu')}, not {run['gpu']}")
+            sms = old["num_sms"]
+        write_list(run, Path(a.write_pytorch_faster), sms)
+        return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -125,11 +170,14 @@ def main(argv=None) -> int:
     print(f"geomean cuDNN / ours: {gm:.2f}x (min {min(r['speedup'] for r in rows):.2f}x); "
           f"cuDNN's conv alone / ours: {gm_conv:.2f}x (min {min(r['conv_speedup'] for r in rows):.2f}x)")
     out = Path(a.json or Path(os.environ.get("OUT", ".")) / "grouped_conv_latency.json")
-    out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                               "date": time.strftime("%Y-%m-%d"), "dtype": a.dtype, "build_s": build_s,
-                               "geomean_speedup": gm, "geomean_conv_speedup": gm_conv, "rows": rows},
-                              indent=1))
+    run = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "num_sms": torch.cuda.get_device_properties(0).multi_processor_count,
+           "date": time.strftime("%Y-%m-%d"), "dtype": a.dtype, "build_s": build_s,
+           "geomean_speedup": gm, "geomean_conv_speedup": gm_conv, "rows": rows}
+    out.write_text(json.dumps(run, indent=1))
     print(f"wrote {out}")
+    if a.write_pytorch_faster:
+        write_list(run, Path(a.write_pytorch_faster), run["num_sms"])
     return 0
 
 

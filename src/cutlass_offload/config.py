@@ -16,10 +16,9 @@ Environment variables:
   CUTLASS_OFFLOAD_NVCC_STEPS default 1: nvcc's steps of a unit run as a graph, cudafe++
                              beside cicc (build/nvcc_steps.py; local builds); 0: one nvcc
                              command per unit
-  CUTLASS_OFFLOAD_GROUPED_CONV  1 offloads grouped convs (channel groups: 1 < groups,
-                             not depthwise) to CUTLASS 2.x grouped fprop kernels; default 0
-                             until those kernels have passed the GPU tests
-                             (tests/gpu/test_grouped_conv_gpu.py), so they stay in PyTorch
+  CUTLASS_OFFLOAD_GROUPED_CONV  default 1: grouped convs (channel groups: 1 < groups, not
+                             depthwise) run CUTLASS 2.x grouped fprop kernels where
+                             families/grouped_conv.py takes them; 0 keeps them all in PyTorch
   CUTLASS_OFFLOAD_HOST_LAUNCHERS  0 compiles the launchers with nvcc, not the host C++
                              compiler (default 1 when nvcc's CUDA headers are found)
   CUTLASS_OFFLOAD_LINEINFO   1 compiles kernels with -lineinfo (CUDA source lines in
@@ -56,7 +55,7 @@ class Knobs:
     host_launchers: bool
     nvcc_steps: bool
     lineinfo: bool
-    grouped_conv: bool = False
+    grouped_conv: bool = True
     cpp_wrapper: bool | None = None       # None: glue.CPP_WRAPPER_IN_DEFAULT_MODE
 
 
@@ -81,7 +80,7 @@ def knobs() -> Knobs:
         nvcc_steps=env.get("CUTLASS_OFFLOAD_NVCC_STEPS", "1") not in ("", "0"),
         lineinfo=env.get("CUTLASS_OFFLOAD_LINEINFO", "0") not in ("", "0"),
         cpp_wrapper=_tristate(env.get("CUTLASS_OFFLOAD_CPP_WRAPPER", "")),
-        grouped_conv=env.get("CUTLASS_OFFLOAD_GROUPED_CONV", "0") not in ("", "0"),
+        grouped_conv=env.get("CUTLASS_OFFLOAD_GROUPED_CONV", "1") not in ("", "0"),
     )
 
 

@@ -108,9 +108,8 @@ def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, group
         if grouped and not knobs().grouped_conv:
             raise UnsupportedRegion(
                 f"grouped convolution (groups={groups} with C={c_in}, K={k_out}: channel groups "
-                "or a channel multiplier, not depthwise) stays in PyTorch: its CUTLASS 2.x "
-                "grouped fprop kernels await their GPU tests (CUTLASS_OFFLOAD_GROUPED_CONV=1 "
-                "offloads them)")
+                "or a channel multiplier, not depthwise) stays in PyTorch: "
+                "CUTLASS_OFFLOAD_GROUPED_CONV=0 is set")
     dtype = tensor_dtype(x, "input")
     if tensor_dtype(w, "weight") != dtype:
         raise UnsupportedRegion("input and weight dtypes differ")
