@@ -157,7 +157,7 @@ def main(argv=None) -> int:
                                     f"benchmarks/depthwise_latency.py run of {time.strftime('%Y-%m-%d')} "
                                     f"({a.dtype}, batch {a.batch}; anchor: cuDNN's conv alone)",
                                     merge=a.merge_pytorch_faster)
-        print(f"{sum(e.get('groups', 1) > 1 for e in data['conv2d'])} depthwise problems stay in "
+        print(f"{sum(e.get('groups', 1) == e['c'] == e['k'] > 1 for e in data['conv2d'])} depthwise problems stay in "
               f"PyTorch -> {a.write_pytorch_faster}")
     out = Path(a.json or Path(os.environ.get("OUT", ".")) / "depthwise_latency.json")
     out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
