@@ -74,3 +74,25 @@ def paired_ms(fns: dict, rounds: int, reps: int) -> dict:
 def paired_ratio(times: dict, num: str, den: str) -> float:
     """The median over rounds of times[num][i] / times[den][i] (``paired_ms``)."""
     return statistics.median(a / b for a, b in zip(times[num], times[den]))
+
+
+def region_calls(compiled, xs) -> list:
+    """For each input ``xs[i]`` of one forward of the compiled model ``compiled``, the
+    region module that reads it and that module's arguments as the model passes them:
+    [(module, args)] in input order (each region module timed alone on real
+    operands). KeyError when an input reaches no region module."""
+    mods, seen = compiled.region_modules(), {}
+    hooks = [m.register_forward_pre_hook(lambda m, args: seen.setdefault(id(m), args)) for m in mods]
+    try:
+        with torch.no_grad():
+            compiled(*xs)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = []
+    for x in xs:
+        mod = next((m for m in mods if id(m) in seen and any(t is x for t in seen[id(m)])), None)
+        if mod is None:
+            raise KeyError(f"no region module reads input {tuple(x.shape)}")
+        out.append((mod, seen[id(mod)]))
+    return out

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from _timing import graph_ms  # noqa: E402
+from _timing import graph_ms, region_calls  # noqa: E402
 from kernels_bench import geomean, write_pytorch_faster  # noqa: E402
 
 # (model, C = K, input H = W, stride, groups): 3x3 grouped convs at 224 x 224 whose
@@ -132,17 +132,11 @@ def main(argv=None) -> int:
     mods = compiled.region_modules()
     assert len(mods) == len(PROBLEMS), compiled.report.format()
     xs = inputs(a.batch)
-    seen = {}                     # each region module's inputs, as the model passes them
-    hooks = [m.register_forward_pre_hook(lambda m, args: seen.setdefault(id(m), args)) for m in mods]
-    with torch.no_grad():
-        compiled(*xs)
-    for h in hooks:
-        h.remove()
+    calls = region_calls(compiled, xs)
     rows = []
     for i, (name, c, h, stride, g) in enumerate(PROBLEMS):
         x, w, b = xs[i], model.convs[i].weight.detach(), model.convs[i].bias.detach()
-        mod = next(m for m in mods if any(t is x for t in seen[id(m)]))
-        args = seen[id(mod)]
+        mod, args = calls[i]
         with torch.no_grad():
             out = mod(*args)
             ref = pytorch_op(x.float(), w.float(), b.float(), stride, g)

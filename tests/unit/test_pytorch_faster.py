@@ -155,6 +155,29 @@ def test_depthwise_rows_key_the_problem_the_partitioner_states(tmp_path, monkeyp
     assert len(select(other, "sm90a", CompileOptions(arch="sm90a")).regions) == 1
 
 
+def test_grouped_conv_rows_from_a_saved_run_key_the_problem_the_partitioner_states(tmp_path):
+    """benchmarks/grouped_conv_latency.py --write-pytorch-faster --from-json (no GPU):
+    a saved run's row slower than cuDNN's conv alone lands in the list, keyed as the
+    partitioner states that grouped conv, so it stays in PyTorch at that batch."""
+    import grouped_conv_latency as gl
+    row = {"n": 4, "c": 256, "h": 14, "stride": 1, "groups": 8, "ours_us": 30.0,
+           "cudnn_conv_us": 20.0, "conv_speedup": 20 / 30}
+    run = {"gpu": "NVIDIA H200", "date": "2026-12-05", "dtype": "fp16",
+           "rows": [row, dict(row, c=512, ours_us=10.0, conv_speedup=2.0)]}
+    saved, path = tmp_path / "run.json", tmp_path / "faster.json"
+    saved.write_text(json.dumps(run))
+    path.write_text(json.dumps({"gpu": "NVIDIA H200", "num_sms": 132, "conv2d": []}))
+    assert gl.main(["--write-pytorch-faster", str(path), "--from-json", str(saved)]) == 0
+    table = pf.PytorchFaster(json.loads(path.read_text()))
+    assert len(table.conv) == 1
+    conv = torch.nn.Conv2d(256, 256, 3, padding=1, groups=8).half()
+    x = torch.randn(4, 256, 14, 14).half().to(memory_format=torch.channels_last)
+    part = partition(capture(conv, (x,), dynamic_batch=True).graph_module, CompileOptions(arch="sm90a"))
+    (region,) = part.regions
+    why = table.reason(region.problem, 132)
+    assert why is not None and "grouped_conv_latency.py" in why and "20.0 us" in why
+
+
 class Mlp(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -346,3 +346,33 @@ def test_every_flag_has_help_and_the_description_names_it():
                  "heuristic", "tuned"):
         assert f"``{step}" in runtime.__doc__, step
     assert p.get_default("paired_rounds") == 5
+
+
+def test_region_calls_pairs_each_input_with_the_region_module_that_reads_it():
+    """_timing.region_calls: one forward with pre-hooks; each input's region module and
+    the arguments the model passed it, in input order; hooks removed after."""
+    import _timing
+
+    class Region(torch.nn.Module):
+        def forward(self, x, w):
+            return x @ w
+
+    class Compiled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = Region(), Region()
+            self.w = torch.randn(4, 4)
+
+        def region_modules(self):
+            return [self.a, self.b]
+
+        def forward(self, x, y, *unused):
+            return self.b(y, self.w), self.a(x, self.w)
+
+    c = Compiled()
+    x, y = torch.randn(2, 4), torch.randn(3, 4)
+    (ma, aa), (mb, ab) = _timing.region_calls(c, (x, y))
+    assert ma is c.a and aa[0] is x and mb is c.b and ab[0] is y and ab[1] is c.w
+    assert not c.a._forward_pre_hooks and not c.b._forward_pre_hooks
+    with pytest.raises(KeyError, match="no region module"):
+        _timing.region_calls(c, (x, y, torch.randn(1)))
