@@ -96,3 +96,21 @@ def region_calls(compiled, xs) -> list:
             raise KeyError(f"no region module reads input {tuple(x.shape)}")
         out.append((mod, seen[id(mod)]))
     return out
+
+
+def conv_row(mod, args, pytorch_op, conv_alone, reference) -> tuple:
+    """Time the conv region module ``mod`` on ``args`` (CUDA-graph replays, us) against
+    PyTorch's same math ``pytorch_op()`` (cuDNN plus the unfused epilogue) and cuDNN's
+    conv alone ``conv_alone()``, after checking its output against ``reference()``
+    (float32). Returns (output, row fields: kernel, fell_back, rel_err, ours_us,
+    cudnn_us, speedup, cudnn_conv_us, conv_speedup; speedups = PyTorch / ours)."""
+    with torch.no_grad():
+        out = mod(*args)
+        ref = reference()
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        ours = graph_ms(lambda: mod(*args)) * 1e3
+        theirs = graph_ms(pytorch_op) * 1e3
+        conv = graph_ms(conv_alone) * 1e3
+    return out, {"kernel": mod.kernel.name, "fell_back": mod.fallback_calls, "rel_err": err,
+                 "ours_us": ours, "cudnn_us": theirs, "speedup": theirs / ours,
+                 "cudnn_conv_us": conv, "conv_speedup": conv / ours}

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from _timing import graph_ms, region_calls  # noqa: E402
+from _timing import conv_row, region_calls  # noqa: E402
 from kernels_bench import geomean, write_pytorch_faster  # noqa: E402
 
 # (model, C, H = W, R = S, stride, SiLU after): every distinct depthwise conv of the two
@@ -118,20 +118,13 @@ def main(argv=None) -> int:
     for i, (name, c, h, r, stride, silu) in enumerate(PROBLEMS):
         x, w, b = xs[i], model.convs[i].weight.detach(), model.convs[i].bias.detach()
         mod, args = calls[i]
-        with torch.no_grad():
-            out = mod(*args)
-            ref = pytorch_op(x.float(), w.float(), b.float(), stride, silu)
-            err = ((out.float() - ref).norm() / ref.norm()).item()
-            ours = graph_ms(lambda: mod(*args)) * 1e3
-            theirs = graph_ms(lambda: pytorch_op(x, w, b, stride, silu)) * 1e3
-            conv = graph_ms(lambda: F.conv2d(x, w, None, stride=stride, padding=r // 2, groups=c)) * 1e3
+        out, timed = conv_row(mod, args, lambda: pytorch_op(x, w, b, stride, silu),
+                              lambda: F.conv2d(x, w, None, stride=stride, padding=r // 2, groups=c),
+                              lambda: pytorch_op(x.float(), w.float(), b.float(), stride, silu))
         p = out.shape[-1]
         traffic = (x.numel() + a.batch * c * p * p) * x.element_size()
         rows.append({"model": name, "n": a.batch, "c": c, "h": h, "r": r, "stride": stride, "silu": silu,
-                     "kernel": mod.kernel.name, "fell_back": mod.fallback_calls, "rel_err": err,
-                     "ours_us": ours, "cudnn_us": theirs, "speedup": theirs / ours,
-                     "cudnn_conv_us": conv, "conv_speedup": conv / ours,
-                     "ours_gbs": traffic / ours / 1e3})
+                     **timed, "ours_gbs": traffic / timed["ours_us"] / 1e3})
     gm, gm_conv = geomean(r["speedup"] for r in rows), geomean(r["conv_speedup"] for r in rows)
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, {a.dtype}, batch {a.batch}; "
           f"one library of {len(PROBLEMS)} kernels built in {build_s:.0f} s")
