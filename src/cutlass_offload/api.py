@@ -17,7 +17,7 @@ from torch.export.passes import move_to_device_pass
 from . import build as build_stage
 from . import target, weights
 from .capture import Captured, Reference, capture, from_exported
-from .config import CompileOptions, options_for_glue
+from .config import CompileOptions, knobs, options_for_glue
 from .errors import CutlassOffloadError, DamagedFileError, DeviceError
 # the output folder's format (folder.py); check_folder is re-exported for the CLI
 from .folder import MANIFEST, _checked_later, _fingerprint, begin_save, check_folder, check_out_dir, load_exported, no_folder_message, save  # noqa: F401
@@ -132,7 +132,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     options = options_for_glue(CompileOptions(
         arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict, num_sms=num_sms,
         build_strategy=build_strategy, executor=executor, ray_address=ray_address, tune=tune,
-        offload_norms=offload_norms, combine_gemms=combine_gemms, jobs=jobs), glue_spec.resolved())
+        offload_norms=offload_norms, combine_gemms=combine_gemms, jobs=jobs,
+        grouped_conv=knobs().grouped_conv), glue_spec.resolved())
     _executor(options)      # a missing Ray extra fails now, not after the capture
     if out_dir is not None:
         check_out_dir(out_dir)      # and a path we must not replace, before any work
@@ -466,8 +467,9 @@ def _load_once(out: Path, manifest: dict, device, override=None, reference=True,
     """``later``: folder.FileChecks of files not checked yet (weights.bin), waited
     for before any of them is read."""
     phases = phases or _Phases()
-    # a folder saved before combine_gemms existed was partitioned without it
-    options = CompileOptions(**{"combine_gemms": False, **manifest["options"]})
+    # a folder saved before combine_gemms existed was partitioned without it, one saved
+    # before grouped_conv was an option without grouped convs (off by default then)
+    options = CompileOptions(**{"combine_gemms": False, "grouped_conv": False, **manifest["options"]})
     glue = _saved_glue(manifest, override)
     device = None if device is None else _indexed(device)
     try:
@@ -501,7 +503,7 @@ def _load_once(out: Path, manifest: dict, device, override=None, reference=True,
                                   tuned=tuned)
     if _fingerprint(compiled.plan) != manifest["fingerprint"]:
         raise CutlassOffloadError(f"{out}: the saved model partitions differently now "
-                                  "(package version changed?); compile it again")
+                                  "(package version changed since it was compiled?); compile it again")
     compiled.report = Report(**json.loads((out / "report.json").read_text()))
     with phases("glue and library"):
         glue.apply(compiled)

@@ -19,6 +19,7 @@ Environment variables:
   CUTLASS_OFFLOAD_GROUPED_CONV  default 1: grouped convs (channel groups: 1 < groups, not
                              depthwise) run CUTLASS 2.x grouped fprop kernels where
                              families/grouped_conv.py takes them; 0 keeps them all in PyTorch
+                             (read at compile; a saved folder keeps its value)
   CUTLASS_OFFLOAD_HOST_LAUNCHERS  0 compiles the launchers with nvcc, not the host C++
                              compiler (default 1 when nvcc's CUDA headers are found)
   CUTLASS_OFFLOAD_LINEINFO   1 compiles kernels with -lineinfo (CUDA source lines in
@@ -145,6 +146,10 @@ class CompileOptions:
       as one GEMM over their weights interleaved in blocks of 8 rows, whose GLU
       epilogue writes only the product (partition/gated_gemm.py). The combined and
       interleaved weights are copies made at compile time (and again at load).
+    grouped_conv: grouped convs (channel groups, not depthwise) become regions where
+      families/grouped_conv.py takes them; None = ``$CUTLASS_OFFLOAD_GROUPED_CONV``
+      (default on). ``compile`` resolves it, so a saved folder keeps the value it was
+      compiled with whatever the environment says at load.
     """
 
     arch: str | None = None
@@ -160,6 +165,7 @@ class CompileOptions:
     offload_norms: str = "auto"
     combine_gemms: bool = True
     glue: str = "eager"
+    grouped_conv: bool | None = None
 
     def __post_init__(self):
         from .target import ALIASES

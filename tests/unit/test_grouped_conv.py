@@ -180,3 +180,34 @@ def test_kernel_refuses_what_cutlass_cannot_build():
     with pytest.raises(ValueError, match="groups"):
         ConvProblem(c=64, k=60, h=8, w=8, r=3, s=3, dtype="f16", align_a=8, align_b=8, align_c=4,
                     groups=8)
+
+
+def test_a_folder_keeps_the_grouped_setting_it_was_compiled_with(tmp_path, monkeypatch):
+    """The load partitions the saved program again: with the setting saved in the
+    folder's options, not the one in the environment (no nvcc: the fake one). A folder
+    saved before the option existed (grouped convs were off by default then) loads
+    without them."""
+    import json
+
+    import cutlass_offload as co
+    from fault_helpers import fake_env
+    for k, v in fake_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    model = Grouped(c=128, k=128, groups=4).eval()
+    x = torch.randn(2, 128, 14, 14, dtype=H).contiguous(memory_format=torch.channels_last)
+    monkeypatch.delenv("CUTLASS_OFFLOAD_GROUPED_CONV", raising=False)
+    on = co.compile(model, (x,), arch="sm_90a", out_dir=tmp_path / "on", glue="eager")
+    assert [k.groups for k in on.plan.kernels] == [4]
+    monkeypatch.setenv("CUTLASS_OFFLOAD_GROUPED_CONV", "0")
+    loaded, _, _ = co.load(tmp_path / "on", reference=False)
+    assert [k.groups for k in loaded.plan.kernels] == [4]
+    off = co.compile(model, (x,), arch="sm_90a", out_dir=tmp_path / "off", glue="eager")
+    assert not off.plan.regions
+    from cutlass_offload.folder import _manifest_checksum
+    manifest = json.loads((tmp_path / "off" / "manifest.json").read_text())
+    del manifest["options"]["grouped_conv"]    # an older folder: no grouped_conv option
+    manifest["checksum"] = _manifest_checksum(manifest)
+    (tmp_path / "off" / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.delenv("CUTLASS_OFFLOAD_GROUPED_CONV")
+    loaded, _, _ = co.load(tmp_path / "off", reference=False)
+    assert not loaded.plan.regions

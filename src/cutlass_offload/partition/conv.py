@@ -105,11 +105,12 @@ def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, group
     if groups != 1:
         c_in, k_out = static_int(val(x).shape[1]), static_int(val(w).shape[0])
         grouped = not (isinstance(groups, int) and groups == c_in == k_out)
-        if grouped and not knobs().grouped_conv:
+        enabled = knobs().grouped_conv if options.grouped_conv is None else options.grouped_conv
+        if grouped and not enabled:
             raise UnsupportedRegion(
                 f"grouped convolution (groups={groups} with C={c_in}, K={k_out}: channel groups "
-                "or a channel multiplier, not depthwise) stays in PyTorch: "
-                "CUTLASS_OFFLOAD_GROUPED_CONV=0 is set")
+                "or a channel multiplier, not depthwise) stays in PyTorch: grouped convs are "
+                "switched off for this compile (CUTLASS_OFFLOAD_GROUPED_CONV=0)")
     dtype = tensor_dtype(x, "input")
     if tensor_dtype(w, "weight") != dtype:
         raise UnsupportedRegion("input and weight dtypes differ")
