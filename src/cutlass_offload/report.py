@@ -23,6 +23,17 @@ def _n(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
+def _form(region: dict) -> str:
+    """A region's op as the summary line names it: a conv with channel groups says
+    which kind ("conv2d[depthwise]", "conv2d[grouped]")."""
+    conv = region.get("conv") or {}
+    groups = conv.get("groups", 1)
+    if groups == 1:
+        return region["form"]
+    kind = "depthwise" if groups == conv.get("c") == conv.get("k") else "grouped"
+    return f"{region['form']}[{kind}]"
+
+
 @dataclass
 class Report:
     arch: str
@@ -64,7 +75,7 @@ class Report:
         out = [f"target {arch_name(self.arch)}: {_n(len(self.regions), 'region')} offloaded, "
                f"{_n(len(self.fallbacks), 'offloadable op')} left in PyTorch, "
                f"{_n(len(self.kernels), 'distinct kernel')}"]
-        by_form = collections.Counter(r["form"] + ":" + r["epilogue"] for r in self.regions)
+        by_form = collections.Counter(_form(r) + ":" + r["epilogue"] for r in self.regions)
         if by_form:
             out.append("offloaded (op:epilogue x count): " +
                        ", ".join(f"{k} x{v}" for k, v in sorted(by_form.items())))

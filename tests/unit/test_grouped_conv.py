@@ -211,3 +211,23 @@ def test_a_folder_keeps_the_grouped_setting_it_was_compiled_with(tmp_path, monke
     monkeypatch.delenv("CUTLASS_OFFLOAD_GROUPED_CONV")
     loaded, _, _ = co.load(tmp_path / "off", reference=False)
     assert not loaded.plan.regions
+
+
+def test_the_report_names_grouped_and_depthwise_convs(grouped_on):
+    from cutlass_offload.report import Report
+
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dw = nn.Conv2d(128, 128, 3, padding=1, groups=128).half()
+            self.gr = nn.Conv2d(128, 128, 3, padding=1, groups=4).half()
+
+        def forward(self, x):
+            return torch.relu(self.gr(self.dw(x)))
+
+    x = torch.randn(2, 128, 14, 14, dtype=H).contiguous(memory_format=torch.channels_last)
+    options = CompileOptions()
+    plan = select(partition(capture(Both().eval(), (x,), dynamic_batch=True).graph_module, options),
+                  "sm90a", options)
+    text = Report.from_plan(plan).format()
+    assert "conv2d[depthwise]:bias x1" in text and "conv2d[grouped]:bias_relu x1" in text, text
