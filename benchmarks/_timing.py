@@ -76,6 +76,21 @@ def paired_ratio(times: dict, num: str, den: str) -> float:
     return statistics.median(a / b for a, b in zip(times[num], times[den]))
 
 
+def compile_problems(model, example: tuple, count: int) -> tuple:
+    """``model`` (one conv per problem, each on its own input) compiled into one library
+    from ``example`` (CPU tensors) with a dynamic batch and eager glue, moved to the GPU;
+    asserts ``count`` region modules (the report says which fell back). Returns
+    (compiled model, build seconds)."""
+    import time
+
+    import cutlass_offload as co
+    t0 = time.perf_counter()
+    compiled = co.compile(model, example, dynamic_batch=True, glue="eager").to("cuda")
+    build_s = time.perf_counter() - t0
+    assert len(compiled.region_modules()) == count, compiled.report.format()
+    return compiled, build_s
+
+
 def region_calls(compiled, xs) -> list:
     """For each input ``xs[i]`` of one forward of the compiled model ``compiled``, the
     region module that reads it and that module's arguments as the model passes them:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from _timing import conv_row, region_calls  # noqa: E402
+from _timing import compile_problems, conv_row, region_calls  # noqa: E402
 from kernels_bench import geomean, write_pytorch_faster  # noqa: E402
 
 # (model, C, H = W, R = S, stride, SiLU after): every distinct depthwise conv of the two
@@ -96,7 +96,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    import cutlass_offload as co
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
     cl = torch.channels_last
 
@@ -105,13 +104,8 @@ def main(argv=None) -> int:
                 for _, c, h, _, _, _ in PROBLEMS]
     torch.manual_seed(0)
     model = AllDepthwise().to(dt)
-    t0 = time.perf_counter()
-    compiled = co.compile(model, tuple(x.cpu() for x in inputs(2)), dynamic_batch=True,
-                          glue="eager").to("cuda")
-    build_s = time.perf_counter() - t0
+    compiled, build_s = compile_problems(model, tuple(x.cpu() for x in inputs(2)), len(PROBLEMS))
     model = model.cuda()
-    mods = compiled.region_modules()
-    assert len(mods) == len(PROBLEMS), compiled.report.format()
     xs = inputs(a.batch)
     calls = region_calls(compiled, xs)
     rows = []

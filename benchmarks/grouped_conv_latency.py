@@ -34,7 +34,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from _timing import conv_row, region_calls  # noqa: E402
+from _timing import compile_problems, conv_row, region_calls  # noqa: E402
 from kernels_bench import geomean, write_pytorch_faster  # noqa: E402
 
 # (model, C = K, input H = W, stride, groups): 3x3 grouped convs at 224 x 224 whose
@@ -115,7 +115,6 @@ def main(argv=None) -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     os.environ["CUTLASS_OFFLOAD_GROUPED_CONV"] = "1"
-    import cutlass_offload as co
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
     cl = torch.channels_last
 
@@ -124,13 +123,8 @@ def main(argv=None) -> int:
                 for _, c, h, _, _ in PROBLEMS]
     torch.manual_seed(0)         # compiled at the timed batch: its tiles are chosen for it
     model = AllGrouped().to(dt)
-    t0 = time.perf_counter()
-    compiled = co.compile(model, tuple(x.cpu() for x in inputs(a.batch)), dynamic_batch=True,
-                          glue="eager").to("cuda")
-    build_s = time.perf_counter() - t0
+    compiled, build_s = compile_problems(model, tuple(x.cpu() for x in inputs(a.batch)), len(PROBLEMS))
     model = model.cuda()
-    mods = compiled.region_modules()
-    assert len(mods) == len(PROBLEMS), compiled.report.format()
     xs = inputs(a.batch)
     calls = region_calls(compiled, xs)
     rows = []

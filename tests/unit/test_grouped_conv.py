@@ -115,7 +115,7 @@ def test_group_mode_iterator_and_tile(c, k, groups, mode, iterator, tile_n):
     assert k_g % tn == 0 and tn >= 32
     if tile_n is not None:
         assert tn == tile_n
-    assert grouped_conv.waste(problem(c, k, groups), mode, kern.config) <= grouped_conv.MAX_WASTE
+    assert grouped_conv.waste(problem(c, k, groups)) <= grouped_conv.MAX_WASTE
 
 
 def test_many_ctas_take_the_larger_tile_few_the_smaller():

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 
 from ..dtypes import BYTES
-from ..ir import ConvKernel, ConvProblem, KernelConfig
+from ..ir import ConvKernel, ConvProblem
 from . import sm80
 
 MAX_WASTE = 4.0       # at most 4x the useful MMA work (see the module docstring)
@@ -49,8 +49,8 @@ def _k_waste(c_g: int) -> float:
 
 
 def candidates(problem: ConvProblem) -> list:
-    """(group mode, iterator, config) the grouped kernel can take for ``problem``
-    (single-group mode only, see the module docstring), largest tile first."""
+    """(iterator, config) the single-group kernel can take for ``problem`` (the only
+    group mode used, see the module docstring), largest tile first."""
     k_g = problem.k // problem.groups
     # the optimized activation iterator masks channels against C, not C_g: a K tile
     # past a group's end reads the next group's x (times zero filter: a non-finite x
@@ -61,13 +61,13 @@ def candidates(problem: ConvProblem) -> list:
     # 32-wide narrow tiles, not 16-wide: the failing multiple-group kernels were all
     # 16 wide, and no single-group 16-wide kernel has run on a GPU yet
     narrow = sm80.narrow_configs(problem.dtype, problem.align_a, problem.align_b, 32)
-    return [("single", "optimized" if optimized else "analytic", c) for c in wide + narrow
+    return [("optimized" if optimized else "analytic", c) for c in wide + narrow
             if k_g % c.tile[1] == 0]
 
 
-def waste(problem: ConvProblem, mode: str, config: KernelConfig) -> float:
-    """MMA work done per useful unit: the K tile's padding of C_g (``mode`` and
-    ``config`` do not change it in single-group mode)."""
+def waste(problem: ConvProblem) -> float:
+    """MMA work done per useful unit: the K tile's padding of C_g (the same for every
+    tile in single-group mode)."""
     return _k_waste(problem.c // problem.groups)
 
 
@@ -81,15 +81,14 @@ def reason(problem: ConvProblem) -> str | None:
     if c_g * BYTES[problem.dtype] < 4 or problem.align_a * BYTES[problem.dtype] < 4:
         return (f"grouped conv with {c_g} input channels per group: the kernel reads a "
                 "group's channels at least 4 bytes at a time")
-    choices = candidates(problem)
-    if not choices:
+    if not candidates(problem):
         return (f"grouped conv with K / groups = {k_g}, not a multiple of 32 (a tile's N): "
                 "CUTLASS's several-groups-per-tile mode wrote wrong rows on the H200, so it "
                 "is not used (families/grouped_conv.py)")
-    best = min(waste(problem, m, c) for m, _, c in choices)
-    if best > MAX_WASTE:
+    w = waste(problem)
+    if w > MAX_WASTE:
         return (f"grouped conv with C / groups = {c_g} and K / groups = {k_g}: CUTLASS's grouped "
-                f"kernel would do {best:.0f}x the useful MMA work (32-channel K tiles); stays "
+                f"kernel would do {w:.0f}x the useful MMA work (32-channel K tiles); stays "
                 "in PyTorch")
     return None
 
@@ -102,13 +101,13 @@ def choose(problem: ConvProblem, arch: str, num_sms: int) -> ConvKernel:
     why = reason(problem)
     if why is not None:
         raise ValueError(why)
-    best = candidates(problem)
+    choices = candidates(problem)
     m_rows = problem.n_hint * problem.p * problem.q
 
     def ctas(c):
         return math.ceil(m_rows / c.tile[0]) * math.ceil(problem.k / c.tile[1])
-    mode, iterator, config = next((b for b in best if ctas(b[2]) >= num_sms // 2),
-                                  max(best, key=lambda b: ctas(b[2])))
+    iterator, config = next(((it, c) for it, c in choices if ctas(c) >= num_sms // 2),
+                            max(choices, key=lambda ic: ctas(ic[1])))
     return ConvKernel(arch=arch, dtype=problem.dtype, align_a=problem.align_a,
                       align_b=problem.align_b, align_c=problem.align_c, epilogue=problem.epilogue,
-                      config=config, iterator=iterator, groups=problem.groups, group_mode=mode)
+                      config=config, iterator=iterator, groups=problem.groups, group_mode="single")
