@@ -168,11 +168,11 @@ def judge(m: dict, tol: float, ratio: float = 0.90) -> dict:
     if missing:
         out["verdict"] = "incomplete: no " + ", ".join(missing)
         return out
-    why = []
+    why = []   # three digits: a 0.904x miss must not print as "0.90x"
     if not out["ro_met"]:
-        why.append(f"reduce-overhead {out['ro_vs_torch_compile_ro']:.2f}x")
+        why.append(f"reduce-overhead {out['ro_vs_torch_compile_ro']:.3f}x")
     if not out["plain_met"]:
-        why.append(f"plain {out['plain_vs_torch_compile']:.2f}x")
+        why.append(f"plain {out['plain_vs_torch_compile']:.3f}x")
     if not out["slower_than_neither"]:
         why.append("slower than torch.compile")
     if bad_errs:
