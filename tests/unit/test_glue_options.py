@@ -200,16 +200,32 @@ def test_glue_spec_rejects_unsaveable_options():
         GlueSpec("inductor", None, {"post_grad_custom_post_pass": object()}).to_json()
 
 
+CPP = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
+
+
+def test_our_cpp_wrapper_is_compiled_at_o1(monkeypatch):
+    """The wrapper we choose is built apart from kernels (min_optimize: -O1); an
+    option the caller set wins, and a torch without the option does not get it."""
+    monkeypatch.delenv("CUTLASS_OFFLOAD_CPP_WRAPPER", raising=False)
+    monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", True)
+    gm = torch.fx.symbolic_trace(NoRegions())
+    assert "cpp_wrapper_build_separate" in glue._inductor_config_keys()
+    mine = glue.InductorGlue(gm, options={"cpp_wrapper_build_separate": False})
+    assert mine.compile_options(True) == {"cpp_wrapper": True, "cpp_wrapper_build_separate": False}
+    monkeypatch.setattr(glue, "_inductor_config_keys", lambda: {"cpp_wrapper"})
+    assert glue.InductorGlue(gm).compile_options(True) == {"cpp_wrapper": True}
+
+
 def test_cpp_wrapper_default_follows_the_environment(monkeypatch):
     gm = torch.fx.symbolic_trace(NoRegions())
     monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", False)
     monkeypatch.setenv("CUTLASS_OFFLOAD_CPP_WRAPPER", "1")
-    assert glue.InductorGlue(gm).compile_options(on_cuda=True) == {"cpp_wrapper": True}
+    assert glue.InductorGlue(gm).compile_options(on_cuda=True) == CPP
     monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", True)
     monkeypatch.setenv("CUTLASS_OFFLOAD_CPP_WRAPPER", "0")
     assert glue.InductorGlue(gm).compile_options(on_cuda=True) == {}
     monkeypatch.setenv("CUTLASS_OFFLOAD_CPP_WRAPPER", "")       # empty: the module's default
-    assert glue.InductorGlue(gm).compile_options(on_cuda=True) == {"cpp_wrapper": True}
+    assert glue.InductorGlue(gm).compile_options(on_cuda=True) == CPP
     for off in ("off", "False", "no"):                            # read as PROGRESS reads them
         monkeypatch.setenv("CUTLASS_OFFLOAD_CPP_WRAPPER", off)
         assert glue.InductorGlue(gm).compile_options(on_cuda=True) == {}
@@ -222,9 +238,9 @@ def test_default_mode_glue_on_cuda_uses_the_cpp_wrapper(monkeypatch):
     assert glue.InductorGlue(gm).compile_options(on_cuda=True) == {}
     monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", True)
     plain = glue.InductorGlue(gm)
-    assert plain.compile_options(on_cuda=True) == {"cpp_wrapper": True}
+    assert plain.compile_options(on_cuda=True) == CPP
     assert plain.compile_options(on_cuda=False) == {}          # CPU glue: Inductor's own default
-    assert glue.InductorGlue(gm, mode="default").compile_options(True) == {"cpp_wrapper": True}
+    assert glue.InductorGlue(gm, mode="default").compile_options(True) == CPP
     # the caller's choice wins; CUDA graphs (reduce-overhead) keep Inductor's default
     assert glue.InductorGlue(gm, options={"cpp_wrapper": False}).compile_options(True) == {"cpp_wrapper": False}
     assert glue.InductorGlue(gm, mode="reduce-overhead").compile_options(True) == {}

@@ -43,6 +43,14 @@ GLUE_DYNAMIC = ("exported", "auto")
 # Session 20 had it off: the Tensor[] schema sent every region call back through
 # Python (docs/measured.md, sessions 20 and 30).
 CPP_WRAPPER_IN_DEFAULT_MODE = True
+# Inductor options added with our cpp_wrapper choice. cpp_wrapper_build_separate: the
+# wrapper's entry is compiled apart from any C++ kernels, at -O1 (cpp_builder's
+# min_optimize; pytorch#148773). A GPU wrapper holds no kernels, so this only lowers
+# its -O3 to -O1: torch 2.11 compiles it at -O3 (sd-unet's first call 122 s against
+# 30 s with the Python wrapper, H200, session 33); torch 2.13 already uses -O1 on GPU
+# (pytorch#182089). On the CPU machine bert-base's wrapper took 9.0 s at -O3, 3.3 s at
+# -O1 (g++ 12; docs/measured.md, session 33).
+CPP_WRAPPER_EXTRA_OPTIONS = {"cpp_wrapper_build_separate": True}
 
 
 def cpp_wrapper_in_default_mode() -> bool:
@@ -51,6 +59,11 @@ def cpp_wrapper_in_default_mode() -> bool:
     from ..config import knobs
     chosen = knobs().cpp_wrapper
     return CPP_WRAPPER_IN_DEFAULT_MODE if chosen is None else chosen
+
+
+def _inductor_config_keys() -> set:
+    from torch._inductor import config as inductor_config
+    return set(inductor_config.get_config_copy())
 
 
 def inductor_available() -> bool:
@@ -259,6 +272,9 @@ class InductorGlue:
                 and "cpp_wrapper" not in options and self.mode in (None, "default")
                 and self.cpp_wrapper_failed is None):
             options["cpp_wrapper"] = True
+            known = _inductor_config_keys()
+            options.update({k: v for k, v in CPP_WRAPPER_EXTRA_OPTIONS.items()
+                            if k in known and k not in self.options})
         return options
 
     def _compiled(self, on_cuda: bool = False):
