@@ -108,6 +108,17 @@ def conv_region_module(proto, problem, refused=_refused):
     return ConvRegionModule(region, proto.kernel, refused, roles, proto._library_getter)
 
 
+def prototype_regions(model, inputs, count):
+    """The region modules of ``model`` compiled on ``inputs`` (one prototype region per
+    kernel class of a property test) and moved to the GPU; fails unless there are
+    ``count`` of them, with the report."""
+    import cutlass_offload as co
+    compiled = co.compile(model, inputs).to("cuda")
+    mods = compiled.region_modules()
+    assert len(mods) == count, compiled.report.format()
+    return mods, compiled
+
+
 def conv_operands(n, c, h, w, k, r, s, dtype):
     """Fresh random conv operands on the GPU: x (N, C, H, W) channels_last, a filter
     (K, C, R, S) scaled by 1 / sqrt(C*R*S) (outputs of order 1) and a bias (K,)."""

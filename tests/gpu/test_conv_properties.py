@@ -16,10 +16,9 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-import cutlass_offload as co
 from cutlass_offload.ir import replace
 from helpers import (TOLERANCE, check_conv_call, conv_operands, conv_region_module, draw_conv_problem,
-                     poison_allocator, property_settings, rel_err)
+                     poison_allocator, property_settings, prototype_regions, rel_err)
 
 pytestmark = pytest.mark.gpu
 PROPERTY_SETTINGS = property_settings()
@@ -77,9 +76,7 @@ def _proto_inputs():
 
 @pytest.fixture(scope="module")
 def prototypes():
-    compiled = co.compile(Prototypes(), _proto_inputs()).to("cuda")
-    mods = compiled.region_modules()
-    assert len(mods) == len(CLASSES), compiled.report.format()
+    mods, compiled = prototype_regions(Prototypes(), _proto_inputs(), len(CLASSES))
     families = {m.kernel.config.family for m in mods}
     assert families == {"cutlass3x_sm90", "cutlass2x_sm80"} or compiled.plan.arch == "sm80"
     if compiled.plan.arch == "sm90a":

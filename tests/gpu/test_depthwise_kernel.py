@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 import cutlass_offload as co
 from cutlass_offload.ir import replace
-from helpers import check_batches, check_conv_call, conv_region_module, property_settings
+from helpers import (check_batches, check_conv_call, conv_region_module, property_settings,
+                     prototype_regions)
 
 pytestmark = pytest.mark.gpu
 PROPERTY_SETTINGS = property_settings()
@@ -69,9 +70,7 @@ def _proto_inputs():
 
 @pytest.fixture(scope="module")
 def prototypes():
-    compiled = co.compile(Prototypes(), _proto_inputs()).to("cuda")
-    mods = compiled.region_modules()
-    assert len(mods) == len(CLASSES), compiled.report.format()
+    mods, _ = prototype_regions(Prototypes(), _proto_inputs(), len(CLASSES))
     assert {m.kernel.config.family for m in mods} == {"direct_depthwise"}
     return mods
 
