@@ -23,6 +23,7 @@ from .errors import CutlassOffloadError, DamagedFileError, DeviceError
 from .folder import MANIFEST, _checked_later, _fingerprint, begin_save, check_folder, check_out_dir, load_exported, no_folder_message, save  # noqa: F401
 from .ir import Plan
 from .partition import partition
+from .partition.flops import node_flops
 from .report import Report
 from .runtime import fast_call
 from .runtime.compiled_model import CompiledModel, offload
@@ -201,6 +202,7 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
     during the first call with the Inductor glue (``_overlapped``)."""
     with phases("partition"):
         part = partition(gm, options)
+        flops = node_flops(gm)          # after partition's rewrites: region nodes are these
     with phases("select"):
         plan = select(part, options.arch, options, tuned)
     tuning = None
@@ -218,7 +220,7 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
         # would slow a cold build on a small machine
         fast_call.prefetch()
     if plan.regions and library_path is None and warm_inputs is not None:
-        return _overlapped(gm, plan, options, phases, tuning, glue, warm_inputs)
+        return _overlapped(gm, plan, options, phases, tuning, glue, warm_inputs, flops)
     build_info = {}
     lib = library_path
     if plan.regions and lib is None:
@@ -226,7 +228,7 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
             res = _build(plan, options)
         lib, plan, build_info = res.library, res.plan, res.to_dict()
         _check_strict(options, plan)
-    report = Report.from_plan(plan)
+    report = Report.from_plan(plan, flops)
     report.build = build_info
     if tuning is not None:
         report.tuning = tuning.to_dict()
@@ -281,14 +283,14 @@ class _PendingBuild:
 
 
 def _overlapped(gm, plan: Plan, options: CompileOptions, phases: _Phases, tuning,
-                glue: GlueSpec, warm_inputs) -> CompiledModel:
+                glue: GlueSpec, warm_inputs, flops: dict | None = None) -> CompiledModel:
     """Build the library in a background thread while the first call on
     ``warm_inputs`` compiles the Inductor glue (its region calls wait for the
     library). Regions whose kernel fails to compile run PyTorch (disabled)."""
     pending = _PendingBuild(plan, options)
     with phases("load"):
         gm = offload(gm, plan, pending.library)
-    compiled = CompiledModel(gm, plan, Report.from_plan(plan), None)
+    compiled = CompiledModel(gm, plan, Report.from_plan(plan, flops), None)
     glue.apply(compiled)
     try:
         with phases("glue: compile + first call"), torch.no_grad():
@@ -304,7 +306,7 @@ def _overlapped(gm, plan: Plan, options: CompileOptions, phases: _Phases, tuning
     for m in compiled.region_modules():
         if m.region.name not in kept:
             m.disabled = "its kernel failed to compile when the library was built"
-    report = Report.from_plan(res.plan)
+    report = Report.from_plan(res.plan, flops)
     report.build = res.to_dict()
     if tuning is not None:
         report.tuning = tuning.to_dict()

@@ -34,19 +34,28 @@ def _form(region: dict) -> str:
     return f"{region['form']}[{kind}]"
 
 
+def _flop_share(plan: Plan, flops: dict) -> dict:
+    offloaded = sum(flops.get(n, 0) for r in plan.regions for n in r.nodes)
+    return {"total": sum(flops.values()), "offloaded": offloaded}
+
+
 @dataclass
 class Report:
     arch: str
     regions: list = field(default_factory=list)      # dicts: name, form, nodes, kernel, notes, note_summaries
-    fallbacks: list = field(default_factory=list)    # dicts: node, op, reason
+    fallbacks: list = field(default_factory=list)    # dicts: node, op, reason (, flops)
     kernels: list = field(default_factory=list)      # dicts: name, family, regions
     phases: dict = field(default_factory=dict)       # phase -> seconds
     build: dict = field(default_factory=dict)
     tuning: dict = field(default_factory=dict)       # tune.TuningReport.to_dict() of a --tune compile
     glue: dict = field(default_factory=dict)         # glue, mode, options, how it was compiled
+    flops: dict = field(default_factory=dict)        # total / offloaded FLOPs (partition/flops.py)
 
     @classmethod
-    def from_plan(cls, plan: Plan) -> "Report":
+    def from_plan(cls, plan: Plan, flops: dict | None = None) -> "Report":
+        """The report of ``plan``; ``flops``: {node name: FLOPs} of the partitioned
+        graph's matmul / conv / attention ops (partition.flops.node_flops), summed into
+        ``total`` and ``offloaded`` (those of the regions' nodes)."""
         users = collections.defaultdict(list)
         for r, k in plan.pairs:
             users[k.name].append(r.name)
@@ -57,9 +66,11 @@ class Report:
                       "notes": [str(n) for n in r.notes],
                       "note_summaries": [getattr(n, "summary", str(n)) for n in r.notes]}
                      for r, k in plan.pairs],
-            fallbacks=[asdict(f) for f in plan.fallbacks],
+            fallbacks=[{**asdict(f), **({"flops": flops[f.node]} if f.node in (flops or {}) else {})}
+                       for f in plan.fallbacks],
             kernels=[{"name": k.name, "family": k.config.family, "regions": users[k.name]}
-                     for k in plan.distinct_kernels])
+                     for k in plan.distinct_kernels],
+            flops=_flop_share(plan, flops) if flops else {})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,12 +86,18 @@ class Report:
         out = [f"target {arch_name(self.arch)}: {_n(len(self.regions), 'region')} offloaded, "
                f"{_n(len(self.fallbacks), 'offloadable op')} left in PyTorch, "
                f"{_n(len(self.kernels), 'distinct kernel')}"]
+        if self.flops.get("total"):
+            f = self.flops
+            out.append(f"work offloaded: {100 * f['offloaded'] / f['total']:.1f}% of the "
+                       f"{f['total'] / 1e9:,.1f} GFLOP of matmul / conv / attention ops "
+                       f"(at the example inputs)")
         by_form = collections.Counter(_form(r) + ":" + r["epilogue"] for r in self.regions)
         if by_form:
             out.append("offloaded (op:epilogue x count): " +
                        ", ".join(f"{k} x{v}" for k, v in sorted(by_form.items())))
         for f in self.fallbacks:
-            out.append(f"  fallback {f['node']} ({f['op']}): {f['reason']}")
+            work = f", {f['flops'] / 1e9:,.2f} GFLOP" if f.get("flops") else ""
+            out.append(f"  fallback {f['node']} ({f['op']}{work}): {f['reason']}")
         # equal notes of different regions count together: their summaries (ir.Note)
         # leave the node names out; a report saved before summaries shows its texts
         notes = collections.Counter(n for r in self.regions for n in r.get("note_summaries", r["notes"]))

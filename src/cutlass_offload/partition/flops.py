@@ -1,0 +1,73 @@
+"""FLOPs of the graph's matmul-, conv- and attention-like ops at the example inputs'
+sizes, so the report can say what share of that work was offloaded (issue 19's
+measure: "100% of GEMM / conv / attention FLOPs").
+
+One row per ATen op: which argument gives the reduction size. A multiply-add counts
+as 2 FLOPs, as in ``torch.utils.flop_counter``: a GEMM or batched GEMM
+2 * numel(out) * K; a convolution 2 * numel(out) * (C / groups) * prod(filter
+window), i.e. 2 * numel(out) * numel(w) / K; an attention 2 * numel(out) / Dv * Lk *
+(D + Dv) (q k^T, then p v). Symbolic sizes count at their example value (the
+capture's hint). An op whose sizes are not recorded counts 0. Norms are memory-bound
+and not counted.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx as fx
+
+from .graph_utils import hint_int, val
+
+aten = torch.ops.aten
+
+
+def _numel(t) -> int:
+    return math.prod(hint_int(s) for s in t.shape)
+
+
+def _gemm(a_index):
+    """2 * numel(out) * K, K the last size of argument ``a_index`` (A, or x of a linear)."""
+    def count(node, out):
+        a = val(node.args[a_index])
+        return 2 * _numel(out) * hint_int(a.shape[-1]) if a.dim() >= 1 else 0
+    return count
+
+
+def _conv(node, out):
+    w = val(node.args[1])
+    return 2 * _numel(out) * _numel(w) // max(hint_int(w.shape[0]), 1)
+
+
+def _attention(node, out):
+    q, k = val(node.args[0]), val(node.args[1])
+    d, dv, lk = hint_int(q.shape[-1]), hint_int(out.shape[-1]), hint_int(k.shape[-2])
+    return 2 * (_numel(out) // max(dv, 1)) * lk * (d + dv)
+
+
+# ATen op -> FLOPs of one call (node, its output FakeTensor)
+FLOPS = {
+    aten.mm.default: _gemm(0), aten.bmm.default: _gemm(0), aten.matmul.default: _gemm(0),
+    aten.linear.default: _gemm(0), aten.addmm.default: _gemm(1), aten.baddbmm.default: _gemm(1),
+    aten.addbmm.default: _gemm(1),
+    aten.convolution.default: _conv, aten.conv1d.default: _conv, aten.conv2d.default: _conv,
+    aten.conv3d.default: _conv, aten.conv1d.padding: _conv, aten.conv2d.padding: _conv,
+    aten.conv3d.padding: _conv,
+    aten.scaled_dot_product_attention.default: _attention,
+}
+
+
+def node_flops(gm: fx.GraphModule) -> dict:
+    """{node name: FLOPs} for each op of ``gm`` in FLOPS whose sizes are recorded
+    (``meta['val']``); others are absent."""
+    out = {}
+    for n in gm.graph.nodes:
+        fn = FLOPS.get(n.target) if n.op == "call_function" else None
+        res = val(n)
+        if fn is None or not isinstance(res, torch.Tensor):
+            continue
+        try:
+            out[n.name] = int(fn(n, res))
+        except (AttributeError, IndexError, TypeError):      # sizes not recorded
+            continue
+    return out

@@ -1,0 +1,71 @@
+"""partition/flops.py: the FLOPs of matmul / conv / attention ops at the example
+sizes (checked against torch.utils.flop_counter on the same ops), and the report's
+share of them offloaded, with the FLOPs of each op left in PyTorch."""
+import types
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from cutlass_offload.capture import capture
+from cutlass_offload.ir import Fallback, Plan
+from cutlass_offload.partition.flops import node_flops
+from cutlass_offload import report as report_module
+from cutlass_offload.report import Report
+
+
+class Mixed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(48, 40)
+        self.conv = torch.nn.Conv2d(8, 16, (3, 5), padding=1)
+        self.grouped = torch.nn.Conv2d(16, 32, 3, groups=4)
+        self.conv1d = torch.nn.Conv1d(6, 10, 7, stride=2)
+
+    def forward(self, x, img, q, k, v, a, b, seq):
+        y = self.lin(x)
+        z = self.grouped(self.conv(img))
+        att = F.scaled_dot_product_attention(q, k, v)
+        return y, z, att, torch.bmm(a, b), a @ b, self.conv1d(seq)
+
+
+def _inputs():
+    return (torch.randn(5, 7, 48), torch.randn(2, 8, 12, 14), torch.randn(2, 3, 9, 16),
+            torch.randn(2, 3, 11, 16), torch.randn(2, 3, 11, 24), torch.randn(4, 6, 5),
+            torch.randn(4, 5, 3), torch.randn(3, 6, 40))
+
+
+def test_flops_match_torch_flop_counter():
+    m, xs = Mixed().eval(), _inputs()
+    counts = node_flops(capture(m, xs).graph_module)
+    with FlopCounterMode(display=False) as fc, torch.no_grad():
+        m(*xs)
+    assert sum(counts.values()) == fc.get_total_flops() > 0
+    assert len(counts) == 7                    # linear, 3 convs, sdpa, bmm, matmul
+
+
+def test_symbolic_sizes_count_at_their_example_value():
+    m, xs = Mixed().eval(), _inputs()
+    static = sum(node_flops(capture(m, xs).graph_module).values())
+    dyn = {"x": {0: torch.export.Dim("b", min=2)}}
+    gm = torch.export.export(m, xs, dynamic_shapes={**{k: None for k in (
+        "img", "q", "k", "v", "a", "b", "seq")}, **dyn}).module()
+    assert sum(node_flops(gm).values()) == static
+
+
+class _Region:
+    def __init__(self, nodes):
+        self.nodes = nodes
+
+
+def test_report_gives_the_share_offloaded_and_each_fallbacks_flops():
+    plan = Plan.from_pairs("sm90a", [], (Fallback("conv2d", "conv2d", "PyTorch is faster here"),))
+    report = Report.from_plan(plan, {"linear": 3_000_000_000, "conv2d": 1_000_000_000})
+    assert report.flops == {"total": 4_000_000_000, "offloaded": 0}
+    text = report.format()
+    assert "work offloaded: 0.0% of the 4.0 GFLOP" in text
+    assert "fallback conv2d (conv2d, 1.00 GFLOP): PyTorch is faster here" in text
+    assert "work offloaded" not in Report.from_plan(plan).format()      # no counts: no line
+    # the regions' nodes are what counts as offloaded (an epilogue node adds nothing)
+    regions = types.SimpleNamespace(regions=[_Region(["linear", "relu"])])
+    assert report_module._flop_share(regions, {"linear": 3, "conv2d": 1}) == {"total": 4, "offloaded": 3}
