@@ -1,7 +1,7 @@
 """What Inductor's C++ wrapper costs to compile, with and without
 ``cpp_wrapper_build_separate`` (the wrapper's entry at -O1, its C++ kernels apart at
--O3; pytorch#148773). Issue 17: with the C++ wrapper our sd-unet's glue took 122 s to
-compile on the H200 (torch 2.11) against 30 s with the Python wrapper.
+-O3; pytorch#148773). Issues 16 / 17: with the C++ wrapper our sd-unet's glue took
+122 s to compile on the H200 (torch 2.11) against 30 s with the Python wrapper.
 
 Each configuration runs in a fresh process with an empty Inductor cache
 (TORCHINDUCTOR_CACHE_DIR in a temporary folder): ``torch.compile(model,
@@ -82,10 +82,17 @@ def _row(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("models", nargs="*", default=["bert-base"])
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--json")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="One row per model and build_separate value, each from a fresh process with an "
+               "empty Inductor cache: the first call's seconds, the host compiler's seconds "
+               "in all, and those per kind of compiler call (main: the wrapper; optimized: "
+               "its C++ kernels when built apart; kernel / kernel+link: other C++ kernels; "
+               "header: precompiled headers; link) with their -O level.")
+    ap.add_argument("models", nargs="*", default=["bert-base"],
+                    help="built-in model names (default: bert-base)")
+    ap.add_argument("--batch", type=int, default=1, help="batch size (default: %(default)s)")
+    ap.add_argument("--json", help="also write the rows, every compiler call included, here")
     ap.add_argument("--one", nargs=2, metavar=("MODEL", "SEPARATE"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one:
@@ -101,7 +108,8 @@ def main(argv=None) -> int:
                 p = subprocess.run([sys.executable, __file__, "--one", name, str(int(separate)),
                                     "--batch", str(a.batch)], env=env, capture_output=True, text=True)
             if p.returncode:
-                print(f"| {name} | - | {separate} | failed: {p.stderr.strip().splitlines()[-1:]} | | |")
+                tail = " / ".join(p.stderr.strip().splitlines()[-3:])
+                print(f"| {name} | - | {separate} | failed (rc {p.returncode}): {tail} | | |")
                 continue
             rows.append(json.loads(p.stdout.strip().splitlines()[-1]))
             print(_row(rows[-1]), flush=True)

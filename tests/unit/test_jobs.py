@@ -73,7 +73,7 @@ def test_piped_progress_is_one_line_per_finished_unit(tmp_path, monkeypatch, cap
     run_jobs(_sleepers(tmp_path), workers=2, desc="compiling shards")
     lines = capsys.readouterr().err.strip().splitlines()
     assert all(line.startswith("cutlass_offload: compiling shards: ") for line in lines)
-    assert "4 kernels in 2 units (+ launchers), 2 at a time; ETA ~" in lines[0]
+    assert "4 kernels in 2 units, plus the launchers unit, 2 at a time; ETA ~" in lines[0]
     done = lines[1:]
     assert len(done) == 3                                       # one per unit, the launchers too
     # u0 (1.5 s) and u1 run first; the launchers take u1's slot and add no kernel

@@ -138,6 +138,14 @@ def progress_mode() -> str:
     return mode
 
 
+def _plus_units(names) -> str:
+    """The kernel-less units (the launchers) after the count, so that it adds up with the
+    report's "N of M units compiled", which counts them."""
+    if not names:
+        return ""
+    return f", plus the {names[0]} unit" if len(names) == 1 else f", plus units {', '.join(names)}"
+
+
 def _duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 10:
@@ -200,7 +208,7 @@ class Progress:
             units = sum(1 for j in jobs if j.kernels)
             extra = [j.name for j in jobs if not j.kernels]
             self._line(f"{self.total} kernel{'s' if self.total != 1 else ''} in {units} "
-                       f"unit{'s' if units != 1 else ''}" + (f" (+ {', '.join(extra)})" if extra else "")
+                       f"unit{'s' if units != 1 else ''}" + _plus_units(extra)
                        + f", {min(self.workers, len(jobs))} at a time; ETA ~{_duration(self.eta())}")
 
     def started(self, i: int) -> None:
