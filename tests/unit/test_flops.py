@@ -44,6 +44,22 @@ def test_flops_match_torch_flop_counter():
     assert len(counts) == 7                    # linear, 3 convs, sdpa, bmm, matmul
 
 
+def test_sdpa_backend_ops_count_like_sdpa():
+    """Below SDPA's dispatch (AOTAutograd's graphs) the backend op returns a tuple;
+    its first output is the attention's."""
+    q, k, v = torch.randn(2, 3, 9, 16), torch.randn(2, 3, 11, 16), torch.randn(2, 3, 11, 16)
+    g = torch.fx.Graph()
+    args = [g.placeholder(n) for n in "qkv"]
+    for a, t in zip(args, (q, k, v)):
+        a.meta["val"] = t
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    node = g.call_function(op, tuple(args))
+    node.meta["val"] = op(q, k, v)
+    g.output(node)
+    counts = node_flops(torch.fx.GraphModule(torch.nn.Module(), g))
+    assert counts == {node.name: 2 * 2 * 3 * 9 * 11 * (16 + 16)}
+
+
 def test_symbolic_sizes_count_at_their_example_value():
     m, xs = Mixed().eval(), _inputs()
     static = sum(node_flops(capture(m, xs).graph_module).values())

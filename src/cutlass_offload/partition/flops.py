@@ -55,6 +55,11 @@ FLOPS = {
     aten.conv3d.padding: _conv,
     aten.scaled_dot_product_attention.default: _attention,
 }
+# SDPA's backend ops (graphs traced below its dispatch, e.g. AOTAutograd's for the
+# torch.compile backend): the same count, on the first of the outputs they return
+_BACKENDS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+FLOPS.update({getattr(aten, name).default: _attention for name in _BACKENDS if hasattr(aten, name)})
 
 
 def node_flops(gm: fx.GraphModule) -> dict:
@@ -64,6 +69,8 @@ def node_flops(gm: fx.GraphModule) -> dict:
     for n in gm.graph.nodes:
         fn = FLOPS.get(n.target) if n.op == "call_function" else None
         res = val(n)
+        if isinstance(res, (tuple, list)) and res:
+            res = res[0]
         if fn is None or not isinstance(res, torch.Tensor):
             continue
         try:
