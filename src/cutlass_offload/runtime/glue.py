@@ -93,7 +93,6 @@ def resolve_glue(glue: str | None) -> str:
 def mode_options(mode: str | None, options: dict | None) -> dict:
     """Inductor config patches of a torch.compile ``mode`` plus explicit ``options``
     (as torch.compile merges them). Raises ValueError for an unknown mode or option."""
-    from torch._inductor import config as inductor_config
     from torch._inductor import list_mode_options
     patches = {}
     if mode and mode != "default":
@@ -101,7 +100,7 @@ def mode_options(mode: str | None, options: dict | None) -> dict:
             patches.update(list_mode_options(mode))
         except RuntimeError as e:
             raise ValueError(str(e)) from None
-    known = inductor_config.get_config_copy()
+    known = _inductor_config_keys()
     for key, val in (options or {}).items():
         name = key.replace("-", "_")
         if name not in known:
