@@ -18,7 +18,9 @@ profile two such copies ran 1.5x their torch.compile counterparts; session 27: i
 not); and ``ours_dynamic_glue_auto``: ``ours_dynamic``'s capture with the glue's first
 compile specialized like torch.compile's (``set_glue(dynamic="auto")``, runtime.py's
 ``--glue-dynamic auto``), to tell what the dynamic capture costs from what a symbolic
-glue costs), each checked against a
+glue costs); and ``ours_per_sample_add``: ours with a conv's per-sample (N, K, 1, 1)
+add fused into its epilogue (CompileOptions.per_sample_add: the UNet's time
+embedding), each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
 ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
 ``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
@@ -58,7 +60,7 @@ from cutlass_offload.models import load_model
 
 VARIANTS = ("torch_compile", "ours", "ours_dynamic", "ours_python_wrapper", "ours_cpp_wrapper",
             "norms_all", "attention_in_pytorch", "ours_no_pdl", "ours_no_buffer_reuse",
-            "ours_dynamic_glue_auto")
+            "ours_dynamic_glue_auto", "ours_per_sample_add")
 WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True}
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
@@ -293,7 +295,8 @@ def run_variant(variant, model, inputs, check, a):
             fn = torch.compile(model, mode=mode)
         else:
             options = CompileOptions(arch=resolve_arch(None),
-                                     offload_norms="all" if variant == "norms_all" else "auto")
+                                     offload_norms="all" if variant == "norms_all" else "auto",
+                                     per_sample_add=variant == "ours_per_sample_add" or None)
             cap = capture(model, inputs,
                           dynamic_batch=variant in ("ours_dynamic", "ours_dynamic_glue_auto"))
             with _attention_in_pytorch(variant == "attention_in_pytorch"), _no_pdl(variant == "ours_no_pdl"):

@@ -170,13 +170,16 @@ def draw_conv_problem(data, name, proto):
 def check_conv_call(mod, what, x, wt, b, res, k, reference):
     """Run the conv region module ``mod`` on NHWC ``x``, filter ``wt``, bias ``b`` and a
     fresh residual of kind ``res`` ("none", "full_add": (N, K, P, Q), "channel_mul":
-    (1, K, 1, 1)), outputs poisoned first, against ``reference(x, w, b, r)`` in float32
+    (1, K, 1, 1), "sample_add" / "sample_mul": (N, K, 1, 1)), outputs poisoned first,
+    against ``reference(x, w, b, r)`` in float32
     (within TOLERANCE of x's dtype); the call must map onto the kernel. ``what`` names
     the case in a failure."""
     p, q = mod.region.problem.p, mod.region.problem.q
     n, dt = x.shape[0], x.dtype
     rr = {"none": None, "full_add": torch.randn(n, k, p, q, device="cuda"),
-          "channel_mul": torch.randn(1, k, 1, 1, device="cuda")}[res]
+          "channel_mul": torch.randn(1, k, 1, 1, device="cuda"),
+          "sample_add": torch.randn(n, k, 1, 1, device="cuda"),
+          "sample_mul": torch.randn(n, k, 1, 1, device="cuda")}[res]
     xs = (x, wt, b) + ((rr.to(dt).contiguous(memory_format=torch.channels_last),) if rr is not None else ())
     assert mod._map(xs) is not None, f"{what} does not map onto {mod.kernel.name}"
     poison_allocator()

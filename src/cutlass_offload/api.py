@@ -134,7 +134,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
         arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict, num_sms=num_sms,
         build_strategy=build_strategy, executor=executor, ray_address=ray_address, tune=tune,
         offload_norms=offload_norms, combine_gemms=combine_gemms, jobs=jobs,
-        grouped_conv=knobs().grouped_conv), glue_spec.resolved())
+        grouped_conv=knobs().grouped_conv, per_sample_add=knobs().per_sample_add),
+        glue_spec.resolved())
     _executor(options)      # a missing Ray extra fails now, not after the capture
     if out_dir is not None:
         check_out_dir(out_dir)      # and a path we must not replace, before any work
@@ -470,8 +471,10 @@ def _load_once(out: Path, manifest: dict, device, override=None, reference=True,
     for before any of them is read."""
     phases = phases or _Phases()
     # a folder saved before combine_gemms existed was partitioned without it, one saved
-    # before grouped_conv was an option without grouped convs (off by default then)
-    options = CompileOptions(**{"combine_gemms": False, "grouped_conv": False, **manifest["options"]})
+    # before grouped_conv was an option without grouped convs (off by default then), and
+    # one saved before per_sample_add existed without that fusion
+    options = CompileOptions(**{"combine_gemms": False, "grouped_conv": False, "per_sample_add": False,
+                                **manifest["options"]})
     glue = _saved_glue(manifest, override)
     device = None if device is None else _indexed(device)
     try:

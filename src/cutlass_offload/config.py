@@ -20,6 +20,10 @@ Environment variables:
                              depthwise) run CUTLASS 2.x grouped fprop kernels where
                              families/grouped_conv.py takes them; 0 keeps them all in PyTorch
                              (read at compile; a saved folder keeps its value)
+  CUTLASS_OFFLOAD_PER_SAMPLE_ADD  default 0: 1 fuses a conv's add of a per-sample
+                             (N, K, 1, 1) tensor (the UNet's time embedding) into the sm_90a
+                             TMA conv's epilogue (emit/templates/per_sample_broadcast.h); off
+                             until checked on a GPU (read at compile; a saved folder keeps it)
   CUTLASS_OFFLOAD_HOST_LAUNCHERS  0 compiles the launchers with nvcc, not the host C++
                              compiler (default 1 when nvcc's CUDA headers are found)
   CUTLASS_OFFLOAD_LINEINFO   1 compiles kernels with -lineinfo (CUDA source lines in
@@ -58,6 +62,7 @@ class Knobs:
     nvcc_steps: bool
     lineinfo: bool
     grouped_conv: bool = True
+    per_sample_add: bool = False
     cpp_wrapper: bool | None = None       # None: glue.CPP_WRAPPER_IN_DEFAULT_MODE
 
 
@@ -83,6 +88,7 @@ def knobs() -> Knobs:
         lineinfo=env.get("CUTLASS_OFFLOAD_LINEINFO", "0") not in ("", "0"),
         cpp_wrapper=_tristate(env.get("CUTLASS_OFFLOAD_CPP_WRAPPER", "")),
         grouped_conv=env.get("CUTLASS_OFFLOAD_GROUPED_CONV", "1") not in ("", "0"),
+        per_sample_add=env.get("CUTLASS_OFFLOAD_PER_SAMPLE_ADD", "0") not in ("", "0"),
     )
 
 
@@ -151,6 +157,10 @@ class CompileOptions:
       families/grouped_conv.py takes them; None = ``$CUTLASS_OFFLOAD_GROUPED_CONV``
       (default on). ``compile`` resolves it, so a saved folder keeps the value it was
       compiled with whatever the environment says at load.
+    per_sample_add: a conv's add of a per-sample (N, K, 1, 1) tensor joins its region
+      on sm90a (the TMA conv's epilogue reads row n of the (N, K) vector) where the
+      conv's kernel is that TMA conv; None = ``$CUTLASS_OFFLOAD_PER_SAMPLE_ADD``
+      (default off); resolved and saved like ``grouped_conv``.
     """
 
     arch: str | None = None
@@ -167,6 +177,7 @@ class CompileOptions:
     combine_gemms: bool = True
     glue: str = "eager"
     grouped_conv: bool | None = None
+    per_sample_add: bool | None = None
 
     def __post_init__(self):
         from .target import ALIASES

@@ -339,6 +339,9 @@ def check(kernel: ConvKernel) -> None:
         raise ValueError(f"only f32 accumulation is supported, got {kernel.accumulate!r}")
     check_alignments(kernel.dtype, align_a=kernel.align_a, align_b=kernel.align_b,
                      align_c=kernel.align_c)
+    if kernel.epilogue.residual_per_sample:
+        raise ValueError("a per-sample (N, K) residual is read by the sm90a TMA conv only (the 2.x "
+                         "residual iterators take one row stride)")
     if kernel.groups != 1 and kernel.epilogue.residual != "none":
         raise ValueError("a grouped conv kernel has no residual epilogue (CUTLASS has no "
                          "grouped variant of the fused-epilogue conv)")

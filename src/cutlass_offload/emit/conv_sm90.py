@@ -66,7 +66,7 @@ from ..families.conv_sm90 import (  # noqa: F401 - the family's rules, re-export
     supports)
 from ..ir import ConvKernel, GemmEpilogue, KernelSource
 from . import activations, sm90_parts
-from .evt_sm90 import ELEMENT, row_broadcast, semantics, src_fetch
+from .evt_sm90 import ELEMENT, PER_SAMPLE_PREAMBLE, per_sample_broadcast, row_broadcast, semantics, src_fetch
 
 INCLUDES = (
     "cute/tensor.hpp",
@@ -228,6 +228,17 @@ def _reads_source(ep: GemmEpilogue) -> bool:
     return ep.residual != "none" and not ep.residual_broadcast
 
 
+def _residual_source(ep: GemmEpilogue):
+    if ep.residual_per_sample:
+        return per_sample_broadcast("args.residual", "args.p * args.q", "args.k")
+    return row_broadcast("args.residual") if ep.residual_broadcast else src_fetch()
+
+
+def _residual_text(ep: GemmEpilogue) -> str:
+    return ("residual[n, k]" if ep.residual_per_sample else
+            "residual[k]" if ep.residual_broadcast else "residual")
+
+
 def validate(kernel: ConvKernel) -> None:
     """Check that ``kernel`` is a buildable cutlass3x_sm90 conv2d fprop kernel.
 
@@ -294,9 +305,9 @@ def values(kernel: ConvKernel) -> dict:
     ep = kernel.epilogue
     element = ELEMENT[kernel.dtype][0]
 
-    # A (K,) residual is one value per output channel, like the bias.
-    fusion_type, fusion_args = sm90_parts.fusion(
-        ep, row_broadcast("args.residual") if ep.residual_broadcast else src_fetch())
+    # A (K,) residual is one value per output channel, like the bias; an (N, K) one
+    # one per sample and channel: row m of the implicit GEMM is in sample m / (P*Q)
+    fusion_type, fusion_args = sm90_parts.fusion(ep, _residual_source(ep))
     stage_count = sm90_parts.stage_count(cfg.stages, "conv")
 
     # every pointer the kernel reads must be there and TMA/vector aligned
@@ -308,8 +319,7 @@ def values(kernel: ConvKernel) -> dict:
 
     return {
         "name": kernel.name,
-        "semantics": semantics(ep, "conv(x, filter)", "bias[k]",
-                               "residual[k]" if ep.residual_broadcast else "residual"),
+        "semantics": semantics(ep, "conv(x, filter)", "bias[k]", _residual_text(ep)),
         "epilogue_tag": ep.tag,
         "element": element,
         "element_c": element if _reads_source(ep) else "void",
@@ -336,5 +346,7 @@ def emit(kernel: ConvKernel) -> KernelSource:
     KeyError if the template and ``values`` ever disagree on a placeholder.
     """
     code = TEMPLATE.substitute(values(kernel))
+    per_sample = (PER_SAMPLE_PREAMBLE,) if kernel.epilogue.residual_per_sample else ()
     return KernelSource(name=kernel.name, includes=INCLUDES, code=code, args_type="CoConvArgs",
-                        preamble=(sm90_parts.TMA_DRIVER,) + activations.preamble(kernel.epilogue.activation))
+                        preamble=(sm90_parts.TMA_DRIVER,) + per_sample
+                        + activations.preamble(kernel.epilogue.activation))

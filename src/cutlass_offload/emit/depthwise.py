@@ -63,6 +63,8 @@ def check(kernel: DepthwiseKernel) -> None:
     """Raise ValueError unless this family can build ``kernel``."""
     if kernel.config.family != FAMILY:
         raise ValueError(f"{kernel.name}: not a {FAMILY} kernel")
+    if kernel.epilogue.residual_per_sample:
+        raise ValueError(f"{kernel.name}: the depthwise kernel reads no per-sample residual")
     # filter width, stride and outputs per thread are DepthwiseKernel's own checks
 
 

@@ -14,6 +14,8 @@ activation, no residual) has no tree: the emitters use ``LinearCombination``.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..dtypes import BYTES, CPP
 from ..ir import GemmEpilogue
 from .activations import FUNCTOR
@@ -74,6 +76,18 @@ def col_broadcast(pointer: str) -> Node:
         f"{NS}Sm90ColBroadcast<0, TileShape, ElementBias, ElementCompute, "
         "cute::Stride<cute::_1, cute::_0, cute::_0>, AlignmentD>",
         f"{{static_cast<ElementBias const*>({pointer}), ElementBias(0), {{}}}}")
+
+
+def per_sample_broadcast(pointer: str, rows_per_sample: str, ld: str) -> Node:
+    """A (samples, N) row-major vector: output row m reads row m / ``rows_per_sample``
+    (row stride ``ld``): a conv's per-sample (N, K, 1, 1) tensor, M being the
+    linearized N * P * Q (templates/per_sample_broadcast.h, which the unit must
+    carry: PER_SAMPLE_PREAMBLE)."""
+    return Node("co_evt::Sm90PerSampleRowBroadcast<TileShape, ElementBias, ElementCompute>",
+                f"{{static_cast<ElementBias const*>({pointer}), {rows_per_sample}, {ld}}}")
+
+
+PER_SAMPLE_PREAMBLE = (Path(__file__).parent / "templates" / "per_sample_broadcast.h").read_text()
 
 
 def src_fetch() -> Node:

@@ -43,6 +43,10 @@ class GemmEpilogue:
     residual: "add" or "mul" with a full-shape source C of shape (L, M, N), or, with
       residual_broadcast, a vector of shape (N,) broadcast over rows (a per-channel
       tensor such as (1, K, 1, 1) after a conv), applied after the activation.
+    residual_per_sample (conv kernels, with residual_broadcast): the vector is one
+      per sample instead, (batch, N) row-major: a conv's (N, K, 1, 1) tensor such as
+      the UNet's time embedding; output row m of the implicit GEMM (M = batch * P * Q)
+      reads row m // (P * Q).
     post_activation: only "relu" after a residual (ResNet/TVM residual block form).
     glu: a gated linear unit (GEMM kernels on sm90a only): the GEMM's N columns are
       gate and up values interleaved in blocks of 8 (columns 16i..16i+7 the gate of
@@ -57,6 +61,7 @@ class GemmEpilogue:
     post_activation: str = "identity"
     residual_broadcast: bool = False
     glu: bool = False
+    residual_per_sample: bool = False
 
     def __post_init__(self):
         _check(self.activation, ACTIVATIONS, "activation")
@@ -66,6 +71,8 @@ class GemmEpilogue:
             raise ValueError("post_activation needs a residual; fold it into activation")
         if self.residual_broadcast and self.residual == "none":
             raise ValueError("residual_broadcast needs a residual")
+        if self.residual_per_sample and not self.residual_broadcast:
+            raise ValueError("residual_per_sample needs residual_broadcast")
         if self.glu and self.residual != "none":
             raise ValueError("a GLU epilogue takes no residual")
 
@@ -77,7 +84,9 @@ class GemmEpilogue:
         if self.activation != "identity":
             parts.append(_SHORT[self.activation])
         if self.residual != "none":
-            parts.append(("resvec" if self.residual_broadcast else "res") + _SHORT[self.residual])
+            kind = ("ressvec" if self.residual_per_sample else "resvec" if self.residual_broadcast
+                    else "res")
+            parts.append(kind + _SHORT[self.residual])
         if self.post_activation != "identity":
             parts.append(_SHORT[self.post_activation])
         return "_".join(parts) or "plain"

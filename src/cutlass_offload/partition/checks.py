@@ -47,6 +47,7 @@ class EpilogueState:
     residual: str = "none"
     post_activation: str = "identity"
     residual_broadcast: bool = False
+    residual_per_sample: bool = False
     glu: bool = False
     c: Optional[fx.Node] = None
     nodes: list = field(default_factory=list)
@@ -285,18 +286,30 @@ def other_is_column_vector(state, node):
     return None
 
 
+def is_sample_channel_tensor(state, o) -> bool:
+    """A conv's per-sample, per-output-channel tensor: (N, K, 1, 1) against the
+    (N, K, P, Q) output (the UNet's time embedding, a squeeze-excite scale)."""
+    ov, out = val(o), val(state.out)
+    if state.operands.form != "conv2d" or not isinstance(ov, torch.Tensor) or ov.dim() != 4:
+        return False
+    return (same_dim(ov.shape[0], out.shape[0]) and static_int(ov.shape[1]) == state.operands.n
+            and [static_int(d) for d in ov.shape[2:]] == [1, 1])
+
+
 def other_is_full_shape(state, node):
     """The residual has the output's shape; for a conv, a per-channel (K, 1, 1)
-    tensor is also accepted (the kernel broadcasts it: residual_broadcast)."""
+    tensor is also accepted (the kernel broadcasts it: residual_broadcast), and a
+    per-sample (N, K, 1, 1) one where the conv's operands allow it
+    (``ConvOperands.per_sample_refusal`` is None: residual_per_sample)."""
     o = _other(state, node)
     if not isinstance(o, fx.Node) or not isinstance(val(o), torch.Tensor):
         return "residual is not a tensor"
     if same_shape(val(o).shape, val(state.out).shape) or is_channel_vector(state, o):
         return None
     shape = tuple(val(o).shape)
-    if state.operands.form == "conv2d" and len(shape) == 4 and shape[2:] == (1, 1):
-        return (f"per-sample per-channel tensor {shape}: the implicit GEMM epilogue flattens "
-                "N*P*Q into one mode and cannot index it")
+    if is_sample_channel_tensor(state, o):
+        why = getattr(state.operands, "per_sample_refusal", "not a conv")
+        return None if why is None else f"per-sample per-channel tensor {shape}: {why}"
     return f"residual of shape {shape} broadcasts to the output"
 
 

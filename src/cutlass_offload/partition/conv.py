@@ -17,9 +17,10 @@ import torch.fx as fx
 
 from ..config import knobs
 from ..errors import UnsupportedRegion
-from ..families import depthwise, grouped_conv
+from ..families import conv_sm90, depthwise, grouped_conv
 from ..ir import ConvProblem, ConvRegion, GemmEpilogue
 from .epilogue import grow_epilogue
+from ..target import ALIASES, TARGETS
 from .graph_utils import aten, hint_int, max_alignment, static_int, tensor_dtype, val
 
 
@@ -43,6 +44,8 @@ class ConvOperands:
     c: Optional[fx.Node] = None
     pad_node: Optional[fx.Node] = None   # folded constant_pad_nd, joins the region
     groups: int = 1                      # C for a depthwise conv
+    # why a per-sample (N, K, 1, 1) residual may not join (None: it may; _per_sample_refusal)
+    per_sample_refusal: Optional[str] = "not checked"
 
     @property
     def grouped(self) -> bool:
@@ -161,7 +164,33 @@ def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, group
         why = grouped_conv.reason(problem) if ops.grouped else depthwise.reason(problem)
         if why is not None:
             raise UnsupportedRegion(why)
+    ops.per_sample_refusal = _per_sample_refusal(ops, options)
     return ops
+
+
+def _per_sample_refusal(ops: ConvOperands, options) -> Optional[str]:
+    """None when a per-sample (N, K, 1, 1) residual may join this conv's region, else
+    why not. Only the sm90a TMA conv's epilogue reads one (its per-sample row
+    broadcast, emit/templates/per_sample_broadcast.h): C and K multiples of 8, f16 /
+    bf16, no channel groups, within TMA im2col's limits; select/conv.py leaves the
+    add in the glue again where the conv's kernel is another one."""
+    enabled = knobs().per_sample_add if options.per_sample_add is None else options.per_sample_add
+    if not enabled:
+        return ("the per-sample add is not fused into the conv's epilogue unless "
+                "CUTLASS_OFFLOAD_PER_SAMPLE_ADD=1 (not yet checked on a GPU); it runs in the glue")
+    arch = TARGETS[ALIASES[options.arch]].arch if options.arch else "sm90a"
+    if arch != "sm90a":
+        return "only the sm90a TMA conv's epilogue reads a per-sample vector; the add runs in the glue"
+    if ops.groups != 1:
+        return "a depthwise or grouped conv's kernel reads no per-sample vector; the add runs in the glue"
+    try:
+        problem = _problem(ops, GemmEpilogue())
+    except ValueError as e:
+        return str(e)
+    if not conv_sm90.supports(problem):
+        return ("only the sm90a TMA conv's epilogue reads a per-sample vector (f16 / bf16, C and K "
+                "multiples of 8, TMA im2col's padding / stride limits); the add runs in the glue")
+    return None
 
 
 def _arg(node, i, name, default):
@@ -215,7 +244,8 @@ def _problem(ops: ConvOperands, epilogue: GemmEpilogue) -> ConvProblem:
 def _make_conv_region(index, anchor, ops: ConvOperands, state) -> ConvRegion:
     epilogue = GemmEpilogue(bias=state.bias, activation=state.activation,
                             residual=state.residual, post_activation=state.post_activation,
-                            residual_broadcast=state.residual_broadcast)
+                            residual_broadcast=state.residual_broadcast,
+                            residual_per_sample=state.residual_per_sample)
     problem = _problem(ops, epilogue)
     nodes = ([ops.pad_node] if ops.pad_node is not None else []) + list(state.nodes)
     return ConvRegion(

@@ -173,6 +173,9 @@ def _apply(stage, state, node):
     elif stage.name == "residual":
         state.residual = "add" if "add" in str(node.target) else "mul"
         state.residual_broadcast = not same_shape(val(other).shape, val(state.out).shape)
+        state.residual_per_sample = (state.residual_broadcast
+                                     and not C.is_channel_vector(state, other)
+                                     and C.is_sample_channel_tensor(state, other))
         state.c = other
     elif stage.name == "post_activation":
         state.post_activation = "relu"

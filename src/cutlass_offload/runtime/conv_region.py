@@ -60,7 +60,8 @@ class ConvRegionModule(RegionModule):
     Input x: (N, C, H, W) of the region's dtype, any memory format (channels_last
     avoids a copy); weight (K, C, R, S) (prepack it to channels_last once: see
     ``attach``: prepack_weight); bias (K,) or (1, K, 1, 1); residual of
-    the output's shape, or per-channel when the kernel broadcasts it. Output:
+    the output's shape, or per-channel when the kernel broadcasts it, or (N, K, 1, 1)
+    per sample (``residual_per_sample``). Output:
     (N, K, P, Q) in channels_last memory format.
     """
 
@@ -174,7 +175,12 @@ class ConvRegionModule(RegionModule):
             c = xs[self._ic]
             if c.dtype != self._dtype or c.device != x.device:
                 return None
-            if kern.epilogue.residual_broadcast:
+            if kern.epilogue.residual_per_sample:
+                # (N, K, 1, 1): the kernel reads row n of the (N, K) vector
+                if tuple(c.shape) != (n, p.k, 1, 1):
+                    return None
+                cn = c.reshape(n, p.k).contiguous()
+            elif kern.epilogue.residual_broadcast:
                 if c.numel() != p.k:
                     return None
                 cn = c.reshape(-1).contiguous()

@@ -23,7 +23,8 @@ from ..ir import (
     Plan,
 )
 from . import pytorch_faster, sm80, sm90
-from .conv import choose_conv_kernel, pad_channels
+from .conv import (choose_conv_kernel, keeps_per_sample_residual, pad_channels,
+                   without_per_sample_residual)
 from .group_norm import choose_group_norm_kernel
 from .norm import choose_norm_kernel
 
@@ -93,12 +94,13 @@ def tuning_id(problem: GemmProblem) -> str:
 
 
 def epilogue_id(ep) -> dict:
-    """A GemmEpilogue as the tuning ids spell it: its fields, ``glu`` only when set
-    (so the ids of every other problem, and the tuning caches keyed on them, are
-    what they were before the field existed)."""
+    """A GemmEpilogue as the tuning ids spell it: its fields, ``glu`` and
+    ``residual_per_sample`` only when set (so the ids of every other problem, and the
+    tuning caches keyed on them, are what they were before those fields existed)."""
     out = asdict(ep)
-    if not out["glu"]:
-        del out["glu"]
+    for later in ("glu", "residual_per_sample"):
+        if not out[later]:
+            del out[later]
     return out
 
 
@@ -150,6 +152,12 @@ def _gemm(r, arch, num_sms, options, tuned):
 def _conv(r, arch, num_sms, options, tuned):
     # C not a multiple of 8: zero-padded channels let a TMA kernel run it
     r = replace(r, problem=pad_channels(r.problem, arch))
+    if r.problem.epilogue.residual_per_sample:
+        # only the TMA conv reads a per-sample vector: where the conv alone would run
+        # another kernel, that kernel wins and the add runs in the glue
+        plain = without_per_sample_residual(r)
+        if not keeps_per_sample_residual(r, arch, num_sms, (tuned or {}).get(conv_tuning_id(plain.problem))):
+            r = plain
     return r, choose_conv_kernel(r.problem, arch, num_sms, (tuned or {}).get(conv_tuning_id(r.problem)))
 
 

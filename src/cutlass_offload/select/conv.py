@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from ..dtypes import BYTES
 from ..families import conv_gemm_sm90, conv_sm90, conv_sm90_table, depthwise, grouped_conv, sm80
-from ..ir import ConvChoice, ConvKernel, ConvProblem, GemmLaunch, KernelConfig
+from ..ir import ConvChoice, ConvKernel, ConvProblem, ConvRegion, GemmLaunch, KernelConfig, note_not_fused
 from . import sm90
 
 # Pad C to a multiple of 8 only below this many channels. There the per-call
@@ -188,6 +188,8 @@ def choose_conv_kernel(problem: ConvProblem, arch: str, num_sms: int,
     rules. A lowered conv's tile config and launch knobs are the sm90 GEMM
     heuristic's for its GEMM (the learned table, then the shape rules), compiled
     into its launcher; PDL is the launcher's own choice (emit/conv_gemm_sm90.py)."""
+    if problem.epilogue.residual_per_sample:
+        return _per_sample_kernel(problem, arch, num_sms, choice, table)
     if problem.depthwise:
         return depthwise.choose(problem, arch)
     if problem.grouped:
@@ -215,3 +217,47 @@ def choose_conv_kernel(problem: ConvProblem, arch: str, num_sms: int,
         # are cheap (a network's stem): take the exact-masking iterators.
         iterator = "optimized" if problem.align_a * BYTES[problem.dtype] >= 4 else "analytic"
     return ConvKernel(config=_sm80_config(problem, num_sms, iterator), iterator=iterator, **common)
+
+
+def _per_sample_kernel(problem: ConvProblem, arch: str, num_sms: int, choice, table: bool) -> ConvKernel:
+    """The TMA conv for a problem whose epilogue reads a per-sample vector (only its
+    epilogue does: emit/templates/per_sample_broadcast.h); ValueError elsewhere."""
+    if arch != "sm90a" or problem.depthwise or problem.grouped or not conv_sm90.supports(problem):
+        raise ValueError("a per-sample residual runs on the sm90a TMA conv only (f16 / bf16, "
+                         "C and K multiples of 8)")
+    if choice is None and table:
+        choice = conv_sm90_table.lookup(problem, num_sms)
+    config = (choice.config if choice is not None and choice.iterator == ""
+              else _sm90_config(problem, num_sms))
+    return ConvKernel(config=config, iterator="", arch=arch, dtype=problem.dtype,
+                      align_a=problem.align_a, align_b=problem.align_b, align_c=problem.align_c,
+                      epilogue=problem.epilogue)
+
+
+def without_per_sample_residual(region: ConvRegion) -> ConvRegion:
+    """``region`` ending before its per-sample residual op (and the ReLU after it, if
+    any): the conv, its bias and activation only; the residual op stays in the glue,
+    with a note. For a conv whose best kernel is not the TMA conv (the only one
+    whose epilogue reads a per-sample vector): a faster conv beats a fused add."""
+    ep = region.problem.epilogue
+    if not ep.residual_per_sample:
+        raise ValueError(f"{region.name} has no per-sample residual")
+    drop = 2 if ep.post_activation != "identity" else 1
+    plain = replace(ep, residual="none", post_activation="identity", residual_broadcast=False,
+                    residual_per_sample=False)
+    head, _, _ = region.name.rpartition("_conv2d_")
+    note = note_not_fused(region.nodes[-drop], "the conv's fastest kernel (not the TMA conv) reads "
+                          "no per-sample vector")
+    return replace(region, name=f"{head}_conv2d_{plain.tag}", nodes=region.nodes[:-drop], c=None,
+                   problem=replace(region.problem, epilogue=plain), notes=region.notes + (note,))
+
+
+def keeps_per_sample_residual(region: ConvRegion, arch: str, num_sms: int, choice=None) -> bool:
+    """Whether ``region``'s conv, chosen without its per-sample residual, runs the TMA
+    conv, so that the residual may stay fused (no other kernel's epilogue reads it)."""
+    plain = without_per_sample_residual(region)
+    try:
+        k = choose_conv_kernel(plain.problem, arch, num_sms, choice)
+    except ValueError:
+        return False
+    return isinstance(k, ConvKernel) and k.config.family == "cutlass3x_sm90" and k.iterator == ""
