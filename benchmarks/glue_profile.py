@@ -3,7 +3,8 @@ kernel by kernel (issue 15 / 16: "the profile that shows it").
 
 Per model: torch.compile(model, mode=M) and ours compiled with glue "inductor" in
 the same mode (``ours``: the default options, layer / RMS norms left to Inductor;
-``--variants`` adds ``norms_all``: every norm a region, and ``ours_dynamic``: ours
+``--variants`` adds ``norms_all``: every norm a region, ``norms_none``: every norm left to
+Inductor (group norms too, which it fuses with the adds before them), and ``ours_dynamic``: ours
 captured with a dynamic batch, as benchmarks/runtime.py compiles it; and
 ``ours_python_wrapper`` / ``ours_cpp_wrapper``: ours in default mode with Inductor's
 Python / C++ wrapper whatever glue.CPP_WRAPPER_IN_DEFAULT_MODE says; and
@@ -60,7 +61,7 @@ from cutlass_offload.models import load_model
 
 VARIANTS = ("torch_compile", "ours", "ours_dynamic", "ours_python_wrapper", "ours_cpp_wrapper",
             "norms_all", "attention_in_pytorch", "ours_no_pdl", "ours_no_buffer_reuse",
-            "ours_dynamic_glue_auto", "ours_per_sample_add")
+            "ours_dynamic_glue_auto", "ours_per_sample_add", "norms_none")
 WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True}
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
@@ -295,7 +296,7 @@ def run_variant(variant, model, inputs, check, a):
             fn = torch.compile(model, mode=mode)
         else:
             options = CompileOptions(arch=resolve_arch(None),
-                                     offload_norms="all" if variant == "norms_all" else "auto",
+                                     offload_norms={"norms_all": "all", "norms_none": "none"}.get(variant, "auto"),
                                      per_sample_add=variant == "ours_per_sample_add" or None)
             cap = capture(model, inputs,
                           dynamic_batch=variant in ("ours_dynamic", "ours_dynamic_glue_auto"))
