@@ -271,7 +271,10 @@ def main(argv=None) -> int:
     p = _Parser(prog="cutlass-offload", description=__doc__, epilog=env,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile", help="offload a model's GEMMs, convs, attention and norms and build the library (no GPU needed)")
+    c = sub.add_parser("compile", help="offload a model's GEMMs, convs, attention and norms and build the library (no GPU needed)",
+                       epilog="environment variables that change what is offloaded or how it builds "
+                              "(CUTLASS_OFFLOAD_GROUPED_CONV, CUTLASS_OFFLOAD_PER_SAMPLE_ADD, ...): "
+                              "see cutlass-offload --help")
     from .models import BUILTIN, DEFAULT_SIZES
     c.add_argument("model", help=", ".join(BUILTIN) + ", or package.module:factory (a function "
                    "returning (model, example_inputs))")

@@ -19,6 +19,14 @@ def arch_name(arch: str) -> str:
     return t.name if t is not None else re.sub(r"^sm_?", "sm_", arch)
 
 
+def _flop_text(flops: float, digits: int) -> str:
+    """GFLOP with ``digits`` decimals, or MFLOP below 0.1 GFLOP (a toy model's conv
+    would read "0.0 GFLOP")."""
+    if flops < 1e8:
+        return f"{flops / 1e6:,.{digits}f} MFLOP"
+    return f"{flops / 1e9:,.{digits}f} GFLOP"
+
+
 def _n(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
@@ -89,14 +97,14 @@ class Report:
         if self.flops.get("total"):
             f = self.flops
             out.append(f"work offloaded: {100 * f['offloaded'] / f['total']:.1f}% of the "
-                       f"{f['total'] / 1e9:,.1f} GFLOP of matmul / conv / attention ops "
+                       f"{_flop_text(f['total'], 1)} of matmul / conv / attention ops "
                        f"(at the example inputs)")
         by_form = collections.Counter(_form(r) + ":" + r["epilogue"] for r in self.regions)
         if by_form:
             out.append("offloaded (op:epilogue x count): " +
                        ", ".join(f"{k} x{v}" for k, v in sorted(by_form.items())))
         for f in self.fallbacks:
-            work = f", {f['flops'] / 1e9:,.2f} GFLOP" if f.get("flops") else ""
+            work = f", {_flop_text(f['flops'], 2)}" if f.get("flops") else ""
             out.append(f"  fallback {f['node']} ({f['op']}{work}): {f['reason']}")
         # equal notes of different regions count together: their summaries (ir.Note)
         # leave the node names out; a report saved before summaries shows its texts

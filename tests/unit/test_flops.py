@@ -85,3 +85,10 @@ def test_report_gives_the_share_offloaded_and_each_fallbacks_flops():
     # the regions' nodes are what counts as offloaded (an epilogue node adds nothing)
     regions = types.SimpleNamespace(regions=[_Region(["linear", "relu"])])
     assert report_module._flop_share(regions, {"linear": 3, "conv2d": 1}) == {"total": 4, "offloaded": 3}
+
+
+def test_a_toy_models_work_reads_in_mflop():
+    plan = Plan.from_pairs("sm90a", [], (Fallback("conv2d", "conv2d", "no kernel"),))
+    text = Report.from_plan(plan, {"linear": 3_000_000, "conv2d": 6_000_000}).format()
+    assert "work offloaded: 0.0% of the 9.0 MFLOP" in text
+    assert "fallback conv2d (conv2d, 6.00 MFLOP): no kernel" in text

@@ -176,8 +176,8 @@ def _per_sample_refusal(ops: ConvOperands, options) -> Optional[str]:
     add in the glue again where the conv's kernel is another one."""
     enabled = knobs().per_sample_add if options.per_sample_add is None else options.per_sample_add
     if not enabled:
-        return ("the per-sample add is not fused into the conv's epilogue unless "
-                "CUTLASS_OFFLOAD_PER_SAMPLE_ADD=1 (not yet checked on a GPU); it runs in the glue")
+        return ("it runs in the glue; CUTLASS_OFFLOAD_PER_SAMPLE_ADD=1 at compile fuses it into the "
+                "sm_90a TMA conv's epilogue (experimental: not yet checked on a GPU)")
     arch = TARGETS[ALIASES[options.arch]].arch if options.arch else "sm90a"
     if arch != "sm90a":
         return "only the sm90a TMA conv's epilogue reads a per-sample vector; the add runs in the glue"
