@@ -139,7 +139,7 @@ class Report:
                            + (f"  [{u['executor']}]" if u.get("executor", "local") != "local" else ""))
             for f in b.get("failures", []):
                 out.append(f"  kernel failed to compile: {f['kernel']} (log: {f['log']})")
-            out.append(f"  library: {b['library']}")
+            out.append(f"  library: {b['library']} (the build cache's copy; a saved folder holds its own)")
         if self.tuning:
             from .tune.result import format_tuning
             out.append(format_tuning(self.tuning))
