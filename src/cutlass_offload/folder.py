@@ -73,7 +73,7 @@ from pathlib import Path
 import torch
 
 from . import build as build_stage
-from . import integrity, weights
+from . import integrity, recent_folders, weights
 from .build.cache import remove_stale
 from .capture import Captured
 from .config import CompileOptions
@@ -168,8 +168,9 @@ class PendingSave:
 def begin_save(cap: Captured, example_inputs, out_dir) -> PendingSave:
     """Check ``out_dir`` and the disk, make the temporary folder beside it and start
     writing the captured program's weights there in a background thread (an
-    unchanged weights.bin of the folder being replaced is linked instead:
-    weights.write). Raises as ``save`` does, before anything is written."""
+    unchanged weights.bin of the folder being replaced, or of a recently saved
+    folder, is linked instead: weights.write, recent_folders.py). Raises as
+    ``save`` does, before anything is written."""
     out = Path(out_dir)
     check_out_dir(out)
     try:
@@ -194,7 +195,7 @@ def begin_save(cap: Captured, example_inputs, out_dir) -> PendingSave:
         return PendingSave(out, tmp, cap.exported, False, None)
     cancel = threading.Event()
     pool = ThreadPoolExecutor(1, thread_name_prefix="co-weights")
-    future = pool.submit(weights.write, parts[1], tmp, *_previous_weights(out), cancel=cancel)
+    future = pool.submit(weights.write, parts[1], tmp, recent_folders.candidates(out), cancel=cancel)
     pool.shutdown(wait=False)
     return PendingSave(out, tmp, parts[0], True, future, cancel)
 
@@ -233,6 +234,8 @@ def save(compiled: CompiledModel, cap: Captured, example_inputs, options: Compil
             raise
         check_out_dir(out)             # still ours to replace (another process may have written)
         _swap_into_place(tmp, out)
+        if pending.weighted:
+            recent_folders.remember(out)     # a later save of the same weights may link them
     finally:
         pending.discard()              # after the swap: the replaced folder, if any
 
@@ -289,18 +292,6 @@ def _umask() -> int:
     except (OSError, ValueError):
         pass
     return 0o022
-
-
-def _previous_weights(out: Path | None) -> tuple:
-    """(path, manifest record) of weights.bin in the folder a save replaces, or
-    (None, None); nothing here is trusted: weights.write checks the bytes."""
-    if out is None:
-        return None, None
-    try:
-        record = json.loads((out / MANIFEST).read_text())["files"][weights.BIN]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, None
-    return out / weights.BIN, record
 
 
 def _write_folder(pending: PendingSave, compiled, example_inputs, options, glue,

@@ -150,33 +150,42 @@ def _free_host_bytes() -> int:
         return 0
 
 
-def _reused(storages, spans, total: int, folder: Path, previous: Path, record) -> bool:
-    """Whether ``previous`` (an earlier save's weights.bin) holds the bytes ``write``
-    would write, and is now hard-linked into ``folder``: its manifest record must give
-    the same size and chunk digests as the storages in memory, and the linked file
-    is hashed again before it is kept (a damaged or replaced file is unlinked, and
-    the caller writes the bytes)."""
-    if (not isinstance(record, dict) or record.get("size") != total
-            or not isinstance(record.get("sha256_chunks"), list)
-            or record.get("chunk_bytes") != integrity.CHUNK_BYTES):
+def _fits(record, total: int) -> bool:
+    """Whether a manifest record could describe the weights.bin ``write`` would write:
+    its size and a chunked record (the cheap test before any hashing)."""
+    return (isinstance(record, dict) and record.get("size") == total
+            and isinstance(record.get("sha256_chunks"), list)
+            and record.get("chunk_bytes") == integrity.CHUNK_BYTES)
+
+
+def _reused(storages, spans, total: int, folder: Path, previous) -> bool:
+    """Whether one of ``previous`` ([(weights.bin of an earlier save, its manifest
+    record)], in order) holds the bytes ``write`` would write, and is now hard-linked
+    into ``folder``: its record must give the same size and chunk digests as the
+    storages in memory (hashed once, and only if some record has the size), and the
+    linked file is hashed again before it is kept (a damaged or replaced file is
+    unlinked, and the next candidate or the caller's write follows)."""
+    previous = [(Path(p), r) for p, r in previous if p is not None and _fits(r, total)]
+    if not previous:
         return False
     on_device = sum(st.nbytes() for st in storages if st.device.type != "cpu")
     if on_device and on_device > _free_host_bytes() // 2:
         return False             # hashing device weights copies them all to the host at once
     want = _stream_digests(storages, spans, total, integrity.CHUNK_BYTES)
-    if want != record["sha256_chunks"]:
-        return False
     target = folder / BIN
-    try:
-        os.link(previous, target)
-    except OSError:              # gone meanwhile, another file system, no hard links
-        return False
-    try:
-        if os.stat(target).st_size == total and integrity.chunk_digests(target, integrity.CHUNK_BYTES) == want:
-            return True
-    except OSError:
-        pass
-    target.unlink()
+    for path, record in previous:
+        if record["sha256_chunks"] != want:
+            continue
+        try:
+            os.link(path, target)
+        except OSError:          # gone meanwhile, another file system, no hard links
+            continue
+        try:
+            if os.stat(target).st_size == total and integrity.chunk_digests(target, integrity.CHUNK_BYTES) == want:
+                return True
+        except OSError:
+            pass
+        target.unlink()
     return False
 
 
@@ -184,15 +193,17 @@ class Cancelled(Exception):
     """``write`` stopped because its ``cancel`` event was set (the save was discarded)."""
 
 
-def write(tensors, folder, previous=None, previous_record=None, cancel=None) -> bool:
+def write(tensors, folder, previous=(), cancel=None) -> bool:
     """Write ``tensors`` ([(kind, name, tensor)], from ``split``) as weights.bin and
-    weights.json into ``folder``. ``previous``: an earlier save's weights.bin with its
-    manifest record (``previous_record``, integrity.record's chunked form, which files
-    of integrity.PARALLEL_MIN bytes and more get; smaller ones are written); when it
-    holds the very bytes (same size and chunk digests, checked again on the file)
-    it is hard-linked instead of written: a warm recompile into the same folder
-    writes none of the weights (sd-unet's 1.73 GB took 5.9 s to write on the 2-core
-    machine; hashing them in memory and the file about 1 s). Returns whether it was.
+    weights.json into ``folder``. ``previous``: earlier saves' weights.bin files with
+    their manifest records ([(path, record)], integrity.record's chunked form, which
+    files of integrity.PARALLEL_MIN bytes and more get; smaller ones are written),
+    the folder being replaced first, then recently saved ones (recent_folders.py);
+    the first that holds the very bytes (same size and chunk digests, checked again
+    on the file) is hard-linked instead of written: a warm recompile into the same
+    folder, or into a new one beside an earlier save of the same model, writes none
+    of the weights (sd-unet's 1.73 GB took 5.9 s to write on the 2-core machine;
+    hashing them in memory and the file about 1 s). Returns whether one was.
     A written file's chunk digests (integrity.record's, for a file of PARALLEL_MIN
     bytes or more) are computed from memory during the write and remembered for it
     (integrity.remember_chunk_digests), so the manifest's record does not read it back.
@@ -200,8 +211,7 @@ def write(tensors, folder, previous=None, previous_record=None, cancel=None) -> 
     wait for the whole file). Raises OSError (ENOSPC for a full disk), Cancelled."""
     folder = Path(folder)
     storages, spans, entries, total = _layout(tensors)
-    reused = previous is not None and _reused(storages, spans, total, folder, Path(previous),
-                                              previous_record)
+    reused = _reused(storages, spans, total, folder, previous)
     if not reused:
         on_device = sum(st.nbytes() for st in storages if st.device.type != "cpu")
         # a file the folder's manifest records chunk by chunk is hashed from memory while

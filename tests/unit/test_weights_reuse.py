@@ -148,3 +148,43 @@ def test_a_discarded_save_cancels_the_weights_write(env, monkeypatch, tmp_path):
     (tmp_path / "w").mkdir()
     with pytest.raises(weights.Cancelled):
         real_write(tensors, tmp_path / "w", cancel=stop)
+
+
+def test_a_new_folder_links_a_recent_folders_identical_weights(env, tmp_path):
+    """A save into a fresh folder links the weights.bin of a folder saved recently with
+    the very bytes (recent_folders.py); changed bytes there, or the folder gone, and it
+    writes them; either way the new folder checks and loads the model's values."""
+    from cutlass_offload import recent_folders
+    model, xs, out = env
+    first = _compile(model, xs, out)
+    other = tmp_path / "other"
+    assert _compile(model, xs, other) == first           # linked from `out`
+    assert _same(_saved_values(other), model)
+    with open(out / weights.BIN, "r+b") as f:            # `out` damaged in place
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0xFF]))
+    third = tmp_path / "third"
+    assert _compile(model, xs, third) != first             # the damaged file (both folders share it): written
+    assert _same(_saved_values(third), model)
+    recent = recent_folders._read(recent_folders._path())
+    assert recent[0] == str(third.absolute())
+    import shutil
+    shutil.rmtree(third)
+    shutil.rmtree(other)
+    fourth = tmp_path / "fourth"
+    _compile(model, xs, fourth)                            # gone folders are dropped from the list
+    assert str(third.absolute()) not in recent_folders._read(recent_folders._path())
+    assert _same(_saved_values(fourth), model)
+
+
+def test_a_damaged_recent_list_is_ignored_and_rewritten(env, tmp_path):
+    from cutlass_offload import recent_folders
+    model, xs, out = env
+    path = recent_folders._path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{not json")
+    _compile(model, xs, out)
+    assert recent_folders._read(path) == [str(out.absolute())]
+    _saved_values(out)
