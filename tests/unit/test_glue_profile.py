@@ -70,10 +70,28 @@ def test_dynamic_glue_auto_variant_captures_dynamic_and_specializes_the_glue(mon
     for name in ("rel_err", "events_ms"):
         monkeypatch.setattr(gp, name, lambda *a, **k: 0.0)
     monkeypatch.setattr(gp, "kernel_profile", lambda *a, **k: {})
-    args = gp.argparse.Namespace(rounds=1, mode="reduce-overhead", reps=1, profile_reps=1, host_profile=0)
+    args = gp.argparse.Namespace(rounds=1, mode="reduce-overhead", reps=1, profile_reps=1, host_profile=0,
+                                 sequence=0, sequence_at=None)
     x = gp.torch.ones(2)
     gp.run_variant("ours_dynamic_glue_auto", None, (x,), ((x,), x), args)
     assert seen == [("capture", True), ("set_glue", "inductor", "reduce-overhead", "auto")]
     seen.clear()
     gp.run_variant("ours_dynamic", None, (x,), ((x,), x), args)
     assert seen == [("capture", True)]
+
+
+def test_kernel_sequence_lists_the_kernels_before_the_first_match_in_order():
+    spans = [(30.0, 38.0, "triton_poi_fused_clone_2"), (0.0, 20.0, "nvjet_sm90_gemm_q"),
+             (21.0, 29.0, "triton_poi_fused_clone_1"), (40.0, 120.0, "cudnn_generated_fort_native_sdpa"),
+             (121.0, 130.0, "triton_poi_fused_clone_3"), (131.0, 150.0, "nvjet_sm90_gemm_o"),
+             (151.0, 160.0, "triton_per_layer_norm"), (200.0, 280.0, "cudnn_generated_fort_native_sdpa")]
+    seq = gp.kernel_sequence(spans, "sdpa|fmha", 2)
+    assert [k["name"] for k in seq] == ["triton_poi_fused_clone_1", "triton_poi_fused_clone_2",
+                                        "cudnn_generated_fort_native_sdpa", "triton_poi_fused_clone_3",
+                                        "nvjet_sm90_gemm_o"]
+    assert [k["us"] for k in seq] == [8.0, 8.0, 80.0, 9.0, 19.0]
+    assert [k["gap_us"] for k in seq] == [1.0, 1.0, 2.0, 1.0, 1.0]
+    assert seq[2]["class"] == "pytorch attention"
+    assert gp.kernel_sequence(spans, "no such kernel", 3) == []
+    assert [k["name"] for k in gp.kernel_sequence(spans, None, 0)] == [
+        "nvjet_sm90_gemm_q", "triton_poi_fused_clone_1", "triton_poi_fused_clone_2"]
