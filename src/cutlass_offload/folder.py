@@ -195,7 +195,9 @@ def begin_save(cap: Captured, example_inputs, out_dir) -> PendingSave:
         return PendingSave(out, tmp, cap.exported, False, None)
     cancel = threading.Event()
     pool = ThreadPoolExecutor(1, thread_name_prefix="co-weights")
-    future = pool.submit(weights.write, parts[1], tmp, recent_folders.candidates(out), cancel=cancel)
+    previous = [_previous_weights(f) for f in [out, *recent_folders.recent(out)]]
+    future = pool.submit(weights.write, parts[1], tmp, [p for p in previous if p[0] is not None],
+                         cancel=cancel)
     pool.shutdown(wait=False)
     return PendingSave(out, tmp, parts[0], True, future, cancel)
 
@@ -292,6 +294,17 @@ def _umask() -> int:
     except (OSError, ValueError):
         pass
     return 0o022
+
+
+def _previous_weights(out: Path) -> tuple:
+    """(path, manifest record) of weights.bin in an earlier saved folder (the one a
+    save replaces, or a recent one), or (None, None); nothing here is trusted:
+    weights.write checks the bytes."""
+    try:
+        record = json.loads((out / MANIFEST).read_text())["files"][weights.BIN]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None
+    return out / weights.BIN, record
 
 
 def _write_folder(pending: PendingSave, compiled, example_inputs, options, glue,

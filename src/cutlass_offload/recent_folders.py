@@ -20,13 +20,12 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from .config import knobs
+from .weights import BIN
 
 FILE = "recent_folders.json"
 FORMAT = 1
 KEEP = 8          # folders remembered (newest first)
-CANDIDATES = 4    # recent folders a save checks (each costs a manifest read)
-MANIFEST = "manifest.json"
-BIN = "weights.bin"
+CANDIDATES = 4    # recent folders a save offers (each costs a manifest read)
 
 
 def _path() -> Path:
@@ -42,32 +41,11 @@ def _read(path: Path) -> list:
     return [f for f in folders if isinstance(f, str)] if isinstance(folders, list) else []
 
 
-def _record(folder: Path):
-    """weights.bin's manifest record of ``folder``, or None."""
-    try:
-        return json.loads((folder / MANIFEST).read_text())["files"][BIN]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def candidates(out: Path) -> list:
-    """[(weights.bin path, manifest record)] of the folder ``out`` replaces (first),
-    then of up to CANDIDATES recently saved folders that still have one (not ``out``)."""
-    out = Path(out).absolute()
-    found = []
-    record = _record(out)
-    if record is not None:
-        found.append((out / BIN, record))
-    for folder in _read(_path()):
-        if len(found) > CANDIDATES:
-            break
-        folder = Path(folder)
-        if folder == out:
-            continue
-        record = _record(folder)
-        if record is not None:
-            found.append((folder / BIN, record))
-    return found
+def recent(exclude: Path) -> list:
+    """Up to CANDIDATES recently saved folders (Paths, newest first), ``exclude`` left
+    out; the caller reads each one's manifest (folder.py)."""
+    exclude = Path(exclude).absolute()
+    return [Path(f) for f in _read(_path()) if Path(f) != exclude][:CANDIDATES]
 
 
 def remember(out: Path) -> None:

@@ -165,7 +165,7 @@ def _reused(storages, spans, total: int, folder: Path, previous) -> bool:
     storages in memory (hashed once, and only if some record has the size), and the
     linked file is hashed again before it is kept (a damaged or replaced file is
     unlinked, and the next candidate or the caller's write follows)."""
-    previous = [(Path(p), r) for p, r in previous if p is not None and _fits(r, total)]
+    previous = [(Path(p), r) for p, r in previous if _fits(r, total)]
     if not previous:
         return False
     on_device = sum(st.nbytes() for st in storages if st.device.type != "cpu")
