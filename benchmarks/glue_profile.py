@@ -21,7 +21,9 @@ compile specialized like torch.compile's (``set_glue(dynamic="auto")``, runtime.
 ``--glue-dynamic auto``), to tell what the dynamic capture costs from what a symbolic
 glue costs); and ``ours_per_sample_add``: ours with a conv's per-sample (N, K, 1, 1)
 add fused into its epilogue (CompileOptions.per_sample_add: the UNet's time
-embedding), each checked against a
+embedding); and ``ours_sdpa_copies``: ours without the glue's SDPA rewrites
+(runtime/glue_passes.py: layout copies before SDPA dropped, a query's factor folded
+into its scale), each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
 ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
 ``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
@@ -67,7 +69,7 @@ from cutlass_offload.models import load_model
 
 VARIANTS = ("torch_compile", "ours", "ours_dynamic", "ours_python_wrapper", "ours_cpp_wrapper",
             "norms_all", "attention_in_pytorch", "ours_no_pdl", "ours_no_buffer_reuse",
-            "ours_dynamic_glue_auto", "ours_per_sample_add", "norms_none")
+            "ours_dynamic_glue_auto", "ours_per_sample_add", "norms_none", "ours_sdpa_copies")
 WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True}
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
@@ -301,6 +303,18 @@ def _no_buffer_reuse(on: bool):
 
 
 @contextlib.contextmanager
+def _no_sdpa_rewrites(on: bool):
+    """While ``on``: the glue is compiled without glue_passes.rewrite_for_sdpa."""
+    from cutlass_offload.runtime import glue
+    real = glue.SDPA_REWRITES
+    glue.SDPA_REWRITES = real and not on
+    try:
+        yield
+    finally:
+        glue.SDPA_REWRITES = real
+
+
+@contextlib.contextmanager
 def _no_pdl(on: bool):
     """While ``on``: every GEMM kernel select chooses launches without PDL."""
     if not on:
@@ -328,7 +342,7 @@ def run_variant(variant, model, inputs, check, a):
     mode = None if a.mode == "default" else a.mode
     t0 = time.perf_counter()
     # Inductor's codegen (where buffers are reused) may run at the first call: both inside
-    with _no_buffer_reuse(variant == "ours_no_buffer_reuse"):
+    with _no_buffer_reuse(variant == "ours_no_buffer_reuse"), _no_sdpa_rewrites(variant == "ours_sdpa_copies"):
         if variant == "torch_compile":
             fn = torch.compile(model, mode=mode)
         else:
@@ -352,6 +366,7 @@ def run_variant(variant, model, inputs, check, a):
             res["regions"] = len(fn.plan.regions)
             res["glue_failed"] = fn.inductor.failed if fn.inductor else None
             res["glue_options"] = fn.inductor.used_options if fn.inductor else None
+            res["glue_rewrites"] = fn.inductor.rewrites if fn.inductor else None
         fresh, ref = check
         res["rel_err_fp32_fresh"] = rel_err(fn(*fresh), ref)
         res["ms"] = events_ms(lambda: fn(*inputs), a.reps)
@@ -453,7 +468,8 @@ def main(argv=None) -> int:
                     alive[v] = fn
                 r = rows[-1]     # a line and the JSON per variant: a killed run keeps what it measured
                 print(f"{name} / {v}: {r['ms']:.3f} ms, setup {r['setup_s']:.0f} s, "
-                      f"rel. err {r['rel_err_fp32_fresh']:.1e}", flush=True)
+                      f"rel. err {r['rel_err_fp32_fresh']:.1e}"
+                      + (f", glue rewrites {r['glue_rewrites']}" if r.get("glue_rewrites") else ""), flush=True)
                 result["models"].setdefault(name, {})[v] = r
                 out.write_text(json.dumps(result, indent=1))
             except Exception as e:  # noqa: BLE001 - recorded; the other variants still run

@@ -41,6 +41,28 @@ class FiveKinds(nn.Module):
         return y, z
 
 
+class HFAttention(nn.Module):
+    """Hugging Face's whisper attention: q scaled before the head split, each head
+    split made contiguous, SDPA with scale 1.0, the head merge made contiguous."""
+
+    def __init__(self, d=64, heads=4, scale_op="mul", sdpa_scale=1.0):
+        super().__init__()
+        self.h, self.dh = heads, d // heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.scale_op, self.sdpa_scale = scale_op, sdpa_scale
+
+    def split(self, t):
+        b, n, _ = t.shape
+        return t.view(b, n, self.h, self.dh).transpose(1, 2).contiguous()
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q = self.q(x) * 0.125 if self.scale_op == "mul" else self.q(x) / 3.0
+        kw = {} if self.sdpa_scale is None else {"scale": self.sdpa_scale}
+        a = F.scaled_dot_product_attention(self.split(q), self.split(self.k(x)), self.split(self.v(x)), **kw)
+        return self.o(a.transpose(1, 2).contiguous().reshape(b, n, d))
+
+
 def five_kinds_inputs(batch=2, seed=0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(batch, 16, 64, generator=g), torch.randn(batch, 16, 8, 8, generator=g))

@@ -318,6 +318,9 @@ def _overlapped(gm, plan: Plan, options: CompileOptions, phases: _Phases, tuning
                    else " with Inductor's Python wrapper")
         if ind.cpp_wrapper_failed:
             wrapper += f" (the C++ wrapper failed: {ind.cpp_wrapper_failed[:200]})"
+        if any(ind.rewrites.values()):
+            wrapper += (f"; before SDPA {ind.rewrites['sdpa_input_copies_dropped']} layout copies "
+                        f"dropped, {ind.rewrites['sdpa_scales_folded']} query factors folded into its scale")
     report.glue = {**compiled.report.glue, "glue": compiled.glue,
                    "note": (f"compiled during the first call{wrapper}, beside the library build "
                             f"({ind.first_call_s:.1f} s)" if ind is not None and ind.first_call_s

@@ -32,6 +32,8 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_leaves
 
+from .glue_passes import rewrite_for_sdpa
+
 GLUES = ("auto", "inductor", "eager")
 GLUE_DYNAMIC = ("exported", "auto")
 # True: default mode compiles CUDA glue with Inductor's C++ wrapper unless the caller
@@ -51,6 +53,10 @@ CPP_WRAPPER_IN_DEFAULT_MODE = True
 # (pytorch#182089). On the CPU machine bert-base's wrapper took 9.0 s at -O3, 3.3 s at
 # -O1 (g++ 12; docs/measured.md, session 33).
 CPP_WRAPPER_EXTRA_OPTIONS = {"cpp_wrapper_build_separate": True}
+# True: the glue copy drops layout copies that feed only SDPA and folds a query's
+# constant factor into SDPA's scale before Inductor compiles it (glue_passes.py:
+# whisper-encoder's head split and merge, four copy kernels a layer).
+SDPA_REWRITES = True
 
 
 def cpp_wrapper_in_default_mode() -> bool:
@@ -172,6 +178,8 @@ def ops_graph(gm: fx.GraphModule) -> OpsGraph:
                 ints = [env[a] if isinstance(a, fx.Node) else a for a, k in zip(n.args, kinds) if k == "int"]
                 op = region_op(len(tensors), len(ints))
                 env[n] = graph.call_function(op, (*tensors, *ints, entry.id))
+                if "val" in n.meta:         # the region's output, for glue_passes' checks
+                    env[n].meta["val"] = n.meta["val"]
                 continue
             if n.target.startswith("_guards_fn") and not n.users:
                 continue
@@ -246,6 +254,7 @@ class InductorGlue:
         self.first_call_s = None    # seconds of the first call (Dynamo + Inductor compile)
         self.used_options = None    # the Inductor options of the compiled glue (compile_options)
         self.cpp_wrapper_failed = None   # why the C++ wrapper we chose failed to compile, if it did
+        self.rewrites = {}          # glue_passes.rewrite_for_sdpa's counts of the compiled copy
 
     @property
     def inlined(self) -> list:
@@ -280,6 +289,8 @@ class InductorGlue:
         with self._lock:
             if self._state is None:
                 og = ops_graph(self._source)
+                if SDPA_REWRITES:
+                    self.rewrites = rewrite_for_sdpa(og.graph_module)
                 _mark_buffers_static(og.graph_module)
                 options = self.compile_options(on_cuda)
                 mode = None if options and self.mode == "default" else self.mode
