@@ -338,3 +338,41 @@ def test_transformers_sdpa_models_offload_every_attention(monkeypatch, name):
         out = gm(ids)
     assert [ran for _, ran in log] == [True, True]
     assert rel_err_nan(out, ref) <= 1e-4
+
+
+def _hf_split_attention(q, k, v):
+    """Hugging Face's head split: each BSNH operand transposed and made contiguous."""
+    return F.scaled_dot_product_attention(
+        q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(),
+        scale=0.125).transpose(1, 2).contiguous().reshape(2, 24, -1)
+
+
+def test_layout_copies_before_sdpa_join_the_region_and_the_kernel_reads_in_place(monkeypatch):
+    q, k, v = qkv(layout="bsnh", s=24)
+    p, cap = parts(_hf_split_attention, q, k, v)
+    (r,) = p.regions
+    assert (r.q, r.k, r.v) == ("transpose", "transpose_1", "transpose_2")
+    assert {"contiguous", "contiguous_1", "contiguous_2"} <= set(r.nodes)
+    assert any("3 layout copies" in n for n in r.notes) and r.out_layout == "bmhk"
+    gm = offload(cap.graph_module, select(p, "sm80"), library_path=None)
+    (mod,) = attention_modules(gm)
+    q, k, v = qkv(layout="bsnh", s=24)
+    _, args, _ = mod._map((q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)))
+    assert (args.q, args.k, args.v) == (q.data_ptr(), k.data_ptr(), v.data_ptr()) and mod.copies == 0
+    log = run_emulated(monkeypatch, gm)
+    out = gm(q, k, v)
+    ref = _hf_split_attention(q.double(), k.double(), v.double())
+    assert log and all(ran for _, ran in log)
+    assert rel_err_nan(out[0] if isinstance(out, (tuple, list)) else out, ref) < TOL[H]
+
+
+def test_a_layout_copy_used_elsewhere_stays_outside_the_region():
+    q, k, v = qkv(layout="bsnh", s=24)
+
+    def fn(q, k, v):
+        kc = k.transpose(1, 2).contiguous()
+        return F.scaled_dot_product_attention(q.transpose(1, 2), kc, v.transpose(1, 2)), kc * 2
+    p, _ = parts(fn, q, k, v)
+    (r,) = p.regions
+    assert r.k == "contiguous" and "contiguous" not in r.nodes
+    assert not any("layout cop" in n for n in r.notes)

@@ -214,8 +214,13 @@ def sdpa_operands(node, options) -> AttentionOperands:
         scale = 1.0 / math.sqrt(e)
     elif _number(scale) is None:
         raise UnsupportedRegion(f"scale {scale!r} is not a constant number")
-    ops = AttentionOperands("sdpa", q, k, v, [node], node, float(scale),
+    copies = []
+    q, k, v = (_through_layout_copy(x, node, copies) for x in (q, k, v))
+    ops = AttentionOperands("sdpa", q, k, v, [node, *copies], node, float(scale),
                             causal="top_left" if is_causal else "none")
+    if copies:
+        ops.notes.append(f"reads q / k / v in place: {len(copies)} layout cop"
+                         f"{'y' if len(copies) == 1 else 'ies'} before SDPA joined the region")
     if mask is not None:
         mv = _tensor(mask, "attn_mask")
         kind = "bool_keep" if mv.dtype == torch.bool else "float"
@@ -233,6 +238,26 @@ def sdpa_operands(node, options) -> AttentionOperands:
     ops.nodes += extra
     ops.enable_gqa = enable_gqa is True
     return ops
+
+
+def _through_layout_copy(x, sdpa, copies: list):
+    """The input of ``x`` when ``x`` is a layout-only copy (``contiguous()``, or
+    ``clone()`` to the contiguous or the input's own format) that only ``sdpa`` uses,
+    of a tensor of rank 3 or 4 whose head dim is dense (Hugging Face's
+    ``.transpose(1, 2).contiguous()`` head split): the region reads the strided view
+    in place (runtime/attention_region.py takes any batch / seq / head strides) and
+    the copy joins the region, for its PyTorch fallback. Else ``x``."""
+    if not (isinstance(x, fx.Node) and _call(x, aten.contiguous.default, aten.clone.default)
+            and len(x.args) == 1 and set(x.kwargs) <= {"memory_format"}
+            and x.kwargs.get("memory_format") in (None, torch.contiguous_format, torch.preserve_format)
+            and _users(x) == [sdpa] and isinstance(x.args[0], fx.Node)):
+        return x
+    src = val(x.args[0])
+    if not isinstance(src, torch.Tensor) or src.dim() not in (3, 4) or static_int(src.stride(-1)) != 1:
+        return x
+    if x not in copies:                # one copy may be both k and v
+        copies.append(x)
+    return x.args[0]
 
 
 # ---------------------------------------------------------------- hand-written form
