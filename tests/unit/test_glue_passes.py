@@ -108,11 +108,24 @@ class FactorOnKey(nn.Module):
         return F.scaled_dot_product_attention(x, x * 0.5, x)
 
 
+class FactorOnQueryAndKey(nn.Module):
+    def forward(self, x, v):
+        q = (x * 0.5).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q, v)
+
+
+class NegativeFactor(nn.Module):
+    def forward(self, x):
+        return F.scaled_dot_product_attention(x * -0.5, x, x)
+
+
 @pytest.mark.parametrize("module,inputs", [
+    (FactorOnQueryAndKey(), (torch.randn(2, 6, 4, 8), torch.randn(2, 4, 6, 8))),
+    (NegativeFactor(), (torch.randn(2, 4, 6, 8),)),
     (FactorUsedTwice(), (torch.randn(2, 4, 6, 8),)),
     (TensorFactor(), (torch.randn(2, 4, 6, 8), torch.randn(8))),
     (FactorOnKey(), (torch.randn(2, 4, 6, 8),)),
-], ids=["used-twice", "tensor-factor", "on-key"])
+], ids=["query-is-key", "negative", "used-twice", "tensor-factor", "on-key"])
 def test_factors_that_cannot_move_stay(module, inputs):
     gm = _graph(module, *inputs)
     assert fold_sdpa_query_scale(gm) == 0

@@ -25,7 +25,8 @@ scores. So:
 * ``fold_sdpa_query_scale``: ``sdpa(views(q * c), ..., scale=s)`` becomes
   ``sdpa(views(q), ..., scale=c * s)`` (s defaults to 1 / sqrt(E), E = q.size(-1):
   the formula of torch.nn.functional.scaled_dot_product_attention's docs) when the
-  product and each view between it and SDPA have no other use. The scale is then
+  product and each view between it and SDPA have no other use (q is not also k or
+  v) and c > 0. The scale is then
   applied in the kernel in float32 instead of rounding q * c to q's dtype (exact
   for a power of two such as whisper's 0.125).
 
@@ -124,6 +125,8 @@ def fold_sdpa_query_scale(gm: fx.GraphModule) -> int:
         q = _val(sdpa.args[0])
         if q is None or not isinstance(q.size(-1), int):
             continue
+        if sdpa.args[0] in sdpa.args[1:] or sdpa.args[0] in sdpa.kwargs.values():
+            continue                # q is also k or v: its factor is not q's alone
         # walk from q back through single-use views to the product
         first, node = None, sdpa.args[0]
         while (node.op == "call_function" and node.target in VIEWS and len(node.users) == 1
@@ -132,7 +135,7 @@ def fold_sdpa_query_scale(gm: fx.GraphModule) -> int:
         if len(node.users) != 1:
             continue
         c = _constant_factor(node)
-        if c is None or not math.isfinite(c) or c == 0:
+        if c is None or not math.isfinite(c) or c <= 0:
             continue
         scale = sdpa.kwargs.get("scale")
         if scale is None:
