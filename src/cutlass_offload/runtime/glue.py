@@ -55,7 +55,8 @@ CPP_WRAPPER_IN_DEFAULT_MODE = True
 CPP_WRAPPER_EXTRA_OPTIONS = {"cpp_wrapper_build_separate": True}
 # True: the glue copy drops layout copies that feed only SDPA and folds a query's
 # constant factor into SDPA's scale before Inductor compiles it (glue_passes.py:
-# whisper-encoder's head split and merge, four copy kernels a layer).
+# whisper-encoder's head split, three copy kernels a layer, and its head merge's copy,
+# a no-op once SDPA writes the query's layout).
 SDPA_REWRITES = True
 
 
