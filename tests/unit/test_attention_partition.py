@@ -376,3 +376,14 @@ def test_a_layout_copy_used_elsewhere_stays_outside_the_region():
     (r,) = p.regions
     assert r.k == "contiguous" and "contiguous" not in r.nodes
     assert not any("layout cop" in n for n in r.notes)
+
+
+def test_a_fallback_names_the_sdpa_call_not_the_copy_before_it():
+    """With the layout copies first in the region's nodes, a region left to PyTorch
+    still names its SDPA call (which the report's FLOPs are keyed by)."""
+    q, k, v = qkv(layout="bsnh", s=24)
+    p, _ = parts(_hf_split_attention, q, k, v)
+    (r,) = p.regions
+    assert r.nodes[0] == "contiguous" and r.anchor == "scaled_dot_product_attention"
+    plan = select(p, "sm80").keep(lambda *_: False, lambda *_: "test")
+    assert [f.node for f in plan.fallbacks] == ["scaled_dot_product_attention"]

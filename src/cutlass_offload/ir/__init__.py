@@ -74,7 +74,7 @@ from .norm import (
     NormProblem,
     NormRegion,
 )
-from .plan import Fallback, PartitionResult, Plan
+from .plan import Fallback, PartitionResult, Plan, anchor_node
 
 __all__ = [
     "ACTIVATIONS",
@@ -129,5 +129,6 @@ __all__ = [
     "NormRegion",
     "PartitionResult",
     "Plan",
+    "anchor_node",
     "replace",
 ]

@@ -271,6 +271,8 @@ class AttentionRegion(_Region):
       kernel's BMHK output (rank 3: (N, L, Ev), contiguous); "contiguous": (B, H, L,
       Ev) copied contiguous (a user views it in a way the strided one does not allow).
     rank: 4 or 3 (q, k, v and the output).
+    anchor: the SDPA call's node name (form "sdpa"; layout copies before it may come
+      first in ``nodes``): what a fallback of the region names; "" for the other form.
     form: "sdpa" or "softmax_attention". Query rows that see no key give 0 in SDPA
       (PyTorch's rule) and NaN in the hand-written form (softmax over -inf), with the
       kernel as in PyTorch.
@@ -293,6 +295,7 @@ class AttentionRegion(_Region):
     out_layout: str = "strided"
     rank: int = 4
     notes: tuple = ()
+    anchor: str = ""
 
     def __post_init__(self):
         _check(self.form, ("sdpa", "softmax_attention"), "form")

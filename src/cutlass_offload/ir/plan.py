@@ -19,6 +19,12 @@ class PartitionResult:
     fallbacks: tuple
 
 
+def anchor_node(region) -> str:
+    """The node a Fallback of ``region`` names: its anchor op (an attention region's
+    SDPA call, not a layout copy before it in ``nodes``), else its first node."""
+    return getattr(region, "anchor", "") or region.nodes[0]
+
+
 @dataclass(frozen=True)
 class Plan:
     """Regions with their chosen kernel instantiation: ``pairs`` (region, kernel);
@@ -52,7 +58,7 @@ class Plan:
         """The Plan of the pairs where ``predicate(region, kernel)`` holds; every other
         region becomes a Fallback whose reason is ``fallback_reason(region, kernel)``."""
         kept = [(r, k) for r, k in self.pairs if predicate(r, k)]
-        gone = tuple(Fallback(r.nodes[0], r.form, fallback_reason(r, k))
+        gone = tuple(Fallback(anchor_node(r), r.form, fallback_reason(r, k))
                      for r, k in self.pairs if not predicate(r, k))
         return Plan.from_pairs(self.arch, kept, self.fallbacks + gone)
 

@@ -392,7 +392,8 @@ def make_attention_region(index: int, ops: AttentionOperands) -> AttentionRegion
         bias=ops.bias.name if ops.bias is not None else None, bias_kind=ops.bias_kind,
         mask=ops.mask.name if ops.mask is not None else None, mask_kind=ops.mask_kind,
         mask_check=ops.mask_check, k_transposed=ops.k_transposed, negate=negate,
-        out_layout=ops.out_layout, rank=rank, notes=tuple(ops.notes))
+        out_layout=ops.out_layout, rank=rank, notes=tuple(ops.notes),
+        anchor=ops.nodes[0].name if ops.form == "sdpa" else "")
 
 
 def make_attention(index, node, ops: AttentionOperands, options, taken) -> tuple:
