@@ -426,6 +426,19 @@ def print_model(name, rows, top) -> None:
                       f"{cpu['threads']} threads; others: {cpu['others'] or 'none busy'}")
 
 
+DRIFT_LIMIT = 0.15     # rounds whose median strays further from the first timing are flagged
+
+
+def drift(first_ms: float, rounds_ms: list, limit: float = DRIFT_LIMIT) -> float | None:
+    """The relative difference of the rounds' median from the variant's first timing
+    when it exceeds ``limit`` (a host whose speed drifted for that variant: its
+    ratios in this run are suspect; session 35's torch.compile default-mode rounds ran
+    7.5-7.7 ms against its first 4.88), else None."""
+    med = sorted(rounds_ms)[len(rounds_ms) // 2]
+    d = med / first_ms - 1
+    return d if abs(d) > limit else None
+
+
 def print_rounds(name, alive: dict, inputs, rows: dict, rounds: int, reps: int) -> None:
     """Time the kept variants in ``rounds`` interleaved rounds (_timing.paired_ms) and
     record each one's per-round ms and its median per-round ratio to the first variant
@@ -438,6 +451,12 @@ def print_rounds(name, alive: dict, inputs, rows: dict, rounds: int, reps: int) 
         ratio = paired_ratio(times, v, base)
         rows[v]["rounds_ms"], rows[v][f"rounds_ratio_to_{base}"] = ms, ratio
         print(f"   {v:<22} {' '.join(f'{m:.3f}' for m in ms)}   ratio {ratio:.3f}")
+    for v, ms in times.items():
+        d = drift(rows[v]["ms"], ms)
+        rows[v]["rounds_drift"] = d
+        if d is not None:
+            print(f"   ! {v}: its rounds' median is {100 * d:+.0f}% off its first timing "
+                  f"({rows[v]['ms']:.3f} ms): ratios against it in this run are suspect")
 
 
 def main(argv=None) -> int:

@@ -95,3 +95,9 @@ def test_kernel_sequence_lists_the_kernels_before_the_first_match_in_order():
     assert gp.kernel_sequence(spans, "no such kernel", 3) == []
     assert [k["name"] for k in gp.kernel_sequence(spans, None, 0)] == [
         "nvjet_sm90_gemm_q", "triton_poi_fused_clone_1", "triton_poi_fused_clone_2"]
+
+
+def test_drift_flags_rounds_far_from_the_first_timing():
+    assert gp.drift(4.877, [7.510, 7.740, 7.469]) == pytest.approx(7.510 / 4.877 - 1)
+    assert gp.drift(4.244, [4.750, 4.730, 4.694, 4.775, 4.719]) is None      # +11%: within the limit
+    assert gp.drift(5.0, [3.9, 4.0, 4.1]) == pytest.approx(-0.2)
