@@ -22,8 +22,9 @@ Environment variables:
                              (read at compile; a saved folder keeps its value)
   CUTLASS_OFFLOAD_PER_SAMPLE_ADD  default 0: 1 fuses a conv's add of a per-sample
                              (N, K, 1, 1) tensor (the UNet's time embedding) into the sm_90a
-                             TMA conv's epilogue (emit/templates/per_sample_broadcast.h); off
-                             until checked on a GPU (read at compile; a saved folder keeps it)
+                             TMA conv's epilogue (emit/templates/per_sample_broadcast.h); off:
+                             correct on the GPU but slower in sd-unet (session 35; read at
+                             compile; a saved folder keeps it)
   CUTLASS_OFFLOAD_HOST_LAUNCHERS  0 compiles the launchers with nvcc, not the host C++
                              compiler (default 1 when nvcc's CUDA headers are found)
   CUTLASS_OFFLOAD_LINEINFO   1 compiles kernels with -lineinfo (CUDA source lines in
