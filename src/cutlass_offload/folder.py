@@ -243,7 +243,8 @@ def save(compiled: CompiledModel, cap: Captured, example_inputs, options: Compil
 
 
 _canonical_lock = threading.Lock()
-_canonical_skips = 0
+_canonical_skips = 0        # saves inside _no_canonical_form_check now
+_canonical_real = None      # torch's canonicalize while they run
 
 
 @contextlib.contextmanager
@@ -257,7 +258,7 @@ def _no_canonical_form_check():
     unchanged, so a torch that did use the result would save it uncanonicalized,
     which still loads. Nested and concurrent uses are counted; the last one out
     restores torch's function."""
-    global _canonical_skips
+    global _canonical_skips, _canonical_real
     serde = getattr(getattr(torch, "_export", None), "serde", None)
     mod = getattr(serde, "serialize", None)
     if mod is None or not callable(getattr(mod, "canonicalize", None)):
@@ -265,7 +266,7 @@ def _no_canonical_form_check():
         return
     with _canonical_lock:
         if _canonical_skips == 0:
-            _no_canonical_form_check.real = mod.canonicalize
+            _canonical_real = mod.canonicalize
             mod.canonicalize = lambda ep, *args, **kwargs: ep
         _canonical_skips += 1
     try:
@@ -274,7 +275,7 @@ def _no_canonical_form_check():
         with _canonical_lock:
             _canonical_skips -= 1
             if _canonical_skips == 0:
-                mod.canonicalize = _no_canonical_form_check.real
+                mod.canonicalize = _canonical_real
 
 
 def save_program(program: torch.export.ExportedProgram, path: Path) -> None:

@@ -19,6 +19,7 @@ import torch.fx as fx
 
 from ..errors import UnsupportedRegion
 from ..ir import note_mask_folded
+from ..layout_copies import is_layout_copy
 from ..masks import mask_pattern
 from .attention import (_MATMULS, AttentionOperands, _arg, _call, _cast_of, _checks,
                         _is_heads_transpose, _is_last_two_transpose, _logits_source, _number,
@@ -241,19 +242,12 @@ def sdpa_operands(node, options) -> AttentionOperands:
 
 
 def _through_layout_copy(x, sdpa, copies: list):
-    """The input of ``x`` when ``x`` is a layout-only copy (``contiguous()``, or
-    ``clone()`` to the contiguous or the input's own format) that only ``sdpa`` uses,
-    of a tensor of rank 3 or 4 whose head dim is dense (Hugging Face's
-    ``.transpose(1, 2).contiguous()`` head split): the region reads the strided view
-    in place (runtime/attention_region.py takes any batch / seq / head strides) and
-    the copy joins the region, for its PyTorch fallback. Else ``x``."""
-    if not (isinstance(x, fx.Node) and _call(x, aten.contiguous.default, aten.clone.default)
-            and len(x.args) == 1 and set(x.kwargs) <= {"memory_format"}
-            and x.kwargs.get("memory_format") in (None, torch.contiguous_format, torch.preserve_format)
-            and _users(x) == [sdpa] and isinstance(x.args[0], fx.Node)):
-        return x
-    src = val(x.args[0])
-    if not isinstance(src, torch.Tensor) or src.dim() not in (3, 4) or static_int(src.stride(-1)) != 1:
+    """The input of ``x`` when ``x`` is a layout-only copy (layout_copies.py: Hugging
+    Face's ``.transpose(1, 2).contiguous()`` head split) that only ``sdpa`` uses: the
+    region reads the strided view in place (runtime/attention_region.py takes any
+    batch / seq / head strides) and the copy joins the region, for its PyTorch
+    fallback. Else ``x``."""
+    if not is_layout_copy(x) or _users(x) != [sdpa]:
         return x
     if x not in copies:                # one copy may be both k and v
         copies.append(x)

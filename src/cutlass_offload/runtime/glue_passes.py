@@ -17,9 +17,9 @@ kernels read any layout whose last dim is dense (PyTorch's sdp_utils:
 itself where a kernel needs more), and a constant factor on q is a factor on the
 scores. So:
 
-* ``drop_sdpa_input_copies``: a ``contiguous`` / ``clone`` whose every use is the
-  query, key or value of an SDPA call, of a 4-D tensor with a dense last dim, is
-  replaced by its input. SDPA's output then takes the input's layout (cuDNN's and
+* ``drop_sdpa_input_copies``: a layout-only copy (layout_copies.py) of a 4-D tensor
+  whose every use is the query, key or value of an SDPA call is replaced by its
+  input. SDPA's output then takes the input's layout (cuDNN's and
   the meta function's ``alloc_with_matching_layout``: B, L, H, D in memory), so the
   head merge's ``transpose(1, 2).contiguous()`` is a no-op when Inductor traces it.
 * ``fold_sdpa_query_scale``: ``sdpa(views(q * c), ..., scale=s)`` becomes
@@ -41,12 +41,13 @@ import math
 import torch
 import torch.fx as fx
 
+from ..layout_copies import is_layout_copy
+
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default
 # ops whose result only re-labels the same elements (shape / stride changes)
 VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.transpose.int,
          aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim, aten.expand.default}
-COPIES = {aten.contiguous.default, aten.clone.default}
 SCALES = {aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar}
 
 
@@ -65,34 +66,14 @@ def _qkv_only(node: fx.Node) -> bool:
     return bool(node.users)
 
 
-def _layout_free_copy(node: fx.Node) -> bool:
-    """A copy that only sets a layout: contiguous() / clone() to the contiguous or
-    the input's own format (not channels_last and the like)."""
-    if node.op != "call_function" or node.target not in COPIES or len(node.args) != 1:
-        return False
-    fmt = node.kwargs.get("memory_format")
-    return set(node.kwargs) <= {"memory_format"} and fmt in (None, torch.contiguous_format,
-                                                              torch.preserve_format)
-
-
-def _dense_last_dim(v: torch.Tensor | None) -> bool:
-    if v is None or v.dim() != 4:
-        return False
-    stride, size = v.stride(-1), v.size(-1)
-    return (isinstance(stride, int) and stride == 1) or (isinstance(size, int) and size == 1)
-
-
 def drop_sdpa_input_copies(gm: fx.GraphModule) -> int:
     """Replace each layout copy that feeds only SDPA's q / k / v with its input
     (module docstring). Returns the number of copies removed."""
     removed = 0
     for node in list(gm.graph.nodes):
-        if not _layout_free_copy(node) or not _qkv_only(node):
+        if not is_layout_copy(node, ranks=(4,)) or not _qkv_only(node):
             continue
-        src = node.args[0]
-        if not isinstance(src, fx.Node) or not _dense_last_dim(_val(src)):
-            continue
-        node.replace_all_uses_with(src)
+        node.replace_all_uses_with(node.args[0])
         gm.graph.erase_node(node)
         removed += 1
     if removed:
