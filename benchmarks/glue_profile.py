@@ -23,7 +23,9 @@ glue costs); and ``ours_per_sample_add``: ours with a conv's per-sample (N, K, 1
 add fused into its epilogue (CompileOptions.per_sample_add: the UNet's time
 embedding); and ``ours_sdpa_copies``: ours without the glue's SDPA rewrites
 (runtime/glue_passes.py: layout copies before SDPA dropped, a query's factor folded
-into its scale), each checked against a
+into its scale); and ``ours_glu_all_k``: ours with every gated pair one GEMM with a
+GLU epilogue whatever its K (partition/gated_gemm.py MIN_K 0: the UNet's GEGLU
+projections, K 320-1280), each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
 ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
 ``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
@@ -69,7 +71,8 @@ from cutlass_offload.models import load_model
 
 VARIANTS = ("torch_compile", "ours", "ours_dynamic", "ours_python_wrapper", "ours_cpp_wrapper",
             "norms_all", "attention_in_pytorch", "ours_no_pdl", "ours_no_buffer_reuse",
-            "ours_dynamic_glue_auto", "ours_per_sample_add", "norms_none", "ours_sdpa_copies")
+            "ours_dynamic_glue_auto", "ours_per_sample_add", "norms_none", "ours_sdpa_copies",
+            "ours_glu_all_k")
 WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True}
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
@@ -315,6 +318,19 @@ def _no_sdpa_rewrites(on: bool):
 
 
 @contextlib.contextmanager
+def _glu_all_k(on: bool):
+    """While ``on``: gated pairs become one GLU GEMM at any K (partition/gated_gemm.py
+    MIN_K 0), e.g. the UNet's GEGLU projections (K 320-1280)."""
+    from cutlass_offload.partition import gated_gemm
+    real = gated_gemm.MIN_K
+    gated_gemm.MIN_K = 0 if on else real
+    try:
+        yield
+    finally:
+        gated_gemm.MIN_K = real
+
+
+@contextlib.contextmanager
 def _no_pdl(on: bool):
     """While ``on``: every GEMM kernel select chooses launches without PDL."""
     if not on:
@@ -351,7 +367,8 @@ def run_variant(variant, model, inputs, check, a):
                                      per_sample_add=variant == "ours_per_sample_add" or None)
             cap = capture(model, inputs,
                           dynamic_batch=variant in ("ours_dynamic", "ours_dynamic_glue_auto"))
-            with _attention_in_pytorch(variant == "attention_in_pytorch"), _no_pdl(variant == "ours_no_pdl"):
+            with _attention_in_pytorch(variant == "attention_in_pytorch"), _no_pdl(variant == "ours_no_pdl"), \
+                    _glu_all_k(variant == "ours_glu_all_k"):
                 fn = compile_captured(cap, options, glue="inductor", mode=mode,
                                       inductor_options={"cpp_wrapper": WRAPPER[variant]}
                                       if variant in WRAPPER and mode is None else None)

@@ -195,6 +195,22 @@ def test_glu_source_swaps_the_epilogue_only(bias):
     assert parts(code) == parts(plain)
 
 
+def test_glu_store_form_is_in_the_source(monkeypatch):
+    # staged by default; the register-stored form (benchmarks/glu_epilogue.py's A/B)
+    # is another source text, so the kernel cache keeps the two apart
+    cfg = sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG)
+    k = GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                   epilogue=GemmEpilogue(bias=True, activation="gelu_erf", glu=True), config=cfg)
+    staged = gemm_sm90.emit(k).code
+    assert "cutlass::epilogue::NoSmemWarpSpecialized, TileShape, true>>;" in staged
+    assert "staged in shared memory" in staged
+    monkeypatch.setattr(gemm_sm90, "GLU_STAGED", False)
+    registers = gemm_sm90.emit(k).code
+    assert "cutlass::epilogue::NoSmemWarpSpecialized, TileShape, false>>;" in registers
+    assert "written from registers" in registers
+    assert staged.replace("true>>;", "false>>;") != registers      # the comment differs too
+
+
 def test_tuner_reference_and_unfused_sequence_agree():
     from cutlass_offload.tune.profile import Operands
     spec = {"m": 32, "n": 64, "k": 48, "batch": 1, "dtype": "f32", "layout_b": "col",

@@ -188,15 +188,20 @@ TEMPLATE = string.Template(_TEXT)
 
 # A GLU epilogue (ir.GemmEpilogue.glu): templates/glu_epilogue.h in place of the
 # collective builder's TMA epilogue; the rest of the kernel's text is TEMPLATE's.
+# GLU_STAGED: the products go through a shared-memory tile and leave in 16-byte row
+# chunks (True), or each thread stores its column pairs from registers (False, the
+# form before session 36; kept for benchmarks/glu_epilogue.py's A/B).
 GLU_H = (Path(__file__).parent / "templates" / "glu_epilogue.h").read_text()
+GLU_STAGED = True
 _GLU_EPILOGUE = """\
 using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
 
 // Epilogue: ${epilogue_tag}: gate and up columns interleaved in blocks of 8, the product
-// written from registers (templates/glu_epilogue.h; NoSmem: no shared memory taken)
+// ${glu_store} (templates/glu_epilogue.h; the mainloop's stages
+// are counted after its shared memory)
 using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
     co_glu::GluEpilogue<ElementD, ElementBias, ${glu_activation}, ${glu_bias},
-                        cutlass::epilogue::NoSmemWarpSpecialized>>;
+                        cutlass::epilogue::NoSmemWarpSpecialized, TileShape, ${glu_staged}>>;
 
 """
 GLU_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, _GLU_EPILOGUE))
@@ -488,6 +493,9 @@ def values(kernel: GemmKernel) -> dict:
         "c_check": " && args.c != nullptr && co_tma_aligned(args.c)" if residual else "",
         "glu_activation": activations.FUNCTOR[ep.activation] or "cutlass::epilogue::thread::Identity",
         "glu_bias": "true" if ep.bias else "false",
+        "glu_staged": "true" if GLU_STAGED else "false",
+        "glu_store": ("staged in shared memory, stored in 16-byte row chunks" if GLU_STAGED
+                      else "written from registers"),
         "wg_n": str(cfg.tile[1] // 2),
         "wgmma_kind": sm90_parts.WGMMA_TYPES.get(kernel.dtype, ("", ""))[1],
     }
