@@ -92,7 +92,7 @@ def build_libraries(shapes, num_sms):
     """{staged: (library path, rows)}: two builds, GLU_STAGED off and on."""
     from cutlass_offload import build
     from cutlass_offload.emit import gemm_sm90
-    out = {}
+    out, default = {}, gemm_sm90.GLU_STAGED
     for staged in (False, True):
         gemm_sm90.GLU_STAGED = staged
         plan, rows = plan_for(shapes, staged, num_sms)
@@ -103,7 +103,7 @@ def build_libraries(shapes, num_sms):
         print(f"built {'staged' if staged else 'register'} GLU library: {len(plan.kernels)} kernels "
               f"in {time.perf_counter() - t:.0f} s", flush=True)
         out[staged] = (res.library, rows)
-    gemm_sm90.GLU_STAGED = True
+    gemm_sm90.GLU_STAGED = default
     return out
 
 

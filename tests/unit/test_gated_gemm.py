@@ -196,11 +196,12 @@ def test_glu_source_swaps_the_epilogue_only(bias):
 
 
 def test_glu_store_form_is_in_the_source(monkeypatch):
-    # staged by default; the register-stored form (benchmarks/glu_epilogue.py's A/B)
-    # is another source text, so the kernel cache keeps the two apart
+    # the two store forms (benchmarks/glu_epilogue.py's A/B) are different source
+    # texts, so the kernel cache keeps them apart
     cfg = sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG)
     k = GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
                    epilogue=GemmEpilogue(bias=True, activation="gelu_erf", glu=True), config=cfg)
+    monkeypatch.setattr(gemm_sm90, "GLU_STAGED", True)
     staged = gemm_sm90.emit(k).code
     assert "cutlass::epilogue::NoSmemWarpSpecialized, TileShape, true>>;" in staged
     assert "staged in shared memory" in staged

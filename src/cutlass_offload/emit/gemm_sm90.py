@@ -189,10 +189,13 @@ TEMPLATE = string.Template(_TEXT)
 # A GLU epilogue (ir.GemmEpilogue.glu): templates/glu_epilogue.h in place of the
 # collective builder's TMA epilogue; the rest of the kernel's text is TEMPLATE's.
 # GLU_STAGED: the products go through a shared-memory tile and leave in 16-byte row
-# chunks (True), or each thread stores its column pairs from registers (False, the
-# form before session 36; kept for benchmarks/glu_epilogue.py's A/B).
+# chunks (True), or each thread stores its column pairs from registers (False: the
+# form measured on the H200 in sessions 23-25). The staged form was built in session
+# 36 and compiles (tests/build), but no GPU could be started to check and time it
+# (benchmarks/glu_epilogue.py is that check's A/B), so the measured form stays the
+# default until it has run.
 GLU_H = (Path(__file__).parent / "templates" / "glu_epilogue.h").read_text()
-GLU_STAGED = True
+GLU_STAGED = False
 _GLU_EPILOGUE = """\
 using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
 
