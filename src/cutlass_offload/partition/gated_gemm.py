@@ -62,7 +62,9 @@ BLOCK = 8            # rows of one weight per block: a wgmma thread's column gro
 # GEGLU projections took 60.1 (8192 x 2560 x 320), 37.5 (2048 x 5120 x 640) and 27.0 us
 # (512 x 10240 x 1280) against 26.4, 22.8 and 22.3 for their plain GEMM with bias,
 # which the glue's GELU-multiply then follows (not timed apart): a loss at K = 320, and
-# not measured to gain below K = 2048.
+# not measured to gain below K = 2048. Those are the register-stored epilogue's figures;
+# the staged one (emit/gemm_sm90.GLU_STAGED, off until it has run on a GPU) is what
+# benchmarks/glu_epilogue.py times against it to decide this threshold again.
 MIN_K = 2048
 PREFIX = "_co_gated_"
 DTYPES = (torch.float16, torch.bfloat16)
