@@ -178,13 +178,17 @@ class GluEpilogue {
     // the staged tile: the group's reads of the previous tile are done before any write
     constexpr int Threads = int(size(TiledMma{}));
     // one barrier per warp group in the ping-pong kernel (one group of 128 threads at a
-    // time), one for both in the cooperative one; ids above CUTLASS's reserved ones
-    uint32_t const barrier_id = Threads == 128 ? uint32_t(cutlass::canonical_warp_group_idx() & 1) : 0u;
+    // time), one for both in the cooperative one; ids above CUTLASS's reserved ones.
+    // Called in the staged form only (the register form runs no barrier).
+    auto sync_tile = [] {
+      uint32_t id = Threads == 128 ? uint32_t(cutlass::canonical_warp_group_idx() & 1) : 0u;
+      cutlass::arch::NamedBarrier::sync(Threads, id);
+    };
     ElementD* tile = reinterpret_cast<ElementD*>(smem_buf);
     if constexpr (Staged) {
       static_assert(size<0>(BlockShapeMNK{}) == TileM && size<1>(BlockShapeMNK{}) == TileN,
                     "the staged tile is sized for TileShape");
-      cutlass::arch::NamedBarrier::sync(Threads, barrier_id);
+      sync_tile();
     }
 
     CUTLASS_PRAGMA_UNROLL
@@ -231,7 +235,7 @@ class GluEpilogue {
     }
 
     if constexpr (Staged) {
-      cutlass::arch::NamedBarrier::sync(Threads, barrier_id);
+      sync_tile();
       // whole 16-byte chunks of the tile's rows to D: N / 2 is a multiple of 8, so a
       // chunk is all in or all out of D's columns
       constexpr int ChunksPerRow = (TileN / 2) / Vec;
