@@ -25,7 +25,8 @@ embedding); and ``ours_sdpa_copies``: ours without the glue's SDPA rewrites
 (runtime/glue_passes.py: layout copies before SDPA dropped, a query's factor folded
 into its scale); and ``ours_glu_all_k``: ours with every gated pair one GEMM with a
 GLU epilogue whatever its K (partition/gated_gemm.py MIN_K 0: the UNet's GEGLU
-projections, K 320-1280), each checked against a
+projections, K 320-1280), and ``ours_glu_staged_all_k``: the same with the GLU
+epilogue's products staged in shared memory (emit/gemm_sm90.GLU_STAGED), each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
 ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
 ``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
@@ -72,7 +73,7 @@ from cutlass_offload.models import load_model
 VARIANTS = ("torch_compile", "ours", "ours_dynamic", "ours_python_wrapper", "ours_cpp_wrapper",
             "norms_all", "attention_in_pytorch", "ours_no_pdl", "ours_no_buffer_reuse",
             "ours_dynamic_glue_auto", "ours_per_sample_add", "norms_none", "ours_sdpa_copies",
-            "ours_glu_all_k")
+            "ours_glu_all_k", "ours_glu_staged_all_k")
 WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True}
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
@@ -318,16 +319,19 @@ def _no_sdpa_rewrites(on: bool):
 
 
 @contextlib.contextmanager
-def _glu_all_k(on: bool):
+def _glu_all_k(on: bool, staged: bool = False):
     """While ``on``: gated pairs become one GLU GEMM at any K (partition/gated_gemm.py
-    MIN_K 0), e.g. the UNet's GEGLU projections (K 320-1280)."""
+    MIN_K 0), e.g. the UNet's GEGLU projections (K 320-1280); with ``staged`` their
+    epilogue stages the products in shared memory (emit/gemm_sm90.GLU_STAGED)."""
+    from cutlass_offload.emit import gemm_sm90
     from cutlass_offload.partition import gated_gemm
-    real = gated_gemm.MIN_K
+    real, real_staged = gated_gemm.MIN_K, gemm_sm90.GLU_STAGED
     gated_gemm.MIN_K = 0 if on else real
+    gemm_sm90.GLU_STAGED = staged if on else real_staged
     try:
         yield
     finally:
-        gated_gemm.MIN_K = real
+        gated_gemm.MIN_K, gemm_sm90.GLU_STAGED = real, real_staged
 
 
 @contextlib.contextmanager
@@ -368,7 +372,8 @@ def run_variant(variant, model, inputs, check, a):
             cap = capture(model, inputs,
                           dynamic_batch=variant in ("ours_dynamic", "ours_dynamic_glue_auto"))
             with _attention_in_pytorch(variant == "attention_in_pytorch"), _no_pdl(variant == "ours_no_pdl"), \
-                    _glu_all_k(variant == "ours_glu_all_k"):
+                    _glu_all_k(variant in ("ours_glu_all_k", "ours_glu_staged_all_k"),
+                               staged=variant == "ours_glu_staged_all_k"):
                 fn = compile_captured(cap, options, glue="inductor", mode=mode,
                                       inductor_options={"cpp_wrapper": WRAPPER[variant]}
                                       if variant in WRAPPER and mode is None else None)

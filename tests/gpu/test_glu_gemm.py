@@ -6,7 +6,8 @@ fresh random inputs, with the allocator poisoned first, for fp16 and bf16, under
 eager and Inductor glue, with ragged M, N and K, biases, three activations and the
 tile kinds whose accumulator layouts differ (a 64-row ping-pong tile, 128-row
 cooperative ones on one and on two wgmma rows per warpgroup, a 176-wide tile on the
-extended wgmma with a 2x1 cluster, a stream-K kernel).
+extended wgmma with a 2x1 cluster, a stream-K kernel), with the products stored from
+registers and staged in shared memory (emit/gemm_sm90.GLU_STAGED).
 
 A learned table naming a config per GLU GEMM shape (select/sm90.py ``use_table``)
 makes the compile pick it."""
@@ -19,6 +20,7 @@ from helpers import check_fresh_outputs
 from torch import nn
 
 import cutlass_offload as co
+from cutlass_offload.emit import gemm_sm90
 from cutlass_offload.ir import config_to_dict
 from cutlass_offload.partition import gated_gemm
 from cutlass_offload.select import sm90
@@ -72,10 +74,12 @@ def glu_table(tmp_path, monkeypatch):
     sm90.use_table(before)
 
 
+@pytest.mark.parametrize("store", ["registers", "staged"])
 @pytest.mark.parametrize("glue", ["eager", "inductor"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_glu_gemms_match_float32(glu_table, cache_dir, dtype, glue, monkeypatch):
+def test_glu_gemms_match_float32(glu_table, cache_dir, dtype, glue, store, monkeypatch):
     monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(cache_dir))
+    monkeypatch.setattr(gemm_sm90, "GLU_STAGED", store == "staged")
     torch.manual_seed(0)
     model = Pairs().to(device="cuda", dtype=dtype).eval()
     x = torch.randn(M, K, device="cuda", dtype=dtype)
