@@ -37,10 +37,11 @@ from .select import sm90
 
 # The epilogues of the built-in and zoo models' GEMMs (benchmarks/corpus): plain,
 # bias, bias + relu / gelu (erf, tanh) / silu, bias + residual add, residual add,
-# SiLU gate * up as a fused multiply (a SwiGLU with K < gated_gemm.MIN_K) and as one
-# GEMM with a GLU epilogue (llama's; sm90a only).
+# SiLU gate * up as a fused multiply (a SwiGLU pair gated_gemm cannot interleave) and
+# as one GEMM with a GLU epilogue (llama's SwiGLU, the UNet's GEGLU with a bias; sm90a
+# only).
 DEFAULT_EPILOGUES = ("plain", "bias", "bias_relu", "bias_gelu", "bias_gelutanh", "bias_silu",
-                     "bias_resadd", "resadd", "silu_resmul", "glu_silu")
+                     "bias_resadd", "resadd", "silu_resmul", "glu_silu", "bias_glu_gelu")
 
 
 def known_epilogues() -> dict:

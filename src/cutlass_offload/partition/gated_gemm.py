@@ -27,8 +27,8 @@ pair is, on the sm90a target (the GLU epilogue exists for its kernels only), eit
 with ``act`` a one-op activation of the epilogue table (checks.ACTIVATION_NAMES),
 each intermediate used only there and without metadata checks, 2-D module-constant
 (``get_attr``) weights of f16 / bf16 (the sm90a kernels), N (per half) and K
-multiples of 8 (16-byte rows for TMA), K at least ``MIN_K`` (below it the GLU
-epilogue's register stores cost more than they save: measured, see MIN_K), constant
+multiples of 8 (16-byte rows for TMA), K at least ``MIN_K`` (0: measured faster at
+every K with the staged GLU store, see MIN_K), constant
 biases or none.
 
 The rewrite registers the interleaved weight (and bias: zeros for a member without
@@ -53,19 +53,17 @@ from .checks import ACTIVATION_NAMES
 from .graph_utils import aten, attr_tensor, fake_like, is_call, metadata_checks, only_user
 
 BLOCK = 8            # rows of one weight per block: a wgmma thread's column group (glu_epilogue.h)
-# K from which a gated pair is rewritten: where it was measured faster end to end. The
-# GLU epilogue stores from registers, 4 bytes per thread and row, where the TMA
-# epilogue it replaces stages through shared memory; with a short K that store is most
-# of the kernel. On the H200 (kernels_glu_*, kernels_geglu_bias_preload_2026-12-03_h200.*):
-# llama's 2048 x 2 x 5632 x 2048 took 139.4 us against 150 for our two kernels before
-# (its forward 0.95 -> 0.90 of torch.compile's in reduce-overhead), while the UNet's
-# GEGLU projections took 60.1 (8192 x 2560 x 320), 37.5 (2048 x 5120 x 640) and 27.0 us
-# (512 x 10240 x 1280) against 26.4, 22.8 and 22.3 for their plain GEMM with bias,
-# which the glue's GELU-multiply then follows (not timed apart): a loss at K = 320, and
-# not measured to gain below K = 2048. Those are the register-stored epilogue's figures;
-# the staged one (emit/gemm_sm90.GLU_STAGED, off until it has run on a GPU) is what
-# benchmarks/glu_epilogue.py times against it to decide this threshold again.
-MIN_K = 2048
+# K from which a gated pair is rewritten: 0, every K. The GLU epilogue stages the
+# products in shared memory and stores 16-byte row chunks (emit/gemm_sm90.GLU_STAGED).
+# Session 37, H100 (benchmarks/results/glu_epilogue_2026-12-05_h100_s37.*), us per
+# call against our plain GEMM with bias followed by Inductor's GELU-multiply (what runs
+# without the rewrite): the UNet's GEGLU projections 40.4 vs 48.8 (8192 x 2560 x 320),
+# 30.0 vs 46.4 (2048 x 5120 x 640), 25.1 vs 36.6 (512 x 10240 x 1280), 14.0 vs 19.1
+# (128 x 10240 x 1280); llama's 2048 x 2 x 5632 x 2048 160.9 vs 193.6; sd-unet's
+# reduce-overhead forward 6.88 -> 6.73 ms (glue_sdunet_glu_staged_ro_2026-12-05_h100_s37.*).
+# Until then it was 2048: the register-stored form (GLU_STAGED False) lost at short K
+# (60.1 against 26.4 us for the plain GEMM at 8192 x 2560 x 320, H200, session 23).
+MIN_K = 0
 PREFIX = "_co_gated_"
 DTYPES = (torch.float16, torch.bfloat16)
 

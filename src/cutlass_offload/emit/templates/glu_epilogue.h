@@ -22,8 +22,8 @@
 //   bits per thread and row, 16 contiguous bytes per quad of threads; no shared
 //   memory. On the H200 this ran the UNet's short-K GEGLU projections 2.3x slower
 //   than the plain GEMM with its TMA store (session 23).
-// * staged (true): the products go to a shared-memory tile (TileM x (TileN / 2 + 8)
-//   elements: the 16-byte row pad puts the 8 rows of a warp's 4-byte writes in
+// * staged (true): the products go to a shared-memory tile (TileM x Pitch elements,
+//   Pitch >= TileN / 2 chosen so the 8 rows of a warp's 4-byte writes fall in
 //   distinct banks), then every thread of the epilogue copies whole 16-byte row
 //   chunks to D, a warp 512 contiguous-in-row bytes at a time, as CUTLASS's
 //   epilogue does after its own smem stage (without TMA: no tensor map to build).
@@ -63,7 +63,10 @@ class GluEpilogue {
   static constexpr int TileM = cute::size<0>(TileShape_{});
   static constexpr int TileN = cute::size<1>(TileShape_{});
   static constexpr int Vec = 16 / int(sizeof(ElementD_));      // elements of one 16-byte chunk
-  static constexpr int Pitch = TileN / 2 + Vec;                // staged tile's row, padded 16 bytes
+  // The staged tile's row pitch: an odd multiple of 16 bytes, so the 8 rows of a warp's
+  // 4-byte writes (4 threads per row) start 16 bytes apart modulo the 128-byte bank
+  // cycle and fall in 32 distinct banks; a 16-byte pad where the row is a multiple of 32.
+  static constexpr int Pitch = TileN / 2 + ((TileN / 2 * int(sizeof(ElementD_))) % 32 == 0 ? Vec : 0);
   static_assert(TileN % 16 == 0, "tile N must be a multiple of 16");
 
   struct StagedStorage {

@@ -1,0 +1,39 @@
+"""Build tier: the GLU epilogue's staged store form (emit/templates/glu_epilogue.h with
+Staged_ = true, emit/gemm_sm90.GLU_STAGED) compiles in the two kernel schedules that
+run it differently: the ping-pong kernel, whose two warp groups take turns with one
+shared-memory tile and a named barrier each, and the cooperative one with a 2x1
+cluster and a 176-wide tile, whose 256 threads share one barrier and whose staged
+row needs no pad. The mainloop's automatic stage count carves the tile out of shared
+memory; the static_asserts check the tile is sized for the CTA tile. The form is off
+by default, so no other build test compiles it; tests/gpu/test_glu_gemm.py runs it."""
+from pathlib import Path
+
+import pytest
+from build_helpers import build_one_job, kernel_units, library_exports
+
+from cutlass_offload.emit import gemm_sm90
+from cutlass_offload.ir import GemmEpilogue, GemmKernel, GemmProblem, GemmRegion, Plan
+from cutlass_offload.select import sm90
+
+pytestmark = pytest.mark.build
+
+GEGLU = GemmEpilogue(bias=True, activation="gelu_erf", glu=True)
+CONFIGS = (sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG),
+           sm90._config((128, 176, 64), (2, 1, 1), sm90.COOP))
+
+
+def test_staged_glu_kernels_compile(cache_dir, monkeypatch):
+    monkeypatch.setattr(gemm_sm90, "GLU_STAGED", True)
+    kernels = tuple(GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                               epilogue=GEGLU, config=c) for c in CONFIGS)
+    regions = tuple(GemmRegion(name=f"geglu{i}", form="linear", nodes=(f"geglu{i}",), a="a", b="b",
+                               problem=GemmProblem(n=2560, k=320, dtype="f16", layout_b="col", align_a=8,
+                                                   align_b=8, align_c=8, epilogue=GEGLU, m=8192, m_hint=8192))
+                    for i in range(len(kernels)))
+    plan = Plan("sm90a", regions, kernels, ())
+    res = build_one_job(cache_dir, plan)
+    units = kernel_units(res)
+    source = "".join(Path(u.source).read_text() for u in units)
+    assert source.count("TileShape, true>>") == len(CONFIGS)
+    assert "TileShape, false>>" not in source
+    library_exports(res, plan)
