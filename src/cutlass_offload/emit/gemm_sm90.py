@@ -209,6 +209,39 @@ using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpe
 """
 GLU_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, _GLU_EPILOGUE))
 
+# A staged elementwise epilogue (templates/staged_epilogue.h) in place of the
+# collective builder's TMA epilogue and its fusion callbacks, for the kernels
+# ``staged_epilogue_applies`` accepts: a plain class template, about half the nvcc time
+# of the TMA epilogue's instantiation (session 37, 2-core machine: four 16-bit GEMM
+# kernels in one unit 42.0 s with the TMA epilogue, 22.8 s with the GLU epilogue,
+# which stores the same way). Off until it has been timed against the TMA epilogue on
+# a GPU (benchmarks/staged_epilogue.py is that A/B; tests/gpu/test_staged_epilogue.py
+# checks it).
+STAGED_H = (Path(__file__).parent / "templates" / "staged_epilogue.h").read_text()
+STAGED_EPILOGUE = False
+_STAGED_EPILOGUE = """\
+using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
+
+// Epilogue: ${epilogue_tag}, staged in shared memory, stored in 16-byte row chunks
+// (templates/staged_epilogue.h; the mainloop's stages are counted after its shared memory)
+using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
+    co_staged::StagedEpilogue<ElementC, ElementD, ElementBias, ${staged_activation}, ${staged_has_activation},
+                              ${staged_bias}, ${staged_residual}, ${staged_post}, ${staged_has_post},
+                              cutlass::epilogue::NoSmemWarpSpecialized, TileShape>>;
+
+"""
+STAGED_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, _STAGED_EPILOGUE))
+
+
+def staged_epilogue_applies(kernel: GemmKernel) -> bool:
+    """Whether ``kernel`` takes the staged epilogue (while STAGED_EPILOGUE is on): a
+    16-bit, not transposed (swap_ab), not N-split kernel whose epilogue is elementwise
+    on a row-major D, with a full-shape residual if any (no GLU, no broadcast residual)."""
+    ep, cfg = kernel.epilogue, kernel.config
+    return (STAGED_EPILOGUE and kernel.dtype in ("f16", "bf16") and not ep.glu and not cfg.swap_ab
+            and not cfg.n_split and not ep.residual_broadcast)
+
+
 # N-split cooperative kernels (KernelConfig.n_split, warp = (M, N / 2, K)): the two
 # consumer warp groups split the tile's columns, not its rows, so a tile may be 192
 # rows high (cuBLAS's "coopB" kernels: whisper's 6000x768 outputs are 128 tiles of
@@ -285,9 +318,12 @@ N_SPLIT_TEMPLATE = string.Template(
 
 def template_for(kernel: GemmKernel) -> string.Template:
     """The family's template ``kernel`` is emitted from: GLU_TEMPLATE for a GLU
-    epilogue, N_SPLIT_TEMPLATE for an N-split config, else TEMPLATE."""
+    epilogue, STAGED_TEMPLATE where the staged epilogue applies, N_SPLIT_TEMPLATE for
+    an N-split config, else TEMPLATE."""
     if kernel.epilogue.glu:
         return GLU_TEMPLATE
+    if staged_epilogue_applies(kernel):
+        return STAGED_TEMPLATE
     return N_SPLIT_TEMPLATE if kernel.config.n_split else TEMPLATE
 
 
@@ -446,6 +482,9 @@ def _orientation(swap: bool) -> dict:
     }
 
 
+_IDENTITY = "cutlass::epilogue::thread::Identity"
+
+
 def values(kernel: GemmKernel) -> dict:
     """Build the substitution dict for ``TEMPLATE`` (every placeholder, no more).
 
@@ -458,7 +497,7 @@ def values(kernel: GemmKernel) -> dict:
     element = ELEMENT[kernel.dtype][0]
     residual = ep.residual != "none"
     swap = cfg.swap_ab
-    if ep.glu:
+    if ep.glu or staged_epilogue_applies(kernel):
         fusion_type, fusion_args = "", (
             "  arguments.epilogue.thread.bias = " +
             ("static_cast<ElementBias const*>(args.bias);" if ep.bias else "nullptr;"))
@@ -494,11 +533,17 @@ def values(kernel: GemmKernel) -> dict:
                            if stream_k else "args.splits <= 1 && args.decomposition == 0"),
         "ptr_c": "static_cast<ElementC const*>(args.c)" if residual else "nullptr",
         "c_check": " && args.c != nullptr && co_tma_aligned(args.c)" if residual else "",
-        "glu_activation": activations.FUNCTOR[ep.activation] or "cutlass::epilogue::thread::Identity",
+        "glu_activation": activations.FUNCTOR[ep.activation] or _IDENTITY,
         "glu_bias": "true" if ep.bias else "false",
         "glu_staged": "true" if GLU_STAGED else "false",
         "glu_store": ("staged in shared memory, stored in 16-byte row chunks" if GLU_STAGED
                       else "written from registers"),
+        "staged_activation": activations.FUNCTOR[ep.activation] or _IDENTITY,
+        "staged_has_activation": "true" if activations.FUNCTOR[ep.activation] else "false",
+        "staged_bias": "true" if ep.bias else "false",
+        "staged_residual": {"none": "0", "add": "1", "mul": "2"}[ep.residual],
+        "staged_post": activations.FUNCTOR[ep.post_activation] or _IDENTITY,
+        "staged_has_post": "true" if activations.FUNCTOR[ep.post_activation] else "false",
         "wg_n": str(cfg.tile[1] // 2),
         "wgmma_kind": sm90_parts.WGMMA_TYPES.get(kernel.dtype, ("", ""))[1],
     }
@@ -518,6 +563,8 @@ def emit(kernel: GemmKernel) -> KernelSource:
     code = sm90_parts.wgmma_selector(kernel) + template_for(kernel).substitute(values(kernel))
     if kernel.epilogue.glu:
         code = GLU_H + code          # guarded: the unit's other GLU kernels share it
+    elif staged_epilogue_applies(kernel):
+        code = STAGED_H + code       # guarded alike
     return KernelSource(name=kernel.name, includes=includes(kernel), code=code, defines=defines(kernel),
                         preamble=(sm90_parts.TMA_DRIVER,) + activations.preamble(kernel.epilogue.activation))
 
@@ -534,6 +581,6 @@ GLU_INCLUDES = ("cutlass/epilogue/collective/detail.hpp", "cutlass/epilogue/thre
 
 def includes(kernel: GemmKernel) -> tuple:
     """``INCLUDES``, then CuTe's extended wgmma headers for a tile N outside its default
-    shapes (sm90_parts.wgmma_selector), then what a GLU epilogue uses."""
+    shapes (sm90_parts.wgmma_selector), then what a GLU or staged epilogue uses."""
     return (INCLUDES + (sm90_parts.WGMMA_EXT_INCLUDES if sm90_parts.wide_mma(kernel.config) else ())
-            + (GLU_INCLUDES if kernel.epilogue.glu else ()))
+            + (GLU_INCLUDES if kernel.epilogue.glu or staged_epilogue_applies(kernel) else ()))

@@ -1,0 +1,293 @@
+// An elementwise epilogue for the CUTLASS 3.x sm90 GEMM kernels that stages its
+// output in shared memory and stores it in 16-byte row chunks, without TMA and
+// without CUTLASS's epilogue visitor tree (emit/gemm_sm90.py STAGED_EPILOGUE; wrapped
+// in cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter like
+// templates/glu_epilogue.h, whose staged store it generalizes).
+//
+//     D = post(residual_op(act(acc + bias), C))
+//
+// rounded to ElementD after every op, as PyTorch rounds each op's result and as the
+// EVT of emit/evt_sm90.py rounds between its nodes; unlike that tree it also rounds
+// the accumulator before a residual op that has no bias or activation before it
+// (PyTorch rounds the matmul's output there too).
+//
+// Why: the sm90 TMA epilogue with its fusion callbacks is about half of a GEMM
+// kernel's instantiation in nvcc; this one is a plain class template (session 37,
+// 2-core machine: a unit of four 16-bit GEMM kernels 42.0 s with the TMA epilogue,
+// 22.8 s with the GLU epilogue, which stores the same way).
+//
+// How: the tile's columns are processed in chunks of EpiN (whole 8-column groups of
+// the wgmma accumulator, at most 96 columns): the threads write their rounded
+// act(acc + bias) pairs (4 bytes) to a TileM x Pitch shared-memory tile, a named
+// barrier, then every thread copies whole 16-byte row chunks out, reading C's
+// matching chunk for the residual op, another barrier before the next chunk's
+// writes. The ping-pong kernel orders its two warp groups' epilogues
+// (math_wg_order_barrier), so they share the one tile, each with a barrier of its
+// own; the cooperative kernel's two groups share one barrier.
+//
+// Needs: D (and C) row-major (M, N, L) with 16-byte aligned rows and batch starts
+// (can_implement); any M and N (a chunk that straddles N is stored element by
+// element). The kernel's tile has one wgmma along N (MMA_N = 1: the builders' tiles).
+//
+// Spliced into a unit's code after its includes, once per unit (the guard).
+#ifndef CO_STAGED_EPILOGUE_H
+#define CO_STAGED_EPILOGUE_H
+
+namespace co_staged {
+
+// The largest divisor of groups that is at most 12: a chunk of 8-column groups
+// (at most 96 columns) that tiles the CTA tile's width exactly.
+constexpr int chunk_groups(int groups) {
+  int g = groups < 12 ? groups : 12;
+  while (groups % g != 0) {
+    --g;
+  }
+  return g;
+}
+
+template <class ElementC_, class ElementD_, class ElementBias_, template <class> class Activation_,
+          bool HasActivation_, bool HasBias_, int Residual_, template <class> class Post_, bool HasPost_,
+          class EpilogueSchedule_, class TileShape_>
+class StagedEpilogue {
+ public:
+  using EpilogueSchedule = EpilogueSchedule_;
+  using DispatchPolicy = EpilogueSchedule_;
+  // the kernel and the device adapter read these type names; no thread op runs
+  using ThreadEpilogueOp = cutlass::epilogue::thread::LinearCombination<ElementD_, 1, float, float>;
+  using ElementOutput = ElementD_;
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using ElementScalar = float;
+  using ElementC = ElementC_;            // void without a residual
+  using ElementD = ElementD_;
+  using ElementBias = ElementBias_;
+  using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
+  using StrideD = cute::Stride<int64_t, cute::_1, int64_t>;
+  using GmemElementC = cute::conditional_t<cute::is_void_v<ElementC_>, ElementD_, ElementC_>;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  static constexpr bool HasBias = HasBias_;
+  static constexpr int Residual = Residual_;     // 0 none, 1 add, 2 multiply
+  static constexpr int TileM = cute::size<0>(TileShape_{});
+  static constexpr int TileN = cute::size<1>(TileShape_{});
+  static constexpr int Groups = TileN / 8;
+  static constexpr int EpiN = 8 * chunk_groups(Groups);
+  static constexpr int Vec = 16 / int(sizeof(ElementD_));      // elements of one 16-byte chunk
+  // an odd multiple of 16 bytes, so the 8 rows of a warp's 4-byte writes (4 threads
+  // per row) start 16 bytes apart modulo the 128-byte bank cycle: 32 distinct banks
+  static constexpr int Pitch = EpiN + ((EpiN * int(sizeof(ElementD_))) % 32 == 0 ? Vec : 0);
+  static_assert(sizeof(ElementD_) == 2, "16-bit outputs only");
+  static_assert(Residual_ == 0 || !cute::is_void_v<ElementC_>, "a residual needs ElementC");
+  static_assert(TileN % 8 == 0, "tile N must be a multiple of 8");
+
+  struct SharedStorage {
+    alignas(128) ElementD_ tile[TileM * Pitch];
+  };
+  using TensorStorage = SharedStorage;
+
+  struct Thread {
+    ElementBias const* bias = nullptr;   // (N,); HasBias only
+  };
+  // the shape of DefaultEpilogue's arguments, so the GEMM's Arguments are written alike
+  struct Arguments {
+    Thread thread{};
+    void const* ptr_C = nullptr;         // (M, N, L) with dC's strides; Residual only
+    StrideC dC{};
+    ElementD* ptr_D = nullptr;
+    StrideD dD{};                        // (ld, 1, batch)
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  template <class Stride>
+  static bool rows_aligned(void const* ptr, Stride const& stride, int batches) {
+    // 16-byte chunks: every row and (with several batches) batch start 16-byte aligned
+    return ptr != nullptr && reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && cute::get<0>(stride) % Vec == 0 &&
+           (batches <= 1 || cute::get<2>(stride) % Vec == 0);
+  }
+
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
+    auto shape = cute::append<4>(problem_shape, 1);
+    int L = int(cute::get<3>(shape));
+    return rows_aligned(args.ptr_D, args.dD, L) && (Residual == 0 || rows_aligned(args.ptr_C, args.dC, L)) &&
+           (!HasBias || args.thread.bias != nullptr);
+  }
+
+  CUTLASS_HOST_DEVICE
+  StagedEpilogue(Params const& params_, SharedStorage const& = SharedStorage()) : params(params_) {}
+
+  CUTLASS_DEVICE bool is_source_needed() { return Residual != 0; }
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
+            class FrgLayout, class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_MNK,
+                                 BlockCoordMNKL blk_coord_mnkl,
+                                 cute::Tensor<FrgEngine, FrgLayout> const& accumulators, TiledMma tiled_mma,
+                                 ResidueMNK, int thread_idx, char* smem_buf) {
+    using namespace cute;
+    static_assert(is_static<BlockShapeMNK>::value, "the CTA tile shape must be static");
+    static_assert(is_static<FrgLayout>::value, "the accumulator layout must be static");
+    static_assert(size<0>(BlockShapeMNK{}) == TileM && size<1>(BlockShapeMNK{}) == TileN,
+                  "the staged tile is sized for TileShape");
+    // ((column pair, row + 8, column groups of 8), MMA_M, MMA_N): the wgmma C layout
+    static_assert(rank(FrgLayout{}) == 3 && rank<0>(FrgLayout{}) == 3, "unexpected accumulator layout");
+    static_assert(size<0, 0>(FrgLayout{}) == 2 && size<0, 1>(FrgLayout{}) == 2,
+                  "unexpected accumulator layout");
+    static_assert(size<0, 2>(FrgLayout{}) == Groups && size<2>(FrgLayout{}) == 1,
+                  "one wgmma spans the tile's width (MMA_N = 1)");
+
+    int M = get<0>(problem_shape_mnkl);
+    int N = get<1>(problem_shape_mnkl);
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
+    int m0 = int(m_coord) * TileM;
+    int n0 = int(n_coord) * TileN;
+
+    // tile-relative (row, column) of every accumulator element of this thread
+    auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+    Tensor cTile = make_identity_tensor(make_shape(size<0>(blk_shape_MNK), size<1>(blk_shape_MNK)));
+    Tensor tCc = thr_mma.partition_C(cTile);
+    CUTE_STATIC_ASSERT_V(size(tCc) == size(accumulators), "one coordinate per accumulator");
+
+    int64_t ldd = get<0>(params.dD);
+    ElementD* d = params.ptr_D + int64_t(l_coord) * get<2>(params.dD);
+    int64_t ldc = get<0>(params.dC);
+    GmemElementC const* c_src = nullptr;
+    if constexpr (Residual != 0) {
+      c_src = static_cast<GmemElementC const*>(params.ptr_C) + int64_t(l_coord) * get<2>(params.dC);
+    }
+    cutlass::NumericConverter<ElementD, float, cutlass::FloatRoundStyle::round_to_nearest> to_d;
+    Activation_<float> act;
+    Post_<float> post;
+
+    constexpr int Threads = int(size(TiledMma{}));
+    // one barrier per warp group in the ping-pong kernel (one group of 128 threads at a
+    // time), one for both in the cooperative one; ids above CUTLASS's reserved ones
+    auto sync_tile = [] {
+      uint32_t id = Threads == 128 ? uint32_t(cutlass::canonical_warp_group_idx() & 1) : 0u;
+      cutlass::arch::NamedBarrier::sync(Threads, id);
+    };
+    ElementD* tile = reinterpret_cast<ElementD*>(smem_buf);
+    constexpr int ChunkGroups = EpiN / 8;
+    constexpr int ChunksPerRow = EpiN / Vec;
+    constexpr int Chunks = TileM * ChunksPerRow;
+
+    CUTLASS_PRAGMA_UNROLL
+    for (int chunk = 0; chunk < Groups / ChunkGroups; ++chunk) {
+      int const chunk_col0 = chunk * EpiN;     // the chunk's first column in the tile
+      // this chunk's bias values, loaded before the chunk's first barrier
+      float bias_v[ChunkGroups][2];
+      if constexpr (HasBias) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int jj = 0; jj < ChunkGroups; ++jj) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < 2; ++c) {
+            int col = n0 + int(get<1>(tCc(make_coord(make_coord(c, 0, chunk * ChunkGroups + jj), 0, 0))));
+            bias_v[jj][c] = col < N ? float(params.thread.bias[col]) : 0.f;
+          }
+        }
+      }
+      sync_tile();     // the reads of the previous chunk (or tile) are done
+
+      CUTLASS_PRAGMA_UNROLL
+      for (int mm = 0; mm < size<1>(FrgLayout{}); ++mm) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int jj = 0; jj < ChunkGroups; ++jj) {
+            int j = chunk * ChunkGroups + jj;
+            auto crd = tCc(make_coord(make_coord(0, r, j), mm, 0));
+            cutlass::AlignedArray<ElementD, 2> out;
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < 2; ++c) {
+              float x = accumulators(make_coord(make_coord(c, r, j), mm, 0));
+              if constexpr (HasBias) {
+                x = float(to_d(x + bias_v[jj][c]));
+              }
+              if constexpr (HasActivation_) {
+                x = act(x);
+              }
+              out[c] = to_d(x);
+            }
+            int trow = int(get<0>(crd));
+            int tcol = int(get<1>(crd)) - chunk_col0;
+            *reinterpret_cast<cutlass::AlignedArray<ElementD, 2>*>(tile + trow * Pitch + tcol) = out;
+          }
+        }
+      }
+      sync_tile();     // the chunk is in shared memory
+
+      // whole 16-byte chunks of the tile's rows to D, a warp 512 bytes at a time
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < (Chunks + Threads - 1) / Threads; ++i) {
+        int ch = i * Threads + thread_idx;
+        if (Chunks % Threads != 0 && ch >= Chunks) {
+          break;
+        }
+        int trow = ch / ChunksPerRow;
+        int tcol = (ch % ChunksPerRow) * Vec;
+        int row = m0 + trow;
+        int col = n0 + chunk_col0 + tcol;
+        if (row >= M || col >= N) {
+          continue;
+        }
+        bool whole = col + Vec <= N;
+        cutlass::AlignedArray<ElementD, Vec> v =
+            *reinterpret_cast<cutlass::AlignedArray<ElementD, Vec> const*>(tile + trow * Pitch + tcol);
+        if constexpr (Residual != 0) {
+          GmemElementC const* src = c_src + int64_t(row) * ldc + col;
+          cutlass::AlignedArray<GmemElementC, Vec> cv;
+          if (whole) {
+            cv = *reinterpret_cast<cutlass::AlignedArray<GmemElementC, Vec> const*>(src);
+          } else {
+            CUTLASS_PRAGMA_UNROLL
+            for (int e = 0; e < Vec; ++e) {
+              cv[e] = col + e < N ? src[e] : GmemElementC(0);
+            }
+          }
+          CUTLASS_PRAGMA_UNROLL
+          for (int e = 0; e < Vec; ++e) {
+            float x = Residual == 1 ? float(v[e]) + float(cv[e]) : float(v[e]) * float(cv[e]);
+            if constexpr (HasPost_) {
+              x = post(float(to_d(x)));
+            }
+            v[e] = to_d(x);
+          }
+        }
+        ElementD* dst = d + int64_t(row) * ldd + col;
+        if (whole) {
+          *reinterpret_cast<cutlass::AlignedArray<ElementD, Vec>*>(dst) = v;
+        } else {
+          CUTLASS_PRAGMA_UNROLL
+          for (int e = 0; e < Vec; ++e) {
+            if (col + e < N) {
+              dst[e] = v[e];
+            }
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  Params params;
+};
+
+}  // namespace co_staged
+
+#endif  // CO_STAGED_EPILOGUE_H

@@ -1,0 +1,45 @@
+"""Build tier: the staged elementwise epilogue (emit/templates/staged_epilogue.h, behind
+emit/gemm_sm90.STAGED_EPILOGUE) compiles in one unit for the kernel kinds that run it
+differently: a ping-pong kernel (a warp group's own barrier, 64- and 128-row tiles),
+a cooperative 256-row one (two wgmma rows per warp group, one barrier for 256
+threads) with a residual add and a post ReLU, a 176-wide tile with a 2x1 cluster
+(11-group chunks, no row pad) and a plain epilogue, and a residual multiply. The
+static_asserts check the accumulator layout and the chunking. The form is off by
+default, so no other build test compiles it; tests/gpu/test_staged_epilogue_gpu.py runs it."""
+from pathlib import Path
+
+import pytest
+from build_helpers import build_one_job, kernel_units, library_exports
+
+from cutlass_offload.emit import gemm_sm90
+from cutlass_offload.ir import GemmEpilogue, GemmKernel, GemmProblem, GemmRegion, Plan
+from cutlass_offload.select import sm90
+
+pytestmark = pytest.mark.build
+
+KINDS = (
+    (GemmEpilogue(bias=True, activation="gelu_erf"), sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG)),
+    (GemmEpilogue(bias=True, activation="relu", residual="add", post_activation="relu"),
+     sm90._config((256, 128, 64), (1, 1, 1), sm90.COOP)),
+    (GemmEpilogue(), sm90._config((128, 176, 64), (2, 1, 1), sm90.COOP)),
+    (GemmEpilogue(activation="silu", residual="mul"), sm90._config((64, 128, 64), (1, 1, 1), sm90.PINGPONG)),
+)
+
+
+def test_staged_epilogue_kernels_compile(cache_dir, monkeypatch):
+    monkeypatch.setattr(gemm_sm90, "STAGED_EPILOGUE", True)
+    kernels = tuple(GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                               epilogue=ep, config=c) for ep, c in KINDS)
+    assert all(gemm_sm90.staged_epilogue_applies(k) for k in kernels)
+    regions = tuple(GemmRegion(name=f"staged{i}", form="linear", nodes=(f"staged{i}",), a="a", b="b",
+                               problem=GemmProblem(n=1024, k=320, dtype="f16", layout_b="col", align_a=8,
+                                                   align_b=8, align_c=8, epilogue=k.epilogue, m=4096,
+                                                   m_hint=4096))
+                    for i, k in enumerate(kernels))
+    plan = Plan("sm90a", regions, kernels, ())
+    res = build_one_job(cache_dir, plan)
+    units = kernel_units(res)
+    source = "".join(Path(u.source).read_text() for u in units)
+    assert source.count("co_staged::StagedEpilogue<") == len(KINDS)
+    assert "epilogue::collective::CollectiveBuilder" not in source     # no TMA epilogue
+    library_exports(res, plan)

@@ -1,0 +1,71 @@
+"""The staged elementwise epilogue's emission (emit/gemm_sm90.STAGED_EPILOGUE,
+emit/templates/staged_epilogue.h): which kernels take it, what their source carries,
+and that with the switch off every kernel's source is what it was."""
+import pytest
+
+from cutlass_offload.emit import gemm_sm90
+from cutlass_offload.ir import GemmEpilogue, GemmKernel
+from cutlass_offload.select import sm90
+
+PINGPONG = sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG)
+
+
+def _kernel(ep=GemmEpilogue(bias=True, activation="gelu_erf"), cfg=PINGPONG, dtype="f16"):
+    return GemmKernel(arch="sm90a", dtype=dtype, layout_b="col", align_a=8, align_b=8, align_c=8,
+                      epilogue=ep, config=cfg)
+
+
+@pytest.fixture
+def staged(monkeypatch):
+    monkeypatch.setattr(gemm_sm90, "STAGED_EPILOGUE", True)
+
+
+def test_off_by_default_and_then_the_tma_epilogue():
+    assert not gemm_sm90.staged_epilogue_applies(_kernel())
+    code = gemm_sm90.emit(_kernel()).code
+    assert "co_staged" not in code and "epilogue::collective::CollectiveBuilder" in code
+
+
+@pytest.mark.parametrize("ep, args", [
+    (GemmEpilogue(bias=True, activation="gelu_erf"),
+     "co_act::GELU, true,\n                              true, 0, cutlass::epilogue::thread::Identity, false,"),
+    (GemmEpilogue(bias=True, activation="relu", residual="add", post_activation="relu"),
+     "cutlass::epilogue::thread::ReLu, true,\n                              true, 1, "
+     "cutlass::epilogue::thread::ReLu, true,"),
+    (GemmEpilogue(activation="silu", residual="mul"),
+     "co_act::SiLU, true,\n                              false, 2, cutlass::epilogue::thread::Identity, false,"),
+    (GemmEpilogue(),
+     "cutlass::epilogue::thread::Identity, false,\n                              false, 0, "
+     "cutlass::epilogue::thread::Identity, false,"),
+])
+def test_the_epilogue_maps_to_the_template_arguments(staged, ep, args):
+    k = _kernel(ep)
+    assert gemm_sm90.staged_epilogue_applies(k)
+    src = gemm_sm90.emit(k)
+    assert args in src.code
+    assert src.code.count("#ifndef CO_STAGED_EPILOGUE_H") == 1
+    assert "epilogue::collective::CollectiveBuilder" not in src.code
+    assert "cutlass/numeric_conversion.h" in src.includes
+    # the bias pointer goes to the epilogue's own arguments; no EVT arguments
+    assert ("arguments.epilogue.thread.bias = static_cast<ElementBias const*>(args.bias);" in src.code) == ep.bias
+    assert "EVT arguments" not in src.code
+    # a residual reads C (and checks it is 16-byte aligned like TMA did)
+    assert ("static_cast<ElementC const*>(args.c)" in src.code) == (ep.residual != "none")
+
+
+@pytest.mark.parametrize("why, kernel", [
+    ("tf32", _kernel(dtype="f32")),
+    ("swap AB (a transposed D)", _kernel(cfg=sm90._config((128, 64, 64), (1, 1, 1), sm90.COOP, swap_ab=True))),
+    ("GLU", _kernel(GemmEpilogue(activation="silu", glu=True))),
+    ("broadcast residual", _kernel(GemmEpilogue(residual="add", residual_broadcast=True))),
+])
+def test_kernels_that_keep_their_epilogue(staged, why, kernel):
+    assert not gemm_sm90.staged_epilogue_applies(kernel), why
+
+
+def test_the_two_forms_are_different_sources(monkeypatch):
+    # the kernel cache keys objects by source: the forms never serve each other
+    k = _kernel()
+    tma = gemm_sm90.emit(k).code
+    monkeypatch.setattr(gemm_sm90, "STAGED_EPILOGUE", True)
+    assert gemm_sm90.emit(k).code != tma
