@@ -10,7 +10,7 @@ import torch
 from cutlass_offload import models
 from cutlass_offload.capture import capture
 from cutlass_offload.config import CompileOptions
-from cutlass_offload.ir import AttentionRegion
+from cutlass_offload.ir import AttentionRegion, GemmRegion
 from cutlass_offload.partition import partition
 
 # small builds of each architecture: (batch, seq, config overrides)
@@ -89,10 +89,13 @@ def test_llama_small_forward_and_partition():
     assert out.shape == (*ids.shape, 1000)             # logits
     part, kinds = _partition("llama")
     layers = 2
-    # q + k + v as one GEMM (partition/parallel_gemm.py), o, gate, up, down per layer
-    # + the LM head; 2 RMS norms per layer + final
-    assert kinds == {"GemmRegion": 5 * layers + 1, "NormRegion": 2 * layers + 1,
+    # q + k + v as one GEMM (partition/parallel_gemm.py), o, gate + up as one GEMM with
+    # a GLU epilogue (partition/gated_gemm.py, any K), down per layer + the LM head;
+    # 2 RMS norms per layer + final
+    assert kinds == {"GemmRegion": 4 * layers + 1, "NormRegion": 2 * layers + 1,
                      "AttentionRegion": layers}
+    glu = [r for r in part.regions if isinstance(r, GemmRegion) and r.problem.epilogue.glu]
+    assert [(r.problem.n, r.problem.epilogue.tag) for r in glu] == [(2 * 512, "glu_silu")] * layers
     qkv = [r for r in part.regions if any("combines" in n for n in r.notes)]
     assert [r.problem.n for r in qkv] == [256 + 2 * 64] * layers     # 8 query, 2 KV heads of 32
     att = [r for r in part.regions if isinstance(r, AttentionRegion)]
