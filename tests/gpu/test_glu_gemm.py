@@ -11,17 +11,15 @@ registers and staged in shared memory (emit/gemm_sm90.GLU_STAGED).
 
 A learned table naming a config per GLU GEMM shape (select/sm90.py ``use_table``)
 makes the compile pick it."""
-import json
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import check_fresh_outputs
+from helpers import check_fresh_outputs, gemm_table
 from torch import nn
 
 import cutlass_offload as co
 from cutlass_offload.emit import gemm_sm90
-from cutlass_offload.ir import config_to_dict
 from cutlass_offload.partition import gated_gemm
 from cutlass_offload.select import sm90
 
@@ -62,16 +60,10 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture
 def glu_table(tmp_path, monkeypatch):
     monkeypatch.setattr(gated_gemm, "MIN_K", 0)     # K = 264 here: the kernels at any K
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    entries = [{"m": M, "n": 2 * n, "k": K, "batch": 1, "layout_b": "col",
-                "config": config_to_dict(cfg), "launch": {}}
-               for n, cfg in [(n, cfg) for n, _, _, cfg in PAIRS.values()] + [(GEGLU_N, GEGLU_CONFIG)]]
-    path = tmp_path / "glu_table.json"
-    path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "num_sms": sms, "entries": entries}))
-    before = sm90.TABLE_FILE
-    sm90.use_table(path)
-    yield
-    sm90.use_table(before)
+    # the GEMMs over 2N interleaved columns
+    pairs = [(2 * n, cfg) for n, _, _, cfg in PAIRS.values()] + [(2 * GEGLU_N, GEGLU_CONFIG)]
+    with gemm_table(tmp_path / "glu_table.json", M, K, pairs):
+        yield
 
 
 @pytest.mark.parametrize("store", ["registers", "staged"])

@@ -5,17 +5,14 @@ ReLU, a SiLU times a residual, a plain GEMM; ragged M, N and K; the tile kinds w
 accumulator layouts and barriers differ (64- and 128-row ping-pong, a 256-row
 cooperative tile, a 176-wide tile with a 2x1 cluster, a stream-K kernel). A learned
 table names each GEMM's config, so the compile picks it."""
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import check_fresh_outputs
+from helpers import check_fresh_outputs, gemm_table
 from torch import nn
 
 import cutlass_offload as co
 from cutlass_offload.emit import gemm_sm90
-from cutlass_offload.ir import config_to_dict
 from cutlass_offload.select import sm90
 
 pytestmark = pytest.mark.gpu
@@ -58,15 +55,8 @@ class Linears(nn.Module):
 
 @pytest.fixture
 def table(tmp_path):
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    entries = [{"m": M, "n": n, "k": K, "batch": 1, "layout_b": "col", "config": config_to_dict(cfg), "launch": {}}
-               for n, _, cfg in LINEARS.values()]
-    path = tmp_path / "staged_table.json"
-    path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "num_sms": sms, "entries": entries}))
-    before = sm90.TABLE_FILE
-    sm90.use_table(path)
-    yield
-    sm90.use_table(before)
+    with gemm_table(tmp_path / "staged_table.json", M, K, [(n, cfg) for n, _, cfg in LINEARS.values()]):
+        yield
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -194,6 +194,8 @@ TEMPLATE = string.Template(_TEXT)
 # 37: on an H100 it ran 1.01-1.48x faster than the register form on the UNet's four
 # GEGLU projections and llama's SwiGLU pair, and passed tests/gpu/test_glu_gemm.py
 # (benchmarks/results/glu_epilogue_2026-12-05_h100_s37.*).
+# templates/staged_common.h: what the GLU and the staged epilogue share; spliced before either
+STAGED_COMMON_H = (Path(__file__).parent / "templates" / "staged_common.h").read_text()
 GLU_H = (Path(__file__).parent / "templates" / "glu_epilogue.h").read_text()
 GLU_STAGED = True
 _GLU_EPILOGUE = """\
@@ -562,9 +564,9 @@ def emit(kernel: GemmKernel) -> KernelSource:
     """
     code = sm90_parts.wgmma_selector(kernel) + template_for(kernel).substitute(values(kernel))
     if kernel.epilogue.glu:
-        code = GLU_H + code          # guarded: the unit's other GLU kernels share it
+        code = STAGED_COMMON_H + GLU_H + code     # guarded: the unit's other kernels share them
     elif staged_epilogue_applies(kernel):
-        code = STAGED_H + code       # guarded alike
+        code = STAGED_COMMON_H + STAGED_H + code  # guarded alike
     return KernelSource(name=kernel.name, includes=includes(kernel), code=code, defines=defines(kernel),
                         preamble=(sm90_parts.TMA_DRIVER,) + activations.preamble(kernel.epilogue.activation))
 

@@ -40,7 +40,7 @@ namespace co_glu {
 
 template <class ElementD_, class ElementBias_, template <class> class Activation_, bool HasBias_,
           class EpilogueSchedule_, class TileShape_, bool Staged_>
-class GluEpilogue {
+class GluEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, ElementBias_>> {
  public:
   using EpilogueSchedule = EpilogueSchedule_;
   using DispatchPolicy = EpilogueSchedule_;
@@ -63,10 +63,7 @@ class GluEpilogue {
   static constexpr int TileM = cute::size<0>(TileShape_{});
   static constexpr int TileN = cute::size<1>(TileShape_{});
   static constexpr int Vec = 16 / int(sizeof(ElementD_));      // elements of one 16-byte chunk
-  // The staged tile's row pitch: an odd multiple of 16 bytes, so the 8 rows of a warp's
-  // 4-byte writes (4 threads per row) start 16 bytes apart modulo the 128-byte bank
-  // cycle and fall in 32 distinct banks; a 16-byte pad where the row is a multiple of 32.
-  static constexpr int Pitch = TileN / 2 + ((TileN / 2 * int(sizeof(ElementD_))) % 32 == 0 ? Vec : 0);
+  static constexpr int Pitch = co_epi::staged_pitch<ElementD_>(TileN / 2);   // the staged tile's row
   static_assert(TileN % 16 == 0, "tile N must be a multiple of 16");
 
   struct StagedStorage {
@@ -76,34 +73,8 @@ class GluEpilogue {
   using SharedStorage = cute::conditional_t<Staged_, StagedStorage, EmptyStorage>;
   using TensorStorage = SharedStorage;
 
-  struct Thread {
-    ElementBias const* bias = nullptr;   // (N,) interleaved like the columns; HasBias only
-  };
-  // the shape of DefaultEpilogue's arguments, so the GEMM's Arguments are written alike
-  struct Arguments {
-    Thread thread{};
-    void const* ptr_C = nullptr;         // unused: no source operand
-    StrideC dC{};
-    ElementD* ptr_D = nullptr;
-    StrideD dD{};                        // D's strides: (ld, 1, batch), ld >= N / 2
-  };
+  using Arguments = co_epi::Arguments<ElementD_, ElementBias_>;   // thread.bias: (N,), interleaved
   using Params = Arguments;
-
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
-
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
@@ -180,13 +151,8 @@ class GluEpilogue {
 
     // the staged tile: the group's reads of the previous tile are done before any write
     constexpr int Threads = int(size(TiledMma{}));
-    // one barrier per warp group in the ping-pong kernel (one group of 128 threads at a
-    // time), one for both in the cooperative one; ids above CUTLASS's reserved ones.
-    // Called in the staged form only (the register form runs no barrier).
-    auto sync_tile = [] {
-      uint32_t id = Threads == 128 ? uint32_t(cutlass::canonical_warp_group_idx() & 1) : 0u;
-      cutlass::arch::NamedBarrier::sync(Threads, id);
-    };
+    // the staged tile's barrier (co_epi::sync_staged_tile), in the staged form only
+    auto sync_tile = [] { co_epi::sync_staged_tile<Threads>(); };
     ElementD* tile = reinterpret_cast<ElementD*>(smem_buf);
     if constexpr (Staged) {
       static_assert(size<0>(BlockShapeMNK{}) == TileM && size<1>(BlockShapeMNK{}) == TileN,

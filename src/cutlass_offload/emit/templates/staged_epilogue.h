@@ -48,7 +48,7 @@ constexpr int chunk_groups(int groups) {
 template <class ElementC_, class ElementD_, class ElementBias_, template <class> class Activation_,
           bool HasActivation_, bool HasBias_, int Residual_, template <class> class Post_, bool HasPost_,
           class EpilogueSchedule_, class TileShape_>
-class StagedEpilogue {
+class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, ElementBias_>> {
  public:
   using EpilogueSchedule = EpilogueSchedule_;
   using DispatchPolicy = EpilogueSchedule_;
@@ -73,9 +73,7 @@ class StagedEpilogue {
   static constexpr int Groups = TileN / 8;
   static constexpr int EpiN = 8 * chunk_groups(Groups);
   static constexpr int Vec = 16 / int(sizeof(ElementD_));      // elements of one 16-byte chunk
-  // an odd multiple of 16 bytes, so the 8 rows of a warp's 4-byte writes (4 threads
-  // per row) start 16 bytes apart modulo the 128-byte bank cycle: 32 distinct banks
-  static constexpr int Pitch = EpiN + ((EpiN * int(sizeof(ElementD_))) % 32 == 0 ? Vec : 0);
+  static constexpr int Pitch = co_epi::staged_pitch<ElementD_>(EpiN);      // the staged tile's row
   static_assert(sizeof(ElementD_) == 2, "16-bit outputs only");
   static_assert(Residual_ == 0 || !cute::is_void_v<ElementC_>, "a residual needs ElementC");
   static_assert(TileN % 8 == 0, "tile N must be a multiple of 8");
@@ -85,34 +83,9 @@ class StagedEpilogue {
   };
   using TensorStorage = SharedStorage;
 
-  struct Thread {
-    ElementBias const* bias = nullptr;   // (N,); HasBias only
-  };
-  // the shape of DefaultEpilogue's arguments, so the GEMM's Arguments are written alike
-  struct Arguments {
-    Thread thread{};
-    void const* ptr_C = nullptr;         // (M, N, L) with dC's strides; Residual only
-    StrideC dC{};
-    ElementD* ptr_D = nullptr;
-    StrideD dD{};                        // (ld, 1, batch)
-  };
+  // thread.bias: (N,), HasBias only; ptr_C: (M, N, L) with dC's strides, Residual only
+  using Arguments = co_epi::Arguments<ElementD_, ElementBias_>;
   using Params = Arguments;
-
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
-
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
 
   template <class Stride>
   static bool rows_aligned(void const* ptr, Stride const& stride, int batches) {
@@ -176,12 +149,7 @@ class StagedEpilogue {
     Post_<float> post;
 
     constexpr int Threads = int(size(TiledMma{}));
-    // one barrier per warp group in the ping-pong kernel (one group of 128 threads at a
-    // time), one for both in the cooperative one; ids above CUTLASS's reserved ones
-    auto sync_tile = [] {
-      uint32_t id = Threads == 128 ? uint32_t(cutlass::canonical_warp_group_idx() & 1) : 0u;
-      cutlass::arch::NamedBarrier::sync(Threads, id);
-    };
+    auto sync_tile = [] { co_epi::sync_staged_tile<Threads>(); };
     ElementD* tile = reinterpret_cast<ElementD*>(smem_buf);
     constexpr int ChunkGroups = EpiN / 8;
     constexpr int ChunksPerRow = EpiN / Vec;
