@@ -26,7 +26,9 @@ embedding); and ``ours_sdpa_copies``: ours without the glue's SDPA rewrites
 into its scale); and ``ours_glu_all_k``: ours with every gated pair one GEMM with a
 GLU epilogue whatever its K (partition/gated_gemm.py MIN_K 0: the UNet's GEGLU
 projections, K 320-1280), and ``ours_glu_staged_all_k``: the same with the GLU
-epilogue's products staged in shared memory (emit/gemm_sm90.GLU_STAGED), each checked against a
+epilogue's products staged in shared memory (emit/gemm_sm90.GLU_STAGED); and
+``ours_staged_epilogue``: ours with every GEMM that can take it on the staged
+elementwise epilogue instead of the TMA one (emit/gemm_sm90.STAGED_EPILOGUE), each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
 ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
 ``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
@@ -73,7 +75,7 @@ from cutlass_offload.models import load_model
 VARIANTS = ("torch_compile", "ours", "ours_dynamic", "ours_python_wrapper", "ours_cpp_wrapper",
             "norms_all", "attention_in_pytorch", "ours_no_pdl", "ours_no_buffer_reuse",
             "ours_dynamic_glue_auto", "ours_per_sample_add", "norms_none", "ours_sdpa_copies",
-            "ours_glu_all_k", "ours_glu_staged_all_k")
+            "ours_glu_all_k", "ours_glu_staged_all_k", "ours_staged_epilogue")
 WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True}
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
@@ -335,6 +337,19 @@ def _glu_all_k(on: bool, staged: bool = False):
 
 
 @contextlib.contextmanager
+def _staged_epilogue(on: bool):
+    """While ``on``: GEMM kernels take the staged elementwise epilogue where it
+    applies (emit/gemm_sm90.STAGED_EPILOGUE)."""
+    from cutlass_offload.emit import gemm_sm90
+    real = gemm_sm90.STAGED_EPILOGUE
+    gemm_sm90.STAGED_EPILOGUE = on or real
+    try:
+        yield
+    finally:
+        gemm_sm90.STAGED_EPILOGUE = real
+
+
+@contextlib.contextmanager
 def _no_pdl(on: bool):
     """While ``on``: every GEMM kernel select chooses launches without PDL."""
     if not on:
@@ -373,7 +388,8 @@ def run_variant(variant, model, inputs, check, a):
                           dynamic_batch=variant in ("ours_dynamic", "ours_dynamic_glue_auto"))
             with _attention_in_pytorch(variant == "attention_in_pytorch"), _no_pdl(variant == "ours_no_pdl"), \
                     _glu_all_k(variant in ("ours_glu_all_k", "ours_glu_staged_all_k"),
-                               staged=variant == "ours_glu_staged_all_k"):
+                               staged=variant == "ours_glu_staged_all_k"), \
+                    _staged_epilogue(variant == "ours_staged_epilogue"):
                 fn = compile_captured(cap, options, glue="inductor", mode=mode,
                                       inductor_options={"cpp_wrapper": WRAPPER[variant]}
                                       if variant in WRAPPER and mode is None else None)

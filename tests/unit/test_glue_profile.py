@@ -101,3 +101,35 @@ def test_drift_flags_rounds_far_from_the_first_timing():
     assert gp.drift(4.877, [7.510, 7.740, 7.469]) == pytest.approx(7.510 / 4.877 - 1)
     assert gp.drift(4.244, [4.750, 4.730, 4.694, 4.775, 4.719]) is None      # +11%: within the limit
     assert gp.drift(5.0, [3.9, 4.0, 4.1]) == pytest.approx(-0.2)
+
+
+def test_staged_epilogue_variant_switches_the_epilogue_during_the_compile_only(monkeypatch):
+    from cutlass_offload.emit import gemm_sm90
+    seen = []
+
+    class Compiled:
+        plan = type("Plan", (), {"regions": ()})()
+        inductor = None
+
+        def __call__(self, *args):
+            return args[0]
+
+    def compile_captured(cap, options, **kw):
+        seen.append(gemm_sm90.STAGED_EPILOGUE)
+        return Compiled()
+
+    monkeypatch.setattr(gp, "capture", lambda model, inputs, dynamic_batch=False: None)
+    monkeypatch.setattr(gp, "compile_captured", compile_captured)
+    monkeypatch.setattr(gp, "resolve_arch", lambda arch: "sm90a")
+    monkeypatch.setattr(gp.torch.cuda, "synchronize", lambda: None)
+    for name in ("rel_err", "events_ms"):
+        monkeypatch.setattr(gp, name, lambda *a, **k: 0.0)
+    monkeypatch.setattr(gp, "kernel_profile", lambda *a, **k: {})
+    args = gp.argparse.Namespace(rounds=1, mode="reduce-overhead", reps=1, profile_reps=1, host_profile=0,
+                                 sequence=0, sequence_at=None)
+    x = gp.torch.ones(2)
+    before = gemm_sm90.STAGED_EPILOGUE
+    for variant in ("ours_staged_epilogue", "ours"):
+        gp.run_variant(variant, None, (x,), ((x,), x), args)
+    assert seen == [True, before]
+    assert gemm_sm90.STAGED_EPILOGUE == before
