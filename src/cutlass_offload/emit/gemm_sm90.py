@@ -217,7 +217,7 @@ GLU_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, _GLU_EPILOGUE)
 # of the TMA epilogue's instantiation (session 37, 2-core machine: four 16-bit GEMM
 # kernels in one unit 42.0 s with the TMA epilogue, 22.8 s with the GLU epilogue,
 # which stores the same way). Off until it has been timed against the TMA epilogue on
-# a GPU (benchmarks/staged_epilogue.py is that A/B; tests/gpu/test_staged_epilogue.py
+# a GPU (benchmarks/staged_epilogue.py is that A/B; tests/gpu/test_staged_epilogue_gpu.py
 # checks it).
 STAGED_H = (Path(__file__).parent / "templates" / "staged_epilogue.h").read_text()
 STAGED_EPILOGUE = False
