@@ -3,8 +3,9 @@ emit/gemm_sm90.STAGED_EPILOGUE) compiles in one unit for the kernel kinds that r
 differently: a ping-pong kernel (a warp group's own barrier, 64- and 128-row tiles),
 a cooperative 256-row one (two wgmma rows per warp group, one barrier for 256
 threads) with a residual add and a post ReLU, a 176-wide tile with a 2x1 cluster
-(11-group chunks, no row pad) and a plain epilogue, and a residual multiply. The
-static_asserts check the accumulator layout and the chunking. The form is off by
+(11-group chunks, no row pad) and a plain epilogue, and a residual multiply; and a
+1x1 conv lowered onto the GEMM (emit/conv_gemm_sm90.py), whose nested GEMM takes the
+epilogue too. The static_asserts check the accumulator layout and the chunking. The form is off by
 default, so no other build test compiles it; tests/gpu/test_staged_epilogue_gpu.py runs it."""
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import pytest
 from build_helpers import build_one_job, kernel_units, library_exports
 
 from cutlass_offload.emit import gemm_sm90
-from cutlass_offload.ir import GemmEpilogue, GemmKernel, GemmProblem, GemmRegion, Plan
+from cutlass_offload.ir import (ConvKernel, ConvProblem, ConvRegion, GemmEpilogue, GemmKernel, GemmProblem,
+                                GemmRegion, Plan)
 from cutlass_offload.select import sm90
 
 pytestmark = pytest.mark.build
@@ -36,10 +38,16 @@ def test_staged_epilogue_kernels_compile(cache_dir, monkeypatch):
                                                    align_b=8, align_c=8, epilogue=k.epilogue, m=4096,
                                                    m_hint=4096))
                     for i, k in enumerate(kernels))
-    plan = Plan("sm90a", regions, kernels, ())
+    conv_ep = GemmEpilogue(bias=True, activation="relu", residual="add")
+    conv_p = ConvProblem(dtype="f16", epilogue=conv_ep, n_hint=2, c=64, k=64, h=16, w=16, r=1, s=1,
+                         align_a=8, align_b=8, align_c=8)
+    conv_k = ConvKernel(arch="sm90a", dtype="f16", align_a=8, align_b=8, align_c=8, epilogue=conv_ep,
+                        config=KINDS[0][1], iterator="direct")
+    conv = ConvRegion(name="pointwise", nodes=("pointwise",), x="x", w="w", bias="b", problem=conv_p)
+    plan = Plan("sm90a", regions + (conv,), kernels + (conv_k,), ())
     res = build_one_job(cache_dir, plan)
     units = kernel_units(res)
     source = "".join(Path(u.source).read_text() for u in units)
-    assert source.count("co_staged::StagedEpilogue<") == len(KINDS)
+    assert source.count("co_staged::StagedEpilogue<") == len(KINDS) + 1
     assert "epilogue::collective::CollectiveBuilder" not in source     # no TMA epilogue
     library_exports(res, plan)

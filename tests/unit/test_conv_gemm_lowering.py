@@ -183,3 +183,15 @@ def test_few_output_channels_get_narrow_2x_tiles():
     assert small.config.tile == (64, 16, 32)           # too few 128-row tiles for half a wave
     wide = choose_conv_kernel(dataclasses.replace(vae_out, k=60, align_c=4), "sm90a", 132)
     assert wide.config.tile[1] >= 64
+
+
+@pytest.mark.parametrize("iterator", ["direct", "im2col"])
+def test_a_lowered_conv_carries_the_staged_epilogues_header(iterator, monkeypatch):
+    # the lowered conv's GEMM takes the staged epilogue like any GEMM
+    # (emit/gemm_sm90.STAGED_EPILOGUE), so its source must carry the template
+    from cutlass_offload.emit import gemm_sm90
+    monkeypatch.setattr(gemm_sm90, "STAGED_EPILOGUE", True)
+    code = emit_kernel(_kernel(iterator)).code
+    assert "co_staged::StagedEpilogue<" in code
+    assert code.count("#ifndef CO_STAGED_EPILOGUE_H") == code.count("#ifndef CO_STAGED_COMMON_H") == 1
+    assert code.index("#ifndef CO_STAGED_EPILOGUE_H") < code.index("co_staged::StagedEpilogue<")

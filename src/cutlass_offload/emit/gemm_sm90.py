@@ -562,13 +562,19 @@ def emit(kernel: GemmKernel) -> KernelSource:
     NotImplementedError for TF32 with B row-major, KeyError if the template and
     ``values`` ever disagree on a placeholder.
     """
-    code = sm90_parts.wgmma_selector(kernel) + template_for(kernel).substitute(values(kernel))
-    if kernel.epilogue.glu:
-        code = STAGED_COMMON_H + GLU_H + code     # guarded: the unit's other kernels share them
-    elif staged_epilogue_applies(kernel):
-        code = STAGED_COMMON_H + STAGED_H + code  # guarded alike
+    code = (epilogue_headers(kernel) + sm90_parts.wgmma_selector(kernel)
+            + template_for(kernel).substitute(values(kernel)))
     return KernelSource(name=kernel.name, includes=includes(kernel), code=code, defines=defines(kernel),
                         preamble=(sm90_parts.TMA_DRIVER,) + activations.preamble(kernel.epilogue.activation))
+
+
+def epilogue_headers(kernel: GemmKernel) -> str:
+    """The template headers ``kernel``'s epilogue needs ahead of its code: the GLU or
+    the staged epilogue after what they share (each guarded, so a unit's kernels
+    share one copy); "" for the collective builder's TMA epilogue."""
+    if kernel.epilogue.glu:
+        return STAGED_COMMON_H + GLU_H
+    return STAGED_COMMON_H + STAGED_H if staged_epilogue_applies(kernel) else ""
 
 
 def defines(kernel: GemmKernel) -> tuple:
