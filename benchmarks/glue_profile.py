@@ -28,7 +28,7 @@ GLU epilogue whatever its K (partition/gated_gemm.py MIN_K 0: the UNet's GEGLU
 projections, K 320-1280), and ``ours_glu_staged_all_k``: the same with the GLU
 epilogue's products staged in shared memory (emit/gemm_sm90.GLU_STAGED); and
 ``ours_staged_epilogue``: ours with every GEMM that can take it on the staged
-elementwise epilogue instead of the TMA one (emit/gemm_sm90.STAGED_EPILOGUE), each checked against a
+elementwise epilogue instead of the TMA one (emit/staged.ENABLED), each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
 ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
 ``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
@@ -339,14 +339,14 @@ def _glu_all_k(on: bool, staged: bool = False):
 @contextlib.contextmanager
 def _staged_epilogue(on: bool):
     """While ``on``: GEMM kernels take the staged elementwise epilogue where it
-    applies (emit/gemm_sm90.STAGED_EPILOGUE)."""
-    from cutlass_offload.emit import gemm_sm90
-    real = gemm_sm90.STAGED_EPILOGUE
-    gemm_sm90.STAGED_EPILOGUE = on or real
+    applies (emit/staged.ENABLED)."""
+    from cutlass_offload.emit import staged
+    real = staged.ENABLED
+    staged.ENABLED = on or real
     try:
         yield
     finally:
-        gemm_sm90.STAGED_EPILOGUE = real
+        staged.ENABLED = real
 
 
 @contextlib.contextmanager

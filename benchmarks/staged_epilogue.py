@@ -1,7 +1,7 @@
 """The staged elementwise epilogue (emit/templates/staged_epilogue.h) against CUTLASS's
 TMA epilogue with its fusion callbacks, on the GPU and in nvcc.
 
-emit/gemm_sm90.STAGED_EPILOGUE swaps the sm90 GEMM kernels' TMA epilogue for one that
+emit/staged.ENABLED swaps the sm90 GEMM kernels' TMA epilogue for one that
 stages the output in shared memory and stores it in 16-byte row chunks: about half
 the nvcc time per kernel. This times, per problem (the built-in and zoo models' GEMMs
 with their epilogues; the heuristic's kernel config, select.sm90.choose):
@@ -79,11 +79,11 @@ def plan_for(num_sms, form):
 def build_libraries(num_sms):
     """{form: (library path, rows, build seconds, staged kernels)} for "tma" and "staged"."""
     from cutlass_offload import build
-    from cutlass_offload.emit import gemm_sm90
-    out, default = {}, gemm_sm90.STAGED_EPILOGUE
+    from cutlass_offload.emit import gemm_sm90, staged
+    out, default = {}, staged.ENABLED
     try:
         for form in ("tma", "staged"):
-            gemm_sm90.STAGED_EPILOGUE = form == "staged"
+            staged.ENABLED = form == "staged"
             plan, rows = plan_for(num_sms, form)
             applies = sum(gemm_sm90.staged_epilogue_applies(k) for k in plan.kernels)
             t = time.perf_counter()
@@ -95,7 +95,7 @@ def build_libraries(num_sms):
                   f"epilogue) in {secs:.0f} s", flush=True)
             out[form] = (res.library, rows, secs, applies)
     finally:
-        gemm_sm90.STAGED_EPILOGUE = default
+        staged.ENABLED = default
     return out
 
 

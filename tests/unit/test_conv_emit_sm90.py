@@ -8,7 +8,7 @@ import string
 
 import pytest
 
-from cutlass_offload.emit import conv_sm90
+from cutlass_offload.emit import conv_sm90, staged
 from cutlass_offload.ir import ConvKernel, ConvProblem, GemmEpilogue, KernelConfig
 
 TILE, CLUSTER, SCHED = (128, 128, 64), (2, 1, 1), conv_sm90.KERNEL_SCHEDULE   # a searched config
@@ -65,6 +65,22 @@ def test_template_placeholders_match_values():
              for m in string.Template.pattern.finditer(conv_sm90.TEMPLATE.template)
              if m.group("named") or m.group("braced")}
     assert names == set(conv_sm90.values(kernel()))
+
+
+def test_staged_template_placeholders_match_values(monkeypatch):
+    # the staged epilogue (emit/staged.py) in place of the TMA one: its own placeholders
+    monkeypatch.setattr(staged, "ENABLED", True)
+    names = {m.group("named") or m.group("braced")
+             for m in string.Template.pattern.finditer(conv_sm90.STAGED_TEMPLATE.template)
+             if m.group("named") or m.group("braced")}
+    # the TMA epilogue builder's three are the only values it leaves unused
+    assert set(conv_sm90.values(kernel())) - names == {"fusion_type", "epilogue_schedule", "epilogue_tile"}
+    assert names <= set(conv_sm90.values(kernel()))
+    src = conv_sm90.emit(kernel())
+    assert "co_staged::StagedEpilogue<" in src.code and src.code.count("#ifndef CO_STAGED_EPILOGUE_H") == 1
+    assert staged.CONV_STRIDE + ">>;" in src.code
+    assert "epilogue::collective::CollectiveBuilder" not in src.code
+    assert set(staged.INCLUDES) <= set(src.includes)
 
 
 def test_mainloop_and_problem_shape():

@@ -188,9 +188,9 @@ def test_few_output_channels_get_narrow_2x_tiles():
 @pytest.mark.parametrize("iterator", ["direct", "im2col"])
 def test_a_lowered_conv_carries_the_staged_epilogues_header(iterator, monkeypatch):
     # the lowered conv's GEMM takes the staged epilogue like any GEMM
-    # (emit/gemm_sm90.STAGED_EPILOGUE), so its source must carry the template
-    from cutlass_offload.emit import gemm_sm90
-    monkeypatch.setattr(gemm_sm90, "STAGED_EPILOGUE", True)
+    # (emit/staged.ENABLED), so its source must carry the template
+    from cutlass_offload.emit import staged
+    monkeypatch.setattr(staged, "ENABLED", True)
     code = emit_kernel(_kernel(iterator)).code
     assert "co_staged::StagedEpilogue<" in code
     assert code.count("#ifndef CO_STAGED_EPILOGUE_H") == code.count("#ifndef CO_STAGED_COMMON_H") == 1

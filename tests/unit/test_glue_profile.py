@@ -104,7 +104,7 @@ def test_drift_flags_rounds_far_from_the_first_timing():
 
 
 def test_staged_epilogue_variant_switches_the_epilogue_during_the_compile_only(monkeypatch):
-    from cutlass_offload.emit import gemm_sm90
+    from cutlass_offload.emit import staged
     seen = []
 
     class Compiled:
@@ -115,7 +115,7 @@ def test_staged_epilogue_variant_switches_the_epilogue_during_the_compile_only(m
             return args[0]
 
     def compile_captured(cap, options, **kw):
-        seen.append(gemm_sm90.STAGED_EPILOGUE)
+        seen.append(staged.ENABLED)
         return Compiled()
 
     monkeypatch.setattr(gp, "capture", lambda model, inputs, dynamic_batch=False: None)
@@ -128,8 +128,8 @@ def test_staged_epilogue_variant_switches_the_epilogue_during_the_compile_only(m
     args = gp.argparse.Namespace(rounds=1, mode="reduce-overhead", reps=1, profile_reps=1, host_profile=0,
                                  sequence=0, sequence_at=None)
     x = gp.torch.ones(2)
-    before = gemm_sm90.STAGED_EPILOGUE
+    before = staged.ENABLED
     for variant in ("ours_staged_epilogue", "ours"):
         gp.run_variant(variant, None, (x,), ((x,), x), args)
     assert seen == [True, before]
-    assert gemm_sm90.STAGED_EPILOGUE == before
+    assert staged.ENABLED == before

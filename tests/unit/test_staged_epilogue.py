@@ -1,9 +1,9 @@
-"""The staged elementwise epilogue's emission (emit/gemm_sm90.STAGED_EPILOGUE,
+"""The staged elementwise epilogue's emission (emit/staged.py ENABLED,
 emit/templates/staged_epilogue.h): which kernels take it, what their source carries,
 and that with the switch off every kernel's source is what it was."""
 import pytest
 
-from cutlass_offload.emit import gemm_sm90
+from cutlass_offload.emit import gemm_sm90, staged
 from cutlass_offload.ir import GemmEpilogue, GemmKernel
 from cutlass_offload.select import sm90
 
@@ -16,8 +16,8 @@ def _kernel(ep=GemmEpilogue(bias=True, activation="gelu_erf"), cfg=PINGPONG, dty
 
 
 @pytest.fixture
-def staged(monkeypatch):
-    monkeypatch.setattr(gemm_sm90, "STAGED_EPILOGUE", True)
+def enabled(monkeypatch):
+    monkeypatch.setattr(staged, "ENABLED", True)
 
 
 def test_off_by_default_and_then_the_tma_epilogue():
@@ -38,7 +38,7 @@ def test_off_by_default_and_then_the_tma_epilogue():
      "cutlass::epilogue::thread::Identity, false,\n                              false, 0, "
      "cutlass::epilogue::thread::Identity, false,"),
 ])
-def test_the_epilogue_maps_to_the_template_arguments(staged, ep, args):
+def test_the_epilogue_maps_to_the_template_arguments(enabled, ep, args):
     k = _kernel(ep)
     assert gemm_sm90.staged_epilogue_applies(k)
     src = gemm_sm90.emit(k)
@@ -59,7 +59,7 @@ def test_the_epilogue_maps_to_the_template_arguments(staged, ep, args):
     ("GLU", _kernel(GemmEpilogue(activation="silu", glu=True))),
     ("broadcast residual", _kernel(GemmEpilogue(residual="add", residual_broadcast=True))),
 ])
-def test_kernels_that_keep_their_epilogue(staged, why, kernel):
+def test_kernels_that_keep_their_epilogue(enabled, why, kernel):
     assert not gemm_sm90.staged_epilogue_applies(kernel), why
 
 
@@ -67,5 +67,5 @@ def test_the_two_forms_are_different_sources(monkeypatch):
     # the kernel cache keys objects by source: the forms never serve each other
     k = _kernel()
     tma = gemm_sm90.emit(k).code
-    monkeypatch.setattr(gemm_sm90, "STAGED_EPILOGUE", True)
+    monkeypatch.setattr(staged, "ENABLED", True)
     assert gemm_sm90.emit(k).code != tma

@@ -65,7 +65,7 @@ from ..families.conv_sm90 import (  # noqa: F401 - the family's rules, re-export
     _MAX_ACC_PER_THREAD, CANDIDATES, EPILOGUE_SCHEDULE, FAMILY, KERNEL_SCHEDULE, make_config,
     supports)
 from ..ir import ConvKernel, GemmEpilogue, KernelSource
-from . import activations, sm90_parts
+from . import activations, sm90_parts, staged
 from .evt_sm90 import ELEMENT, PER_SAMPLE_PREAMBLE, per_sample_broadcast, row_broadcast, semantics, src_fetch
 
 INCLUDES = (
@@ -223,6 +223,18 @@ int64_t workspace_size(const CoConvArgs& args) {
 """ + sm90_parts.run_tail("Conv", "ConvKernel"))
 
 
+# The staged elementwise epilogue (staged.py) in place of the TMA epilogue: the NPQK
+# output's rows are at a constant distance (k), so its 16-byte row chunks are the
+# GEMM's; only while staged.ENABLED, for the kernels staged_epilogue_applies accepts.
+STAGED_TEMPLATE = string.Template(TEMPLATE.template.replace(sm90_parts.EPILOGUE, staged.EPILOGUE.template))
+
+
+def staged_epilogue_applies(kernel: ConvKernel) -> bool:
+    """Whether ``kernel`` takes the staged epilogue (staged.applies: an elementwise
+    epilogue, a full NPQK residual if any; only while staged.ENABLED)."""
+    return staged.applies(kernel.dtype, kernel.epilogue)
+
+
 def _reads_source(ep: GemmEpilogue) -> bool:
     """True when the full NPQK residual is the epilogue's C operand."""
     return ep.residual != "none" and not ep.residual_broadcast
@@ -297,9 +309,10 @@ def validate(kernel: ConvKernel) -> None:
 
 
 def values(kernel: ConvKernel) -> dict:
-    """The substitution dict (str -> str) for ``TEMPLATE``, every placeholder and no
-    more: the conv's element, tile and cluster, its EVT (a per-channel residual as a
-    row broadcast) and the residual source. Raises what ``validate`` raises."""
+    """The substitution dict (str -> str) for ``TEMPLATE`` or ``STAGED_TEMPLATE`` (the
+    ``${staged_*}`` values are the second's only): the conv's element, tile and
+    cluster, its EVT (a per-channel residual as a row broadcast) or the staged
+    epilogue's arguments, and the residual source. Raises what ``validate`` raises."""
     validate(kernel)
     cfg = kernel.config
     ep = kernel.epilogue
@@ -307,7 +320,10 @@ def values(kernel: ConvKernel) -> dict:
 
     # A (K,) residual is one value per output channel, like the bias; an (N, K) one
     # one per sample and channel: row m of the implicit GEMM is in sample m / (P*Q)
-    fusion_type, fusion_args = sm90_parts.fusion(ep, _residual_source(ep))
+    if staged_epilogue_applies(kernel):
+        fusion_type, fusion_args = "", staged.fusion_args(ep)
+    else:
+        fusion_type, fusion_args = sm90_parts.fusion(ep, _residual_source(ep))
     stage_count = sm90_parts.stage_count(cfg.stages, "conv")
 
     # every pointer the kernel reads must be there and TMA/vector aligned
@@ -332,6 +348,7 @@ def values(kernel: ConvKernel) -> dict:
         "ptr_c": ("static_cast<ElementC const*>(args.residual)" if _reads_source(ep)
                   else "nullptr"),
         "operand_check": operand_check,
+        **(staged.values(ep, staged.CONV_STRIDE) if staged_epilogue_applies(kernel) else {}),
     }
 
 
@@ -345,8 +362,11 @@ def emit(kernel: ConvKernel) -> KernelSource:
     Raises ValueError for a kernel this family cannot build (see ``validate``),
     KeyError if the template and ``values`` ever disagree on a placeholder.
     """
-    code = TEMPLATE.substitute(values(kernel))
+    if staged_epilogue_applies(kernel):
+        code, includes = staged.HEADERS + STAGED_TEMPLATE.substitute(values(kernel)), INCLUDES + staged.INCLUDES
+    else:
+        code, includes = TEMPLATE.substitute(values(kernel)), INCLUDES
     per_sample = (PER_SAMPLE_PREAMBLE,) if kernel.epilogue.residual_per_sample else ()
-    return KernelSource(name=kernel.name, includes=INCLUDES, code=code, args_type="CoConvArgs",
+    return KernelSource(name=kernel.name, includes=includes, code=code, args_type="CoConvArgs",
                         preamble=(sm90_parts.TMA_DRIVER,) + per_sample
                         + activations.preamble(kernel.epilogue.activation))

@@ -36,7 +36,7 @@ import string
 from pathlib import Path
 
 from ..ir import GemmKernel, KernelSource
-from . import activations, sm90_parts
+from . import activations, sm90_parts, staged
 from .evt_sm90 import ELEMENT, semantics
 
 FAMILY = "cutlass3x_sm90"
@@ -194,8 +194,6 @@ TEMPLATE = string.Template(_TEXT)
 # 37: on an H100 it ran 1.01-1.48x faster than the register form on the UNet's four
 # GEGLU projections and llama's SwiGLU pair, and passed tests/gpu/test_glu_gemm.py
 # (benchmarks/results/glu_epilogue_2026-12-05_h100_s37.*).
-# templates/staged_common.h: what the GLU and the staged epilogue share; spliced before either
-STAGED_COMMON_H = (Path(__file__).parent / "templates" / "staged_common.h").read_text()
 GLU_H = (Path(__file__).parent / "templates" / "glu_epilogue.h").read_text()
 GLU_STAGED = True
 _GLU_EPILOGUE = """\
@@ -211,37 +209,15 @@ using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpe
 """
 GLU_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, _GLU_EPILOGUE))
 
-# A staged elementwise epilogue (templates/staged_epilogue.h) in place of the
-# collective builder's TMA epilogue and its fusion callbacks, for the kernels
-# ``staged_epilogue_applies`` accepts: a plain class template, about half the nvcc time
-# of the TMA epilogue's instantiation (session 37, 2-core machine: four 16-bit GEMM
-# kernels in one unit 42.0 s with the TMA epilogue, 22.8 s with the GLU epilogue,
-# which stores the same way). Off until it has been timed against the TMA epilogue on
-# a GPU (benchmarks/staged_epilogue.py is that A/B; tests/gpu/test_staged_epilogue_gpu.py
-# checks it).
-STAGED_H = (Path(__file__).parent / "templates" / "staged_epilogue.h").read_text()
-STAGED_EPILOGUE = False
-_STAGED_EPILOGUE = """\
-using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
-
-// Epilogue: ${epilogue_tag}, staged in shared memory, stored in 16-byte row chunks
-// (templates/staged_epilogue.h; the mainloop's stages are counted after its shared memory)
-using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
-    co_staged::StagedEpilogue<ElementC, ElementD, ElementBias, ${staged_activation}, ${staged_has_activation},
-                              ${staged_bias}, ${staged_residual}, ${staged_post}, ${staged_has_post},
-                              cutlass::epilogue::NoSmemWarpSpecialized, TileShape>>;
-
-"""
-STAGED_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, _STAGED_EPILOGUE))
+# The staged elementwise epilogue (staged.py) in place of the collective builder's
+# TMA epilogue, for the kernels ``staged_epilogue_applies`` accepts while staged.ENABLED.
+STAGED_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, staged.EPILOGUE.template))
 
 
 def staged_epilogue_applies(kernel: GemmKernel) -> bool:
-    """Whether ``kernel`` takes the staged epilogue (while STAGED_EPILOGUE is on): a
-    16-bit, not transposed (swap_ab), not N-split kernel whose epilogue is elementwise
-    on a row-major D, with a full-shape residual if any (no GLU, no broadcast residual)."""
-    ep, cfg = kernel.epilogue, kernel.config
-    return (STAGED_EPILOGUE and kernel.dtype in ("f16", "bf16") and not ep.glu and not cfg.swap_ab
-            and not cfg.n_split and not ep.residual_broadcast)
+    """Whether ``kernel`` takes the staged epilogue (staged.applies: 16-bit, not swap
+    AB, not N-split, an elementwise epilogue; only while staged.ENABLED)."""
+    return staged.applies(kernel.dtype, kernel.epilogue, kernel.config.swap_ab, kernel.config.n_split)
 
 
 # N-split cooperative kernels (KernelConfig.n_split, warp = (M, N / 2, K)): the two
@@ -500,9 +476,7 @@ def values(kernel: GemmKernel) -> dict:
     residual = ep.residual != "none"
     swap = cfg.swap_ab
     if ep.glu or staged_epilogue_applies(kernel):
-        fusion_type, fusion_args = "", (
-            "  arguments.epilogue.thread.bias = " +
-            ("static_cast<ElementBias const*>(args.bias);" if ep.bias else "nullptr;"))
+        fusion_type, fusion_args = "", staged.fusion_args(ep)     # the GLU's arguments are alike
     else:
         fusion_type, fusion_args = sm90_parts.fusion(ep, transposed=swap)
     stage_count = sm90_parts.stage_count(cfg.stages, "gemm")
@@ -540,12 +514,7 @@ def values(kernel: GemmKernel) -> dict:
         "glu_staged": "true" if GLU_STAGED else "false",
         "glu_store": ("staged in shared memory, stored in 16-byte row chunks" if GLU_STAGED
                       else "written from registers"),
-        "staged_activation": activations.FUNCTOR[ep.activation] or _IDENTITY,
-        "staged_has_activation": "true" if activations.FUNCTOR[ep.activation] else "false",
-        "staged_bias": "true" if ep.bias else "false",
-        "staged_residual": {"none": "0", "add": "1", "mul": "2"}[ep.residual],
-        "staged_post": activations.FUNCTOR[ep.post_activation] or _IDENTITY,
-        "staged_has_post": "true" if activations.FUNCTOR[ep.post_activation] else "false",
+        **staged.values(ep, staged.GEMM_STRIDE),
         "wg_n": str(cfg.tile[1] // 2),
         "wgmma_kind": sm90_parts.WGMMA_TYPES.get(kernel.dtype, ("", ""))[1],
     }
@@ -573,8 +542,8 @@ def epilogue_headers(kernel: GemmKernel) -> str:
     the staged epilogue after what they share (each guarded, so a unit's kernels
     share one copy); "" for the collective builder's TMA epilogue."""
     if kernel.epilogue.glu:
-        return STAGED_COMMON_H + GLU_H
-    return STAGED_COMMON_H + STAGED_H if staged_epilogue_applies(kernel) else ""
+        return staged.COMMON_H + GLU_H
+    return staged.HEADERS if staged_epilogue_applies(kernel) else ""
 
 
 def defines(kernel: GemmKernel) -> tuple:
@@ -583,8 +552,7 @@ def defines(kernel: GemmKernel) -> tuple:
     return () if kernel.config.tile_scheduler == "stream_k" else GDC_DEFINES
 
 
-GLU_INCLUDES = ("cutlass/epilogue/collective/detail.hpp", "cutlass/epilogue/thread/linear_combination.h",
-                "cutlass/numeric_conversion.h")
+GLU_INCLUDES = staged.INCLUDES      # the adapter, the type names, the converter
 
 
 def includes(kernel: GemmKernel) -> tuple:

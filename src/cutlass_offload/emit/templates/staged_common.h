@@ -8,20 +8,49 @@
 
 namespace co_epi {
 
-// The shape of CUTLASS's DefaultEpilogue arguments, so the GEMM's Arguments are
-// written alike (emit/gemm_sm90.py make_arguments): D and C row-major (M, N, L)
-// with strides (ld, 1, batch).
-template <class ElementD, class ElementBias>
+// The shape of CUTLASS's DefaultEpilogue arguments, so the kernel's Arguments are
+// written alike (emit/gemm_sm90.py, conv_sm90.py make_arguments). Stride: C's and
+// D's, (ld, 1, batch) for a GEMM's row-major (M, N, L); ((k, q*k, p*q*k), 1, 0) for a
+// conv's packed NPQK seen as ((q, p, n), k, batch).
+template <class ElementD, class ElementBias, class Stride = cute::Stride<int64_t, cute::_1, int64_t>>
 struct Arguments {
   struct Thread {
     ElementBias const* bias = nullptr;   // per output column; null without a bias
   };
   Thread thread{};
   void const* ptr_C = nullptr;           // the residual's source; null without one
-  cute::Stride<int64_t, cute::_1, int64_t> dC{};
+  Stride dC{};
   ElementD* ptr_D = nullptr;
-  cute::Stride<int64_t, cute::_1, int64_t> dD{};
+  Stride dD{};
 };
+
+// The distance between rows m and m + 1 of a C / D stride: its first mode's, or that
+// mode's first sub-mode's where M is hierarchical (a conv's (q, p, n)).
+template <class Stride>
+CUTLASS_HOST_DEVICE int64_t row_stride(Stride const& stride) {
+  if constexpr (cute::is_tuple<cute::remove_cvref_t<decltype(cute::get<0>(stride))>>::value) {
+    return int64_t(cute::get<0, 0>(stride));
+  } else {
+    return int64_t(cute::get<0>(stride));
+  }
+}
+
+// Whether a hierarchical M mode (shape (q, p, n), stride (s0, s1, s2)) is packed, so
+// that row m of the linearized M lies at m * s0: s1 = s0 * q, s2 = s1 * p. A flat M
+// mode always is.
+template <class ShapeM, class StrideM>
+CUTLASS_HOST_DEVICE bool packed_rows(ShapeM const& shape, StrideM const& stride) {
+  if constexpr (cute::is_tuple<StrideM>::value) {
+    bool ok = true;
+    cute::for_each(cute::make_int_sequence<cute::rank_v<StrideM> - 1>{}, [&](auto i) {
+      constexpr int I = decltype(i)::value;
+      ok = ok && int64_t(cute::get<I + 1>(stride)) == int64_t(cute::get<I>(stride)) * int64_t(cute::get<I>(shape));
+    });
+    return ok;
+  } else {
+    return true;
+  }
+}
 
 // The host side of an epilogue whose Params are its Arguments and which needs no
 // workspace (the Sm90TmaWarpSpecializedAdapter calls these).

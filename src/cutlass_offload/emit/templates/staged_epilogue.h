@@ -25,9 +25,10 @@
 // (math_wg_order_barrier), so they share the one tile, each with a barrier of its
 // own; the cooperative kernel's two groups share one barrier.
 //
-// Needs: D (and C) row-major (M, N, L) with 16-byte aligned rows and batch starts
-// (can_implement); any M and N (a chunk that straddles N is stored element by
-// element). The kernel's tile has one wgmma along N (MMA_N = 1: the builders' tiles).
+// Needs: D (and C) row-major (M, N, L) with 16-byte aligned rows and batch starts, or
+// a conv's packed NPQK with M = (q, p, n) (can_implement; Stride_); any M and N (a
+// chunk that straddles N is stored element by element). The kernel's tile has one
+// wgmma along N (MMA_N = 1: the builders' tiles).
 //
 // Spliced into a unit's code after its includes, once per unit (the guard).
 #ifndef CO_STAGED_EPILOGUE_H
@@ -47,8 +48,8 @@ constexpr int chunk_groups(int groups) {
 
 template <class ElementC_, class ElementD_, class ElementBias_, template <class> class Activation_,
           bool HasActivation_, bool HasBias_, int Residual_, template <class> class Post_, bool HasPost_,
-          class EpilogueSchedule_, class TileShape_>
-class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, ElementBias_>> {
+          class EpilogueSchedule_, class TileShape_, class Stride_ = cute::Stride<int64_t, cute::_1, int64_t>>
+class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, ElementBias_, Stride_>> {
  public:
   using EpilogueSchedule = EpilogueSchedule_;
   using DispatchPolicy = EpilogueSchedule_;
@@ -61,8 +62,8 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
   using ElementC = ElementC_;            // void without a residual
   using ElementD = ElementD_;
   using ElementBias = ElementBias_;
-  using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
-  using StrideD = cute::Stride<int64_t, cute::_1, int64_t>;
+  using StrideC = Stride_;
+  using StrideD = Stride_;
   using GmemElementC = cute::conditional_t<cute::is_void_v<ElementC_>, ElementD_, ElementC_>;
   using GmemTiledCopyC = void;
   using GmemTiledCopyD = void;
@@ -84,22 +85,26 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
   using TensorStorage = SharedStorage;
 
   // thread.bias: (N,), HasBias only; ptr_C: (M, N, L) with dC's strides, Residual only
-  using Arguments = co_epi::Arguments<ElementD_, ElementBias_>;
+  using Arguments = co_epi::Arguments<ElementD_, ElementBias_, Stride_>;
   using Params = Arguments;
 
-  template <class Stride>
-  static bool rows_aligned(void const* ptr, Stride const& stride, int batches) {
-    // 16-byte chunks: every row and (with several batches) batch start 16-byte aligned
-    return ptr != nullptr && reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && cute::get<0>(stride) % Vec == 0 &&
-           (batches <= 1 || cute::get<2>(stride) % Vec == 0);
+  // 16-byte chunks: every row and (with several batches) batch start 16-byte aligned;
+  // rows at a constant distance (a conv's NPQK packed)
+  template <class ShapeM>
+  static bool rows_ok(void const* ptr, Stride_ const& stride, ShapeM const& shape_m, int batches) {
+    return ptr != nullptr && reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && co_epi::row_stride(stride) % Vec == 0 &&
+           (batches <= 1 || int64_t(cute::get<2>(stride)) % Vec == 0) &&
+           co_epi::packed_rows(shape_m, cute::get<0>(stride));
   }
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
+    // (M, N, K[, L]); a conv's M is (q, p, n), its L a static 1
     auto shape = cute::append<4>(problem_shape, 1);
-    int L = int(cute::get<3>(shape));
-    return rows_aligned(args.ptr_D, args.dD, L) && (Residual == 0 || rows_aligned(args.ptr_C, args.dC, L)) &&
-           (!HasBias || args.thread.bias != nullptr);
+    int L = int(cute::size(cute::get<3>(shape)));
+    auto shape_m = cute::get<0>(shape);
+    return rows_ok(args.ptr_D, args.dD, shape_m, L) &&
+           (Residual == 0 || rows_ok(args.ptr_C, args.dC, shape_m, L)) && (!HasBias || args.thread.bias != nullptr);
   }
 
   CUTLASS_HOST_DEVICE
@@ -125,8 +130,9 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
     static_assert(size<0, 2>(FrgLayout{}) == Groups && size<2>(FrgLayout{}) == 1,
                   "one wgmma spans the tile's width (MMA_N = 1)");
 
-    int M = get<0>(problem_shape_mnkl);
-    int N = get<1>(problem_shape_mnkl);
+    // a conv's M arrives linearized (its mainloop's problem shape); size() either way
+    int M = int(size(get<0>(problem_shape_mnkl)));
+    int N = int(size(get<1>(problem_shape_mnkl)));
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
     int m0 = int(m_coord) * TileM;
     int n0 = int(n_coord) * TileN;
@@ -137,12 +143,12 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
     Tensor tCc = thr_mma.partition_C(cTile);
     CUTE_STATIC_ASSERT_V(size(tCc) == size(accumulators), "one coordinate per accumulator");
 
-    int64_t ldd = get<0>(params.dD);
-    ElementD* d = params.ptr_D + int64_t(l_coord) * get<2>(params.dD);
-    int64_t ldc = get<0>(params.dC);
+    int64_t ldd = co_epi::row_stride(params.dD);
+    ElementD* d = params.ptr_D + int64_t(l_coord) * int64_t(get<2>(params.dD));
+    int64_t ldc = co_epi::row_stride(params.dC);
     GmemElementC const* c_src = nullptr;
     if constexpr (Residual != 0) {
-      c_src = static_cast<GmemElementC const*>(params.ptr_C) + int64_t(l_coord) * get<2>(params.dC);
+      c_src = static_cast<GmemElementC const*>(params.ptr_C) + int64_t(l_coord) * int64_t(get<2>(params.dC));
     }
     cutlass::NumericConverter<ElementD, float, cutlass::FloatRoundStyle::round_to_nearest> to_d;
     Activation_<float> act;

@@ -1,0 +1,85 @@
+"""The staged elementwise epilogue of the sm90 GEMM and conv kernels
+(templates/staged_epilogue.h, after templates/staged_common.h), in place of the
+collective builder's TMA epilogue and its fusion callbacks (evt_sm90.py).
+
+``D = post(residual_op(act(acc + bias), C))``, each op rounded to the output type,
+staged in shared memory in column chunks and stored in 16-byte row chunks. Its
+instantiation costs about half the nvcc time of the TMA epilogue's (session 37,
+2-core machine, ``benchmarks/results/staged_epilogue_build_2core_2026-12-05_s37.txt``:
+a unit of four GEMM kernels 25 s against 48 s, of two TMA convs 16 s against 29 s;
+``compile mlp --arch sm_90a`` cold 17.8 s against 36.3 s).
+
+``ENABLED`` switches it on for every kernel ``applies`` accepts: gemm_sm90.py's
+GEMMs (and the GEMMs of convs lowered onto them, conv_gemm_sm90.py) and
+conv_sm90.py's implicit-GEMM convs. It is off until it has been checked and timed
+on a GPU against the TMA epilogue (tests/gpu/test_staged_epilogue_gpu.py,
+benchmarks/staged_epilogue.py).
+"""
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+from ..ir import GemmEpilogue
+from . import activations
+
+ENABLED = False
+
+_TEMPLATES = Path(__file__).parent / "templates"
+# what the GLU epilogue (gemm_sm90.GLU_H) and the staged one share; spliced before either
+COMMON_H = (_TEMPLATES / "staged_common.h").read_text()
+STAGED_H = (_TEMPLATES / "staged_epilogue.h").read_text()
+HEADERS = COMMON_H + STAGED_H       # guarded: a unit's kernels share one copy
+INCLUDES = ("cutlass/epilogue/collective/detail.hpp", "cutlass/epilogue/thread/linear_combination.h",
+            "cutlass/numeric_conversion.h")
+
+# GEMM: C and D row-major (M, N, L); conv: NPQK seen as ((q, p, n), k, batch), packed
+GEMM_STRIDE = "cute::Stride<int64_t, cute::_1, int64_t>"
+CONV_STRIDE = "cute::Stride<cute::Stride<int64_t, int64_t, int64_t>, cute::_1, cute::_0>"
+
+# Replaces an emitter's sm90_parts.EPILOGUE (the cluster shape, fusion and builder)
+EPILOGUE = string.Template("""\
+using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
+
+// Epilogue: ${epilogue_tag}, staged in shared memory, stored in 16-byte row chunks
+// (templates/staged_epilogue.h; the mainloop's stages are counted after its shared memory)
+using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
+    co_staged::StagedEpilogue<ElementC, ElementD, ElementBias, ${staged_activation}, ${staged_has_activation},
+                              ${staged_bias}, ${staged_residual}, ${staged_post}, ${staged_has_post},
+                              cutlass::epilogue::NoSmemWarpSpecialized, TileShape,
+                              ${staged_stride}>>;
+
+""")
+
+_IDENTITY = "cutlass::epilogue::thread::Identity"
+_RESIDUAL = {"none": "0", "add": "1", "mul": "2"}
+
+
+def applies(dtype: str, ep: GemmEpilogue, transposed: bool = False, n_split: bool = False) -> bool:
+    """Whether a kernel takes the staged epilogue (only while ``ENABLED``): 16-bit
+    output, an elementwise epilogue with a full-shape residual if any (no GLU, no
+    per-channel or per-sample residual), D not transposed (swap AB) and the tile's
+    columns in one warp group's wgmma (no N-split)."""
+    return (ENABLED and dtype in ("f16", "bf16") and not ep.glu and not ep.residual_broadcast
+            and not transposed and not n_split)
+
+
+def values(ep: GemmEpilogue, stride: str) -> dict:
+    """The ``${staged_*}`` placeholders of ``EPILOGUE`` for ``ep``; ``stride`` is the
+    C / D stride type (GEMM_STRIDE or CONV_STRIDE)."""
+    act, post = activations.FUNCTOR[ep.activation], activations.FUNCTOR[ep.post_activation]
+    return {
+        "staged_activation": act or _IDENTITY,
+        "staged_has_activation": "true" if act else "false",
+        "staged_bias": "true" if ep.bias else "false",
+        "staged_residual": _RESIDUAL[ep.residual],
+        "staged_post": post or _IDENTITY,
+        "staged_has_post": "true" if post else "false",
+        "staged_stride": stride,
+    }
+
+
+def fusion_args(ep: GemmEpilogue) -> str:
+    """The epilogue's arguments after ``{{}, ptr_C, dC, ptr_D, dD}``: its bias pointer."""
+    return ("  arguments.epilogue.thread.bias = " +
+            ("static_cast<ElementBias const*>(args.bias);" if ep.bias else "nullptr;"))
