@@ -45,6 +45,20 @@ def test_idle_gaps_sum_the_waits_between_kernels_and_name_what_they_follow():
     assert gp.idle_gaps([], reps=1) == {"us_per_forward": 0.0, "after": []}
 
 
+def _stub_run_variant(monkeypatch, capture, compile_captured):
+    """run_variant without a GPU: ``capture`` and ``compile_captured`` stand in for
+    glue_profile's, timing, errors and profiles are zeros. Returns its arguments."""
+    monkeypatch.setattr(gp, "capture", capture)
+    monkeypatch.setattr(gp, "compile_captured", compile_captured)
+    monkeypatch.setattr(gp, "resolve_arch", lambda arch: "sm90a")
+    monkeypatch.setattr(gp.torch.cuda, "synchronize", lambda: None)
+    for name in ("rel_err", "events_ms"):
+        monkeypatch.setattr(gp, name, lambda *a, **k: 0.0)
+    monkeypatch.setattr(gp, "kernel_profile", lambda *a, **k: {})
+    return gp.argparse.Namespace(rounds=1, mode="reduce-overhead", reps=1, profile_reps=1, host_profile=0,
+                                 sequence=0, sequence_at=None)
+
+
 def test_dynamic_glue_auto_variant_captures_dynamic_and_specializes_the_glue(monkeypatch):
     """``ours_dynamic_glue_auto``: runtime.py's dynamic-batch capture with the glue's
     first compile specialized (set_glue dynamic="auto"); ``ours_dynamic`` keeps the
@@ -62,16 +76,8 @@ def test_dynamic_glue_auto_variant_captures_dynamic_and_specializes_the_glue(mon
         def __call__(self, *args):
             return args[0]
 
-    monkeypatch.setattr(gp, "capture", lambda model, inputs, dynamic_batch=False:
-                        seen.append(("capture", dynamic_batch)))
-    monkeypatch.setattr(gp, "compile_captured", lambda cap, options, **kw: Compiled())
-    monkeypatch.setattr(gp, "resolve_arch", lambda arch: "sm90a")
-    monkeypatch.setattr(gp.torch.cuda, "synchronize", lambda: None)
-    for name in ("rel_err", "events_ms"):
-        monkeypatch.setattr(gp, name, lambda *a, **k: 0.0)
-    monkeypatch.setattr(gp, "kernel_profile", lambda *a, **k: {})
-    args = gp.argparse.Namespace(rounds=1, mode="reduce-overhead", reps=1, profile_reps=1, host_profile=0,
-                                 sequence=0, sequence_at=None)
+    args = _stub_run_variant(monkeypatch, lambda model, inputs, dynamic_batch=False:
+                             seen.append(("capture", dynamic_batch)), lambda cap, options, **kw: Compiled())
     x = gp.torch.ones(2)
     gp.run_variant("ours_dynamic_glue_auto", None, (x,), ((x,), x), args)
     assert seen == [("capture", True), ("set_glue", "inductor", "reduce-overhead", "auto")]
@@ -118,15 +124,7 @@ def test_staged_epilogue_variant_switches_the_epilogue_during_the_compile_only(m
         seen.append(staged.ENABLED)
         return Compiled()
 
-    monkeypatch.setattr(gp, "capture", lambda model, inputs, dynamic_batch=False: None)
-    monkeypatch.setattr(gp, "compile_captured", compile_captured)
-    monkeypatch.setattr(gp, "resolve_arch", lambda arch: "sm90a")
-    monkeypatch.setattr(gp.torch.cuda, "synchronize", lambda: None)
-    for name in ("rel_err", "events_ms"):
-        monkeypatch.setattr(gp, name, lambda *a, **k: 0.0)
-    monkeypatch.setattr(gp, "kernel_profile", lambda *a, **k: {})
-    args = gp.argparse.Namespace(rounds=1, mode="reduce-overhead", reps=1, profile_reps=1, host_profile=0,
-                                 sequence=0, sequence_at=None)
+    args = _stub_run_variant(monkeypatch, lambda model, inputs, dynamic_batch=False: None, compile_captured)
     x = gp.torch.ones(2)
     before = staged.ENABLED
     for variant in ("ours_staged_epilogue", "ours"):
