@@ -36,6 +36,9 @@ the anchor a user would call instead, on one GPU, in one run.
   into the learned table; the conv part of the same run then selects with it.
 * conv2d and attention regions are compiled with ``pytorch_when_faster`` off:
   the benchmark times our kernel even where select would leave PyTorch's.
+* ``--staged-epilogue``: every GEMM and conv kernel that can take it is emitted
+  with the staged epilogue (emit/staged.py) instead of CUTLASS's TMA epilogue; with
+  ``--search heuristic``, the kernel-by-kernel A/B against a run without it.
 
 Ratios are speedups: anchor time / our time (> 1: ours faster). Per kind and
 dtype: geomean, minimum, how many below the issue's floors; the worst ten; TFLOP/s
@@ -47,6 +50,7 @@ with GPU, date and CUTLASS version). JSON to ``--json`` (default
     python benchmarks/kernels_bench.py [--kinds gemm,conv,attention] [--dtypes fp16,bf16]
         [--search full|heuristic] [--grid/--no-grid] [--write-table FILE]
         [--write-attention-table FILE] [--write-conv-table FILE] [--models A,B] [--json FILE]
+        [--staged-epilogue]
 
 Needs a CUDA GPU (sm_90) and nvcc (exits 2 without a GPU).
 """
@@ -623,6 +627,9 @@ def parse_args(argv=None):
     p.add_argument("--gemm-set", default="corpus", choices=["corpus", "lowered-convs", "both"],
                    help="GEMM problems: the corpus's GEMMs (and the grid), the GEMMs of the convs "
                         "sm90a lowers onto the GEMM (families/conv_gemm_sm90.py), or both")
+    p.add_argument("--staged-epilogue", action="store_true",
+                   help="emit every GEMM and conv kernel that can take it with the staged epilogue "
+                        "(emit/staged.py) instead of CUTLASS's TMA epilogue: the A/B against a run without")
     p.add_argument("--merge-table", action="store_true",
                    help="with --write-table: keep the packaged table's entries for shapes not searched")
     return p.parse_args(argv)
@@ -678,6 +685,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("kernels_bench.py needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.staged_epilogue:
+        from cutlass_offload.emit import staged
+        staged.ENABLED = True
     out_path = Path(args.json or (Path(os.environ["OUT"]) / "kernels.json" if os.environ.get("OUT")
                                   else HERE / "results" / "kernels.json"))
     props = torch.cuda.get_device_properties(0)
@@ -687,9 +697,10 @@ def main(argv=None) -> int:
     dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
     peak = measure_peak()
     print(f"{gpu}, {sms} SMs, torch {torch.__version__}; measured fp16 peak {peak:.0f} TFLOP/s; "
-          f"search {args.search}", flush=True)
+          f"search {args.search}" + ("; staged epilogue" if args.staged_epilogue else ""), flush=True)
     result = {"gpu": gpu, "num_sms": sms, "torch": torch.__version__, "date": datetime.datetime.now().isoformat(),
               "peak_tflops": peak, "search": args.search, "corpus": str(args.corpus),
+              "staged_epilogue": args.staged_epilogue,
               "corpus_meta": {k: v for k, v in corpus.items() if k not in ("gemm", "conv2d", "attention")},
               "rows": [], "seconds": {}}
 

@@ -299,3 +299,9 @@ def test_attention_table_merges_into_an_existing_one_and_keeps_the_tile_order(tm
         assert fam.choose(AttentionProblem(**{**p.__dict__, "causal": "none"})).config.tile_scheduler == "persistent"
     finally:
         table._rows.cache_clear()
+
+
+def test_staged_epilogue_option_parses():
+    # --staged-epilogue switches emit/staged.py on for the run (after the GPU check)
+    assert kb.parse_args(["--staged-epilogue"]).staged_epilogue
+    assert not kb.parse_args([]).staged_epilogue
