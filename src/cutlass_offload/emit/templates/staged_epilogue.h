@@ -1,6 +1,6 @@
 // An elementwise epilogue for the CUTLASS 3.x sm90 GEMM kernels that stages its
 // output in shared memory and stores it in 16-byte row chunks, without TMA and
-// without CUTLASS's epilogue visitor tree (emit/gemm_sm90.py STAGED_EPILOGUE; wrapped
+// without CUTLASS's epilogue visitor tree (emit/staged.py, switched by ENABLED; wrapped
 // in cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter like
 // templates/glu_epilogue.h, whose staged store it generalizes).
 //
