@@ -1,4 +1,4 @@
-// An elementwise epilogue for the CUTLASS 3.x sm90 GEMM kernels that stages its
+// An elementwise epilogue for the CUTLASS 3.x sm90 GEMM and implicit-GEMM conv kernels that stages its
 // output in shared memory and stores it in 16-byte row chunks, without TMA and
 // without CUTLASS's epilogue visitor tree (emit/staged.py, switched by ENABLED; wrapped
 // in cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter like
