@@ -362,10 +362,10 @@ def emit(kernel: ConvKernel) -> KernelSource:
     Raises ValueError for a kernel this family cannot build (see ``validate``),
     KeyError if the template and ``values`` ever disagree on a placeholder.
     """
-    if staged_epilogue_applies(kernel):
-        code, includes = staged.HEADERS + STAGED_TEMPLATE.substitute(values(kernel)), INCLUDES + staged.INCLUDES
-    else:
-        code, includes = TEMPLATE.substitute(values(kernel)), INCLUDES
+    staged_ep = staged_epilogue_applies(kernel)
+    code = ((staged.HEADERS + STAGED_TEMPLATE.substitute(values(kernel))) if staged_ep
+            else TEMPLATE.substitute(values(kernel)))
+    includes = INCLUDES + (staged.INCLUDES if staged_ep else ())
     per_sample = (PER_SAMPLE_PREAMBLE,) if kernel.epilogue.residual_per_sample else ()
     return KernelSource(name=kernel.name, includes=includes, code=code, args_type="CoConvArgs",
                         preamble=(sm90_parts.TMA_DRIVER,) + per_sample

@@ -207,25 +207,16 @@ class GluEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, Elem
       sync_tile();
       // whole 16-byte chunks of the tile's rows to D: N / 2 is a multiple of 8, so a
       // chunk is all in or all out of D's columns
-      constexpr int ChunksPerRow = (TileN / 2) / Vec;
-      constexpr int Chunks = TileM * ChunksPerRow;
       int const n_out = N / 2;
       int const col0 = n0 / 2;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < (Chunks + Threads - 1) / Threads; ++i) {
-        int ch = i * Threads + thread_idx;
-        if (Chunks % Threads != 0 && ch >= Chunks) {
-          break;
-        }
-        int trow = ch / ChunksPerRow;
-        int tcol = (ch % ChunksPerRow) * Vec;
+      co_epi::for_each_staged_chunk<Threads, TileM, (TileN / 2) / Vec, Vec>(thread_idx, [&](int trow, int tcol) {
         int row = m0 + trow;
         int col = col0 + tcol;
         if (row < M && col < n_out) {
           uint4 v = *reinterpret_cast<uint4 const*>(tile + trow * Pitch + tcol);
           *reinterpret_cast<uint4*>(d + int64_t(row) * ldd + col) = v;
         }
-      }
+      });
     }
   }
 

@@ -159,7 +159,6 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
     ElementD* tile = reinterpret_cast<ElementD*>(smem_buf);
     constexpr int ChunkGroups = EpiN / 8;
     constexpr int ChunksPerRow = EpiN / Vec;
-    constexpr int Chunks = TileM * ChunksPerRow;
 
     CUTLASS_PRAGMA_UNROLL
     for (int chunk = 0; chunk < Groups / ChunkGroups; ++chunk) {
@@ -207,18 +206,11 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
       sync_tile();     // the chunk is in shared memory
 
       // whole 16-byte chunks of the tile's rows to D, a warp 512 bytes at a time
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < (Chunks + Threads - 1) / Threads; ++i) {
-        int ch = i * Threads + thread_idx;
-        if (Chunks % Threads != 0 && ch >= Chunks) {
-          break;
-        }
-        int trow = ch / ChunksPerRow;
-        int tcol = (ch % ChunksPerRow) * Vec;
+      co_epi::for_each_staged_chunk<Threads, TileM, ChunksPerRow, Vec>(thread_idx, [&](int trow, int tcol) {
         int row = m0 + trow;
         int col = n0 + chunk_col0 + tcol;
         if (row >= M || col >= N) {
-          continue;
+          return;
         }
         bool whole = col + Vec <= N;
         cutlass::AlignedArray<ElementD, Vec> v =
@@ -254,7 +246,7 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
             }
           }
         }
-      }
+      });
     }
   }
 
