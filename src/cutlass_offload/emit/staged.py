@@ -11,9 +11,11 @@ a unit of four GEMM kernels 25 s against 48 s, of two TMA convs 16 s against 29 
 
 ``ENABLED`` switches it on for every kernel ``applies`` accepts: gemm_sm90.py's
 GEMMs (and the GEMMs of convs lowered onto them, conv_gemm_sm90.py) and
-conv_sm90.py's implicit-GEMM convs. It is off until it has been checked and timed
-on a GPU against the TMA epilogue (tests/gpu/test_staged_epilogue_gpu.py,
-benchmarks/staged_epilogue.py).
+conv_sm90.py's implicit-GEMM convs. It is correct on the GPU
+(tests/gpu/test_staged_epilogue_gpu.py, H100, session 38) but slower than the TMA
+epilogue (benchmarks/staged_epilogue.py on the H100: geomean 0.87x, worst 0.61x,
+``benchmarks/results/staged_epilogue_2026-12-05_h100_s38.*``), so it stays off: the
+build time it saves is not worth kernels slower than the ones it replaces.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ COMMON_H = (_TEMPLATES / "staged_common.h").read_text()
 STAGED_H = (_TEMPLATES / "staged_epilogue.h").read_text()
 HEADERS = COMMON_H + STAGED_H       # guarded: a unit's kernels share one copy
 INCLUDES = ("cutlass/epilogue/collective/detail.hpp", "cutlass/epilogue/thread/linear_combination.h",
-            "cutlass/numeric_conversion.h")
+            "cutlass/numeric_conversion.h", "cutlass/arch/memory_sm80.h")
 
 # GEMM: C and D row-major (M, N, L); conv: NPQK seen as ((q, p, n), k, batch), packed
 GEMM_STRIDE = "cute::Stride<int64_t, cute::_1, int64_t>"

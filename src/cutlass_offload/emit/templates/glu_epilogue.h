@@ -209,7 +209,7 @@ class GluEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, Elem
       // chunk is all in or all out of D's columns
       int const n_out = N / 2;
       int const col0 = n0 / 2;
-      co_epi::for_each_staged_chunk<Threads, TileM, (TileN / 2) / Vec, Vec>(thread_idx, [&](int trow, int tcol) {
+      co_epi::for_each_staged_chunk<Threads, TileM, (TileN / 2) / Vec, Vec>(thread_idx, [&](auto, int trow, int tcol) {
         int row = m0 + trow;
         int col = col0 + tcol;
         if (row < M && col < n_out) {

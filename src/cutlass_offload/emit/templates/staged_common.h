@@ -97,22 +97,27 @@ CUTLASS_DEVICE void sync_staged_tile() {
   cutlass::arch::NamedBarrier::sync(Threads, id);
 }
 
-// Calls f(trow, tcol) for each 16-byte chunk of a staged tile (Rows rows of
+// Calls f(i, trow, tcol) for each 16-byte chunk of a staged tile (Rows rows of
 // ChunksPerRow chunks of Vec elements) that thread `thread_idx` of `Threads` copies
 // out: chunk i * Threads + thread_idx, so a warp takes 32 consecutive chunks of a row
-// (512 contiguous bytes where the row is that long). trow: the tile's row; tcol: the
-// chunk's first column in it.
+// (512 contiguous bytes where the row is that long). i: the thread's iteration, a
+// compile-time cute::Int (it indexes register arrays: a run-time index would put them
+// in local memory); trow: the tile's row; tcol: the chunk's first column in it.
+template <int Threads, int Rows, int ChunksPerRow, int Vec>
+constexpr int staged_chunk_iterations() {
+  return (Rows * ChunksPerRow + Threads - 1) / Threads;
+}
+
 template <int Threads, int Rows, int ChunksPerRow, int Vec, class F>
 CUTLASS_DEVICE void for_each_staged_chunk(int thread_idx, F&& f) {
   constexpr int Chunks = Rows * ChunksPerRow;
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < (Chunks + Threads - 1) / Threads; ++i) {
-    int ch = i * Threads + thread_idx;
-    if (Chunks % Threads != 0 && ch >= Chunks) {
-      break;
+  constexpr int Iters = staged_chunk_iterations<Threads, Rows, ChunksPerRow, Vec>();
+  cute::for_each(cute::make_int_sequence<Iters>{}, [&](auto i) {
+    int ch = int(decltype(i)::value) * Threads + thread_idx;
+    if (Chunks % Threads == 0 || ch < Chunks) {
+      f(i, ch / ChunksPerRow, (ch % ChunksPerRow) * Vec);
     }
-    f(ch / ChunksPerRow, (ch % ChunksPerRow) * Vec);
-  }
+  });
 }
 
 }  // namespace co_epi

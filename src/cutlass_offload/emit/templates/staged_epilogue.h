@@ -16,14 +16,20 @@
 // 2-core machine: a unit of four 16-bit GEMM kernels 42.0 s with the TMA epilogue,
 // 22.8 s with the GLU epilogue, which stores the same way).
 //
-// How: the tile's columns are processed in chunks of EpiN (whole 8-column groups of
-// the wgmma accumulator, at most 96 columns): the threads write their rounded
-// act(acc + bias) pairs (4 bytes) to a TileM x Pitch shared-memory tile, a named
-// barrier, then every thread copies whole 16-byte row chunks out, reading C's
-// matching chunk for the residual op, another barrier before the next chunk's
-// writes. The ping-pong kernel orders its two warp groups' epilogues
-// (math_wg_order_barrier), so they share the one tile, each with a barrier of its
-// own; the cooperative kernel's two groups share one barrier.
+// How: the tile's bias goes to shared memory once per tile; C's chunks go there by
+// cp.async a chunk ahead of their use. The tile's columns are processed in chunks of
+// EpiN (whole 8-column groups of the wgmma accumulator, at most 96 columns): the
+// threads write their rounded act(acc + bias) pairs (4 bytes) to a TileM x Pitch
+// shared-memory tile, a named barrier, then every thread copies whole 16-byte row
+// chunks out, applying the residual op with C's matching chunk, another barrier
+// before the next chunk's writes. The ping-pong kernel orders its two warp groups'
+// epilogues (math_wg_order_barrier), so they share the one tile, each with a barrier
+// of its own; the cooperative kernel's two groups share one barrier.
+//
+// Speed (session 38, H100, benchmarks/staged_epilogue.py, 12 corpus GEMMs): 0.87x
+// the TMA epilogue's geomean, 0.61x (bias + GELU, ping-pong) to 1.03x (no epilogue);
+// ncu counts 11-37% more instructions and, with GELU, 9.4 against 6.3 warp cycles
+// per issued instruction. So it stays off (emit/staged.py).
 //
 // Needs: D (and C) row-major (M, N, L) with 16-byte aligned rows and batch starts, or
 // a conv's packed NPQK with M = (q, p, n) (can_implement; Stride_); any M and N (a
@@ -75,12 +81,15 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
   static constexpr int EpiN = 8 * chunk_groups(Groups);
   static constexpr int Vec = 16 / int(sizeof(ElementD_));      // elements of one 16-byte chunk
   static constexpr int Pitch = co_epi::staged_pitch<ElementD_>(EpiN);      // the staged tile's row
-  static_assert(sizeof(ElementD_) == 2, "16-bit outputs only");
+  static_assert(sizeof(ElementD_) == 2 && sizeof(GmemElementC) == 2, "16-bit C and D only");
   static_assert(Residual_ == 0 || !cute::is_void_v<ElementC_>, "a residual needs ElementC");
   static_assert(TileN % 8 == 0, "tile N must be a multiple of 8");
 
+  // the staged chunk of D; C's chunk (cp.async, a residual only); the tile's bias
   struct SharedStorage {
     alignas(128) ElementD_ tile[TileM * Pitch];
+    alignas(16) GmemElementC c_tile[Residual_ != 0 ? TileM * Pitch : 1];
+    alignas(16) ElementBias_ bias[HasBias_ ? TileN : 1];
   };
   using TensorStorage = SharedStorage;
 
@@ -150,32 +159,59 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
     if constexpr (Residual != 0) {
       c_src = static_cast<GmemElementC const*>(params.ptr_C) + int64_t(l_coord) * int64_t(get<2>(params.dC));
     }
-    cutlass::NumericConverter<ElementD, float, cutlass::FloatRoundStyle::round_to_nearest> to_d;
+    // packed conversions (two or eight at a time: cvt.rn.f16x2.f32 and kin), fewer
+    // instructions per element than scalar ones
+    constexpr auto RN = cutlass::FloatRoundStyle::round_to_nearest;
+    cutlass::NumericArrayConverter<ElementD, float, 2, RN> to_d2;
+    cutlass::NumericArrayConverter<float, ElementD, 2, RN> from_d2;
+    cutlass::NumericArrayConverter<float, ElementBias, 2, RN> from_bias2;
+    cutlass::NumericArrayConverter<ElementD, float, Vec, RN> to_dv;
+    cutlass::NumericArrayConverter<float, ElementD, Vec, RN> from_dv;
+    cutlass::NumericArrayConverter<float, GmemElementC, Vec, RN> from_cv;
     Activation_<float> act;
     Post_<float> post;
 
     constexpr int Threads = int(size(TiledMma{}));
     auto sync_tile = [] { co_epi::sync_staged_tile<Threads>(); };
-    ElementD* tile = reinterpret_cast<ElementD*>(smem_buf);
     constexpr int ChunkGroups = EpiN / 8;
     constexpr int ChunksPerRow = EpiN / Vec;
+
+    auto& storage = *reinterpret_cast<SharedStorage*>(smem_buf);
+    ElementD* tile = storage.tile;
+
+    // The tile's bias in shared memory, loaded once (it repeats down the rows) and
+    // visible after the first chunk's barrier. The previous tile's last reads of it
+    // came before that tile's last barrier (in the ping-pong kernel, before the other
+    // group's epilogue began).
+    if constexpr (HasBias) {
+      for (int t = thread_idx; t < TileN; t += Threads) {
+        storage.bias[t] = n0 + t < N ? params.thread.bias[n0 + t] : ElementBias(0);
+      }
+    }
+
+    // C's chunks go to shared memory by cp.async, each issued a chunk ahead of its use
+    // (the first before the first chunk's staging): a load of C beside each store
+    // would wait a round trip to memory per 16 bytes (loads after stores of D cannot
+    // be hoisted: the pointers might alias). Each thread copies the 16-byte chunks it
+    // later reads (one mapping, for_each_staged_chunk), so waiting for its own copies
+    // suffices; chunks that leave the problem are read from C where they are used.
+    auto load_c = [&](int chunk) {
+      if constexpr (Residual != 0) {
+        co_epi::for_each_staged_chunk<Threads, TileM, ChunksPerRow, Vec>(thread_idx, [&](auto, int trow, int tcol) {
+          int row = m0 + trow;
+          int col = n0 + chunk * EpiN + tcol;
+          cutlass::arch::cp_async<16, cutlass::arch::CacheOperation::Global>(
+              storage.c_tile + trow * Pitch + tcol, c_src + int64_t(row) * ldc + col, row < M && col + Vec <= N);
+        });
+        cutlass::arch::cp_async_fence();
+      }
+    };
+    load_c(0);
 
     CUTLASS_PRAGMA_UNROLL
     for (int chunk = 0; chunk < Groups / ChunkGroups; ++chunk) {
       int const chunk_col0 = chunk * EpiN;     // the chunk's first column in the tile
-      // this chunk's bias values, loaded before the chunk's first barrier
-      float bias_v[ChunkGroups][2];
-      if constexpr (HasBias) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int jj = 0; jj < ChunkGroups; ++jj) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < 2; ++c) {
-            int col = n0 + int(get<1>(tCc(make_coord(make_coord(c, 0, chunk * ChunkGroups + jj), 0, 0))));
-            bias_v[jj][c] = col < N ? float(params.thread.bias[col]) : 0.f;
-          }
-        }
-      }
-      sync_tile();     // the reads of the previous chunk (or tile) are done
+      sync_tile();     // the reads of the previous chunk (or tile) are done; the bias is in
 
       CUTLASS_PRAGMA_UNROLL
       for (int mm = 0; mm < size<1>(FrgLayout{}); ++mm) {
@@ -185,28 +221,36 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
           for (int jj = 0; jj < ChunkGroups; ++jj) {
             int j = chunk * ChunkGroups + jj;
             auto crd = tCc(make_coord(make_coord(0, r, j), mm, 0));
-            cutlass::AlignedArray<ElementD, 2> out;
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < 2; ++c) {
-              float x = accumulators(make_coord(make_coord(c, r, j), mm, 0));
-              if constexpr (HasBias) {
-                x = float(to_d(x + bias_v[jj][c]));
-              }
-              if constexpr (HasActivation_) {
-                x = act(x);
-              }
-              out[c] = to_d(x);
-            }
             int trow = int(get<0>(crd));
-            int tcol = int(get<1>(crd)) - chunk_col0;
-            *reinterpret_cast<cutlass::AlignedArray<ElementD, 2>*>(tile + trow * Pitch + tcol) = out;
+            int tcol = int(get<1>(crd));
+            cutlass::Array<float, 2> x;
+            x[0] = accumulators(make_coord(make_coord(0, r, j), mm, 0));
+            x[1] = accumulators(make_coord(make_coord(1, r, j), mm, 0));
+            if constexpr (HasBias) {
+              auto b = from_bias2(*reinterpret_cast<cutlass::Array<ElementBias, 2> const*>(storage.bias + tcol));
+              x[0] += b[0];
+              x[1] += b[1];
+            }
+            cutlass::Array<ElementD, 2> out;
+            if constexpr (HasActivation_) {
+              if constexpr (HasBias) {
+                x = from_d2(to_d2(x));      // the bias add's rounding
+              }
+              x[0] = act(x[0]);
+              x[1] = act(x[1]);
+            }
+            out = to_d2(x);
+            *reinterpret_cast<cutlass::Array<ElementD, 2>*>(tile + trow * Pitch + tcol - chunk_col0) = out;
           }
         }
       }
       sync_tile();     // the chunk is in shared memory
+      if constexpr (Residual != 0) {
+        cutlass::arch::cp_async_wait<0>();     // this thread's copies of C's chunk
+      }
 
       // whole 16-byte chunks of the tile's rows to D, a warp 512 bytes at a time
-      co_epi::for_each_staged_chunk<Threads, TileM, ChunksPerRow, Vec>(thread_idx, [&](int trow, int tcol) {
+      co_epi::for_each_staged_chunk<Threads, TileM, ChunksPerRow, Vec>(thread_idx, [&](auto, int trow, int tcol) {
         int row = m0 + trow;
         int col = n0 + chunk_col0 + tcol;
         if (row >= M || col >= N) {
@@ -216,24 +260,30 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
         cutlass::AlignedArray<ElementD, Vec> v =
             *reinterpret_cast<cutlass::AlignedArray<ElementD, Vec> const*>(tile + trow * Pitch + tcol);
         if constexpr (Residual != 0) {
-          GmemElementC const* src = c_src + int64_t(row) * ldc + col;
           cutlass::AlignedArray<GmemElementC, Vec> cv;
           if (whole) {
-            cv = *reinterpret_cast<cutlass::AlignedArray<GmemElementC, Vec> const*>(src);
+            cv = *reinterpret_cast<cutlass::AlignedArray<GmemElementC, Vec> const*>(storage.c_tile + trow * Pitch + tcol);
           } else {
+            GmemElementC const* src = c_src + int64_t(row) * ldc + col;
             CUTLASS_PRAGMA_UNROLL
             for (int e = 0; e < Vec; ++e) {
               cv[e] = col + e < N ? src[e] : GmemElementC(0);
             }
           }
+          auto x = from_dv(reinterpret_cast<cutlass::Array<ElementD, Vec> const&>(v));
+          auto y = from_cv(reinterpret_cast<cutlass::Array<GmemElementC, Vec> const&>(cv));
           CUTLASS_PRAGMA_UNROLL
           for (int e = 0; e < Vec; ++e) {
-            float x = Residual == 1 ? float(v[e]) + float(cv[e]) : float(v[e]) * float(cv[e]);
-            if constexpr (HasPost_) {
-              x = post(float(to_d(x)));
-            }
-            v[e] = to_d(x);
+            x[e] = Residual == 1 ? x[e] + y[e] : x[e] * y[e];
           }
+          if constexpr (HasPost_) {
+            x = from_dv(to_dv(x));      // the residual op's rounding
+            CUTLASS_PRAGMA_UNROLL
+            for (int e = 0; e < Vec; ++e) {
+              x[e] = post(x[e]);
+            }
+          }
+          reinterpret_cast<cutlass::Array<ElementD, Vec>&>(v) = to_dv(x);
         }
         ElementD* dst = d + int64_t(row) * ldd + col;
         if (whole) {
@@ -247,6 +297,11 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
           }
         }
       });
+      // the next chunk of C into the buffer this thread has just read (its values are
+      // in the stores above, so the reads are done)
+      if (chunk + 1 < Groups / ChunkGroups) {
+        load_c(chunk + 1);
+      }
     }
   }
 
