@@ -33,7 +33,7 @@ COMMON_H = (_TEMPLATES / "staged_common.h").read_text()
 STAGED_H = (_TEMPLATES / "staged_epilogue.h").read_text()
 HEADERS = COMMON_H + STAGED_H       # guarded: a unit's kernels share one copy
 INCLUDES = ("cutlass/epilogue/collective/detail.hpp", "cutlass/epilogue/thread/linear_combination.h",
-            "cutlass/numeric_conversion.h", "cutlass/arch/memory_sm80.h")
+            "cutlass/numeric_conversion.h", "cutlass/arch/memory_sm80.h", "cute/arch/copy_sm90.hpp")
 
 # GEMM: C and D row-major (M, N, L); conv: NPQK seen as ((q, p, n), k, batch), packed
 GEMM_STRIDE = "cute::Stride<int64_t, cute::_1, int64_t>"

@@ -28,8 +28,12 @@
 //
 // Speed (session 38, H100, benchmarks/staged_epilogue.py, 12 corpus GEMMs): 0.87x
 // the TMA epilogue's geomean, 0.61x (bias + GELU, ping-pong) to 1.03x (no epilogue);
-// ncu counts 11-37% more instructions and, with GELU, 9.4 against 6.3 warp cycles
-// per issued instruction. So it stays off (emit/staged.py).
+// ncu counted 11-37% more instructions and, with GELU, 9.4 against 6.3 warp cycles
+// per issued instruction. Since then (not yet run on a GPU): stmatrix for the
+// staging (16 instructions a thread where 64 4-byte stores were), the bias read once
+// per chunk, and tiles inside the problem stored without bound checks from
+// addresses a fixed step apart. It stays off until it holds the TMA epilogue's speed
+// (emit/staged.py).
 //
 // Needs: D (and C) row-major (M, N, L) with 16-byte aligned rows and batch starts, or
 // a conv's packed NPQK with M = (q, p, n) (can_implement; Stride_); any M and N (a
@@ -153,11 +157,13 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
     CUTE_STATIC_ASSERT_V(size(tCc) == size(accumulators), "one coordinate per accumulator");
 
     int64_t ldd = co_epi::row_stride(params.dD);
-    ElementD* d = params.ptr_D + int64_t(l_coord) * int64_t(get<2>(params.dD));
+    // the tile's first element of D: the stores below add only their place in the tile
+    ElementD* d_tile = params.ptr_D + int64_t(l_coord) * int64_t(get<2>(params.dD)) + int64_t(m0) * ldd + n0;
     int64_t ldc = co_epi::row_stride(params.dC);
     GmemElementC const* c_src = nullptr;
     if constexpr (Residual != 0) {
-      c_src = static_cast<GmemElementC const*>(params.ptr_C) + int64_t(l_coord) * int64_t(get<2>(params.dC));
+      c_src = static_cast<GmemElementC const*>(params.ptr_C) + int64_t(l_coord) * int64_t(get<2>(params.dC)) +
+              int64_t(m0) * ldc + n0;     // the tile's first element
     }
     // packed conversions (two or eight at a time: cvt.rn.f16x2.f32 and kin), fewer
     // instructions per element than scalar ones
@@ -195,14 +201,41 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
     // be hoisted: the pointers might alias). Each thread copies the 16-byte chunks it
     // later reads (one mapping, for_each_staged_chunk), so waiting for its own copies
     // suffices; chunks that leave the problem are read from C where they are used.
+    // a tile wholly inside the problem skips every bound check below
+    bool const full_tile = m0 + TileM <= M && n0 + TileN <= N;
+    // Where a thread's 16-byte chunks lie RowStep rows apart (the threads cover whole
+    // rows), its global addresses are a first one plus iteration * RowStep rows: no
+    // 64-bit row product per store.
+    constexpr bool RowSteps = Threads % ChunksPerRow == 0;
+    constexpr int RowStep = Threads / ChunksPerRow;
+    int const trow0 = thread_idx / ChunksPerRow;
+    int const tcol0 = (thread_idx % ChunksPerRow) * Vec;
+    // (offset of the thread's first chunk, distance between its iterations) in D and C
+    int64_t const d_first = int64_t(trow0) * ldd + tcol0, d_step = int64_t(RowStep) * ldd;
+    int64_t const c_first = int64_t(trow0) * ldc + tcol0, c_step = int64_t(RowStep) * ldc;
+    auto gmem_at = [&](auto* tile_start, int64_t ld, int64_t first, int64_t step, auto i, int trow, int tcol) {
+      if constexpr (RowSteps) {
+        return tile_start + (first + int64_t(decltype(i)::value) * step);
+      } else {
+        return tile_start + (int64_t(trow) * ld + tcol);
+      }
+    };
     auto load_c = [&](int chunk) {
       if constexpr (Residual != 0) {
-        co_epi::for_each_staged_chunk<Threads, TileM, ChunksPerRow, Vec>(thread_idx, [&](auto, int trow, int tcol) {
-          int row = m0 + trow;
-          int col = n0 + chunk * EpiN + tcol;
-          cutlass::arch::cp_async<16, cutlass::arch::CacheOperation::Global>(
-              storage.c_tile + trow * Pitch + tcol, c_src + int64_t(row) * ldc + col, row < M && col + Vec <= N);
-        });
+        auto issue = [&](auto full) {
+          co_epi::for_each_staged_chunk<Threads, TileM, ChunksPerRow, Vec>(thread_idx, [&](auto i, int trow, int tcol) {
+            int row = m0 + trow;
+            int col = n0 + chunk * EpiN + tcol;
+            cutlass::arch::cp_async<16, cutlass::arch::CacheOperation::Global>(
+                storage.c_tile + trow * Pitch + tcol, gmem_at(c_src, ldc, c_first, c_step, i, trow, tcol) + chunk * EpiN,
+                decltype(full)::value || (row < M && col + Vec <= N));
+          });
+        };
+        if (full_tile) {
+          issue(cute::true_type{});
+        } else {
+          issue(cute::false_type{});
+        }
         cutlass::arch::cp_async_fence();
       }
     };
@@ -213,34 +246,55 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
       int const chunk_col0 = chunk * EpiN;     // the chunk's first column in the tile
       sync_tile();     // the reads of the previous chunk (or tile) are done; the bias is in
 
+      // this chunk's bias pairs, once: every row of the thread's shares them
+      cutlass::Array<float, 2> bias_f[HasBias ? ChunkGroups : 1];
+      if constexpr (HasBias) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int jj = 0; jj < ChunkGroups; ++jj) {
+          int tcol = int(get<1>(tCc(make_coord(make_coord(0, 0, chunk * ChunkGroups + jj), 0, 0))));
+          bias_f[jj] = from_bias2(*reinterpret_cast<cutlass::Array<ElementBias, 2> const*>(storage.bias + tcol));
+        }
+      }
+      // act(acc + bias) of the thread's pair at (row + 8 r, 8-column group j), rounded, packed
+      auto pair = [&](int mm, int r, int jj) {
+        int j = chunk * ChunkGroups + jj;
+        cutlass::Array<float, 2> x;
+        x[0] = accumulators(make_coord(make_coord(0, r, j), mm, 0));
+        x[1] = accumulators(make_coord(make_coord(1, r, j), mm, 0));
+        if constexpr (HasBias) {
+          x[0] += bias_f[jj][0];
+          x[1] += bias_f[jj][1];
+        }
+        if constexpr (HasActivation_) {
+          if constexpr (HasBias) {
+            x = from_d2(to_d2(x));      // the bias add's rounding
+          }
+          x[0] = act(x[0]);
+          x[1] = act(x[1]);
+        }
+        cutlass::Array<ElementD, 2> out = to_d2(x);
+        return reinterpret_cast<uint32_t const&>(out);
+      };
+      // stmatrix: a warp's pairs of two 8-column groups (four 8x8 matrices: rows r = 0
+      // and 1 of group j, then of j + 1, each lane holding its pair of every one: the
+      // wgmma accumulator layout) in one instruction, lane l giving the address of row
+      // l % 8 of matrix l / 8. An odd last group goes as two matrices.
+      int const lane = thread_idx % 32;
       CUTLASS_PRAGMA_UNROLL
       for (int mm = 0; mm < size<1>(FrgLayout{}); ++mm) {
         CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int jj = 0; jj < ChunkGroups; ++jj) {
-            int j = chunk * ChunkGroups + jj;
-            auto crd = tCc(make_coord(make_coord(0, r, j), mm, 0));
-            int trow = int(get<0>(crd));
-            int tcol = int(get<1>(crd));
-            cutlass::Array<float, 2> x;
-            x[0] = accumulators(make_coord(make_coord(0, r, j), mm, 0));
-            x[1] = accumulators(make_coord(make_coord(1, r, j), mm, 0));
-            if constexpr (HasBias) {
-              auto b = from_bias2(*reinterpret_cast<cutlass::Array<ElementBias, 2> const*>(storage.bias + tcol));
-              x[0] += b[0];
-              x[1] += b[1];
-            }
-            cutlass::Array<ElementD, 2> out;
-            if constexpr (HasActivation_) {
-              if constexpr (HasBias) {
-                x = from_d2(to_d2(x));      // the bias add's rounding
-              }
-              x[0] = act(x[0]);
-              x[1] = act(x[1]);
-            }
-            out = to_d2(x);
-            *reinterpret_cast<cutlass::Array<ElementD, 2>*>(tile + trow * Pitch + tcol - chunk_col0) = out;
+        for (int jj = 0; jj < ChunkGroups; jj += 2) {
+          auto crd = tCc(make_coord(make_coord(0, 0, chunk * ChunkGroups + jj), mm, 0));
+          int row0 = int(get<0>(crd)) - lane / 4;                        // the warp's first row here
+          int col0 = int(get<1>(crd)) - 2 * (lane % 4) - chunk_col0;     // the group's first column
+          int i = lane / 8;
+          if (jj + 1 < ChunkGroups) {
+            ElementD* dst = tile + (row0 + (i % 2) * 8 + lane % 8) * Pitch + col0 + (i / 2) * 8;
+            cute::SM90_U32x4_STSM_N::copy(pair(mm, 0, jj), pair(mm, 1, jj), pair(mm, 0, jj + 1), pair(mm, 1, jj + 1),
+                                          *reinterpret_cast<cute::uint128_t*>(dst));
+          } else {
+            ElementD* dst = tile + (row0 + (i % 2) * 8 + lane % 8) * Pitch + col0;
+            cute::SM90_U32x2_STSM_N::copy(pair(mm, 0, jj), pair(mm, 1, jj), *reinterpret_cast<cute::uint128_t*>(dst));
           }
         }
       }
@@ -249,54 +303,64 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
         cutlass::arch::cp_async_wait<0>();     // this thread's copies of C's chunk
       }
 
-      // whole 16-byte chunks of the tile's rows to D, a warp 512 bytes at a time
-      co_epi::for_each_staged_chunk<Threads, TileM, ChunksPerRow, Vec>(thread_idx, [&](auto, int trow, int tcol) {
-        int row = m0 + trow;
-        int col = n0 + chunk_col0 + tcol;
-        if (row >= M || col >= N) {
-          return;
-        }
-        bool whole = col + Vec <= N;
-        cutlass::AlignedArray<ElementD, Vec> v =
-            *reinterpret_cast<cutlass::AlignedArray<ElementD, Vec> const*>(tile + trow * Pitch + tcol);
-        if constexpr (Residual != 0) {
-          cutlass::AlignedArray<GmemElementC, Vec> cv;
+      // whole 16-byte chunks of the tile's rows to D, a warp 512 bytes at a time (a
+      // tile inside the problem in a copy of its own, without the bound checks)
+      auto store_chunk = [&](auto full) {
+        constexpr bool Full = decltype(full)::value;
+        co_epi::for_each_staged_chunk<Threads, TileM, ChunksPerRow, Vec>(thread_idx, [&](auto i, int trow, int tcol) {
+          int row = m0 + trow;
+          int col = n0 + chunk_col0 + tcol;
+          if (!Full && (row >= M || col >= N)) {
+            return;
+          }
+          bool whole = Full || col + Vec <= N;
+          cutlass::AlignedArray<ElementD, Vec> v =
+              *reinterpret_cast<cutlass::AlignedArray<ElementD, Vec> const*>(tile + trow * Pitch + tcol);
+          if constexpr (Residual != 0) {
+            cutlass::AlignedArray<GmemElementC, Vec> cv;
+            if (whole) {
+              cv = *reinterpret_cast<cutlass::AlignedArray<GmemElementC, Vec> const*>(storage.c_tile + trow * Pitch +
+                                                                                       tcol);
+            } else {
+              GmemElementC const* src = gmem_at(c_src, ldc, c_first, c_step, i, trow, tcol) + chunk_col0;
+              CUTLASS_PRAGMA_UNROLL
+              for (int e = 0; e < Vec; ++e) {
+                cv[e] = col + e < N ? src[e] : GmemElementC(0);
+              }
+            }
+            auto x = from_dv(reinterpret_cast<cutlass::Array<ElementD, Vec> const&>(v));
+            auto y = from_cv(reinterpret_cast<cutlass::Array<GmemElementC, Vec> const&>(cv));
+            CUTLASS_PRAGMA_UNROLL
+            for (int e = 0; e < Vec; ++e) {
+              x[e] = Residual == 1 ? x[e] + y[e] : x[e] * y[e];
+            }
+            if constexpr (HasPost_) {
+              x = from_dv(to_dv(x));      // the residual op's rounding
+              CUTLASS_PRAGMA_UNROLL
+              for (int e = 0; e < Vec; ++e) {
+                x[e] = post(x[e]);
+              }
+            }
+            reinterpret_cast<cutlass::Array<ElementD, Vec>&>(v) = to_dv(x);
+          }
+          ElementD* dst = gmem_at(d_tile, ldd, d_first, d_step, i, trow, tcol) + chunk_col0;
           if (whole) {
-            cv = *reinterpret_cast<cutlass::AlignedArray<GmemElementC, Vec> const*>(storage.c_tile + trow * Pitch + tcol);
+            *reinterpret_cast<cutlass::AlignedArray<ElementD, Vec>*>(dst) = v;
           } else {
-            GmemElementC const* src = c_src + int64_t(row) * ldc + col;
             CUTLASS_PRAGMA_UNROLL
             for (int e = 0; e < Vec; ++e) {
-              cv[e] = col + e < N ? src[e] : GmemElementC(0);
+              if (col + e < N) {
+                dst[e] = v[e];
+              }
             }
           }
-          auto x = from_dv(reinterpret_cast<cutlass::Array<ElementD, Vec> const&>(v));
-          auto y = from_cv(reinterpret_cast<cutlass::Array<GmemElementC, Vec> const&>(cv));
-          CUTLASS_PRAGMA_UNROLL
-          for (int e = 0; e < Vec; ++e) {
-            x[e] = Residual == 1 ? x[e] + y[e] : x[e] * y[e];
-          }
-          if constexpr (HasPost_) {
-            x = from_dv(to_dv(x));      // the residual op's rounding
-            CUTLASS_PRAGMA_UNROLL
-            for (int e = 0; e < Vec; ++e) {
-              x[e] = post(x[e]);
-            }
-          }
-          reinterpret_cast<cutlass::Array<ElementD, Vec>&>(v) = to_dv(x);
-        }
-        ElementD* dst = d + int64_t(row) * ldd + col;
-        if (whole) {
-          *reinterpret_cast<cutlass::AlignedArray<ElementD, Vec>*>(dst) = v;
-        } else {
-          CUTLASS_PRAGMA_UNROLL
-          for (int e = 0; e < Vec; ++e) {
-            if (col + e < N) {
-              dst[e] = v[e];
-            }
-          }
-        }
-      });
+        });
+      };
+      if (full_tile) {
+        store_chunk(cute::true_type{});
+      } else {
+        store_chunk(cute::false_type{});
+      }
       // the next chunk of C into the buffer this thread has just read (its values are
       // in the stores above, so the reads are done)
       if (chunk + 1 < Groups / ChunkGroups) {
