@@ -14,3 +14,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tests_keep_out_of_the_user_cache(tmp_path_factory):
+    """Without CUTLASS_OFFLOAD_CACHE_DIR set, the tests' kernel cache entries, tuning
+    results and recent-folder lists (recent_folders.py) go to a cache of this session,
+    not the user's: a test run must not change what a user's next compile reads. The
+    C++ call-path extension (runtime/fast_call.py, about a minute to build) is still
+    built once into the user's cache and shared, through a link. A run that sets the
+    variable (the GPU machine's scripts share their kernels that way) keeps it."""
+    if os.environ.get("CUTLASS_OFFLOAD_CACHE_DIR"):
+        yield
+        return
+    from cutlass_offload.config import knobs
+    real = knobs().cache_dir / "fast_call"
+    tmp = tmp_path_factory.mktemp("cutlass_offload_cache")
+    try:
+        real.mkdir(parents=True, exist_ok=True)
+        (tmp / "fast_call").symlink_to(real, target_is_directory=True)
+    except OSError:
+        pass                    # an unwritable home: the extension builds in the session's cache
+    os.environ["CUTLASS_OFFLOAD_CACHE_DIR"] = str(tmp)
+    try:
+        yield
+    finally:
+        os.environ.pop("CUTLASS_OFFLOAD_CACHE_DIR", None)
