@@ -8,7 +8,10 @@ with their epilogues; the heuristic's kernel config, select.sm90.choose):
 
 * ``cublas``: the PyTorch ops the region replaces (addmm / mm, then the epilogue op
   by op: tune/profile.Operands.torch_ops), the anchor;
-* ``ours_tma`` / ``ours_staged``: the same kernel config with either epilogue.
+* ``tma`` / ``staged``: the same kernel config with either epilogue; with
+  ``--staged-variants 12x1,32x1,12x2`` one staged library per variant (the widest
+  staged chunk in 8-column groups x the chunks staged at once, 1 or 2: emit/staged.py's
+  MAX_CHUNK_GROUPS and BUFFERS), each timed against the TMA epilogue.
 
 Each of ours is checked against a float32 reference on a NaN-poisoned output and
 timed as tune/profile.py times candidates (launches captured in one CUDA graph over
@@ -17,7 +20,7 @@ prints each library's build time (both built here, one nvcc job per core, empty
 kernel cache unless CUTLASS_OFFLOAD_CACHE_DIR holds them). Prints a table with the
 ratios; writes JSON (``--json``).
 
-    python benchmarks/staged_epilogue.py [--json out.json]
+    python benchmarks/staged_epilogue.py [--staged-variants 12x1,32x1,12x2] [--json out.json]
 
 Needs a CUDA GPU (exit 2 without one) and nvcc.
 """
@@ -76,14 +79,32 @@ def plan_for(num_sms, form):
     return Plan.from_pairs("sm90a", pairs), rows
 
 
-def build_libraries(num_sms):
-    """{form: (library path, rows, build seconds, staged kernels)} for "tma" and "staged"."""
+def variant_forms(spec: str) -> dict:
+    """{form name: (max chunk groups, buffers)} of ``--staged-variants`` ("12x1,32x2"):
+    "staged" for emit/staged.py's defaults, "staged_g<groups>_b<buffers>" for others."""
+    from cutlass_offload.emit import staged
+    out = {}
+    for item in spec.split(","):
+        g, b = (int(x) for x in item.lower().split("x"))
+        if g < 1 or b not in (1, 2):
+            raise SystemExit(f"--staged-variants: {item!r}: groups >= 1, buffers 1 or 2")
+        default = (g, b) == (staged.MAX_CHUNK_GROUPS, staged.BUFFERS)
+        out["staged" if default else f"staged_g{g}_b{b}"] = (g, b)
+    return out
+
+
+def build_libraries(num_sms, variants=None):
+    """{form: (library path, rows, build seconds, staged kernels)} for "tma" and each
+    staged variant (``variant_forms``; default: the staged defaults alone)."""
     from cutlass_offload import build
     from cutlass_offload.emit import gemm_sm90, staged
-    out, default = {}, staged.ENABLED
+    variants = variants or {"staged": (staged.MAX_CHUNK_GROUPS, staged.BUFFERS)}
+    out, saved = {}, (staged.ENABLED, staged.MAX_CHUNK_GROUPS, staged.BUFFERS)
     try:
-        for form in ("tma", "staged"):
-            staged.ENABLED = form == "staged"
+        for form, knobs in {"tma": None, **variants}.items():
+            staged.ENABLED = knobs is not None
+            if knobs:
+                staged.MAX_CHUNK_GROUPS, staged.BUFFERS = knobs
             plan, rows = plan_for(num_sms, form)
             applies = sum(gemm_sm90.staged_epilogue_applies(k) for k in plan.kernels)
             t = time.perf_counter()
@@ -95,7 +116,7 @@ def build_libraries(num_sms):
                   f"epilogue) in {secs:.0f} s", flush=True)
             out[form] = (res.library, rows, secs, applies)
     finally:
-        staged.ENABLED = default
+        staged.ENABLED, staged.MAX_CHUNK_GROUPS, staged.BUFFERS = saved
     return out
 
 
@@ -120,9 +141,8 @@ def bench(libs, device) -> list:
             rec.pop("fatal", None)
             row[form] = {"kernel": r["kernel"], **rec}
         out.append(row)
-        t, s = row["tma"].get("us"), row["staged"].get("us")
-        print(f"{name:18s} {m}x{n}x{k}: cublas {torch_us:8.2f}  tma {t or row['tma']['status']!s:>8}  "
-              f"staged {s or row['staged']['status']!s:>8} us", flush=True)
+        times = "  ".join(f"{form} {row[form].get('us') or row[form]['status']}" for form in libs)
+        print(f"{name:18s} {m}x{n}x{k}: cublas {torch_us:8.2f}  {times} us", flush=True)
     return out
 
 
@@ -133,6 +153,9 @@ def _fmt(us):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default="staged_epilogue.json")
+    p.add_argument("--staged-variants", default=None,
+                   help="staged forms to build and time, GROUPSxBUFFERS comma-separated (the widest "
+                        "chunk in 8-column groups, chunks staged at once: 1 or 2); default: emit/staged.py's")
     a = p.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
@@ -140,24 +163,30 @@ def main(argv=None) -> int:
         return 2
     device = torch.device("cuda", 0)
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    libs = build_libraries(num_sms)
+    libs = build_libraries(num_sms, variant_forms(a.staged_variants) if a.staged_variants else None)
     from cutlass_offload.tune import profile as prof
     prof._warm_up(device)
     rows = bench(libs, device)
-    print("\n| problem | M x N x K | epilogue | cuBLAS us | TMA us | staged us | staged vs TMA | "
-          "staged vs cuBLAS |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
-    ratios = []
+    forms = [f for f in libs if f != "tma"]
+    print("\n| problem | M x N x K | epilogue | cuBLAS us | TMA us | " + " | ".join(f"{f} us" for f in forms) +
+          " | " + " | ".join(f"{f} vs TMA" for f in forms) + " | best staged vs cuBLAS |")
+    print("| --- " * (5 + 2 * len(forms) + 1) + "|")
+    ratios = {f: [] for f in forms}
     for r in rows:
-        t, s = r["tma"].get("us"), r["staged"].get("us")
-        if t and s:
-            ratios.append(t / s)
+        t = r["tma"].get("us")
+        us = {f: r[f].get("us") for f in forms}
+        for f in forms:
+            if t and us[f]:
+                ratios[f].append(t / us[f])
         tag, cublas = _epilogue(r["epilogue"]).tag, r["cublas_us"]
-        vs_tma = f"{t / s:.2f}x" if t and s else "-"
-        vs_cublas = f"{cublas / s:.2f}x" if s else "-"
-        print(f"| {r['name']} | {r['m']}x{r['n']}x{r['k']} | {tag} | {cublas:.2f} | {_fmt(t)} | {_fmt(s)} | "
-              f"{vs_tma} | {vs_cublas} |")
-    if ratios:
-        print(f"geomean staged vs TMA: {statistics.geometric_mean(ratios):.3f}x over {len(ratios)} problems")
+        vs = [f"{t / us[f]:.2f}x" if t and us[f] else "-" for f in forms]
+        best = min((u for u in us.values() if u), default=None)
+        print(f"| {r['name']} | {r['m']}x{r['n']}x{r['k']} | {tag} | {cublas:.2f} | {_fmt(t)} | " +
+              " | ".join(_fmt(us[f]) for f in forms) + " | " + " | ".join(vs) +
+              f" | {f'{cublas / best:.2f}x' if best else '-'} |")
+    for f in forms:
+        if ratios[f]:
+            print(f"geomean {f} vs TMA: {statistics.geometric_mean(ratios[f]):.3f}x over {len(ratios[f])} problems")
     for form, (_, _, secs, applies) in libs.items():
         print(f"build {form}: {secs:.0f} s ({applies} staged kernels)")
     Path(a.json).write_text(json.dumps({

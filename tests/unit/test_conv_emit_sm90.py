@@ -78,7 +78,7 @@ def test_staged_template_placeholders_match_values(monkeypatch):
     assert names <= set(conv_sm90.values(kernel()))
     src = conv_sm90.emit(kernel())
     assert "co_staged::StagedEpilogue<" in src.code and src.code.count("#ifndef CO_STAGED_EPILOGUE_H") == 1
-    assert staged.CONV_STRIDE + ">>;" in src.code
+    assert f"{staged.CONV_STRIDE}, {staged.MAX_CHUNK_GROUPS}, {staged.BUFFERS}>>;" in src.code
     assert "epilogue::collective::CollectiveBuilder" not in src.code
     assert set(staged.INCLUDES) <= set(src.includes)
 

@@ -26,6 +26,10 @@ from ..ir import GemmEpilogue
 from . import activations
 
 ENABLED = False
+# The staged chunk's widest (8-column groups) and the chunks staged at once (1 or 2):
+# template arguments, so benchmarks/staged_epilogue.py can build and time other values
+MAX_CHUNK_GROUPS = 12
+BUFFERS = 1
 
 _TEMPLATES = Path(__file__).parent / "templates"
 # what the GLU epilogue (gemm_sm90.GLU_H) and the staged one share; spliced before either
@@ -49,7 +53,7 @@ using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpe
     co_staged::StagedEpilogue<ElementC, ElementD, ElementBias, ${staged_activation}, ${staged_has_activation},
                               ${staged_bias}, ${staged_residual}, ${staged_post}, ${staged_has_post},
                               cutlass::epilogue::NoSmemWarpSpecialized, TileShape,
-                              ${staged_stride}>>;
+                              ${staged_stride}, ${staged_max_chunk_groups}, ${staged_buffers}>>;
 
 """)
 
@@ -78,6 +82,8 @@ def values(ep: GemmEpilogue, stride: str) -> dict:
         "staged_post": post or _IDENTITY,
         "staged_has_post": "true" if post else "false",
         "staged_stride": stride,
+        "staged_max_chunk_groups": str(MAX_CHUNK_GROUPS),
+        "staged_buffers": str(BUFFERS),
     }
 
 

@@ -18,13 +18,14 @@
 //
 // How: the tile's bias goes to shared memory once per tile; C's chunks go there by
 // cp.async a chunk ahead of their use. The tile's columns are processed in chunks of
-// EpiN (whole 8-column groups of the wgmma accumulator, at most 96 columns): the
-// threads write their rounded act(acc + bias) pairs (4 bytes) to a TileM x Pitch
+// EpiN (whole 8-column groups of the wgmma accumulator, at most 8 * MaxChunkGroups_
+// columns; Buffers_ chunks staged at once): the threads write their rounded
+// act(acc + bias) pairs (stmatrix, 16 bytes a lane) to a TileM x Pitch
 // shared-memory tile, a named barrier, then every thread copies whole 16-byte row
 // chunks out, applying the residual op with C's matching chunk, another barrier
-// before the next chunk's writes. The ping-pong kernel orders its two warp groups'
-// epilogues (math_wg_order_barrier), so they share the one tile, each with a barrier
-// of its own; the cooperative kernel's two groups share one barrier.
+// before the next chunk's writes (with one buffer). The ping-pong kernel orders its
+// two warp groups' epilogues (math_wg_order_barrier), so they share the one tile,
+// each with a barrier of its own; the cooperative kernel's two groups share one.
 //
 // Speed (session 38, H100, benchmarks/staged_epilogue.py, 12 corpus GEMMs): 0.87x
 // the TMA epilogue's geomean, 0.61x (bias + GELU, ping-pong) to 1.03x (no epilogue);
@@ -46,10 +47,10 @@
 
 namespace co_staged {
 
-// The largest divisor of groups that is at most 12: a chunk of 8-column groups
-// (at most 96 columns) that tiles the CTA tile's width exactly.
-constexpr int chunk_groups(int groups) {
-  int g = groups < 12 ? groups : 12;
+// The largest divisor of groups that is at most max_groups: a chunk of 8-column groups
+// (at most 8 * max_groups columns) that tiles the CTA tile's width exactly.
+constexpr int chunk_groups(int groups, int max_groups) {
+  int g = groups < max_groups ? groups : max_groups;
   while (groups % g != 0) {
     --g;
   }
@@ -58,7 +59,8 @@ constexpr int chunk_groups(int groups) {
 
 template <class ElementC_, class ElementD_, class ElementBias_, template <class> class Activation_,
           bool HasActivation_, bool HasBias_, int Residual_, template <class> class Post_, bool HasPost_,
-          class EpilogueSchedule_, class TileShape_, class Stride_ = cute::Stride<int64_t, cute::_1, int64_t>>
+          class EpilogueSchedule_, class TileShape_, class Stride_ = cute::Stride<int64_t, cute::_1, int64_t>,
+          int MaxChunkGroups_ = 12, int Buffers_ = 1>
 class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, ElementBias_, Stride_>> {
  public:
   using EpilogueSchedule = EpilogueSchedule_;
@@ -82,16 +84,20 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
   static constexpr int TileM = cute::size<0>(TileShape_{});
   static constexpr int TileN = cute::size<1>(TileShape_{});
   static constexpr int Groups = TileN / 8;
-  static constexpr int EpiN = 8 * chunk_groups(Groups);
+  static constexpr int EpiN = 8 * chunk_groups(Groups, MaxChunkGroups_);
+  // staged chunks in flight: with two, a chunk's staging need not wait for the
+  // previous chunk's copy-out (its buffer was read two chunks before)
+  static constexpr int Buffers = Buffers_;
   static constexpr int Vec = 16 / int(sizeof(ElementD_));      // elements of one 16-byte chunk
   static constexpr int Pitch = co_epi::staged_pitch<ElementD_>(EpiN);      // the staged tile's row
   static_assert(sizeof(ElementD_) == 2 && sizeof(GmemElementC) == 2, "16-bit C and D only");
   static_assert(Residual_ == 0 || !cute::is_void_v<ElementC_>, "a residual needs ElementC");
   static_assert(TileN % 8 == 0, "tile N must be a multiple of 8");
+  static_assert(Buffers_ == 1 || Buffers_ == 2, "one or two staged chunks");
 
   // the staged chunk of D; C's chunk (cp.async, a residual only); the tile's bias
   struct SharedStorage {
-    alignas(128) ElementD_ tile[TileM * Pitch];
+    alignas(128) ElementD_ tile[Buffers_ * TileM * Pitch];
     alignas(16) GmemElementC c_tile[Residual_ != 0 ? TileM * Pitch : 1];
     alignas(16) ElementBias_ bias[HasBias_ ? TileN : 1];
   };
@@ -183,7 +189,6 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
     constexpr int ChunksPerRow = EpiN / Vec;
 
     auto& storage = *reinterpret_cast<SharedStorage*>(smem_buf);
-    ElementD* tile = storage.tile;
 
     // The tile's bias in shared memory, loaded once (it repeats down the rows) and
     // visible after the first chunk's barrier. The previous tile's last reads of it
@@ -244,7 +249,13 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
     CUTLASS_PRAGMA_UNROLL
     for (int chunk = 0; chunk < Groups / ChunkGroups; ++chunk) {
       int const chunk_col0 = chunk * EpiN;     // the chunk's first column in the tile
-      sync_tile();     // the reads of the previous chunk (or tile) are done; the bias is in
+      // this chunk's staging buffer
+      ElementD* tile = storage.tile + (chunk % Buffers) * (TileM * Pitch);
+      // the reads of the buffer's previous chunk are done: with two buffers those came
+      // before the previous chunk's second barrier, except across tiles. The bias is in.
+      if (Buffers == 1 || chunk == 0) {
+        sync_tile();
+      }
 
       // this chunk's bias pairs, once: every row of the thread's shares them
       cutlass::Array<float, 2> bias_f[HasBias ? ChunkGroups : 1];
