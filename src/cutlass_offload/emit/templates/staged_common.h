@@ -101,18 +101,12 @@ CUTLASS_DEVICE void sync_staged_tile() {
 // ChunksPerRow chunks of Vec elements) that thread `thread_idx` of `Threads` copies
 // out: chunk i * Threads + thread_idx, so a warp takes 32 consecutive chunks of a row
 // (512 contiguous bytes where the row is that long). i: the thread's iteration, a
-// compile-time cute::Int (it indexes register arrays: a run-time index would put them
-// in local memory); trow: the tile's row; tcol: the chunk's first column in it.
-template <int Threads, int Rows, int ChunksPerRow, int Vec>
-constexpr int staged_chunk_iterations() {
-  return (Rows * ChunksPerRow + Threads - 1) / Threads;
-}
-
+// compile-time cute::Int (a caller's addresses may step by it); trow: the tile's row;
+// tcol: the chunk's first column in it.
 template <int Threads, int Rows, int ChunksPerRow, int Vec, class F>
 CUTLASS_DEVICE void for_each_staged_chunk(int thread_idx, F&& f) {
   constexpr int Chunks = Rows * ChunksPerRow;
-  constexpr int Iters = staged_chunk_iterations<Threads, Rows, ChunksPerRow, Vec>();
-  cute::for_each(cute::make_int_sequence<Iters>{}, [&](auto i) {
+  cute::for_each(cute::make_int_sequence<(Chunks + Threads - 1) / Threads>{}, [&](auto i) {
     int ch = int(decltype(i)::value) * Threads + thread_idx;
     if (Chunks % Threads == 0 || ch < Chunks) {
       f(i, ch / ChunksPerRow, (ch % ChunksPerRow) * Vec);

@@ -200,12 +200,6 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
       }
     }
 
-    // C's chunks go to shared memory by cp.async, each issued a chunk ahead of its use
-    // (the first before the first chunk's staging): a load of C beside each store
-    // would wait a round trip to memory per 16 bytes (loads after stores of D cannot
-    // be hoisted: the pointers might alias). Each thread copies the 16-byte chunks it
-    // later reads (one mapping, for_each_staged_chunk), so waiting for its own copies
-    // suffices; chunks that leave the problem are read from C where they are used.
     // a tile wholly inside the problem skips every bound check below
     bool const full_tile = m0 + TileM <= M && n0 + TileN <= N;
     // Where a thread's 16-byte chunks lie RowStep rows apart (the threads cover whole
@@ -225,6 +219,12 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
         return tile_start + (int64_t(trow) * ld + tcol);
       }
     };
+    // C's chunks go to shared memory by cp.async, each issued a chunk ahead of its use
+    // (the first before the first chunk's staging): a load of C beside each store
+    // would wait a round trip to memory per 16 bytes (loads after stores of D cannot
+    // be hoisted: the pointers might alias). Each thread copies the 16-byte chunks it
+    // later reads (one mapping, for_each_staged_chunk), so waiting for its own copies
+    // suffices; chunks that leave the problem are read from C where they are used.
     auto load_c = [&](int chunk) {
       if constexpr (Residual != 0) {
         auto issue = [&](auto full) {
@@ -232,7 +232,8 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
             int row = m0 + trow;
             int col = n0 + chunk * EpiN + tcol;
             cutlass::arch::cp_async<16, cutlass::arch::CacheOperation::Global>(
-                storage.c_tile + trow * Pitch + tcol, gmem_at(c_src, ldc, c_first, c_step, i, trow, tcol) + chunk * EpiN,
+                storage.c_tile + trow * Pitch + tcol,
+                gmem_at(c_src, ldc, c_first, c_step, i, trow, tcol) + chunk * EpiN,
                 decltype(full)::value || (row < M && col + Vec <= N));
           });
         };
