@@ -9,7 +9,9 @@ Hopper kernel takes run in tests/gpu/test_attention.py (same float64 reference).
 Every case must run on the Hopper kernel with no fallback; outputs match a float64
 reference (tests/attention_cases.py) within 1e-2; inputs are fresh random values per
 trial and the allocator is poisoned with NaN, so rows or head-dim columns the kernel
-does not write show up.
+does not write show up. Each test runs twice: with the example's TMA epilogue storing
+O, and with the staged one (emit/attention_sm90.STAGED_EPILOGUE,
+templates/fmha_staged_epilogue.h).
 """
 import pytest
 import torch
@@ -24,6 +26,7 @@ from attention_cases import (
 )
 from helpers import poison_allocator
 
+from cutlass_offload.emit import attention_sm90 as emit_attention_sm90
 from cutlass_offload.families import attention_sm90
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -67,10 +70,22 @@ def _compile(model, xs, tuned=None):
                             tuned=tuned)
 
 
+@pytest.fixture(scope="module", params=[False, True], ids=["tma_epilogue", "staged_epilogue"])
+def epilogue_form(request):
+    """How O is stored: the example's TMA epilogue, or the staged one, for the
+    module's compiles (a kernel's source differs, so its cache entry does)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(emit_attention_sm90, "STAGED_EPILOGUE", request.param)
+        yield request.param
+
+
 @pytest.fixture(scope="module")
-def suite():
+def suite(epilogue_form):
     model = SuiteModel(CASES)
-    return model, _compile(model, suite_inputs(CASES, "cuda"))
+    compiled = _compile(model, suite_inputs(CASES, "cuda"))
+    for k in compiled.plan.distinct_kernels:      # the form the build compiled
+        assert ("co_fmha::StagedFwdEpilogue<" in emit_attention_sm90.emit(k).code) == epilogue_form
+    return model, compiled
 
 
 def _regions(compiled):
@@ -155,7 +170,7 @@ CONFIG_CASES = _config_cases()
 
 
 @pytest.fixture(scope="module")
-def every_config():
+def every_config(epilogue_form):
     from cutlass_offload.select import attention_tuning_id
     cases = [c for _, c in CONFIG_CASES]
     model = SuiteModel(cases)

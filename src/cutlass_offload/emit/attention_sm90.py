@@ -80,7 +80,7 @@ from ..families.attention_sm90 import (  # noqa: F401 - the choice re-exported
     refusal, supports, workspace_bytes)
 from ..dtypes import CPP
 from ..ir import AttentionKernelSm90, KernelSource
-from . import sm90_parts
+from . import sm90_parts, staged
 
 INCLUDES = ("atomic", "cmath", "climits", "cutlass/device_kernel.h",
             "88_hopper_fmha/collective/fmha_fusion.hpp",
@@ -261,6 +261,25 @@ using Kernel = cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<
 
 LPT_SCHEDULER = (Path(__file__).parent / "templates" / "fmha_lpt_scheduler.h").read_text()
 
+# O stored by templates/fmha_staged_epilogue.h instead of the example's TMA epilogue
+# (FmhaFwdEpilogue): about 15 of the kernel's 22 s of template instantiation in nvcc
+# (session 38). Off until tests/gpu/test_attention_staged_epilogue_gpu.py has run.
+STAGED_EPILOGUE = False
+STAGED_EPILOGUE_H = (Path(__file__).parent / "templates" / "fmha_staged_epilogue.h").read_text()
+
+_STAGED_KERNEL = """\
+using Builder = cutlass::fmha::kernel::FmhaBuilder<
+    Element, float, float, TileShape, StrideQKVO, StrideQKVO, StrideQKVO,
+    cutlass::fmha::collective::${fusion}, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+    ${options}>;
+// the builder's mainloop and scheduler; O staged in shared memory (fmha_staged_epilogue.h)
+using Kernel = cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<
+    typename Builder::CollectiveMainloop,
+    co_fmha::StagedFwdEpilogue<Element, float, typename Builder::CollectiveMainloop::TileShapePV>,
+    ${scheduler},
+    ${options}>;
+"""
+
 
 def _kernel_type(kernel: AttentionKernelSm90, fusion: str) -> str:
     """The C++ ``using Kernel = ...;`` of ``kernel``: the example's builder, or for the
@@ -270,7 +289,8 @@ def _kernel_type(kernel: AttentionKernelSm90, fusion: str) -> str:
     if kernel.config.tile[0] != BLOCK_Q:     # 64 queries per consumer warpgroup
         options.append(opt.format("kNumMmaWarpGroups", f"cute::Int<{kernel.config.tile[0] // 64}>"))
     schedule = kernel.config.kernel_schedule
-    if kernel.config.tile_scheduler != "lpt":
+    lpt = kernel.config.tile_scheduler == "lpt"
+    if not lpt and not STAGED_EPILOGUE:
         return Template(_BUILDER_KERNEL).substitute(fusion=fusion, schedule=schedule,
                                                     options=",\n    ".join(options))
     persistent = schedule == PINGPONG
@@ -278,6 +298,10 @@ def _kernel_type(kernel: AttentionKernelSm90, fusion: str) -> str:
         options += [opt.format("kIsPersistent", "cute::true_type"),
                     opt.format("kLoadsQSeparately", "cute::true_type")]
     scheduler = "LptPersistentTileScheduler" if persistent else "LptIndividualTileScheduler"
+    if STAGED_EPILOGUE:
+        return Template(_STAGED_KERNEL).substitute(
+            fusion=fusion, options=",\n    ".join(options),
+            scheduler=f"co_fmha::{scheduler}" if lpt else "typename Builder::TileScheduler")
     return Template(_LPT_KERNEL).substitute(fusion=fusion, scheduler=scheduler,
                                             options=",\n    ".join(options))
 
@@ -311,7 +335,10 @@ def emit(kernel: AttentionKernelSm90) -> KernelSource:
     (or a device that is not sm_90), CO_WORKSPACE_TOO_SMALL, or CO_INIT_FAILED /
     CO_LAUNCH_FAILED from CUDA. Compiles for sm_90a only. Raises ValueError for
     an illegal kernel (see ``check``)."""
-    code = Template(_KERNEL).substitute(values(kernel))
+    # the staged epilogue's headers go after the includes, with the code (their guards
+    # keep one copy per unit)
+    code = ((staged.COMMON_H + STAGED_EPILOGUE_H if STAGED_EPILOGUE else "")
+            + Template(_KERNEL).substitute(values(kernel)))
     return KernelSource(name=kernel.name, includes=INCLUDES, code=code,
                         args_type="CoAttentionArgs",
                         preamble=(sm90_parts.TMA_DRIVER,) + (
