@@ -37,8 +37,9 @@ the anchor a user would call instead, on one GPU, in one run.
 * conv2d and attention regions are compiled with ``pytorch_when_faster`` off:
   the benchmark times our kernel even where select would leave PyTorch's.
 * ``--staged-epilogue``: every GEMM and conv kernel that can take it is emitted
-  with the staged epilogue (emit/staged.py) instead of CUTLASS's TMA epilogue; with
-  ``--search heuristic``, the kernel-by-kernel A/B against a run without it.
+  with the staged epilogue (emit/staged.py) instead of CUTLASS's TMA epilogue, and
+  the Hopper attention kernels store O with theirs (emit/attention_sm90.STAGED_EPILOGUE);
+  with ``--search heuristic``, the kernel-by-kernel A/B against a run without it.
 
 Ratios are speedups: anchor time / our time (> 1: ours faster). Per kind and
 dtype: geomean, minimum, how many below the issue's floors; the worst ten; TFLOP/s
@@ -629,7 +630,9 @@ def parse_args(argv=None):
                         "sm90a lowers onto the GEMM (families/conv_gemm_sm90.py), or both")
     p.add_argument("--staged-epilogue", action="store_true",
                    help="emit every GEMM and conv kernel that can take it with the staged epilogue "
-                        "(emit/staged.py) instead of CUTLASS's TMA epilogue: the A/B against a run without")
+                        "(emit/staged.py) instead of CUTLASS's TMA epilogue, and the Hopper attention "
+                        "kernels with theirs (emit/attention_sm90.STAGED_EPILOGUE): the A/B against a "
+                        "run without")
     p.add_argument("--merge-table", action="store_true",
                    help="with --write-table: keep the packaged table's entries for shapes not searched")
     return p.parse_args(argv)
@@ -686,8 +689,9 @@ def main(argv=None) -> int:
         print("kernels_bench.py needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.staged_epilogue:
-        from cutlass_offload.emit import staged
+        from cutlass_offload.emit import attention_sm90, staged
         staged.ENABLED = True
+        attention_sm90.STAGED_EPILOGUE = True
     out_path = Path(args.json or (Path(os.environ["OUT"]) / "kernels.json" if os.environ.get("OUT")
                                   else HERE / "results" / "kernels.json"))
     props = torch.cuda.get_device_properties(0)
