@@ -40,16 +40,9 @@ namespace co_glu {
 
 template <class ElementD_, class ElementBias_, template <class> class Activation_, bool HasBias_,
           class EpilogueSchedule_, class TileShape_, bool Staged_>
-class GluEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, ElementBias_>> {
+class GluEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, ElementBias_>>,
+                    public co_epi::AdapterTypes<ElementD_, EpilogueSchedule_> {
  public:
-  using EpilogueSchedule = EpilogueSchedule_;
-  using DispatchPolicy = EpilogueSchedule_;
-  // the kernel and the device adapter read these type names; no thread op runs
-  using ThreadEpilogueOp = cutlass::epilogue::thread::LinearCombination<ElementD_, 1, float, float>;
-  using ElementOutput = ElementD_;
-  using ElementAccumulator = float;
-  using ElementCompute = float;
-  using ElementScalar = float;
   using ElementC = void;
   using ElementD = ElementD_;
   using ElementBias = ElementBias_;

@@ -76,6 +76,19 @@ struct NoWorkspace {
   }
 };
 
+// The type names CUTLASS's kernels and its Sm90TmaWarpSpecializedAdapter read from
+// an epilogue, for the epilogues here (no thread op runs in them).
+template <class ElementD, class EpilogueSchedule_>
+struct AdapterTypes {
+  using EpilogueSchedule = EpilogueSchedule_;
+  using DispatchPolicy = EpilogueSchedule_;
+  using ThreadEpilogueOp = cutlass::epilogue::thread::LinearCombination<ElementD, 1, float, float>;
+  using ElementOutput = ElementD;
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using ElementScalar = float;
+};
+
 // A staged tile's row pitch in elements for rows of `cols` 16-bit elements: an odd
 // multiple of 16 bytes, so the 8 rows of a warp's 4-byte writes (4 threads per row,
 // the wgmma accumulator layout) start 16 bytes apart modulo the 128-byte bank cycle

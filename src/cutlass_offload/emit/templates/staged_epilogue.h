@@ -61,16 +61,9 @@ template <class ElementC_, class ElementD_, class ElementBias_, template <class>
           bool HasActivation_, bool HasBias_, int Residual_, template <class> class Post_, bool HasPost_,
           class EpilogueSchedule_, class TileShape_, class Stride_ = cute::Stride<int64_t, cute::_1, int64_t>,
           int MaxChunkGroups_ = 12, int Buffers_ = 1>
-class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, ElementBias_, Stride_>> {
+class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, ElementBias_, Stride_>>,
+                       public co_epi::AdapterTypes<ElementD_, EpilogueSchedule_> {
  public:
-  using EpilogueSchedule = EpilogueSchedule_;
-  using DispatchPolicy = EpilogueSchedule_;
-  // the kernel and the device adapter read these type names; no thread op runs
-  using ThreadEpilogueOp = cutlass::epilogue::thread::LinearCombination<ElementD_, 1, float, float>;
-  using ElementOutput = ElementD_;
-  using ElementAccumulator = float;
-  using ElementCompute = float;
-  using ElementScalar = float;
   using ElementC = ElementC_;            // void without a residual
   using ElementD = ElementD_;
   using ElementBias = ElementBias_;
