@@ -29,7 +29,7 @@
 //
 // Speed (session 38, H100, benchmarks/staged_epilogue.py, 12 corpus GEMMs): 0.87x
 // the TMA epilogue's geomean, 0.61x (bias + GELU, ping-pong) to 1.03x (no epilogue);
-// ncu counted 11-37% more instructions and, with GELU, 9.4 against 6.3 warp cycles
+// ncu counted 4-37% more instructions and, with GELU, 9.4 against 6.3 warp cycles
 // per issued instruction. Since then (not yet run on a GPU): stmatrix for the
 // staging (16 instructions a thread where 64 4-byte stores were), the bias read once
 // per chunk, and tiles inside the problem stored without bound checks from
