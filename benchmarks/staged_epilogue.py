@@ -9,9 +9,12 @@ with their epilogues; the heuristic's kernel config, select.sm90.choose):
 * ``cublas``: the PyTorch ops the region replaces (addmm / mm, then the epilogue op
   by op: tune/profile.Operands.torch_ops), the anchor;
 * ``tma`` / ``staged``: the same kernel config with either epilogue; with
-  ``--staged-variants 12x1,32x1,12x2`` one staged library per variant (the widest
-  staged chunk in 8-column groups x the chunks staged at once, 1 or 2: emit/staged.py's
-  MAX_CHUNK_GROUPS and BUFFERS), each timed against the TMA epilogue.
+  ``--staged-variants 12x1,32x1,12x2,tma64x2`` one staged library per variant, each
+  timed against the TMA epilogue: GROUPSxBUFFERS, the row-store form with its widest
+  staged chunk in 8-column groups and the chunks staged at once, 1 or 2
+  (emit/staged.py's MAX_CHUNK_GROUPS and BUFFERS); tmaCOLSxBUFFERS, the TMA-store
+  form (STORE = "tma") with its widest chunk in columns (64, 32 or 16) and chunks in
+  flight, 1 to 4 (TMA_MAX_CHUNK_COLS, TMA_BUFFERS).
 
 Each of ours is checked against a float32 reference on a NaN-poisoned output and
 timed as tune/profile.py times candidates (launches captured in one CUDA graph over
@@ -20,7 +23,7 @@ prints each library's build time (both built here, one nvcc job per core, empty
 kernel cache unless CUTLASS_OFFLOAD_CACHE_DIR holds them). Prints a table with the
 ratios; writes JSON (``--json``).
 
-    python benchmarks/staged_epilogue.py [--staged-variants 12x1,32x1,12x2] [--json out.json]
+    python benchmarks/staged_epilogue.py [--staged-variants 12x1,32x1,tma64x2] [--json out.json]
 
 Needs a CUDA GPU (exit 2 without one) and nvcc.
 """
@@ -80,16 +83,27 @@ def plan_for(num_sms, form):
 
 
 def variant_forms(spec: str) -> dict:
-    """{form name: (max chunk groups, buffers)} of ``--staged-variants`` ("12x1,32x2"):
-    "staged" for emit/staged.py's defaults, "staged_g<groups>_b<buffers>" for others."""
+    """{form name: (store, chunk, buffers)} of ``--staged-variants`` ("12x1,32x2,tma64x2"):
+    "staged" for emit/staged.py's row-store defaults, "staged_g<groups>_b<buffers>" for
+    other row-store forms, "staged_tma<cols>_b<buffers>" for TMA-store forms."""
     from cutlass_offload.emit import staged
     out = {}
     for item in spec.split(","):
-        g, b = (int(x) for x in item.lower().split("x"))
+        item = item.strip().lower()
+        tma = item.startswith("tma")
+        try:
+            g, b = (int(x) for x in item[3 if tma else 0:].split("x"))
+        except ValueError:
+            raise SystemExit(f"--staged-variants: {item!r}: GROUPSxBUFFERS or tmaCOLSxBUFFERS") from None
+        if tma:
+            if g not in (16, 32, 64) or not 1 <= b <= 4:
+                raise SystemExit(f"--staged-variants: {item!r}: columns 16, 32 or 64, buffers 1 to 4")
+            out[f"staged_tma{g}_b{b}"] = ("tma", g, b)
+            continue
         if g < 1 or b not in (1, 2):
             raise SystemExit(f"--staged-variants: {item!r}: groups >= 1, buffers 1 or 2")
         default = (g, b) == (staged.MAX_CHUNK_GROUPS, staged.BUFFERS)
-        out["staged" if default else f"staged_g{g}_b{b}"] = (g, b)
+        out["staged" if default else f"staged_g{g}_b{b}"] = ("rows", g, b)
     return out
 
 
@@ -98,13 +112,19 @@ def build_libraries(num_sms, variants=None):
     staged variant (``variant_forms``; default: the staged defaults alone)."""
     from cutlass_offload import build
     from cutlass_offload.emit import gemm_sm90, staged
-    variants = variants or {"staged": (staged.MAX_CHUNK_GROUPS, staged.BUFFERS)}
-    out, saved = {}, (staged.ENABLED, staged.MAX_CHUNK_GROUPS, staged.BUFFERS)
+    variants = variants or {"staged": ("rows", staged.MAX_CHUNK_GROUPS, staged.BUFFERS)}
+    knob_names = ("STORE", "MAX_CHUNK_GROUPS", "BUFFERS", "TMA_MAX_CHUNK_COLS", "TMA_BUFFERS")
+    out, saved = {}, (staged.ENABLED, *(getattr(staged, n) for n in knob_names))
     try:
         for form, knobs in {"tma": None, **variants}.items():
             staged.ENABLED = knobs is not None
             if knobs:
-                staged.MAX_CHUNK_GROUPS, staged.BUFFERS = knobs
+                store, chunk, buffers = knobs
+                staged.STORE = store
+                if store == "tma":
+                    staged.TMA_MAX_CHUNK_COLS, staged.TMA_BUFFERS = chunk, buffers
+                else:
+                    staged.MAX_CHUNK_GROUPS, staged.BUFFERS = chunk, buffers
             plan, rows = plan_for(num_sms, form)
             applies = sum(gemm_sm90.staged_epilogue_applies(k) for k in plan.kernels)
             t = time.perf_counter()
@@ -116,7 +136,9 @@ def build_libraries(num_sms, variants=None):
                   f"epilogue) in {secs:.0f} s", flush=True)
             out[form] = (res.library, rows, secs, applies)
     finally:
-        staged.ENABLED, staged.MAX_CHUNK_GROUPS, staged.BUFFERS = saved
+        staged.ENABLED = saved[0]
+        for name, value in zip(knob_names, saved[1:]):
+            setattr(staged, name, value)
     return out
 
 
@@ -154,8 +176,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default="staged_epilogue.json")
     p.add_argument("--staged-variants", default=None,
-                   help="staged forms to build and time, GROUPSxBUFFERS comma-separated (the widest "
-                        "chunk in 8-column groups, chunks staged at once: 1 or 2); default: emit/staged.py's")
+                   help="staged forms to build and time, comma-separated: GROUPSxBUFFERS, row stores (the "
+                        "widest chunk in 8-column groups, chunks staged at once: 1 or 2); tmaCOLSxBUFFERS, "
+                        "TMA stores (the widest chunk: 16, 32 or 64 columns; chunks in flight: 1 to 4); "
+                        "default: emit/staged.py's row-store form")
     a = p.parse_args(argv)
     import torch
     if not torch.cuda.is_available():

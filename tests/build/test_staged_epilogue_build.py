@@ -6,7 +6,8 @@ threads) with a residual add and a post ReLU, a 176-wide tile with a 2x1 cluster
 (11-group chunks, no row pad) and a plain epilogue, and a residual multiply; a 1x1
 conv lowered onto the GEMM (emit/conv_gemm_sm90.py), whose nested GEMM takes the
 epilogue too; and a 3x3 implicit-GEMM conv (emit/conv_sm90.py: a hierarchical
-(q, p, n) M mode and NPQK strides) with a residual add, in a unit of its own. The static_asserts check the accumulator layout and the chunking. The form is off by
+(q, p, n) M mode and NPQK strides) with a residual add, in a unit of its own. Both
+store forms (STORE "rows" and "tma", templates/staged_tma_epilogue.h). The static_asserts check the accumulator layout and the chunking. The form is off by
 default, so no other build test compiles it; tests/gpu/test_staged_epilogue_gpu.py runs it."""
 from pathlib import Path
 
@@ -29,8 +30,10 @@ KINDS = (
 )
 
 
-def test_staged_epilogue_kernels_compile(cache_dir, monkeypatch):
+@pytest.mark.parametrize("store", ["rows", "tma"])
+def test_staged_epilogue_kernels_compile(cache_dir, monkeypatch, store):
     monkeypatch.setattr(staged, "ENABLED", True)
+    monkeypatch.setattr(staged, "STORE", store)
     kernels = tuple(GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
                                epilogue=ep, config=c) for ep, c in KINDS)
     assert all(gemm_sm90.staged_epilogue_applies(k) for k in kernels)
@@ -56,6 +59,8 @@ def test_staged_epilogue_kernels_compile(cache_dir, monkeypatch):
     units = kernel_units(res)
     assert len(units) == 2           # the GEMMs and the lowered conv; the TMA conv
     source = "".join(Path(u.source).read_text() for u in units)
-    assert source.count("co_staged::StagedEpilogue<") == len(KINDS) + 2
+    # the 176-wide tile goes out in 16-column chunks in the TMA form
+    cls = "co_staged::StagedEpilogue<" if store == "rows" else "co_staged::TmaStagedEpilogue<"
+    assert source.count(cls) == len(KINDS) + 2
     assert "epilogue::collective::CollectiveBuilder" not in source     # no TMA epilogue
     library_exports(res, plan)

@@ -6,7 +6,9 @@ accumulator layouts and barriers differ (64- and 128-row ping-pong, a 256-row
 cooperative tile, a 176-wide tile with a 2x1 cluster, a stream-K kernel). A learned
 table names each GEMM's config, so the compile picks it. And convs, whose kernels
 (implicit-GEMM TMA convs, emit/conv_sm90.py, or convs lowered onto the GEMM) take the
-epilogue too: bias + SiLU, a residual add with a ReLU after it."""
+epilogue too: bias + SiLU, a residual add with a ReLU after it. Each in both store
+forms (staged.STORE: 16-byte row stores, templates/staged_epilogue.h; TMA stores of
+swizzled boxes, templates/staged_tma_epilogue.h)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -62,10 +64,12 @@ def table(tmp_path):
         yield
 
 
+@pytest.mark.parametrize("store", ["rows", "tma"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_staged_epilogue_gemms_match_float32(table, tmp_path, dtype, monkeypatch):
+def test_staged_epilogue_gemms_match_float32(store, table, tmp_path, dtype, monkeypatch):
     monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(staged, "ENABLED", True)
+    monkeypatch.setattr(staged, "STORE", store)
     torch.manual_seed(0)
     model = Linears().to(device="cuda", dtype=dtype).eval()
     x = torch.randn(M, K, device="cuda", dtype=dtype)
@@ -101,10 +105,12 @@ class Convs(nn.Module):
         return a, F.relu(self.c2(a) + self.c3(-x))
 
 
+@pytest.mark.parametrize("store", ["rows", "tma"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_staged_epilogue_convs_match_float32(tmp_path, dtype, monkeypatch):
+def test_staged_epilogue_convs_match_float32(store, tmp_path, dtype, monkeypatch):
     monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(staged, "ENABLED", True)
+    monkeypatch.setattr(staged, "STORE", store)
     torch.manual_seed(0)
     model = Convs().to(device="cuda", dtype=dtype).eval()
     shape = (2, 64, 19, 21)              # output rows (2 * 19 * 21) no tile divides

@@ -69,3 +69,24 @@ def test_the_two_forms_are_different_sources(monkeypatch):
     tma = gemm_sm90.emit(k).code
     monkeypatch.setattr(staged, "ENABLED", True)
     assert gemm_sm90.emit(k).code != tma
+
+
+@pytest.mark.parametrize("tile_n", [128, 176, 96, 16])
+def test_the_tma_store_form_for_tiles_of_whole_16_column_chunks(enabled, monkeypatch, tile_n):
+    monkeypatch.setattr(staged, "STORE", "tma")
+    assert not staged.tma_store(200)     # (the emitters' tiles are all multiples of 16)
+    tma = staged.tma_store(tile_n)
+    cfg = sm90._config((128, tile_n, 64), (1, 1, 1), sm90.PINGPONG)
+    code = gemm_sm90.emit(_kernel(cfg=cfg)).code
+    assert ("co_staged::TmaStagedEpilogue<" in code) == tma
+    assert ("co_staged::StagedEpilogue<" in code) == (not tma)
+    if tma:
+        # the widest chunk and the chunks in flight are its last template arguments
+        assert f"{gemm_sm90.staged.GEMM_STRIDE}, {staged.TMA_MAX_CHUNK_COLS}, {staged.TMA_BUFFERS}>>;" in code
+    assert code.count("#ifndef CO_STAGED_TMA_EPILOGUE_H") == 1
+
+
+def test_the_store_forms_are_different_sources(enabled, monkeypatch):
+    rows = gemm_sm90.emit(_kernel()).code
+    monkeypatch.setattr(staged, "STORE", "tma")
+    assert gemm_sm90.emit(_kernel()).code != rows

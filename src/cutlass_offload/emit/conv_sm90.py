@@ -348,7 +348,8 @@ def values(kernel: ConvKernel) -> dict:
         "ptr_c": ("static_cast<ElementC const*>(args.residual)" if _reads_source(ep)
                   else "nullptr"),
         "operand_check": operand_check,
-        **(staged.values(ep, staged.CONV_STRIDE) if staged_epilogue_applies(kernel) else {}),
+        **(staged.values(ep, staged.CONV_STRIDE, kernel.config.tile[1])
+           if staged_epilogue_applies(kernel) else {}),
     }
 
 

@@ -16,6 +16,11 @@ conv_sm90.py's implicit-GEMM convs. It is correct on the GPU
 epilogue (benchmarks/staged_epilogue.py on the H100: geomean 0.87x, worst 0.61x,
 ``benchmarks/results/staged_epilogue_2026-12-05_h100_s38.*``), so it stays off: the
 build time it saves is not worth kernels slower than the ones it replaces.
+
+``STORE`` picks how the staged output is written: ``"rows"``, 16-byte row chunks
+from every thread (templates/staged_epilogue.h, the form timed above), or ``"tma"``,
+swizzled boxes stored by TMA from one thread per warp group
+(templates/staged_tma_epilogue.h; tile N a multiple of 16, else the row form).
 """
 from __future__ import annotations
 
@@ -30,14 +35,22 @@ ENABLED = False
 # template arguments, so benchmarks/staged_epilogue.py can build and time other values
 MAX_CHUNK_GROUPS = 12
 BUFFERS = 1
+# "rows" or "tma"; the TMA form's widest chunk (64, 32 or 16 columns) and its chunks in flight
+STORE = "rows"
+TMA_MAX_CHUNK_COLS = 64
+TMA_BUFFERS = 2
 
 _TEMPLATES = Path(__file__).parent / "templates"
 # what the GLU epilogue (gemm_sm90.GLU_H) and the staged one share; spliced before either
 COMMON_H = (_TEMPLATES / "staged_common.h").read_text()
 STAGED_H = (_TEMPLATES / "staged_epilogue.h").read_text()
-HEADERS = COMMON_H + STAGED_H       # guarded: a unit's kernels share one copy
+TMA_STAGED_H = (_TEMPLATES / "staged_tma_epilogue.h").read_text()
+# guarded: a unit's kernels share one copy (the TMA form needs the unit's tma_driver.h,
+# sm90_parts.TMA_DRIVER, which every sm90 unit's preamble carries)
+HEADERS = COMMON_H + STAGED_H + TMA_STAGED_H
 INCLUDES = ("cutlass/epilogue/collective/detail.hpp", "cutlass/epilogue/thread/linear_combination.h",
-            "cutlass/numeric_conversion.h", "cutlass/arch/memory_sm80.h", "cute/arch/copy_sm90.hpp")
+            "cutlass/numeric_conversion.h", "cutlass/arch/memory_sm80.h", "cute/arch/copy_sm90.hpp",
+            "cute/arch/copy_sm90_tma.hpp", "cutlass/arch/barrier.h")
 
 # GEMM: C and D row-major (M, N, L); conv: NPQK seen as ((q, p, n), k, batch), packed
 GEMM_STRIDE = "cute::Stride<int64_t, cute::_1, int64_t>"
@@ -47,13 +60,13 @@ CONV_STRIDE = "cute::Stride<cute::Stride<int64_t, int64_t, int64_t>, cute::_1, c
 EPILOGUE = string.Template("""\
 using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
 
-// Epilogue: ${epilogue_tag}, staged in shared memory, stored in 16-byte row chunks
-// (templates/staged_epilogue.h; the mainloop's stages are counted after its shared memory)
+// Epilogue: ${epilogue_tag}, staged in shared memory, ${staged_store}
+// (the mainloop's stages are counted after its shared memory)
 using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
-    co_staged::StagedEpilogue<ElementC, ElementD, ElementBias, ${staged_activation}, ${staged_has_activation},
+    co_staged::${staged_class}<ElementC, ElementD, ElementBias, ${staged_activation}, ${staged_has_activation},
                               ${staged_bias}, ${staged_residual}, ${staged_post}, ${staged_has_post},
                               cutlass::epilogue::NoSmemWarpSpecialized, TileShape,
-                              ${staged_stride}, ${staged_max_chunk_groups}, ${staged_buffers}>>;
+                              ${staged_stride}, ${staged_chunk}, ${staged_buffers}>>;
 
 """)
 
@@ -70,11 +83,23 @@ def applies(dtype: str, ep: GemmEpilogue, transposed: bool = False, n_split: boo
             and not transposed and not n_split)
 
 
-def values(ep: GemmEpilogue, stride: str) -> dict:
+def tma_store(tile_n: int) -> bool:
+    """Whether a kernel of tile N ``tile_n`` stores through TMA: ``STORE == "tma"`` and
+    ``tile_n`` a multiple of 16 (the TMA form's chunks are 16, 32 or 64 columns)."""
+    return STORE == "tma" and tile_n % 16 == 0
+
+
+def values(ep: GemmEpilogue, stride: str, tile_n: int) -> dict:
     """The ``${staged_*}`` placeholders of ``EPILOGUE`` for ``ep``; ``stride`` is the
-    C / D stride type (GEMM_STRIDE or CONV_STRIDE)."""
+    C / D stride type (GEMM_STRIDE or CONV_STRIDE), ``tile_n`` the CTA tile's N."""
     act, post = activations.FUNCTOR[ep.activation], activations.FUNCTOR[ep.post_activation]
+    tma = tma_store(tile_n)
     return {
+        "staged_class": "TmaStagedEpilogue" if tma else "StagedEpilogue",
+        "staged_store": ("stored by TMA (templates/staged_tma_epilogue.h)" if tma
+                         else "stored in 16-byte row chunks (templates/staged_epilogue.h)"),
+        "staged_chunk": str(TMA_MAX_CHUNK_COLS if tma else MAX_CHUNK_GROUPS),
+        "staged_buffers": str(TMA_BUFFERS if tma else BUFFERS),
         "staged_activation": act or _IDENTITY,
         "staged_has_activation": "true" if act else "false",
         "staged_bias": "true" if ep.bias else "false",
@@ -82,8 +107,6 @@ def values(ep: GemmEpilogue, stride: str) -> dict:
         "staged_post": post or _IDENTITY,
         "staged_has_post": "true" if post else "false",
         "staged_stride": stride,
-        "staged_max_chunk_groups": str(MAX_CHUNK_GROUPS),
-        "staged_buffers": str(BUFFERS),
     }
 
 

@@ -1,0 +1,406 @@
+// The staged elementwise epilogue of templates/staged_epilogue.h with its stores done
+// by TMA: the same math (D = post(residual_op(act(acc + bias), C)), rounded to ElementD
+// after every op), with the output staged in TMA's swizzled box layout by stmatrix
+// and written by cp.async.bulk.tensor from one thread per warp group, C read into
+// the same layout by cp.async and taken back into the accumulator layout by ldmatrix.
+// emit/staged.py picks it with STORE = "tma".
+//
+// Why: the 16-byte row stores of staged_epilogue.h lost 13% (geomean; up to 39%)
+// against CUTLASS's TMA epilogue (session 38, H100): each thread waits on its own
+// stores and bound checks, while TMA stores run asynchronously and clip at the
+// problem's edges. This keeps the staged epilogue's plain class template (what makes
+// it about half the nvcc time of CUTLASS's TMA epilogue with its fusion callbacks)
+// and takes the TMA epilogue's way of writing: cute's TMA and ldmatrix / stmatrix
+// wrappers are a few lines of inline PTX each.
+//
+// How: the tile's columns go out in chunks of EpiN = 64, 32 or 16 (the widest that
+// divides TileN, at most MaxChunkCols_), i.e. box rows of 128, 64 or 32 bytes with
+// TMA's swizzle of that width, so stmatrix's eight 16-byte rows of a matrix fall in
+// distinct banks. A box is 64 rows (one wgmma's M): each warp group stages and stores
+// the 64-row blocks of the tile it holds, between named barriers of its own, so the
+// cooperative kernel's groups never wait for each other; the ping-pong kernel orders
+// its groups' epilogues (math_wg_order_barrier), so they share the boxes. Buffers_
+// chunks are in flight: a chunk's staging waits only for the store of the chunk
+// Buffers_ before it. At the end the storing thread waits until TMA has read every
+// box, then the group's barrier, before any thread can stage into them again.
+//
+// Needs: what staged_epilogue.h needs (16-bit C and D; D and C rows and batch starts
+// 16-byte aligned; a conv's NPQK packed) and TileN a multiple of 16; can_implement
+// also encodes D's tensor map. Each op is rounded as staged_epilogue.h rounds it.
+//
+// Spliced into a unit's code after staged_common.h and tma_driver.h, once per unit.
+#ifndef CO_STAGED_TMA_EPILOGUE_H
+#define CO_STAGED_TMA_EPILOGUE_H
+
+namespace co_staged {
+
+// The widest chunk of 64, 32 or 16 columns (at most max_cols) that tiles tile_n; 0 if none.
+constexpr int tma_chunk_cols(int tile_n, int max_cols) {
+  for (int c = 64; c >= 16; c /= 2) {
+    if (c <= max_cols && tile_n % c == 0) {
+      return c;
+    }
+  }
+  return 0;
+}
+
+// TMA's swizzle of a box whose rows are RowBytes (32, 64 or 128) long, on a shared
+// memory address: the 16-byte chunk bits [4, 4 + log2(RowBytes / 16)) are XORed with
+// the bits above 128 bytes (CU_TENSOR_MAP_SWIZZLE_32B / 64B / 128B; cute's
+// Swizzle<1|2|3, 4, 3>). Applied to the absolute address, as the hardware does.
+template <int RowBytes>
+CUTLASS_DEVICE uint32_t tma_swizzle(uint32_t addr) {
+  constexpr uint32_t mask = RowBytes / 16 - 1;
+  return addr ^ (((addr >> 7) & mask) << 4);
+}
+
+CUTLASS_DEVICE void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b),
+               "r"(c), "r"(d));
+}
+
+CUTLASS_DEVICE void ldsm_x4(uint32_t addr, uint32_t& a, uint32_t& b, uint32_t& c, uint32_t& d) {
+  asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+               : "r"(addr));
+}
+
+// 16 bytes from global to shared memory, skipped where !pred
+CUTLASS_DEVICE void cp_async_16(uint32_t smem_addr, void const* gmem, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(smem_addr),
+      "l"(gmem), "r"(int(pred)));
+}
+
+template <class ElementC_, class ElementD_, class ElementBias_, template <class> class Activation_,
+          bool HasActivation_, bool HasBias_, int Residual_, template <class> class Post_, bool HasPost_,
+          class EpilogueSchedule_, class TileShape_, class Stride_ = cute::Stride<int64_t, cute::_1, int64_t>,
+          int MaxChunkCols_ = 64, int Buffers_ = 2>
+class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedule_> {
+ public:
+  using ElementC = ElementC_;            // void without a residual
+  using ElementD = ElementD_;
+  using ElementBias = ElementBias_;
+  using StrideC = Stride_;
+  using StrideD = Stride_;
+  using GmemElementC = cute::conditional_t<cute::is_void_v<ElementC_>, ElementD_, ElementC_>;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  static constexpr bool HasBias = HasBias_;
+  static constexpr int Residual = Residual_;     // 0 none, 1 add, 2 multiply
+  static constexpr int TileM = cute::size<0>(TileShape_{});
+  static constexpr int TileN = cute::size<1>(TileShape_{});
+  static constexpr int EpiN = tma_chunk_cols(TileN, MaxChunkCols_);
+  static constexpr int RowBytes = EpiN * 2;       // a box row: the swizzle's width
+  static constexpr int BoxRows = 64;              // one wgmma's M
+  static constexpr int Blocks = TileM / BoxRows;  // the tile's 64-row blocks
+  static constexpr int BoxBytes = BoxRows * RowBytes;
+  static constexpr int Buffers = Buffers_;
+  static_assert(sizeof(ElementD_) == 2 && sizeof(GmemElementC) == 2, "16-bit C and D only");
+  static_assert(Residual_ == 0 || !cute::is_void_v<ElementC_>, "a residual needs ElementC");
+  static_assert(EpiN != 0, "tile N must be a multiple of 16");
+  static_assert(TileM % BoxRows == 0, "tile M must be a multiple of 64");
+  static_assert(Buffers_ >= 1 && Buffers_ <= 4, "one to four staged chunks");
+
+  // D's boxes [buffer][64-row block], each BoxBytes; C's alike (a residual only).
+  // 1024-byte aligned: the 128-byte swizzle's period.
+  struct SharedStorage {
+    alignas(1024) char d[Buffers_ * Blocks * BoxBytes];
+    alignas(1024) char c[Residual_ != 0 ? 2 * Blocks * BoxBytes : 1];
+  };
+  using TensorStorage = SharedStorage;
+
+  // thread.bias: (N,), HasBias only; ptr_C: (M, N, L) with dC's strides, Residual only
+  using Arguments = co_epi::Arguments<ElementD_, ElementBias_, Stride_>;
+  struct Params {
+    CUtensorMap tma_d;   // D as (N, M, L), box (EpiN, 64, 1), swizzled RowBytes
+    Arguments args;
+  };
+
+  // D's tensor map for problem_shape ((M, N, K[, L]); a conv's M (q, p, n)); false
+  // where the driver refuses it (or cannot be reached)
+  template <class ProblemShape>
+  static bool encode_d(ProblemShape const& problem_shape, Arguments const& args, CUtensorMap* out) {
+    auto shape = cute::append<4>(problem_shape, 1);
+    uint64_t M = uint64_t(cute::size(cute::get<0>(shape)));
+    uint64_t N = uint64_t(cute::size(cute::get<1>(shape)));
+    uint64_t L = uint64_t(cute::size(cute::get<3>(shape)));
+    if (M == 0 || N == 0 || L == 0 || args.ptr_D == nullptr) {
+      return false;
+    }
+    uint64_t ldd = uint64_t(co_epi::row_stride(args.dD));
+    // a single batch's stride is never used; any multiple of 16 bytes will do
+    uint64_t batch = L > 1 ? uint64_t(int64_t(cute::get<2>(args.dD))) : ldd * M;
+    cuuint64_t dims[3] = {N, M, L};
+    cuuint64_t strides[2] = {ldd * sizeof(ElementD_), batch * sizeof(ElementD_)};
+    cuuint32_t box[3] = {uint32_t(EpiN), uint32_t(BoxRows), 1u};
+    cuuint32_t element_strides[3] = {1u, 1u, 1u};
+    CUtensorMapDataType dtype = cute::is_same_v<ElementD_, cutlass::bfloat16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    CUtensorMapSwizzle swizzle = RowBytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                 : RowBytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                  : CU_TENSOR_MAP_SWIZZLE_32B;
+    CUresult r = co_driver::call_cuTensorMapEncodeTiled(
+        out, dtype, 3u, static_cast<void*>(args.ptr_D), dims, strides, box, element_strides,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS;
+  }
+
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape const& problem_shape, Arguments const& args, void*) {
+    Params params{};
+    params.args = args;
+    encode_d(problem_shape, args, &params.tma_d);   // can_implement has encoded it once already
+    return params;
+  }
+
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  // 16-byte chunks: every row and (with several batches) batch start 16-byte aligned;
+  // rows at a constant distance (a conv's NPQK packed)
+  template <class ShapeM>
+  static bool rows_ok(void const* ptr, Stride_ const& stride, ShapeM const& shape_m, int batches) {
+    constexpr int Vec = 16 / int(sizeof(ElementD_));
+    return ptr != nullptr && reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && co_epi::row_stride(stride) % Vec == 0 &&
+           (batches <= 1 || int64_t(cute::get<2>(stride)) % Vec == 0) &&
+           co_epi::packed_rows(shape_m, cute::get<0>(stride));
+  }
+
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
+    auto shape = cute::append<4>(problem_shape, 1);
+    int L = int(cute::size(cute::get<3>(shape)));
+    auto shape_m = cute::get<0>(shape);
+    CUtensorMap probe;
+    return rows_ok(args.ptr_D, args.dD, shape_m, L) &&
+           (Residual == 0 || rows_ok(args.ptr_C, args.dC, shape_m, L)) && (!HasBias || args.thread.bias != nullptr) &&
+           encode_d(problem_shape, args, &probe);
+  }
+
+  // params_ is the kernel's __grid_constant__ Params: TMA reads the map where it lies
+  CUTLASS_HOST_DEVICE
+  TmaStagedEpilogue(Params const& params_, SharedStorage const& = SharedStorage()) : params(&params_) {}
+
+  CUTLASS_DEVICE bool is_source_needed() { return Residual != 0; }
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
+            class FrgLayout, class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_MNK,
+                                 BlockCoordMNKL blk_coord_mnkl,
+                                 cute::Tensor<FrgEngine, FrgLayout> const& accumulators, TiledMma tiled_mma,
+                                 ResidueMNK, int thread_idx, char* smem_buf) {
+    using namespace cute;
+    static_assert(is_static<BlockShapeMNK>::value, "the CTA tile shape must be static");
+    static_assert(is_static<FrgLayout>::value, "the accumulator layout must be static");
+    static_assert(size<0>(BlockShapeMNK{}) == TileM && size<1>(BlockShapeMNK{}) == TileN,
+                  "the staged boxes are sized for TileShape");
+    // ((column pair, row + 8, column groups of 8), MMA_M, MMA_N): the wgmma C layout
+    static_assert(rank(FrgLayout{}) == 3 && rank<0>(FrgLayout{}) == 3, "unexpected accumulator layout");
+    static_assert(size<0, 0>(FrgLayout{}) == 2 && size<0, 1>(FrgLayout{}) == 2,
+                  "unexpected accumulator layout");
+    static_assert(size<0, 2>(FrgLayout{}) == TileN / 8 && size<2>(FrgLayout{}) == 1,
+                  "one wgmma spans the tile's width (MMA_N = 1)");
+    constexpr int MmaM = size<1>(FrgLayout{});     // the 64-row blocks this warp group holds
+    constexpr int ChunkGroups = EpiN / 8;          // 8-column groups of a chunk (even)
+    constexpr int Chunks = TileN / EpiN;
+    constexpr int Vec = 16 / int(sizeof(ElementD_));
+
+    int M = int(size(get<0>(problem_shape_mnkl)));    // a conv's M linearized
+    int N = int(size(get<1>(problem_shape_mnkl)));
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
+    int m0 = int(m_coord) * TileM;
+    int n0 = int(n_coord) * TileN;
+    Arguments const& args = params->args;
+
+    auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+    Tensor cTile = make_identity_tensor(make_shape(size<0>(blk_shape_MNK), size<1>(blk_shape_MNK)));
+    Tensor tCc = thr_mma.partition_C(cTile);
+    CUTE_STATIC_ASSERT_V(size(tCc) == size(accumulators), "one coordinate per accumulator");
+
+    int const lane = thread_idx % 32;
+    int const wg_thread = thread_idx % 128;
+    bool const storer = wg_thread == 0;
+    // this group's barrier: one id per consumer warp group (the ping-pong kernel's
+    // groups alternate; the cooperative kernel's run at once)
+    uint32_t const barrier_id = uint32_t(cutlass::canonical_warp_group_idx() & 1);
+    auto sync_group = [&] { cutlass::arch::NamedBarrier::sync(128, barrier_id); };
+
+    // the 64-row block of each of the thread's MMA_M rows, and its row in the block
+    // of lane l's stmatrix / ldmatrix address (row l % 8 of matrix l / 8; matrices:
+    // rows 0-7 and 8-15 of group j, then of group j + 1)
+    int block[MmaM];
+    uint32_t row_off[MmaM];     // that row's byte offset in a box
+    CUTLASS_PRAGMA_UNROLL
+    for (int mm = 0; mm < MmaM; ++mm) {
+      int row = int(get<0>(tCc(make_coord(make_coord(0, 0, 0), mm, 0))));
+      block[mm] = row / BoxRows;
+      int warp_row0 = row % BoxRows - lane / 4;
+      row_off[mm] = uint32_t((warp_row0 + ((lane / 8) % 2) * 8 + lane % 8) * RowBytes);
+    }
+    uint32_t const d_base = cute::cast_smem_ptr_to_uint(smem_buf + offsetof(SharedStorage, d));
+    uint32_t const c_base = cute::cast_smem_ptr_to_uint(smem_buf + offsetof(SharedStorage, c));
+    auto d_box = [&](int buffer, int blk) { return d_base + uint32_t((buffer * Blocks + blk) * BoxBytes); };
+    auto c_box = [&](int buffer, int blk) { return c_base + uint32_t((buffer * Blocks + blk) * BoxBytes); };
+
+    bool const full_tile = m0 + TileM <= M && n0 + TileN <= N;
+
+    // C's chunk into its boxes (buffer chunk % 2) by cp.async: this group's blocks, in
+    // the swizzled layout ldmatrix reads back; what lies outside the problem is left
+    // (its results are clipped by the TMA store); a 16-byte piece that straddles N is
+    // copied element by element
+    int64_t const ldc = co_epi::row_stride(args.dC);
+    GmemElementC const* c_tile = nullptr;
+    if constexpr (Residual != 0) {
+      c_tile = static_cast<GmemElementC const*>(args.ptr_C) + int64_t(l_coord) * int64_t(get<2>(args.dC)) +
+               int64_t(m0) * ldc + n0;
+    }
+    auto load_c = [&](int chunk) {
+      if constexpr (Residual != 0) {
+        constexpr int PiecesPerRow = EpiN / Vec;
+        constexpr int Pieces = BoxRows * PiecesPerRow;
+        static_assert(Pieces % 128 == 0, "whole passes of the warp group");
+        CUTLASS_PRAGMA_UNROLL
+        for (int mm = 0; mm < MmaM; ++mm) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int it = 0; it < Pieces / 128; ++it) {
+            int piece = it * 128 + wg_thread;
+            int r = piece / PiecesPerRow;
+            int col = chunk * EpiN + (piece % PiecesPerRow) * Vec;     // in the tile
+            int trow = block[mm] * BoxRows + r;
+            uint32_t dst = tma_swizzle<RowBytes>(c_box(chunk % 2, block[mm]) + uint32_t(r * RowBytes + col % EpiN * 2));
+            GmemElementC const* src = c_tile + int64_t(trow) * ldc + col;
+            bool in_rows = full_tile || m0 + trow < M;
+            if (full_tile || n0 + col + Vec <= N) {
+              cp_async_16(dst, src, in_rows);
+            } else if (in_rows) {
+              CUTLASS_PRAGMA_NO_UNROLL
+              for (int e = 0; e < Vec && n0 + col + e < N; ++e) {
+                GmemElementC v = src[e];
+                asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(dst + 2 * e), "h"(reinterpret_cast<uint16_t&>(v)));
+              }
+            }
+          }
+        }
+        cutlass::arch::cp_async_fence();
+      }
+    };
+
+    constexpr auto RN = cutlass::FloatRoundStyle::round_to_nearest;
+    cutlass::NumericArrayConverter<ElementD, float, 2, RN> to_d2;
+    cutlass::NumericArrayConverter<float, ElementD, 2, RN> from_d2;
+    cutlass::NumericArrayConverter<float, GmemElementC, 2, RN> from_c2;
+    Activation_<float> act;
+    Post_<float> post;
+
+    load_c(0);
+    CUTLASS_PRAGMA_UNROLL
+    for (int chunk = 0; chunk < Chunks; ++chunk) {
+      int const buffer = chunk % Buffers;
+      // Before staging: this group's copies of C's chunk are in, and TMA has read the
+      // boxes of the chunk Buffers before (within this tile; across tiles the end of
+      // the previous epilogue waited for all). One barrier makes both known.
+      if constexpr (Residual != 0) {
+        cutlass::arch::cp_async_wait<0>();
+      }
+      if (chunk >= Buffers && storer) {
+        cute::tma_store_wait<Buffers - 1>();
+      }
+      if (Residual != 0 || chunk >= Buffers) {
+        sync_group();
+      }
+      if (chunk + 1 < Chunks) {
+        load_c(chunk + 1);     // its buffer was last read before the previous chunk's barrier
+      }
+
+      // this chunk's bias pairs (every row of the thread's shares them)
+      cutlass::Array<float, 2> bias_f[HasBias ? ChunkGroups : 1];
+      if constexpr (HasBias) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int jj = 0; jj < ChunkGroups; ++jj) {
+          int col = n0 + int(get<1>(tCc(make_coord(make_coord(0, 0, chunk * ChunkGroups + jj), 0, 0))));
+          bias_f[jj][0] = (full_tile || col < N) ? float(args.thread.bias[col]) : 0.f;
+          bias_f[jj][1] = (full_tile || col + 1 < N) ? float(args.thread.bias[col + 1]) : 0.f;
+        }
+      }
+      // act(acc + bias) [op C, post] of the thread's pair at (row + 8 r, group jj), packed
+      auto pair = [&](int mm, int r, int jj, uint32_t c_pair) {
+        int j = chunk * ChunkGroups + jj;
+        cutlass::Array<float, 2> x;
+        x[0] = accumulators(make_coord(make_coord(0, r, j), mm, 0));
+        x[1] = accumulators(make_coord(make_coord(1, r, j), mm, 0));
+        if constexpr (HasBias) {
+          x[0] += bias_f[jj][0];
+          x[1] += bias_f[jj][1];
+        }
+        if constexpr (HasActivation_) {
+          if constexpr (HasBias) {
+            x = from_d2(to_d2(x));      // the bias add's rounding
+          }
+          x[0] = act(x[0]);
+          x[1] = act(x[1]);
+        }
+        cutlass::Array<ElementD, 2> out = to_d2(x);
+        if constexpr (Residual != 0) {
+          x = from_d2(out);
+          auto y = from_c2(reinterpret_cast<cutlass::Array<GmemElementC, 2> const&>(c_pair));
+          x[0] = Residual == 1 ? x[0] + y[0] : x[0] * y[0];
+          x[1] = Residual == 1 ? x[1] + y[1] : x[1] * y[1];
+          if constexpr (HasPost_) {
+            x = from_d2(to_d2(x));      // the residual op's rounding
+            x[0] = post(x[0]);
+            x[1] = post(x[1]);
+          }
+          out = to_d2(x);
+        }
+        return reinterpret_cast<uint32_t const&>(out);
+      };
+      CUTLASS_PRAGMA_UNROLL
+      for (int mm = 0; mm < MmaM; ++mm) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int jj = 0; jj < ChunkGroups; jj += 2) {
+          // lane l's row of matrix l / 8: groups jj and jj + 1 (16 columns, 32 bytes)
+          uint32_t off = row_off[mm] + uint32_t((jj * 8 + (lane / 16) * 8) * 2);
+          uint32_t c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+          if constexpr (Residual != 0) {
+            ldsm_x4(tma_swizzle<RowBytes>(c_box(chunk % 2, block[mm]) + off), c0, c1, c2, c3);
+          }
+          stsm_x4(tma_swizzle<RowBytes>(d_box(buffer, block[mm]) + off), pair(mm, 0, jj, c0), pair(mm, 1, jj, c1),
+                  pair(mm, 0, jj + 1, c2), pair(mm, 1, jj + 1, c3));
+        }
+      }
+      // the group's writes visible to TMA (the async proxy), then one thread stores
+      cute::tma_store_fence();
+      sync_group();
+      if (storer) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int mm = 0; mm < MmaM; ++mm) {
+          cute::SM90_TMA_STORE_3D::copy(&params->tma_d, smem_buf + offsetof(SharedStorage, d) +
+                                                            (buffer * Blocks + block[mm]) * BoxBytes,
+                                        n0 + chunk * EpiN, m0 + block[mm] * BoxRows, int(l_coord));
+        }
+        cute::tma_store_arrive();
+      }
+    }
+    // every box read by TMA before this group (or, ping-pong, the other) stages again
+    if (storer) {
+      cute::tma_store_wait<0>();
+    }
+    sync_group();
+  }
+
+ private:
+  Params const* params;
+};
+
+}  // namespace co_staged
+
+#endif  // CO_STAGED_TMA_EPILOGUE_H

@@ -1,0 +1,20 @@
+"""benchmarks/staged_epilogue.py's --staged-variants parsing (no GPU): row-store and
+TMA-store forms, and the errors on values emit/staged.py's templates do not take."""
+import pytest
+import staged_epilogue as bench
+
+from cutlass_offload.emit import staged
+
+
+def test_row_and_tma_forms():
+    forms = bench.variant_forms(f"{staged.MAX_CHUNK_GROUPS}x{staged.BUFFERS},32x1, TMA64x2,tma16x4")
+    assert forms == {"staged": ("rows", staged.MAX_CHUNK_GROUPS, staged.BUFFERS),
+                     "staged_g32_b1": ("rows", 32, 1),
+                     "staged_tma64_b2": ("tma", 64, 2),
+                     "staged_tma16_b4": ("tma", 16, 4)}
+
+
+@pytest.mark.parametrize("spec", ["tma48x2", "tma64x5", "12x3", "0x1", "tma", "12"])
+def test_values_the_templates_do_not_take(spec):
+    with pytest.raises(SystemExit, match="--staged-variants"):
+        bench.variant_forms(spec)
