@@ -1,8 +1,9 @@
 """Where one sm90a GEMM kernel unit's nvcc time goes, per epilogue form.
 
 Emits a one-kernel unit (the kernel the build would emit for the given tile,
-cluster, schedule, dtype and epilogue; ``--forms tma,staged``: CUTLASS's TMA
-epilogue or the staged one of emit/staged.py), compiles it with the build's own
+cluster, schedule, dtype and epilogue; ``--forms tma,staged,staged_tma``: CUTLASS's
+TMA epilogue or the staged one of emit/staged.py with row stores or with TMA stores,
+STORE = "tma"), compiles it with the build's own
 ``nvcc -c`` command (build/toolchain.compile_command), and prints:
 
 * the wall time of each compile;
@@ -89,6 +90,10 @@ def instantiation_tree(events: list, max_depth: int = 2, top: int = 10) -> dict:
     return {d: sums[d].most_common(top) for d in sorted(sums)}
 
 
+# CUTLASS's TMA epilogue; the staged one with row stores; the staged one with TMA stores
+FORMS = ("tma", "staged", "staged_tma")
+
+
 def emit_unit(form: str, args, work: Path) -> Path:
     """The one-kernel unit's source, written under ``work``."""
     from cutlass_offload import emit
@@ -99,14 +104,17 @@ def emit_unit(form: str, args, work: Path) -> Path:
     cluster = tuple(int(x) for x in args.cluster.split("x"))
     sched = {"pingpong": sm90.PINGPONG, "coop": sm90.COOP}[args.schedule]
     ep = GemmEpilogue(**EPILOGUES[args.epilogue])
-    default = staged.ENABLED
-    staged.ENABLED = form == "staged"
+    if form not in FORMS:
+        raise SystemExit(f"--forms: {form!r}: one of {', '.join(FORMS)}")
+    default = staged.ENABLED, staged.STORE
+    staged.ENABLED = form != "tma"
+    staged.STORE = "tma" if form == "staged_tma" else "rows"
     try:
         kernel = GemmKernel(arch="sm90a", dtype=args.dtype, layout_b="col", align_a=8, align_b=8, align_c=8,
                             epilogue=ep, config=sm90._config(tile, cluster, sched))
         text = emit.emit_unit([emit.emit_kernel(kernel)], f"compile_profile {form}").text
     finally:
-        staged.ENABLED = default
+        staged.ENABLED, staged.STORE = default
     src = work / f"{form}.cu"
     src.write_text(text)
     return src
@@ -150,7 +158,8 @@ def main(argv=None) -> int:
     p.add_argument("--schedule", default="pingpong", choices=("pingpong", "coop"))
     p.add_argument("--dtype", default="f16", choices=("f16", "bf16"))
     p.add_argument("--forms", default="tma,staged",
-                   help="epilogue forms to compile, comma-separated (default %(default)s)")
+                   help="epilogue forms to compile, comma-separated, of " + ", ".join(FORMS) +
+                        " (default %(default)s)")
     p.add_argument("--trace", action="store_true", help="also nvcc -fdevice-time-trace")
     p.add_argument("--depth", type=int, default=2,
                    help="nesting depth of the instantiation tree printed with --trace (default %(default)s)")

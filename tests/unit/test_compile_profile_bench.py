@@ -49,7 +49,8 @@ def test_instantiation_tree_nests_by_time_and_sums_paths():
 
 
 @pytest.mark.parametrize("form, marker", [("tma", "epilogue::collective::CollectiveBuilder"),
-                                          ("staged", "co_staged::StagedEpilogue<")])
+                                          ("staged", "co_staged::StagedEpilogue<"),
+                                          ("staged_tma", "co_staged::TmaStagedEpilogue<")])
 def test_emits_one_kernel_unit_per_form(tmp_path, form, marker):
     args = argparse.Namespace(tile="128x128x64", cluster="1x1x1", schedule="pingpong", dtype="f16",
                               epilogue="bias_gelu")
@@ -57,4 +58,4 @@ def test_emits_one_kernel_unit_per_form(tmp_path, form, marker):
     assert marker in src
     assert "cutlass3x_sm90_gemm_f16_tn_128x128x64_c1x1x1_pingpong_align888_bias_gelu" in src
     from cutlass_offload.emit import staged
-    assert staged.ENABLED is False       # put back
+    assert staged.ENABLED is False and staged.STORE == "rows"      # put back
