@@ -298,6 +298,7 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
     cutlass::NumericArrayConverter<ElementD, float, 2, RN> to_d2;
     cutlass::NumericArrayConverter<float, ElementD, 2, RN> from_d2;
     cutlass::NumericArrayConverter<float, GmemElementC, 2, RN> from_c2;
+    cutlass::NumericArrayConverter<float, ElementBias, 2, RN> from_bias2;
     Activation_<float> act;
     Post_<float> post;
 
@@ -324,11 +325,18 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
       // this chunk's bias pairs (every row of the thread's shares them)
       cutlass::Array<float, 2> bias_f[HasBias ? ChunkGroups : 1];
       if constexpr (HasBias) {
+        // a pair's column is even: one load of the pair where the bias is aligned to it
+        bool const pairs =
+            full_tile && reinterpret_cast<uintptr_t>(args.thread.bias) % (2 * sizeof(ElementBias)) == 0;
         CUTLASS_PRAGMA_UNROLL
         for (int jj = 0; jj < ChunkGroups; ++jj) {
           int col = n0 + int(get<1>(tCc(make_coord(make_coord(0, 0, chunk * ChunkGroups + jj), 0, 0))));
-          bias_f[jj][0] = (full_tile || col < N) ? float(args.thread.bias[col]) : 0.f;
-          bias_f[jj][1] = (full_tile || col + 1 < N) ? float(args.thread.bias[col + 1]) : 0.f;
+          if (pairs) {
+            bias_f[jj] = from_bias2(*reinterpret_cast<cutlass::Array<ElementBias, 2> const*>(args.thread.bias + col));
+          } else {
+            bias_f[jj][0] = col < N ? float(args.thread.bias[col]) : 0.f;
+            bias_f[jj][1] = col + 1 < N ? float(args.thread.bias[col + 1]) : 0.f;
+          }
         }
       }
       // act(acc + bias) [op C, post] of the thread's pair at (row + 8 r, group jj), packed
