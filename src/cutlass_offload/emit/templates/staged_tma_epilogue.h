@@ -25,8 +25,8 @@
 // box, then the group's barrier, before any thread can stage into them again.
 //
 // Needs: what staged_epilogue.h needs (16-bit C and D; D and C rows and batch starts
-// 16-byte aligned; a conv's NPQK packed) and TileN a multiple of 16; can_implement
-// also encodes D's tensor map. Each op is rounded as staged_epilogue.h rounds it.
+// 16-byte aligned; a conv's NPQK packed), TileN a multiple of 16 and, with a
+// residual, N a multiple of 8; can_implement also encodes D's tensor map. Each op is rounded as staged_epilogue.h rounds it.
 //
 // Spliced into a unit's code after staged_common.h and tma_driver.h, once per unit.
 #ifndef CO_STAGED_TMA_EPILOGUE_H
@@ -44,14 +44,16 @@ constexpr int tma_chunk_cols(int tile_n, int max_cols) {
   return 0;
 }
 
-// TMA's swizzle of a box whose rows are RowBytes (32, 64 or 128) long, on a shared
-// memory address: the 16-byte chunk bits [4, 4 + log2(RowBytes / 16)) are XORed with
-// the bits above 128 bytes (CU_TENSOR_MAP_SWIZZLE_32B / 64B / 128B; cute's
-// Swizzle<1|2|3, 4, 3>). Applied to the absolute address, as the hardware does.
+// TMA's swizzle of a box whose rows are RowBytes (32, 64 or 128) long, on a byte
+// offset from a 1024-byte aligned box: the 16-byte chunk bits [4, 4 + log2(RowBytes /
+// 16)) are XORed with the bits above 128 bytes (CU_TENSOR_MAP_SWIZZLE_32B / 64B /
+// 128B; cute's Swizzle<1|2|3, 4, 3>). The hardware applies it to the shared memory
+// address, which equals this where the box is 1024-byte aligned (checked); on the
+// offset, the compiler folds the parts known at compile time.
 template <int RowBytes>
-CUTLASS_DEVICE uint32_t tma_swizzle(uint32_t addr) {
+CUTLASS_DEVICE uint32_t tma_swizzle(uint32_t offset) {
   constexpr uint32_t mask = RowBytes / 16 - 1;
-  return addr ^ (((addr >> 7) & mask) << 4);
+  return offset ^ (((offset >> 7) & mask) << 4);
 }
 
 CUTLASS_DEVICE void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
@@ -181,8 +183,10 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
     int L = int(cute::size(cute::get<3>(shape)));
     auto shape_m = cute::get<0>(shape);
     CUtensorMap probe;
-    return rows_ok(args.ptr_D, args.dD, shape_m, L) &&
-           (Residual == 0 || rows_ok(args.ptr_C, args.dC, shape_m, L)) && (!HasBias || args.thread.bias != nullptr) &&
+    constexpr int Vec = 16 / int(sizeof(ElementD_));
+    // C is read in whole 16-byte pieces: N a multiple of them (as align_c = 8 makes it)
+    bool c_ok = Residual == 0 || (rows_ok(args.ptr_C, args.dC, shape_m, L) && int(cute::get<1>(shape)) % Vec == 0);
+    return rows_ok(args.ptr_D, args.dD, shape_m, L) && c_ok && (!HasBias || args.thread.bias != nullptr) &&
            encode_d(problem_shape, args, &probe);
   }
 
@@ -248,15 +252,20 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
     }
     uint32_t const d_base = cute::cast_smem_ptr_to_uint(smem_buf + offsetof(SharedStorage, d));
     uint32_t const c_base = cute::cast_smem_ptr_to_uint(smem_buf + offsetof(SharedStorage, c));
-    auto d_box = [&](int buffer, int blk) { return d_base + uint32_t((buffer * Blocks + blk) * BoxBytes); };
-    auto c_box = [&](int buffer, int blk) { return c_base + uint32_t((buffer * Blocks + blk) * BoxBytes); };
+    // the swizzle below is computed on offsets: a misaligned box would scramble D
+    // (alignas(1024) and the kernel's aligned shared memory rule it out; a trap, not
+    // wrong output, if not)
+    if ((d_base | (Residual != 0 ? c_base : 0u)) % 1024u != 0) {
+      __trap();
+    }
+    // a box's byte offset from d_base / c_base (a multiple of 1024)
+    auto box = [&](int buffer, int blk) { return uint32_t((buffer * Blocks + blk) * BoxBytes); };
 
     bool const full_tile = m0 + TileM <= M && n0 + TileN <= N;
 
     // C's chunk into its boxes (buffer chunk % 2) by cp.async: this group's blocks, in
     // the swizzled layout ldmatrix reads back; what lies outside the problem is left
-    // (its results are clipped by the TMA store); a 16-byte piece that straddles N is
-    // copied element by element
+    // (its results are clipped by the TMA store)
     int64_t const ldc = co_epi::row_stride(args.dC);
     GmemElementC const* c_tile = nullptr;
     if constexpr (Residual != 0) {
@@ -274,20 +283,14 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
           for (int it = 0; it < Pieces / 128; ++it) {
             int piece = it * 128 + wg_thread;
             int r = piece / PiecesPerRow;
-            int col = chunk * EpiN + (piece % PiecesPerRow) * Vec;     // in the tile
+            int piece_col = (piece % PiecesPerRow) * Vec;     // in the chunk
+            int col = chunk * EpiN + piece_col;                // in the tile
             int trow = block[mm] * BoxRows + r;
-            uint32_t dst = tma_swizzle<RowBytes>(c_box(chunk % 2, block[mm]) + uint32_t(r * RowBytes + col % EpiN * 2));
+            uint32_t dst = c_base + box(chunk % 2, block[mm]) +
+                           tma_swizzle<RowBytes>(uint32_t(r * RowBytes + piece_col * 2));
             GmemElementC const* src = c_tile + int64_t(trow) * ldc + col;
-            bool in_rows = full_tile || m0 + trow < M;
-            if (full_tile || n0 + col + Vec <= N) {
-              cp_async_16(dst, src, in_rows);
-            } else if (in_rows) {
-              CUTLASS_PRAGMA_NO_UNROLL
-              for (int e = 0; e < Vec && n0 + col + e < N; ++e) {
-                GmemElementC v = src[e];
-                asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(dst + 2 * e), "h"(reinterpret_cast<uint16_t&>(v)));
-              }
-            }
+            // N is whole 16-byte pieces (can_implement): a piece is in or out
+            cp_async_16(dst, src, full_tile || (m0 + trow < M && n0 + col < N));
           }
         }
         cutlass::arch::cp_async_fence();
@@ -379,10 +382,10 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
           uint32_t off = row_off[mm] + uint32_t((jj * 8 + (lane / 16) * 8) * 2);
           uint32_t c0 = 0, c1 = 0, c2 = 0, c3 = 0;
           if constexpr (Residual != 0) {
-            ldsm_x4(tma_swizzle<RowBytes>(c_box(chunk % 2, block[mm]) + off), c0, c1, c2, c3);
+            ldsm_x4(c_base + box(chunk % 2, block[mm]) + tma_swizzle<RowBytes>(off), c0, c1, c2, c3);
           }
-          stsm_x4(tma_swizzle<RowBytes>(d_box(buffer, block[mm]) + off), pair(mm, 0, jj, c0), pair(mm, 1, jj, c1),
-                  pair(mm, 0, jj + 1, c2), pair(mm, 1, jj + 1, c3));
+          stsm_x4(d_base + box(buffer, block[mm]) + tma_swizzle<RowBytes>(off), pair(mm, 0, jj, c0),
+                  pair(mm, 1, jj, c1), pair(mm, 0, jj + 1, c2), pair(mm, 1, jj + 1, c3));
         }
       }
       // the group's writes visible to TMA (the async proxy), then one thread stores
@@ -391,8 +394,7 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
       if (storer) {
         CUTLASS_PRAGMA_UNROLL
         for (int mm = 0; mm < MmaM; ++mm) {
-          cute::SM90_TMA_STORE_3D::copy(&params->tma_d, smem_buf + offsetof(SharedStorage, d) +
-                                                            (buffer * Blocks + block[mm]) * BoxBytes,
+          cute::SM90_TMA_STORE_3D::copy(&params->tma_d, smem_buf + offsetof(SharedStorage, d) + box(buffer, block[mm]),
                                         n0 + chunk * EpiN, m0 + block[mm] * BoxRows, int(l_coord));
         }
         cute::tma_store_arrive();
