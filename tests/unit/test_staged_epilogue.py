@@ -81,8 +81,9 @@ def test_the_tma_store_form_for_tiles_of_whole_16_column_chunks(enabled, monkeyp
     assert ("co_staged::TmaStagedEpilogue<" in code) == tma
     assert ("co_staged::StagedEpilogue<" in code) == (not tma)
     if tma:
-        # the widest chunk and the chunks in flight are its last template arguments
-        assert f"{gemm_sm90.staged.GEMM_STRIDE}, {staged.TMA_MAX_CHUNK_COLS}, {staged.TMA_BUFFERS}>>;" in code
+        # the widest chunk, the boxes in flight and the groups (one: ping-pong) are its
+        # last template arguments
+        assert f"{staged.GEMM_STRIDE}, {staged.TMA_MAX_CHUNK_COLS}, {staged.TMA_BUFFERS}, 1>>;" in code
     assert code.count("#ifndef CO_STAGED_TMA_EPILOGUE_H") == 1
 
 
@@ -90,3 +91,9 @@ def test_the_store_forms_are_different_sources(enabled, monkeypatch):
     rows = gemm_sm90.emit(_kernel()).code
     monkeypatch.setattr(staged, "STORE", "tma")
     assert gemm_sm90.emit(_kernel()).code != rows
+
+
+def test_the_tma_store_form_gives_a_cooperative_kernel_a_region_per_warp_group(enabled, monkeypatch):
+    monkeypatch.setattr(staged, "STORE", "tma")
+    code = gemm_sm90.emit(_kernel(cfg=sm90._config((256, 128, 64), (1, 1, 1), sm90.COOP))).code
+    assert f"{staged.GEMM_STRIDE}, {staged.TMA_MAX_CHUNK_COLS}, {staged.TMA_BUFFERS}, 2>>;" in code

@@ -514,7 +514,7 @@ def values(kernel: GemmKernel) -> dict:
         "glu_staged": "true" if GLU_STAGED else "false",
         "glu_store": ("staged in shared memory, stored in 16-byte row chunks" if GLU_STAGED
                       else "written from registers"),
-        **staged.values(ep, staged.GEMM_STRIDE, cfg.tile[1]),
+        **staged.values(ep, staged.GEMM_STRIDE, cfg.tile[1], sm90_parts.consumer_groups(cfg)),
         "wg_n": str(cfg.tile[1] // 2),
         "wgmma_kind": sm90_parts.WGMMA_TYPES.get(kernel.dtype, ("", ""))[1],
     }

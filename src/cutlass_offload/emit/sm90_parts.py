@@ -181,6 +181,13 @@ _PINGPONG = "KernelTmaWarpSpecializedPingpong"
 EPILOGUE_TILE_AUTO = "cutlass::epilogue::collective::EpilogueTileAuto"
 
 
+def consumer_groups(config) -> int:
+    """The consumer warp groups of a GEMM-family ``config``'s kernel that run their
+    epilogue at the same time: 2 in the cooperative kernel; 1 in the ping-pong kernel
+    (its groups take turns) and the basic warp-specialized one (one consumer group)."""
+    return 2 if config.kernel_schedule == _COOP else 1
+
+
 def epilogue_tile(config) -> str:
     """The epilogue tile (``${epilogue_tile}``) of a GEMM-family ``config``: C++ text.
 

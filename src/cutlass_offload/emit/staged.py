@@ -35,9 +35,10 @@ ENABLED = False
 # template arguments, so benchmarks/staged_epilogue.py can build and time other values
 MAX_CHUNK_GROUPS = 12
 BUFFERS = 1
-# "rows" or "tma"; the TMA form's widest chunk (64, 32 or 16 columns) and its chunks in flight
+# "rows" or "tma"; the TMA form's widest chunk (64, 32 or 16 columns) and its 64-row
+# boxes in flight per warp group
 STORE = "rows"
-TMA_MAX_CHUNK_COLS = 64
+TMA_MAX_CHUNK_COLS = 32     # CUTLASS's own epilogue subtiles are 32 wide
 TMA_BUFFERS = 2
 
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -66,7 +67,7 @@ using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpe
     co_staged::${staged_class}<ElementC, ElementD, ElementBias, ${staged_activation}, ${staged_has_activation},
                               ${staged_bias}, ${staged_residual}, ${staged_post}, ${staged_has_post},
                               cutlass::epilogue::NoSmemWarpSpecialized, TileShape,
-                              ${staged_stride}, ${staged_chunk}, ${staged_buffers}>>;
+                              ${staged_stride}, ${staged_knobs}>>;
 
 """)
 
@@ -89,17 +90,20 @@ def tma_store(tile_n: int) -> bool:
     return STORE == "tma" and tile_n % 16 == 0
 
 
-def values(ep: GemmEpilogue, stride: str, tile_n: int) -> dict:
+def values(ep: GemmEpilogue, stride: str, tile_n: int, groups: int = 1) -> dict:
     """The ``${staged_*}`` placeholders of ``EPILOGUE`` for ``ep``; ``stride`` is the
-    C / D stride type (GEMM_STRIDE or CONV_STRIDE), ``tile_n`` the CTA tile's N."""
+    C / D stride type (GEMM_STRIDE or CONV_STRIDE), ``tile_n`` the CTA tile's N,
+    ``groups`` the consumer warp groups in their epilogue at once (2 in a cooperative
+    kernel, else 1: the TMA form's shared-memory regions)."""
     act, post = activations.FUNCTOR[ep.activation], activations.FUNCTOR[ep.post_activation]
     tma = tma_store(tile_n)
     return {
         "staged_class": "TmaStagedEpilogue" if tma else "StagedEpilogue",
         "staged_store": ("stored by TMA (templates/staged_tma_epilogue.h)" if tma
                          else "stored in 16-byte row chunks (templates/staged_epilogue.h)"),
-        "staged_chunk": str(TMA_MAX_CHUNK_COLS if tma else MAX_CHUNK_GROUPS),
-        "staged_buffers": str(TMA_BUFFERS if tma else BUFFERS),
+        # the widest chunk, the chunks (row form) or boxes (TMA form) in flight[, groups]
+        "staged_knobs": (f"{TMA_MAX_CHUNK_COLS}, {TMA_BUFFERS}, {groups}" if tma
+                         else f"{MAX_CHUNK_GROUPS}, {BUFFERS}"),
         "staged_activation": act or _IDENTITY,
         "staged_has_activation": "true" if act else "false",
         "staged_bias": "true" if ep.bias else "false",

@@ -14,19 +14,25 @@
 // wrappers are a few lines of inline PTX each.
 //
 // How: the tile's columns go out in chunks of EpiN = 64, 32 or 16 (the widest that
-// divides TileN, at most MaxChunkCols_), i.e. box rows of 128, 64 or 32 bytes with
-// TMA's swizzle of that width, so stmatrix's eight 16-byte rows of a matrix fall in
-// distinct banks. A box is 64 rows (one wgmma's M): each warp group stages and stores
-// the 64-row blocks of the tile it holds, between named barriers of its own, so the
-// cooperative kernel's groups never wait for each other; the ping-pong kernel orders
-// its groups' epilogues (math_wg_order_barrier), so they share the boxes. Buffers_
-// chunks are in flight: a chunk's staging waits only for the store of the chunk
-// Buffers_ before it. At the end the storing thread waits until TMA has read every
-// box, then the group's barrier, before any thread can stage into them again.
+// divides TileN, at most MaxChunkCols_; 32 by default, CUTLASS's own subtile width),
+// i.e. box rows of 128, 64 or 32 bytes with TMA's swizzle of that width, so
+// stmatrix's eight 16-byte rows of a matrix fall in distinct banks. A box is 64 rows
+// (one wgmma's M). Each warp group stages and stores its boxes one at a time (chunk
+// by chunk, each of its 64-row blocks), between named barriers of its own, in a
+// shared-memory region of its own (Groups_ = 2 in the cooperative kernel, whose
+// groups run at once); the ping-pong kernel orders its groups' epilogues
+// (math_wg_order_barrier), so they share one region. Buffers_ boxes are in flight: a
+// box's staging waits only for the store of the box Buffers_ before it. C goes to
+// two boxes per region a step ahead. At the end the storing thread waits until TMA
+// has read every box, then the group's barrier, before any thread can stage again.
+// Shared memory: Groups_ x (Buffers_ + 2 with a residual) x 64 x EpiN x 2 bytes, 16
+// KB for a ping-pong kernel's residual epilogue at the defaults (the mainloop's
+// stages are counted after it).
 //
 // Needs: what staged_epilogue.h needs (16-bit C and D; D and C rows and batch starts
 // 16-byte aligned; a conv's NPQK packed), TileN a multiple of 16 and, with a
-// residual, N a multiple of 8; can_implement also encodes D's tensor map. Each op is rounded as staged_epilogue.h rounds it.
+// residual, N a multiple of 8; can_implement also encodes D's tensor map. Each op is
+// rounded as staged_epilogue.h rounds it.
 //
 // Spliced into a unit's code after staged_common.h and tma_driver.h, once per unit.
 #ifndef CO_STAGED_TMA_EPILOGUE_H
@@ -77,7 +83,7 @@ CUTLASS_DEVICE void cp_async_16(uint32_t smem_addr, void const* gmem, bool pred)
 template <class ElementC_, class ElementD_, class ElementBias_, template <class> class Activation_,
           bool HasActivation_, bool HasBias_, int Residual_, template <class> class Post_, bool HasPost_,
           class EpilogueSchedule_, class TileShape_, class Stride_ = cute::Stride<int64_t, cute::_1, int64_t>,
-          int MaxChunkCols_ = 64, int Buffers_ = 2>
+          int MaxChunkCols_ = 64, int Buffers_ = 2, int Groups_ = 1>
 class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedule_> {
  public:
   using ElementC = ElementC_;            // void without a residual
@@ -95,20 +101,23 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
   static constexpr int EpiN = tma_chunk_cols(TileN, MaxChunkCols_);
   static constexpr int RowBytes = EpiN * 2;       // a box row: the swizzle's width
   static constexpr int BoxRows = 64;              // one wgmma's M
-  static constexpr int Blocks = TileM / BoxRows;  // the tile's 64-row blocks
   static constexpr int BoxBytes = BoxRows * RowBytes;
   static constexpr int Buffers = Buffers_;
+  // warp groups in their epilogue at once: 1 in the ping-pong kernel (its groups take
+  // turns and share the boxes), 2 in the cooperative one (a region each)
+  static constexpr int Groups = Groups_;
   static_assert(sizeof(ElementD_) == 2 && sizeof(GmemElementC) == 2, "16-bit C and D only");
   static_assert(Residual_ == 0 || !cute::is_void_v<ElementC_>, "a residual needs ElementC");
   static_assert(EpiN != 0, "tile N must be a multiple of 16");
   static_assert(TileM % BoxRows == 0, "tile M must be a multiple of 64");
-  static_assert(Buffers_ >= 1 && Buffers_ <= 4, "one to four staged chunks");
+  static_assert(Buffers_ >= 1 && Buffers_ <= 4, "one to four boxes in flight");
+  static_assert(Groups_ == 1 || Groups_ == 2, "one or two consumer warp groups");
 
-  // D's boxes [buffer][64-row block], each BoxBytes; C's alike (a residual only).
+  // D's boxes [group][buffer], each BoxBytes; C's [group][2] (a residual only).
   // 1024-byte aligned: the 128-byte swizzle's period.
   struct SharedStorage {
-    alignas(1024) char d[Buffers_ * Blocks * BoxBytes];
-    alignas(1024) char c[Residual_ != 0 ? 2 * Blocks * BoxBytes : 1];
+    alignas(1024) char d[Groups_ * Buffers_ * BoxBytes];
+    alignas(1024) char c[Residual_ != 0 ? Groups_ * 2 * BoxBytes : 1];
   };
   using TensorStorage = SharedStorage;
 
@@ -213,6 +222,8 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
                   "unexpected accumulator layout");
     static_assert(size<0, 2>(FrgLayout{}) == TileN / 8 && size<2>(FrgLayout{}) == 1,
                   "one wgmma spans the tile's width (MMA_N = 1)");
+    static_assert(int(size(TiledMma{})) == 128 * Groups_ || Groups_ == 1,
+                  "Groups_: the cooperative kernel's two warp groups, each in a region of its own");
     constexpr int MmaM = size<1>(FrgLayout{});     // the 64-row blocks this warp group holds
     constexpr int ChunkGroups = EpiN / 8;          // 8-column groups of a chunk (even)
     constexpr int Chunks = TileN / EpiN;
@@ -258,40 +269,44 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
     if ((d_base | (Residual != 0 ? c_base : 0u)) % 1024u != 0) {
       __trap();
     }
-    // a box's byte offset from d_base / c_base (a multiple of 1024)
-    auto box = [&](int buffer, int blk) { return uint32_t((buffer * Blocks + blk) * BoxBytes); };
+    // this group's region of the boxes (the cooperative kernel's thread_idx counts
+    // both groups' threads) and a box's byte offset from d_base / c_base in it
+    int const region = Groups == 1 ? 0 : (thread_idx / 128) % Groups;
+    auto d_box = [&](int buffer) { return d_base + uint32_t((region * Buffers + buffer) * BoxBytes); };
+    auto c_box = [&](int buffer) { return c_base + uint32_t((region * 2 + buffer) * BoxBytes); };
 
     bool const full_tile = m0 + TileM <= M && n0 + TileN <= N;
 
-    // C's chunk into its boxes (buffer chunk % 2) by cp.async: this group's blocks, in
-    // the swizzled layout ldmatrix reads back; what lies outside the problem is left
-    // (its results are clipped by the TMA store)
+    // The group's boxes go out one (column chunk, 64-row block) step at a time, chunk
+    // by chunk: step s is chunk s / MmaM of the thread's block s % MmaM.
+    constexpr int Steps = Chunks * MmaM;
+
+    // C's box of step s into C buffer s % 2 by cp.async, in the swizzled layout
+    // ldmatrix reads back; what lies outside the problem is left (its results are
+    // clipped by the TMA store)
     int64_t const ldc = co_epi::row_stride(args.dC);
     GmemElementC const* c_tile = nullptr;
     if constexpr (Residual != 0) {
       c_tile = static_cast<GmemElementC const*>(args.ptr_C) + int64_t(l_coord) * int64_t(get<2>(args.dC)) +
                int64_t(m0) * ldc + n0;
     }
-    auto load_c = [&](int chunk) {
+    auto load_c = [&](int step) {
       if constexpr (Residual != 0) {
         constexpr int PiecesPerRow = EpiN / Vec;
         constexpr int Pieces = BoxRows * PiecesPerRow;
         static_assert(Pieces % 128 == 0, "whole passes of the warp group");
+        int const chunk = step / MmaM, blk = block[step % MmaM];
         CUTLASS_PRAGMA_UNROLL
-        for (int mm = 0; mm < MmaM; ++mm) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int it = 0; it < Pieces / 128; ++it) {
-            int piece = it * 128 + wg_thread;
-            int r = piece / PiecesPerRow;
-            int piece_col = (piece % PiecesPerRow) * Vec;     // in the chunk
-            int col = chunk * EpiN + piece_col;                // in the tile
-            int trow = block[mm] * BoxRows + r;
-            uint32_t dst = c_base + box(chunk % 2, block[mm]) +
-                           tma_swizzle<RowBytes>(uint32_t(r * RowBytes + piece_col * 2));
-            GmemElementC const* src = c_tile + int64_t(trow) * ldc + col;
-            // N is whole 16-byte pieces (can_implement): a piece is in or out
-            cp_async_16(dst, src, full_tile || (m0 + trow < M && n0 + col < N));
-          }
+        for (int it = 0; it < Pieces / 128; ++it) {
+          int piece = it * 128 + wg_thread;
+          int r = piece / PiecesPerRow;
+          int piece_col = (piece % PiecesPerRow) * Vec;     // in the chunk
+          int col = chunk * EpiN + piece_col;                // in the tile
+          int trow = blk * BoxRows + r;
+          uint32_t dst = c_box(step % 2) + tma_swizzle<RowBytes>(uint32_t(r * RowBytes + piece_col * 2));
+          GmemElementC const* src = c_tile + int64_t(trow) * ldc + col;
+          // N is whole 16-byte pieces (can_implement): a piece is in or out
+          cp_async_16(dst, src, full_tile || (m0 + trow < M && n0 + col < N));
         }
         cutlass::arch::cp_async_fence();
       }
@@ -308,23 +323,6 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
     load_c(0);
     CUTLASS_PRAGMA_UNROLL
     for (int chunk = 0; chunk < Chunks; ++chunk) {
-      int const buffer = chunk % Buffers;
-      // Before staging: this group's copies of C's chunk are in, and TMA has read the
-      // boxes of the chunk Buffers before (within this tile; across tiles the end of
-      // the previous epilogue waited for all). One barrier makes both known.
-      if constexpr (Residual != 0) {
-        cutlass::arch::cp_async_wait<0>();
-      }
-      if (chunk >= Buffers && storer) {
-        cute::tma_store_wait<Buffers - 1>();
-      }
-      if (Residual != 0 || chunk >= Buffers) {
-        sync_group();
-      }
-      if (chunk + 1 < Chunks) {
-        load_c(chunk + 1);     // its buffer was last read before the previous chunk's barrier
-      }
-
       // this chunk's bias pairs (every row of the thread's shares them)
       cutlass::Array<float, 2> bias_f[HasBias ? ChunkGroups : 1];
       if constexpr (HasBias) {
@@ -374,30 +372,46 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
         }
         return reinterpret_cast<uint32_t const&>(out);
       };
+
       CUTLASS_PRAGMA_UNROLL
       for (int mm = 0; mm < MmaM; ++mm) {
+        int const step = chunk * MmaM + mm;
+        int const buffer = step % Buffers;
+        // Before staging: this thread's copies of C's box are in, and TMA has read the
+        // box staged Buffers steps before (within this tile; across tiles the end of
+        // the previous epilogue waited for all). One barrier makes both known.
+        if constexpr (Residual != 0) {
+          cutlass::arch::cp_async_wait<0>();
+        }
+        if (step >= Buffers && storer) {
+          cute::tma_store_wait<Buffers - 1>();
+        }
+        if (Residual != 0 || step >= Buffers) {
+          sync_group();
+        }
+        if (step + 1 < Steps) {
+          load_c(step + 1);     // its buffer was last read before the previous step's barrier
+        }
         CUTLASS_PRAGMA_UNROLL
         for (int jj = 0; jj < ChunkGroups; jj += 2) {
           // lane l's row of matrix l / 8: groups jj and jj + 1 (16 columns, 32 bytes)
-          uint32_t off = row_off[mm] + uint32_t((jj * 8 + (lane / 16) * 8) * 2);
+          uint32_t off = tma_swizzle<RowBytes>(row_off[mm] + uint32_t((jj * 8 + (lane / 16) * 8) * 2));
           uint32_t c0 = 0, c1 = 0, c2 = 0, c3 = 0;
           if constexpr (Residual != 0) {
-            ldsm_x4(c_base + box(chunk % 2, block[mm]) + tma_swizzle<RowBytes>(off), c0, c1, c2, c3);
+            ldsm_x4(c_box(step % 2) + off, c0, c1, c2, c3);
           }
-          stsm_x4(d_base + box(buffer, block[mm]) + tma_swizzle<RowBytes>(off), pair(mm, 0, jj, c0),
-                  pair(mm, 1, jj, c1), pair(mm, 0, jj + 1, c2), pair(mm, 1, jj + 1, c3));
+          stsm_x4(d_box(buffer) + off, pair(mm, 0, jj, c0), pair(mm, 1, jj, c1), pair(mm, 0, jj + 1, c2),
+                  pair(mm, 1, jj + 1, c3));
         }
-      }
-      // the group's writes visible to TMA (the async proxy), then one thread stores
-      cute::tma_store_fence();
-      sync_group();
-      if (storer) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int mm = 0; mm < MmaM; ++mm) {
-          cute::SM90_TMA_STORE_3D::copy(&params->tma_d, smem_buf + offsetof(SharedStorage, d) + box(buffer, block[mm]),
+        // the group's writes visible to TMA (the async proxy), then one thread stores
+        cute::tma_store_fence();
+        sync_group();
+        if (storer) {
+          cute::SM90_TMA_STORE_3D::copy(&params->tma_d, smem_buf + offsetof(SharedStorage, d) +
+                                                            (region * Buffers + buffer) * BoxBytes,
                                         n0 + chunk * EpiN, m0 + block[mm] * BoxRows, int(l_coord));
+          cute::tma_store_arrive();
         }
-        cute::tma_store_arrive();
       }
     }
     // every box read by TMA before this group (or, ping-pong, the other) stages again
