@@ -222,8 +222,9 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
                   "unexpected accumulator layout");
     static_assert(size<0, 2>(FrgLayout{}) == TileN / 8 && size<2>(FrgLayout{}) == 1,
                   "one wgmma spans the tile's width (MMA_N = 1)");
-    static_assert(int(size(TiledMma{})) == 128 * Groups_ || Groups_ == 1,
-                  "Groups_: the cooperative kernel's two warp groups, each in a region of its own");
+    // the warp groups of one tile's MMA run their epilogues at once: a region each
+    // (the ping-pong kernel's two groups each hold a whole tile and take turns)
+    static_assert(int(size(TiledMma{})) == 128 * Groups_, "Groups_: the tile's consumer warp groups");
     constexpr int MmaM = size<1>(FrgLayout{});     // the 64-row blocks this warp group holds
     constexpr int ChunkGroups = EpiN / 8;          // 8-column groups of a chunk (even)
     constexpr int Chunks = TileN / EpiN;
