@@ -67,9 +67,11 @@ def test_template_placeholders_match_values():
     assert names == set(conv_sm90.values(kernel()))
 
 
-def test_staged_template_placeholders_match_values(monkeypatch):
+@pytest.mark.parametrize("store", ["rows", "tma"])
+def test_staged_template_placeholders_match_values(monkeypatch, store):
     # the staged epilogue (emit/staged.py) in place of the TMA one: its own placeholders
     monkeypatch.setattr(staged, "ENABLED", True)
+    monkeypatch.setattr(staged, "STORE", store)
     names = {m.group("named") or m.group("braced")
              for m in string.Template.pattern.finditer(conv_sm90.STAGED_TEMPLATE.template)
              if m.group("named") or m.group("braced")}
@@ -77,8 +79,13 @@ def test_staged_template_placeholders_match_values(monkeypatch):
     assert set(conv_sm90.values(kernel())) - names == {"fusion_type", "epilogue_schedule", "epilogue_tile"}
     assert names <= set(conv_sm90.values(kernel()))
     src = conv_sm90.emit(kernel())
-    assert "co_staged::StagedEpilogue<" in src.code and src.code.count("#ifndef CO_STAGED_EPILOGUE_H") == 1
-    assert f"{staged.CONV_STRIDE}, {staged.MAX_CHUNK_GROUPS}, {staged.BUFFERS}>>;" in src.code
+    if store == "rows":
+        assert "co_staged::StagedEpilogue<" in src.code
+        assert f"{staged.CONV_STRIDE}, {staged.MAX_CHUNK_GROUPS}, {staged.BUFFERS}>>;" in src.code
+    else:      # the TMA conv's one consumer warp group
+        assert "co_staged::TmaStagedEpilogue<" in src.code
+        assert f"{staged.CONV_STRIDE}, {staged.TMA_MAX_CHUNK_COLS}, {staged.TMA_BUFFERS}, 1>>;" in src.code
+    assert src.code.count("#ifndef CO_STAGED_EPILOGUE_H") == src.code.count("#ifndef CO_STAGED_TMA_EPILOGUE_H") == 1
     assert "epilogue::collective::CollectiveBuilder" not in src.code
     assert set(staged.INCLUDES) <= set(src.includes)
 

@@ -191,7 +191,8 @@ def test_a_lowered_conv_carries_the_staged_epilogues_header(iterator, monkeypatc
     # (emit/staged.ENABLED), so its source must carry the template
     from cutlass_offload.emit import staged
     monkeypatch.setattr(staged, "ENABLED", True)
+    monkeypatch.setattr(staged, "STORE", "tma")
     code = emit_kernel(_kernel(iterator)).code
-    assert "co_staged::StagedEpilogue<" in code
-    assert code.count("#ifndef CO_STAGED_EPILOGUE_H") == code.count("#ifndef CO_STAGED_COMMON_H") == 1
-    assert code.index("#ifndef CO_STAGED_EPILOGUE_H") < code.index("co_staged::StagedEpilogue<")
+    assert "co_staged::TmaStagedEpilogue<" in code
+    assert code.count("#ifndef CO_STAGED_TMA_EPILOGUE_H") == code.count("#ifndef CO_STAGED_COMMON_H") == 1
+    assert code.index("#ifndef CO_STAGED_TMA_EPILOGUE_H") < code.index("co_staged::TmaStagedEpilogue<")

@@ -88,6 +88,7 @@ def test_the_tma_store_form_for_tiles_of_whole_16_column_chunks(enabled, monkeyp
 
 
 def test_the_store_forms_are_different_sources(enabled, monkeypatch):
+    monkeypatch.setattr(staged, "STORE", "rows")
     rows = gemm_sm90.emit(_kernel()).code
     monkeypatch.setattr(staged, "STORE", "tma")
     assert gemm_sm90.emit(_kernel()).code != rows
@@ -97,3 +98,21 @@ def test_the_tma_store_form_gives_a_cooperative_kernel_a_region_per_warp_group(e
     monkeypatch.setattr(staged, "STORE", "tma")
     code = gemm_sm90.emit(_kernel(cfg=sm90._config((256, 128, 64), (1, 1, 1), sm90.COOP))).code
     assert f"{staged.GEMM_STRIDE}, {staged.TMA_MAX_CHUNK_COLS}, {staged.TMA_BUFFERS}, 2>>;" in code
+
+
+@pytest.mark.parametrize("value, form", [("", None), ("0", None), ("1", "tma"), ("tma", "tma"), ("rows", "rows")])
+def test_the_environment_knob_switches_the_staged_epilogues(monkeypatch, value, form):
+    from cutlass_offload.emit import attention_sm90
+    monkeypatch.setenv("CUTLASS_OFFLOAD_STAGED_EPILOGUE", value)
+    assert staged.form() == form
+    assert gemm_sm90.staged_epilogue_applies(_kernel()) == (form is not None)
+    code = gemm_sm90.emit(_kernel()).code
+    assert ("co_staged::TmaStagedEpilogue<" in code) == (form == "tma")
+    assert ("co_staged::StagedEpilogue<" in code) == (form == "rows")
+    assert attention_sm90.staged_o() == (form is not None)
+
+
+def test_a_bad_knob_value_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("CUTLASS_OFFLOAD_STAGED_EPILOGUE", "fast")
+    with pytest.raises(ValueError, match="CUTLASS_OFFLOAD_STAGED_EPILOGUE='fast'"):
+        staged.form()

@@ -78,6 +78,7 @@ from string import Template
 from ..families.attention_sm90 import (  # noqa: F401 - the choice re-exported
     BLOCK_Q, CONFIGS, FAMILY, PINGPONG, SCHEDULE, STAGES, choose, config_for, head_tile, legal_for,
     refusal, supports, workspace_bytes)
+from .. import config
 from ..dtypes import CPP
 from ..ir import AttentionKernelSm90, KernelSource
 from . import sm90_parts, staged
@@ -263,8 +264,15 @@ LPT_SCHEDULER = (Path(__file__).parent / "templates" / "fmha_lpt_scheduler.h").r
 
 # O stored by templates/fmha_staged_epilogue.h instead of the example's TMA epilogue
 # (FmhaFwdEpilogue): about 15 of the kernel's 22 s of template instantiation in nvcc
-# (session 38). Off until tests/gpu/test_attention_staged_epilogue_gpu.py has run.
+# (session 38). Off until tests/gpu/test_attention_sm90.py's staged_epilogue cases have
+# run on a GPU; on with it set or with $CUTLASS_OFFLOAD_STAGED_EPILOGUE (staged_o).
 STAGED_EPILOGUE = False
+
+
+def staged_o() -> bool:
+    """Whether O is stored by the staged epilogue: ``STAGED_EPILOGUE`` or the staged
+    epilogues' knob (config.py CUTLASS_OFFLOAD_STAGED_EPILOGUE, either form)."""
+    return STAGED_EPILOGUE or config.knobs().staged_epilogue is not None
 STAGED_EPILOGUE_H = (Path(__file__).parent / "templates" / "fmha_staged_epilogue.h").read_text()
 
 _STAGED_KERNEL = """\
@@ -290,7 +298,8 @@ def _kernel_type(kernel: AttentionKernelSm90, fusion: str) -> str:
         options.append(opt.format("kNumMmaWarpGroups", f"cute::Int<{kernel.config.tile[0] // 64}>"))
     schedule = kernel.config.kernel_schedule
     lpt = kernel.config.tile_scheduler == "lpt"
-    if not lpt and not STAGED_EPILOGUE:
+    staged_store = staged_o()
+    if not lpt and not staged_store:
         return Template(_BUILDER_KERNEL).substitute(fusion=fusion, schedule=schedule,
                                                     options=",\n    ".join(options))
     persistent = schedule == PINGPONG
@@ -298,7 +307,7 @@ def _kernel_type(kernel: AttentionKernelSm90, fusion: str) -> str:
         options += [opt.format("kIsPersistent", "cute::true_type"),
                     opt.format("kLoadsQSeparately", "cute::true_type")]
     scheduler = "LptPersistentTileScheduler" if persistent else "LptIndividualTileScheduler"
-    if STAGED_EPILOGUE:
+    if staged_store:
         return Template(_STAGED_KERNEL).substitute(
             fusion=fusion, options=",\n    ".join(options),
             scheduler=f"co_fmha::{scheduler}" if lpt else "typename Builder::TileScheduler")
@@ -337,7 +346,7 @@ def emit(kernel: AttentionKernelSm90) -> KernelSource:
     an illegal kernel (see ``check``)."""
     # the staged epilogue's headers go after the includes, with the code (their guards
     # keep one copy per unit)
-    code = ((staged.COMMON_H + STAGED_EPILOGUE_H if STAGED_EPILOGUE else "")
+    code = ((staged.COMMON_H + STAGED_EPILOGUE_H if staged_o() else "")
             + Template(_KERNEL).substitute(values(kernel)))
     return KernelSource(name=kernel.name, includes=INCLUDES, code=code,
                         args_type="CoAttentionArgs",

@@ -9,24 +9,32 @@ instantiation costs about half the nvcc time of the TMA epilogue's (session 37,
 a unit of four GEMM kernels 25 s against 48 s, of two TMA convs 16 s against 29 s;
 ``compile mlp --arch sm_90a`` cold 17.8 s against 36.3 s).
 
-``ENABLED`` switches it on for every kernel ``applies`` accepts: gemm_sm90.py's
-GEMMs (and the GEMMs of convs lowered onto them, conv_gemm_sm90.py) and
-conv_sm90.py's implicit-GEMM convs. It is correct on the GPU
-(tests/gpu/test_staged_epilogue_gpu.py, H100, session 38) but slower than the TMA
-epilogue (benchmarks/staged_epilogue.py on the H100: geomean 0.87x, worst 0.61x,
-``benchmarks/results/staged_epilogue_2026-12-05_h100_s38.*``), so it stays off: the
-build time it saves is not worth kernels slower than the ones it replaces.
+Two forms, by how the staged output is written (``form()``):
 
-``STORE`` picks how the staged output is written: ``"rows"``, 16-byte row chunks
-from every thread (templates/staged_epilogue.h, the form timed above), or ``"tma"``,
-swizzled boxes stored by TMA from one thread per warp group
-(templates/staged_tma_epilogue.h; tile N a multiple of 16, else the row form).
+* ``"rows"`` (templates/staged_epilogue.h): 16-byte row chunks from every thread.
+  Correct on the GPU (tests/gpu/test_staged_epilogue_gpu.py, H100, session 38) but
+  slower than the TMA epilogue (benchmarks/staged_epilogue.py on the H100: geomean
+  0.87x, worst 0.61x, ``benchmarks/results/staged_epilogue_2026-12-05_h100_s38.*``).
+* ``"tma"`` (templates/staged_tma_epilogue.h, session 39): swizzled 64-row boxes
+  stored by TMA from one thread per warp group, as CUTLASS's TMA epilogue writes; the
+  same build time (``compile mlp`` cold 18 s against 36 s; whisper-encoder's and
+  llama's cold builds with the FMHA's staged O store too 0.62-0.63x,
+  ``benchmarks/results/cold_build_staged_forms_2core_2026-12-05_s39.txt``), static SASS
+  within 6-10% of the TMA epilogue's, its stage counts. Not yet run on a GPU.
+
+Off by default: the build time saved is not worth kernels slower than the ones they
+replace, and the TMA form's speed is not measured yet. ``ENABLED`` (benchmarks,
+tests; with ``STORE``) or ``$CUTLASS_OFFLOAD_STAGED_EPILOGUE`` (config.py: 1 / tma or
+rows) switches it on for every kernel ``applies`` accepts: gemm_sm90.py's GEMMs (and
+the GEMMs of convs lowered onto them, conv_gemm_sm90.py) and conv_sm90.py's
+implicit-GEMM convs.
 """
 from __future__ import annotations
 
 import string
 from pathlib import Path
 
+from .. import config
 from ..ir import GemmEpilogue
 from . import activations
 
@@ -37,7 +45,7 @@ MAX_CHUNK_GROUPS = 12
 BUFFERS = 1
 # "rows" or "tma"; the TMA form's widest chunk (64, 32 or 16 columns) and its 64-row
 # boxes in flight per warp group
-STORE = "rows"
+STORE = "tma"
 TMA_MAX_CHUNK_COLS = 32     # CUTLASS's own epilogue subtiles are 32 wide
 TMA_BUFFERS = 2
 
@@ -76,18 +84,27 @@ _RESIDUAL = {"none": "0", "add": "1", "mul": "2"}
 
 
 def applies(dtype: str, ep: GemmEpilogue, transposed: bool = False, n_split: bool = False) -> bool:
-    """Whether a kernel takes the staged epilogue (only while ``ENABLED``): 16-bit
+    """Whether a kernel takes the staged epilogue (only while ``form()`` is one): 16-bit
     output, an elementwise epilogue with a full-shape residual if any (no GLU, no
     per-channel or per-sample residual), D not transposed (swap AB) and the tile's
     columns in one warp group's wgmma (no N-split)."""
-    return (ENABLED and dtype in ("f16", "bf16") and not ep.glu and not ep.residual_broadcast
-            and not transposed and not n_split)
+    return (dtype in ("f16", "bf16") and not ep.glu and not ep.residual_broadcast
+            and not transposed and not n_split and form() is not None)
+
+
+def form() -> str | None:
+    """The staged epilogue's form for the kernels ``applies`` takes: "rows", "tma", or
+    None (CUTLASS's TMA epilogue stays): ``STORE`` while ``ENABLED`` is set (benchmarks,
+    tests), else ``$CUTLASS_OFFLOAD_STAGED_EPILOGUE`` (config.py; read now)."""
+    if ENABLED:
+        return STORE
+    return config.knobs().staged_epilogue
 
 
 def tma_store(tile_n: int) -> bool:
-    """Whether a kernel of tile N ``tile_n`` stores through TMA: ``STORE == "tma"`` and
+    """Whether a kernel of tile N ``tile_n`` stores through TMA: the "tma" form and
     ``tile_n`` a multiple of 16 (the TMA form's chunks are 16, 32 or 64 columns)."""
-    return STORE == "tma" and tile_n % 16 == 0
+    return form() == "tma" and tile_n % 16 == 0
 
 
 def values(ep: GemmEpilogue, stride: str, tile_n: int, groups: int = 1) -> dict:
