@@ -13,10 +13,13 @@ times, per problem (A (M, K) fp16, the pair's weights (2 N_out, K), output (M, N
   plus a Triton kernel for the activation and product), torch.compile's anchor;
 * ``ours_plain_glue``: our plain GEMM (with the bias) over both halves, then the
   activation and product compiled by Inductor: what our compile runs below MIN_K;
-* ``ours_glu_registers`` / ``ours_glu_staged``: one GEMM with the GLU epilogue,
-  the product stored from registers / staged in shared memory and stored in
-  16-byte row chunks; with the GLU problem's own kernel config (select.sm90.choose)
-  and, where it differs, the plain problem's (``..._plain_tile``).
+* ``ours_glu_registers`` / ``ours_glu_staged`` / ``ours_glu_tma``: one GEMM with the
+  GLU epilogue, the product stored from registers / staged in shared memory and
+  stored in 16-byte row chunks (glu_epilogue.h) / staged in TMA's swizzled boxes and
+  stored by TMA (emit/gemm_sm90.GLU_TMA, staged_tma_epilogue.h; tiles whose output
+  width is not a multiple of 16 keep the row store); with the GLU problem's own kernel
+  config (select.sm90.choose) and, where it differs, the plain problem's
+  (``..._plain_tile``). ``--forms`` picks them (default: all three).
 
 Each variant: fresh random operands (copies that exceed the L2 together), its output
 poisoned with NaN and checked against a float32 reference (relative error), then
@@ -24,10 +27,10 @@ timed as tune/profile.py times candidates (launches captured in one CUDA graph,
 median of the replays, us per call). Prints a table with each variant's ratio to
 torch_compile; writes JSON (``--json``).
 
-    python benchmarks/glu_epilogue.py [--shapes unet,llama] [--json out.json]
+    python benchmarks/glu_epilogue.py [--shapes unet,llama] [--forms registers,staged,tma]
+        [--json out.json]
 
-Needs a CUDA GPU (exit 2 without one) and nvcc (builds the kernels, two libraries:
-the register and the staged epilogue).
+Needs a CUDA GPU (exit 2 without one) and nvcc (builds the kernels, a library per form).
 """
 from __future__ import annotations
 
@@ -59,13 +62,17 @@ def _problem(m, n, k, ep):
                        epilogue=ep, m=m, m_hint=m)
 
 
-def plan_for(shapes, staged: bool, num_sms: int):
-    """(Plan, rows): per shape the plain GEMM over both halves (staged plans only) and
-    the GLU kernels; rows name each region's variant and shape."""
+FORMS = ("registers", "staged", "tma")
+
+
+def plan_for(shapes, form: str, num_sms: int, plain: bool = False):
+    """(Plan, rows): per shape the GLU kernels and (with ``plain``) the plain GEMM over
+    both halves; rows name each region's variant and shape. ``form``: one of FORMS
+    (it names the regions; GLU_STAGED / GLU_TMA pick the epilogue)."""
     from cutlass_offload.ir import GemmEpilogue, GemmKernel, GemmRegion, Plan
     from cutlass_offload.select import sm90
     pairs, rows = [], []
-    tag = "s" if staged else "r"
+    tag = form[0]
     for i, (m, n_out, k, act, bias, _) in enumerate(shapes):
         glu_ep = GemmEpilogue(bias=bias, activation=act, glu=True)
         plain_ep = GemmEpilogue(bias=bias)
@@ -75,7 +82,7 @@ def plan_for(shapes, staged: bool, num_sms: int):
         kinds = [("glu", glu_p, glu_ep, glu_cfg, glu_launch)]
         if plain_cfg != glu_cfg and sm90.takes(glu_p, plain_cfg) and not plain_cfg.n_split and not plain_cfg.swap_ab:
             kinds.append(("glu_plain_tile", glu_p, glu_ep, plain_cfg, plain_launch))
-        if staged:
+        if plain:
             kinds.append(("plain", plain_p, plain_ep, plain_cfg, plain_launch))
         for kind, p, ep, cfg, launch in kinds:
             name = f"glu_{tag}_{i}_{kind}"
@@ -88,22 +95,26 @@ def plan_for(shapes, staged: bool, num_sms: int):
     return Plan.from_pairs("sm90a", pairs), rows
 
 
-def build_libraries(shapes, num_sms):
-    """{staged: (library path, rows)}: two builds, GLU_STAGED off and on."""
+def build_libraries(shapes, num_sms, forms=FORMS):
+    """{form: (library path, rows)}: a build per form (GLU_STAGED, GLU_TMA set for it);
+    the plain GEMMs go in the first form's of "staged" and "tma"."""
     from cutlass_offload import build
     from cutlass_offload.emit import gemm_sm90
-    out, default = {}, gemm_sm90.GLU_STAGED
-    for staged in (False, True):
-        gemm_sm90.GLU_STAGED = staged
-        plan, rows = plan_for(shapes, staged, num_sms)
-        t = time.perf_counter()
-        res = build.build(plan, "sharded")
-        if res.failures:
-            raise SystemExit(res.format())
-        print(f"built {'staged' if staged else 'register'} GLU library: {len(plan.kernels)} kernels "
-              f"in {time.perf_counter() - t:.0f} s", flush=True)
-        out[staged] = (res.library, rows)
-    gemm_sm90.GLU_STAGED = default
+    out, default = {}, (gemm_sm90.GLU_STAGED, gemm_sm90.GLU_TMA)
+    plain_in = next((f for f in forms if f in ("staged", "tma")), None)
+    try:
+        for form in forms:
+            gemm_sm90.GLU_STAGED, gemm_sm90.GLU_TMA = form != "registers", form == "tma"
+            plan, rows = plan_for(shapes, form, num_sms, plain=form == plain_in)
+            t = time.perf_counter()
+            res = build.build(plan, "sharded")
+            if res.failures:
+                raise SystemExit(res.format())
+            print(f"built the {form} GLU library: {len(plan.kernels)} kernels in {time.perf_counter() - t:.0f} s",
+                  flush=True)
+            out[form] = (res.library, rows)
+    finally:
+        gemm_sm90.GLU_STAGED, gemm_sm90.GLU_TMA = default
     return out
 
 
@@ -169,7 +180,7 @@ def bench_shape(idx, shape, libs, device) -> list:
                 fn(c.x, c.w_cat, c.b_cat, c.gate_w2, c.up_w2)
         record(name, all_, first)
 
-    for staged, (path, rows) in libs.items():
+    for form, (path, rows) in libs.items():
         lib = Library(path)
         for row in (r for r in rows if r["shape"] == idx):
             run, ws = lib.launcher(region_symbol(row["region"]))
@@ -204,7 +215,7 @@ def bench_shape(idx, shape, libs, device) -> list:
                 ys[0].fill_(float("nan"))
                 record("ours_plain_glue", all_, first)
                 continue
-            variant = ("ours_glu_staged" if staged else "ours_glu_registers") + (
+            variant = f"ours_glu_{form}" + (
                 "_plain_tile" if row["kind"] == "glu_plain_tile" else "")
             job = {"symbol": region_symbol(row["region"]), "launch": row["launch"]}
             rec = prof.profile_job(lib, job, copies, ref.unsqueeze(0))
@@ -219,8 +230,13 @@ def bench_shape(idx, shape, libs, device) -> list:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="unet,llama", help="comma-separated: " + ",".join(SHAPES))
+    p.add_argument("--forms", default=",".join(FORMS),
+                   help="GLU store forms to build and time, comma-separated: " + ", ".join(FORMS))
     p.add_argument("--json", default="glu_epilogue.json")
     a = p.parse_args(argv)
+    forms = tuple(f.strip() for f in a.forms.split(","))
+    if not forms or any(f not in FORMS for f in forms):
+        p.error(f"--forms: each of {', '.join(FORMS)}")
     import torch
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -228,7 +244,7 @@ def main(argv=None) -> int:
     shapes = [s for name in a.shapes.split(",") for s in SHAPES[name]]
     device = torch.device("cuda", 0)
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    libs = build_libraries(shapes, num_sms)
+    libs = build_libraries(shapes, num_sms, forms)
     from cutlass_offload.tune import profile as prof
     prof._warm_up(device)
     rows = []

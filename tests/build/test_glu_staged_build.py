@@ -4,8 +4,9 @@ run it differently: the ping-pong kernel, whose two warp groups take turns with 
 shared-memory tile and a named barrier each, and the cooperative one with a 2x1
 cluster and a 176-wide tile, whose 256 threads share one barrier and whose staged
 row needs no pad. The mainloop's automatic stage count carves the tile out of shared
-memory; the static_asserts check the tile is sized for the CTA tile. The form is off
-by default, so no other build test compiles it; tests/gpu/test_glu_gemm.py runs it."""
+memory; the static_asserts check the tile is sized for the CTA tile. And the TMA-store
+form (GLU_TMA: templates/staged_tma_epilogue.h with Glu_) on a ping-pong and a
+cooperative 128x256 tile. tests/gpu/test_glu_gemm.py runs them."""
 from pathlib import Path
 
 import pytest
@@ -36,4 +37,25 @@ def test_staged_glu_kernels_compile(cache_dir, monkeypatch):
     source = "".join(Path(u.source).read_text() for u in units)
     assert source.count("TileShape, true>>") == len(CONFIGS)
     assert "TileShape, false>>" not in source
+    library_exports(res, plan)
+
+
+TMA_CONFIGS = (sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG),
+               sm90._config((128, 256, 64), (1, 1, 1), sm90.COOP))
+
+
+def test_tma_store_glu_kernels_compile(cache_dir, monkeypatch):
+    monkeypatch.setattr(gemm_sm90, "GLU_TMA", True)
+    kernels = tuple(GemmKernel(arch="sm90a", dtype="bf16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                               epilogue=GEGLU, config=c) for c in TMA_CONFIGS)
+    assert all(gemm_sm90.glu_tma(k) for k in kernels)
+    regions = tuple(GemmRegion(name=f"geglu_tma{i}", form="linear", nodes=(f"geglu_tma{i}",), a="a", b="b",
+                               problem=GemmProblem(n=2560, k=320, dtype="bf16", layout_b="col", align_a=8,
+                                                   align_b=8, align_c=8, epilogue=GEGLU, m=8192, m_hint=8192))
+                    for i in range(len(kernels)))
+    plan = Plan("sm90a", regions, kernels, ())
+    res = build_one_job(cache_dir, plan)
+    source = "".join(Path(u.source).read_text() for u in kernel_units(res))
+    assert source.count("co_staged::TmaStagedEpilogue<") == len(TMA_CONFIGS)
+    assert "co_glu::GluEpilogue<" not in source
     library_exports(res, plan)

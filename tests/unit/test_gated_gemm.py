@@ -309,3 +309,35 @@ def test_short_k_pairs_stay_apart_below_min_k(monkeypatch):
     model = _half(MLP(dim=2048, hidden=64))
     _, part = _partition(model, torch.randn(16, 2048, dtype=torch.bfloat16))
     assert [r.problem.k for r in _gemms(part) if r.problem.epilogue.glu] == [2048]
+
+
+@pytest.mark.parametrize("tile_n, tma", [(128, True), (176, False), (96, True), (64, True)])
+def test_the_glu_tma_store_form_takes_output_widths_of_whole_16_columns(monkeypatch, tile_n, tma):
+    # GLU_TMA: the products go out by TMA (templates/staged_tma_epilogue.h, Glu_) where
+    # tile N / 2 is a multiple of 16; other tiles keep glu_epilogue.h
+    cfg = sm90._config((128, tile_n, 64), (1, 1, 1), sm90.PINGPONG)
+    k = GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                   epilogue=GemmEpilogue(bias=True, activation="silu", glu=True), config=cfg)
+    monkeypatch.setattr(gemm_sm90, "GLU_TMA", True)
+    assert gemm_sm90.glu_tma(k) == tma
+    code = gemm_sm90.emit(k).code
+    assert ("co_staged::TmaStagedEpilogue<void, ElementD, ElementBias, co_act::SiLU, true, true, 0," in code) == tma
+    assert ("co_glu::GluEpilogue<" in code) == (not tma)
+    assert code.count("#ifndef CO_STAGED_TMA_EPILOGUE_H") == int(tma)
+    assert code.count("#ifndef CO_GLU_EPILOGUE_H") == int(not tma)
+    if tma:
+        assert code.rstrip().count(", true>>;") >= 1           # Glu_ = true
+    monkeypatch.setattr(gemm_sm90, "GLU_TMA", False)
+    assert "co_glu::GluEpilogue<" in gemm_sm90.emit(k).code
+
+
+def test_the_staged_knob_takes_the_glu_to_tma_stores(monkeypatch):
+    cfg = sm90._config((128, 128, 64), (1, 1, 1), sm90.COOP)
+    k = GemmKernel(arch="sm90a", dtype="bf16", layout_b="col", align_a=8, align_b=8, align_c=8,
+                   epilogue=GemmEpilogue(activation="gelu_erf", glu=True), config=cfg)
+    assert not gemm_sm90.glu_tma(k)
+    monkeypatch.setenv("CUTLASS_OFFLOAD_STAGED_EPILOGUE", "1")
+    assert gemm_sm90.glu_tma(k)
+    assert ", 2, true>>;" in gemm_sm90.emit(k).code         # the cooperative kernel's two groups
+    monkeypatch.setenv("CUTLASS_OFFLOAD_STAGED_EPILOGUE", "rows")
+    assert not gemm_sm90.glu_tma(k)

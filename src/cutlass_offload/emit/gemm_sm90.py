@@ -196,17 +196,49 @@ TEMPLATE = string.Template(_TEXT)
 # (benchmarks/results/glu_epilogue_2026-12-05_h100_s37.*).
 GLU_H = (Path(__file__).parent / "templates" / "glu_epilogue.h").read_text()
 GLU_STAGED = True
+# GLU_TMA (or the staged epilogues' knob in its TMA form, staged.form()): the products
+# staged in TMA's swizzled boxes and stored by TMA (templates/staged_tma_epilogue.h,
+# Glu_), for tiles whose output width (tile N / 2) is a multiple of 16. Not yet run on
+# a GPU (session 39).
+GLU_TMA = False
 _GLU_EPILOGUE = """\
 using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
 
 // Epilogue: ${epilogue_tag}: gate and up columns interleaved in blocks of 8, the product
-// ${glu_store} (templates/glu_epilogue.h; the mainloop's stages
-// are counted after its shared memory)
+// ${glu_store}; the mainloop's stages are counted after its shared memory
 using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
-    co_glu::GluEpilogue<ElementD, ElementBias, ${glu_activation}, ${glu_bias},
-                        cutlass::epilogue::NoSmemWarpSpecialized, TileShape, ${glu_staged}>>;
+    ${glu_epilogue}>;
 
 """
+_GLU_ROWS = """co_glu::GluEpilogue<ElementD, ElementBias, ${act}, ${bias},
+                        cutlass::epilogue::NoSmemWarpSpecialized, TileShape, ${staged}>"""
+_GLU_TMA = """co_staged::TmaStagedEpilogue<void, ElementD, ElementBias, ${act}, ${has_act}, ${bias}, 0,
+                        cutlass::epilogue::thread::Identity, false, cutlass::epilogue::NoSmemWarpSpecialized,
+                        TileShape, ${stride}, ${chunk}, ${buffers}, ${groups}, true>"""
+
+
+def glu_tma(kernel: GemmKernel) -> bool:
+    """Whether ``kernel``'s GLU epilogue stores through TMA (GLU_TMA or the staged
+    epilogues' TMA form; its output width, tile N / 2, a multiple of 16)."""
+    return (kernel.epilogue.glu and (GLU_TMA or staged.form() == "tma")
+            and (kernel.config.tile[1] // 2) % 16 == 0)
+
+
+def _glu_values(kernel: GemmKernel) -> dict:
+    ep, cfg = kernel.epilogue, kernel.config
+    act = activations.FUNCTOR[ep.activation]
+    if glu_tma(kernel):
+        text = string.Template(_GLU_TMA).substitute(
+            act=act or _IDENTITY, has_act="true" if act else "false", bias="true" if ep.bias else "false",
+            stride=staged.GEMM_STRIDE, chunk=staged.TMA_MAX_CHUNK_COLS, buffers=staged.TMA_BUFFERS,
+            groups=sm90_parts.consumer_groups(cfg))
+        store = "staged in TMA's swizzled boxes and stored by TMA (templates/staged_tma_epilogue.h)"
+    else:
+        text = string.Template(_GLU_ROWS).substitute(act=act or _IDENTITY, bias="true" if ep.bias else "false",
+                                                     staged="true" if GLU_STAGED else "false")
+        store = ("staged in shared memory, stored in 16-byte row chunks (templates/glu_epilogue.h)"
+                 if GLU_STAGED else "written from registers (templates/glu_epilogue.h)")
+    return {"glu_epilogue": text, "glu_store": store}
 GLU_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, _GLU_EPILOGUE))
 
 # The staged elementwise epilogue (staged.py) in place of the collective builder's
@@ -509,11 +541,7 @@ def values(kernel: GemmKernel) -> dict:
                            if stream_k else "args.splits <= 1 && args.decomposition == 0"),
         "ptr_c": "static_cast<ElementC const*>(args.c)" if residual else "nullptr",
         "c_check": " && args.c != nullptr && co_tma_aligned(args.c)" if residual else "",
-        "glu_activation": activations.FUNCTOR[ep.activation] or _IDENTITY,
-        "glu_bias": "true" if ep.bias else "false",
-        "glu_staged": "true" if GLU_STAGED else "false",
-        "glu_store": ("staged in shared memory, stored in 16-byte row chunks" if GLU_STAGED
-                      else "written from registers"),
+        **(_glu_values(kernel) if ep.glu else {"glu_epilogue": "", "glu_store": ""}),
         **staged.values(ep, staged.GEMM_STRIDE, cfg.tile[1], sm90_parts.consumer_groups(cfg)),
         "wg_n": str(cfg.tile[1] // 2),
         "wgmma_kind": sm90_parts.WGMMA_TYPES.get(kernel.dtype, ("", ""))[1],
@@ -542,7 +570,7 @@ def epilogue_headers(kernel: GemmKernel) -> str:
     the staged epilogue after what they share (each guarded, so a unit's kernels
     share one copy); "" for the collective builder's TMA epilogue."""
     if kernel.epilogue.glu:
-        return staged.COMMON_H + GLU_H
+        return staged.COMMON_H + (staged.TMA_STAGED_H if glu_tma(kernel) else GLU_H)
     return staged.HEADERS if staged_epilogue_applies(kernel) else ""
 
 

@@ -83,7 +83,7 @@ CUTLASS_DEVICE void cp_async_16(uint32_t smem_addr, void const* gmem, bool pred)
 template <class ElementC_, class ElementD_, class ElementBias_, template <class> class Activation_,
           bool HasActivation_, bool HasBias_, int Residual_, template <class> class Post_, bool HasPost_,
           class EpilogueSchedule_, class TileShape_, class Stride_ = cute::Stride<int64_t, cute::_1, int64_t>,
-          int MaxChunkCols_ = 64, int Buffers_ = 2, int Groups_ = 1>
+          int MaxChunkCols_ = 64, int Buffers_ = 2, int Groups_ = 1, bool Glu_ = false>
 class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedule_> {
  public:
   using ElementC = ElementC_;            // void without a residual
@@ -98,7 +98,11 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
   static constexpr int Residual = Residual_;     // 0 none, 1 add, 2 multiply
   static constexpr int TileM = cute::size<0>(TileShape_{});
   static constexpr int TileN = cute::size<1>(TileShape_{});
-  static constexpr int EpiN = tma_chunk_cols(TileN, MaxChunkCols_);
+  // Glu_: the tile's columns are gate and up interleaved in blocks of 8 (as
+  // templates/glu_epilogue.h reads them) and D gets act(gate) * up, TileN / 2 wide
+  static constexpr bool Glu = Glu_;
+  static constexpr int OutN = Glu_ ? TileN / 2 : TileN;     // D's columns of a tile
+  static constexpr int EpiN = tma_chunk_cols(OutN, MaxChunkCols_);
   static constexpr int RowBytes = EpiN * 2;       // a box row: the swizzle's width
   static constexpr int BoxRows = 64;              // one wgmma's M
   static constexpr int BoxBytes = BoxRows * RowBytes;
@@ -108,7 +112,8 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
   static constexpr int Groups = Groups_;
   static_assert(sizeof(ElementD_) == 2 && sizeof(GmemElementC) == 2, "16-bit C and D only");
   static_assert(Residual_ == 0 || !cute::is_void_v<ElementC_>, "a residual needs ElementC");
-  static_assert(EpiN != 0, "tile N must be a multiple of 16");
+  static_assert(EpiN != 0, "D's tile width must be a multiple of 16");
+  static_assert(!Glu_ || (Residual_ == 0 && !HasPost_), "a GLU has no residual");
   static_assert(TileM % BoxRows == 0, "tile M must be a multiple of 64");
   static_assert(Buffers_ >= 1 && Buffers_ <= 4, "one to four boxes in flight");
   static_assert(Groups_ == 1 || Groups_ == 2, "one or two consumer warp groups");
@@ -124,7 +129,7 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
   // thread.bias: (N,), HasBias only; ptr_C: (M, N, L) with dC's strides, Residual only
   using Arguments = co_epi::Arguments<ElementD_, ElementBias_, Stride_>;
   struct Params {
-    CUtensorMap tma_d;   // D as (N, M, L), box (EpiN, 64, 1), swizzled RowBytes
+    CUtensorMap tma_d;   // D as (N or N / 2, M, L), box (EpiN, 64, 1), swizzled RowBytes
     Arguments args;
   };
 
@@ -134,7 +139,7 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
   static bool encode_d(ProblemShape const& problem_shape, Arguments const& args, CUtensorMap* out) {
     auto shape = cute::append<4>(problem_shape, 1);
     uint64_t M = uint64_t(cute::size(cute::get<0>(shape)));
-    uint64_t N = uint64_t(cute::size(cute::get<1>(shape)));
+    uint64_t N = uint64_t(cute::size(cute::get<1>(shape))) / (Glu_ ? 2 : 1);
     uint64_t L = uint64_t(cute::size(cute::get<3>(shape)));
     if (M == 0 || N == 0 || L == 0 || args.ptr_D == nullptr) {
       return false;
@@ -195,7 +200,9 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
     constexpr int Vec = 16 / int(sizeof(ElementD_));
     // C is read in whole 16-byte pieces: N a multiple of them (as align_c = 8 makes it)
     bool c_ok = Residual == 0 || (rows_ok(args.ptr_C, args.dC, shape_m, L) && int(cute::get<1>(shape)) % Vec == 0);
-    return rows_ok(args.ptr_D, args.dD, shape_m, L) && c_ok && (!HasBias || args.thread.bias != nullptr) &&
+    // a GLU's N: whole 16-column gate / up blocks
+    bool n_ok = !Glu_ || int(cute::get<1>(shape)) % 16 == 0;
+    return rows_ok(args.ptr_D, args.dD, shape_m, L) && c_ok && n_ok && (!HasBias || args.thread.bias != nullptr) &&
            encode_d(problem_shape, args, &probe);
   }
 
@@ -226,8 +233,10 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
     // (the ping-pong kernel's two groups each hold a whole tile and take turns)
     static_assert(int(size(TiledMma{})) == 128 * Groups_, "Groups_: the tile's consumer warp groups");
     constexpr int MmaM = size<1>(FrgLayout{});     // the 64-row blocks this warp group holds
-    constexpr int ChunkGroups = EpiN / 8;          // 8-column groups of a chunk (even)
-    constexpr int Chunks = TileN / EpiN;
+    constexpr int ChunkGroups = EpiN / 8;          // D's 8-column groups of a chunk (even)
+    constexpr int Chunks = OutN / EpiN;
+    // the accumulator's 8-column groups of D's group j: j; a GLU's gate 2j and up 2j + 1
+    constexpr int AccPerGroup = Glu_ ? 2 : 1;
     constexpr int Vec = 16 / int(sizeof(ElementD_));
 
     int M = int(size(get<0>(problem_shape_mnkl)));    // a conv's M linearized
@@ -324,33 +333,53 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
     load_c(0);
     CUTLASS_PRAGMA_UNROLL
     for (int chunk = 0; chunk < Chunks; ++chunk) {
-      // this chunk's bias pairs (every row of the thread's shares them)
-      cutlass::Array<float, 2> bias_f[HasBias ? ChunkGroups : 1];
+      // this chunk's bias pairs, one per accumulator group of the chunk (every row of
+      // the thread's shares them; a GLU's bias is interleaved like its columns)
+      constexpr int AccGroups = ChunkGroups * AccPerGroup;
+      cutlass::Array<float, 2> bias_f[HasBias ? AccGroups : 1];
       if constexpr (HasBias) {
         // a pair's column is even: one load of the pair where the bias is aligned to it
         bool const pairs =
             full_tile && reinterpret_cast<uintptr_t>(args.thread.bias) % (2 * sizeof(ElementBias)) == 0;
         CUTLASS_PRAGMA_UNROLL
-        for (int jj = 0; jj < ChunkGroups; ++jj) {
-          int col = n0 + int(get<1>(tCc(make_coord(make_coord(0, 0, chunk * ChunkGroups + jj), 0, 0))));
+        for (int g = 0; g < AccGroups; ++g) {
+          int col = n0 + int(get<1>(tCc(make_coord(make_coord(0, 0, chunk * AccGroups + g), 0, 0))));
           if (pairs) {
-            bias_f[jj] = from_bias2(*reinterpret_cast<cutlass::Array<ElementBias, 2> const*>(args.thread.bias + col));
+            bias_f[g] = from_bias2(*reinterpret_cast<cutlass::Array<ElementBias, 2> const*>(args.thread.bias + col));
           } else {
-            bias_f[jj][0] = col < N ? float(args.thread.bias[col]) : 0.f;
-            bias_f[jj][1] = col + 1 < N ? float(args.thread.bias[col + 1]) : 0.f;
+            bias_f[g][0] = col < N ? float(args.thread.bias[col]) : 0.f;
+            bias_f[g][1] = col + 1 < N ? float(args.thread.bias[col + 1]) : 0.f;
           }
         }
       }
-      // act(acc + bias) [op C, post] of the thread's pair at (row + 8 r, group jj), packed
-      auto pair = [&](int mm, int r, int jj, uint32_t c_pair) {
-        int j = chunk * ChunkGroups + jj;
+      // the thread's pair of accumulator group g of the chunk at (row + 8 r), plus its bias
+      auto acc_pair = [&](int mm, int r, int g) {
         cutlass::Array<float, 2> x;
-        x[0] = accumulators(make_coord(make_coord(0, r, j), mm, 0));
-        x[1] = accumulators(make_coord(make_coord(1, r, j), mm, 0));
+        x[0] = accumulators(make_coord(make_coord(0, r, chunk * AccGroups + g), mm, 0));
+        x[1] = accumulators(make_coord(make_coord(1, r, chunk * AccGroups + g), mm, 0));
         if constexpr (HasBias) {
-          x[0] += bias_f[jj][0];
-          x[1] += bias_f[jj][1];
+          x[0] += bias_f[g][0];
+          x[1] += bias_f[g][1];
         }
+        return x;
+      };
+      // act(acc + bias) [op C, post] of the thread's pair at (row + 8 r, D's group jj),
+      // packed; a GLU's act(gate) * up, each operand rounded as glu_epilogue.h rounds it
+      auto pair = [&](int mm, int r, int jj, uint32_t c_pair) {
+        if constexpr (Glu_) {
+          cutlass::Array<float, 2> g = from_d2(to_d2(acc_pair(mm, r, 2 * jj)));   // the gate linear's rounding
+          cutlass::Array<float, 2> u = from_d2(to_d2(acc_pair(mm, r, 2 * jj + 1)));
+          if constexpr (HasActivation_) {
+            g[0] = act(g[0]);
+            g[1] = act(g[1]);
+            g = from_d2(to_d2(g));      // the activation's rounding
+          }
+          g[0] *= u[0];
+          g[1] *= u[1];
+          cutlass::Array<ElementD, 2> out = to_d2(g);
+          return reinterpret_cast<uint32_t const&>(out);
+        }
+        cutlass::Array<float, 2> x = acc_pair(mm, r, jj);
         if constexpr (HasActivation_) {
           if constexpr (HasBias) {
             x = from_d2(to_d2(x));      // the bias add's rounding
@@ -410,7 +439,8 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
         if (storer) {
           cute::SM90_TMA_STORE_3D::copy(&params->tma_d, smem_buf + offsetof(SharedStorage, d) +
                                                             (region * Buffers + buffer) * BoxBytes,
-                                        n0 + chunk * EpiN, m0 + block[mm] * BoxRows, int(l_coord));
+                                        n0 / AccPerGroup + chunk * EpiN, m0 + block[mm] * BoxRows,
+                                        int(l_coord));
           cute::tma_store_arrive();
         }
       }
