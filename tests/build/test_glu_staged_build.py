@@ -23,15 +23,21 @@ CONFIGS = (sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG),
            sm90._config((128, 176, 64), (2, 1, 1), sm90.COOP))
 
 
+def _plan(configs, dtype: str) -> Plan:
+    """A GEGLU region per config (the UNet's 8192 x 2560 x 320 problem), each on its kernel."""
+    kernels = tuple(GemmKernel(arch="sm90a", dtype=dtype, layout_b="col", align_a=8, align_b=8, align_c=8,
+                               epilogue=GEGLU, config=c) for c in configs)
+    regions = tuple(GemmRegion(name=f"geglu_{dtype}{i}", form="linear", nodes=(f"geglu_{dtype}{i}",), a="a",
+                               b="b", problem=GemmProblem(n=2560, k=320, dtype=dtype, layout_b="col", align_a=8,
+                                                          align_b=8, align_c=8, epilogue=GEGLU, m=8192,
+                                                          m_hint=8192))
+                    for i in range(len(kernels)))
+    return Plan("sm90a", regions, kernels, ())
+
+
 def test_staged_glu_kernels_compile(cache_dir, monkeypatch):
     monkeypatch.setattr(gemm_sm90, "GLU_STAGED", True)
-    kernels = tuple(GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
-                               epilogue=GEGLU, config=c) for c in CONFIGS)
-    regions = tuple(GemmRegion(name=f"geglu{i}", form="linear", nodes=(f"geglu{i}",), a="a", b="b",
-                               problem=GemmProblem(n=2560, k=320, dtype="f16", layout_b="col", align_a=8,
-                                                   align_b=8, align_c=8, epilogue=GEGLU, m=8192, m_hint=8192))
-                    for i in range(len(kernels)))
-    plan = Plan("sm90a", regions, kernels, ())
+    plan = _plan(CONFIGS, "f16")
     res = build_one_job(cache_dir, plan)
     units = kernel_units(res)
     source = "".join(Path(u.source).read_text() for u in units)
@@ -46,14 +52,8 @@ TMA_CONFIGS = (sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG),
 
 def test_tma_store_glu_kernels_compile(cache_dir, monkeypatch):
     monkeypatch.setattr(gemm_sm90, "GLU_TMA", True)
-    kernels = tuple(GemmKernel(arch="sm90a", dtype="bf16", layout_b="col", align_a=8, align_b=8, align_c=8,
-                               epilogue=GEGLU, config=c) for c in TMA_CONFIGS)
-    assert all(gemm_sm90.glu_tma(k) for k in kernels)
-    regions = tuple(GemmRegion(name=f"geglu_tma{i}", form="linear", nodes=(f"geglu_tma{i}",), a="a", b="b",
-                               problem=GemmProblem(n=2560, k=320, dtype="bf16", layout_b="col", align_a=8,
-                                                   align_b=8, align_c=8, epilogue=GEGLU, m=8192, m_hint=8192))
-                    for i in range(len(kernels)))
-    plan = Plan("sm90a", regions, kernels, ())
+    plan = _plan(TMA_CONFIGS, "bf16")
+    assert all(gemm_sm90.glu_tma(k) for k in plan.kernels)
     res = build_one_job(cache_dir, plan)
     source = "".join(Path(u.source).read_text() for u in kernel_units(res))
     assert source.count("co_staged::TmaStagedEpilogue<") == len(TMA_CONFIGS)

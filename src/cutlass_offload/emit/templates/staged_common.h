@@ -1,6 +1,7 @@
 // What the epilogues that stage their output in shared memory share
-// (templates/glu_epilogue.h, templates/staged_epilogue.h): their arguments, their
-// host side (no workspace), the named barrier around the staged tile and its row pitch.
+// (templates/glu_epilogue.h, staged_epilogue.h, staged_tma_epilogue.h): their
+// arguments, their host side (no workspace), the operand checks, the accumulator
+// layout they read, the named barrier around the staged tile and its row pitch.
 //
 // Spliced into a unit's code before either, once per unit (the guard).
 #ifndef CO_STAGED_COMMON_H
@@ -50,6 +51,32 @@ CUTLASS_HOST_DEVICE bool packed_rows(ShapeM const& shape, StrideM const& stride)
   } else {
     return true;
   }
+}
+
+// Whether a C / D operand can be read or written in 16-byte chunks of Vec elements:
+// every row and (with several batches) batch start 16-byte aligned, rows at a constant
+// distance (packed_rows: a conv's NPQK).
+template <int Vec, class Stride, class ShapeM>
+bool rows_ok(void const* ptr, Stride const& stride, ShapeM const& shape_m, int batches) {
+  return ptr != nullptr && reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && row_stride(stride) % Vec == 0 &&
+         (batches <= 1 || int64_t(cute::get<2>(stride)) % Vec == 0) && packed_rows(shape_m, cute::get<0>(stride));
+}
+
+// The accumulator layout the staged epilogues read, a warp group's wgmma C layout
+// ((column pair, row + 8, column groups of 8), MMA_M, MMA_N) with one wgmma across the
+// tile's TileN / 8 column groups (MMA_N = 1), and a static CTA tile of TileM x TileN
+// (compile-time checks only).
+template <class FrgLayout, class BlockShapeMNK, int TileM, int TileN>
+CUTLASS_DEVICE constexpr void check_accumulator_layout() {
+  using namespace cute;
+  static_assert(is_static<BlockShapeMNK>::value, "the CTA tile shape must be static");
+  static_assert(is_static<FrgLayout>::value, "the accumulator layout must be static");
+  static_assert(size<0>(BlockShapeMNK{}) == TileM && size<1>(BlockShapeMNK{}) == TileN,
+                "the staged tile is sized for TileShape");
+  static_assert(rank(FrgLayout{}) == 3 && rank<0>(FrgLayout{}) == 3, "unexpected accumulator layout");
+  static_assert(size<0, 0>(FrgLayout{}) == 2 && size<0, 1>(FrgLayout{}) == 2, "unexpected accumulator layout");
+  static_assert(size<0, 2>(FrgLayout{}) == TileN / 8 && size<2>(FrgLayout{}) == 1,
+                "one wgmma spans the tile's width (MMA_N = 1)");
 }
 
 // The host side of an epilogue whose Params are its Arguments and which needs no

@@ -100,23 +100,16 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
   using Arguments = co_epi::Arguments<ElementD_, ElementBias_, Stride_>;
   using Params = Arguments;
 
-  // 16-byte chunks: every row and (with several batches) batch start 16-byte aligned;
-  // rows at a constant distance (a conv's NPQK packed)
-  template <class ShapeM>
-  static bool rows_ok(void const* ptr, Stride_ const& stride, ShapeM const& shape_m, int batches) {
-    return ptr != nullptr && reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && co_epi::row_stride(stride) % Vec == 0 &&
-           (batches <= 1 || int64_t(cute::get<2>(stride)) % Vec == 0) &&
-           co_epi::packed_rows(shape_m, cute::get<0>(stride));
-  }
-
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
     // (M, N, K[, L]); a conv's M is (q, p, n), its L a static 1
     auto shape = cute::append<4>(problem_shape, 1);
     int L = int(cute::size(cute::get<3>(shape)));
     auto shape_m = cute::get<0>(shape);
-    return rows_ok(args.ptr_D, args.dD, shape_m, L) &&
-           (Residual == 0 || rows_ok(args.ptr_C, args.dC, shape_m, L)) && (!HasBias || args.thread.bias != nullptr);
+    // 16-byte chunks of D and C
+    return co_epi::rows_ok<Vec>(args.ptr_D, args.dD, shape_m, L) &&
+           (Residual == 0 || co_epi::rows_ok<Vec>(args.ptr_C, args.dC, shape_m, L)) &&
+           (!HasBias || args.thread.bias != nullptr);
   }
 
   CUTLASS_HOST_DEVICE
@@ -131,16 +124,7 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
                                  cute::Tensor<FrgEngine, FrgLayout> const& accumulators, TiledMma tiled_mma,
                                  ResidueMNK, int thread_idx, char* smem_buf) {
     using namespace cute;
-    static_assert(is_static<BlockShapeMNK>::value, "the CTA tile shape must be static");
-    static_assert(is_static<FrgLayout>::value, "the accumulator layout must be static");
-    static_assert(size<0>(BlockShapeMNK{}) == TileM && size<1>(BlockShapeMNK{}) == TileN,
-                  "the staged tile is sized for TileShape");
-    // ((column pair, row + 8, column groups of 8), MMA_M, MMA_N): the wgmma C layout
-    static_assert(rank(FrgLayout{}) == 3 && rank<0>(FrgLayout{}) == 3, "unexpected accumulator layout");
-    static_assert(size<0, 0>(FrgLayout{}) == 2 && size<0, 1>(FrgLayout{}) == 2,
-                  "unexpected accumulator layout");
-    static_assert(size<0, 2>(FrgLayout{}) == Groups && size<2>(FrgLayout{}) == 1,
-                  "one wgmma spans the tile's width (MMA_N = 1)");
+    co_epi::check_accumulator_layout<FrgLayout, BlockShapeMNK, TileM, TileN>();
 
     // a conv's M arrives linearized (its mainloop's problem shape); size() either way
     int M = int(size(get<0>(problem_shape_mnkl)));

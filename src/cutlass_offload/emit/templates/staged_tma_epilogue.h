@@ -84,7 +84,8 @@ template <class ElementC_, class ElementD_, class ElementBias_, template <class>
           bool HasActivation_, bool HasBias_, int Residual_, template <class> class Post_, bool HasPost_,
           class EpilogueSchedule_, class TileShape_, class Stride_ = cute::Stride<int64_t, cute::_1, int64_t>,
           int MaxChunkCols_ = 64, int Buffers_ = 2, int Groups_ = 1, bool Glu_ = false>
-class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedule_> {
+class TmaStagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, ElementBias_, Stride_>>,
+                          public co_epi::AdapterTypes<ElementD_, EpilogueSchedule_> {
  public:
   using ElementC = ElementC_;            // void without a residual
   using ElementD = ElementD_;
@@ -126,7 +127,8 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
   };
   using TensorStorage = SharedStorage;
 
-  // thread.bias: (N,), HasBias only; ptr_C: (M, N, L) with dC's strides, Residual only
+  // thread.bias: (N,), HasBias only; ptr_C: (M, N, L) with dC's strides, Residual only.
+  // No workspace (NoWorkspace's); its own Params and to_underlying_arguments (below).
   using Arguments = co_epi::Arguments<ElementD_, ElementBias_, Stride_>;
   struct Params {
     CUtensorMap tma_d;   // D as (N or N / 2, M, L), box (EpiN, 64, 1), swizzled RowBytes
@@ -171,27 +173,6 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
   }
 
   template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
-
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  // 16-byte chunks: every row and (with several batches) batch start 16-byte aligned;
-  // rows at a constant distance (a conv's NPQK packed)
-  template <class ShapeM>
-  static bool rows_ok(void const* ptr, Stride_ const& stride, ShapeM const& shape_m, int batches) {
-    constexpr int Vec = 16 / int(sizeof(ElementD_));
-    return ptr != nullptr && reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && co_epi::row_stride(stride) % Vec == 0 &&
-           (batches <= 1 || int64_t(cute::get<2>(stride)) % Vec == 0) &&
-           co_epi::packed_rows(shape_m, cute::get<0>(stride));
-  }
-
-  template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
     auto shape = cute::append<4>(problem_shape, 1);
     int L = int(cute::size(cute::get<3>(shape)));
@@ -199,11 +180,13 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
     CUtensorMap probe;
     constexpr int Vec = 16 / int(sizeof(ElementD_));
     // C is read in whole 16-byte pieces: N a multiple of them (as align_c = 8 makes it)
-    bool c_ok = Residual == 0 || (rows_ok(args.ptr_C, args.dC, shape_m, L) && int(cute::get<1>(shape)) % Vec == 0);
+    bool c_ok = Residual == 0 ||
+                (co_epi::rows_ok<Vec>(args.ptr_C, args.dC, shape_m, L) && int(cute::get<1>(shape)) % Vec == 0);
     // a GLU's N: whole 16-column gate / up blocks
     bool n_ok = !Glu_ || int(cute::get<1>(shape)) % 16 == 0;
-    return rows_ok(args.ptr_D, args.dD, shape_m, L) && c_ok && n_ok && (!HasBias || args.thread.bias != nullptr) &&
-           encode_d(problem_shape, args, &probe);
+    // D in 16-byte aligned rows (TMA's global strides and address)
+    return co_epi::rows_ok<Vec>(args.ptr_D, args.dD, shape_m, L) && c_ok && n_ok &&
+           (!HasBias || args.thread.bias != nullptr) && encode_d(problem_shape, args, &probe);
   }
 
   // params_ is the kernel's __grid_constant__ Params: TMA reads the map where it lies
@@ -219,16 +202,7 @@ class TmaStagedEpilogue : public co_epi::AdapterTypes<ElementD_, EpilogueSchedul
                                  cute::Tensor<FrgEngine, FrgLayout> const& accumulators, TiledMma tiled_mma,
                                  ResidueMNK, int thread_idx, char* smem_buf) {
     using namespace cute;
-    static_assert(is_static<BlockShapeMNK>::value, "the CTA tile shape must be static");
-    static_assert(is_static<FrgLayout>::value, "the accumulator layout must be static");
-    static_assert(size<0>(BlockShapeMNK{}) == TileM && size<1>(BlockShapeMNK{}) == TileN,
-                  "the staged boxes are sized for TileShape");
-    // ((column pair, row + 8, column groups of 8), MMA_M, MMA_N): the wgmma C layout
-    static_assert(rank(FrgLayout{}) == 3 && rank<0>(FrgLayout{}) == 3, "unexpected accumulator layout");
-    static_assert(size<0, 0>(FrgLayout{}) == 2 && size<0, 1>(FrgLayout{}) == 2,
-                  "unexpected accumulator layout");
-    static_assert(size<0, 2>(FrgLayout{}) == TileN / 8 && size<2>(FrgLayout{}) == 1,
-                  "one wgmma spans the tile's width (MMA_N = 1)");
+    co_epi::check_accumulator_layout<FrgLayout, BlockShapeMNK, TileM, TileN>();
     // the warp groups of one tile's MMA run their epilogues at once: a region each
     // (the ping-pong kernel's two groups each hold a whole tile and take turns)
     static_assert(int(size(TiledMma{})) == 128 * Groups_, "Groups_: the tile's consumer warp groups");
