@@ -152,22 +152,32 @@ def profile(form: str, args, work: Path) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--epilogue", default="plain", choices=sorted(EPILOGUES))
+    p.add_argument("--epilogue", default="plain", choices=sorted(EPILOGUES),
+                   help="the kernel's epilogue (default %(default)s)")
     p.add_argument("--tile", default="128x128x64", help="CTA tile MxNxK (default %(default)s)")
     p.add_argument("--cluster", default="1x1x1", help="cluster shape MxNxK (default %(default)s)")
-    p.add_argument("--schedule", default="pingpong", choices=("pingpong", "coop"))
-    p.add_argument("--dtype", default="f16", choices=("f16", "bf16"))
+    p.add_argument("--schedule", default="pingpong", choices=("pingpong", "coop"),
+                   help="kernel schedule (default %(default)s)")
+    p.add_argument("--dtype", default="f16", choices=("f16", "bf16"), help="default %(default)s")
     p.add_argument("--forms", default="tma,staged",
                    help="epilogue forms to compile, comma-separated, of " + ", ".join(FORMS) +
-                        " (default %(default)s)")
+                        " (staged: the row-store form; staged_tma: the TMA-store form that "
+                        "CUTLASS_OFFLOAD_STAGED_EPILOGUE=1 builds; default %(default)s)")
     p.add_argument("--trace", action="store_true", help="also nvcc -fdevice-time-trace")
     p.add_argument("--depth", type=int, default=2,
                    help="nesting depth of the instantiation tree printed with --trace (default %(default)s)")
     p.add_argument("--json", default="compile_profile.json", help="where to write the rows (default %(default)s)")
     a = p.parse_args(argv)
+    forms = [f.strip() for f in a.forms.split(",")]
+    if not forms or any(f not in FORMS for f in forms):
+        p.error(f"--forms: each of {', '.join(FORMS)}")
+    for name in ("tile", "cluster"):
+        value = getattr(a, name)
+        if not re.fullmatch(r"\d+x\d+x\d+", value):
+            p.error(f"--{name} {value!r}: three sizes MxNxK, e.g. 128x128x64")
     rows = []
     with tempfile.TemporaryDirectory(prefix="co_compile_profile_") as tmp:
-        for form in a.forms.split(","):
+        for form in forms:
             rows.append(profile(form, a, Path(tmp)))
             print(f"{form}: {rows[-1]['wall_s']:.1f} s", flush=True)
     names = list(dict.fromkeys(n for r in rows for n in r["phases_ms"]))

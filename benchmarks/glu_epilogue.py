@@ -1,10 +1,12 @@
-"""Gated linear units on the GPU: our GLU epilogue (staged in shared memory, or stored
-from registers, emit/templates/glu_epilogue.h) against what runs without it.
+"""Gated linear units on the GPU: our GLU epilogue (stored from registers or staged in
+shared memory, emit/templates/glu_epilogue.h, or staged in TMA's boxes and stored by
+TMA, staged_tma_epilogue.h) against what runs without it.
 
-partition/gated_gemm.py rewrites a gated pair into one GEMM with a GLU epilogue only
-from K = MIN_K (2048): in session 23 the register-stored epilogue ran the UNet's
-short-K GEGLU projections 2.3x slower than the plain GEMM with its TMA store. This
-times, per problem (A (M, K) fp16, the pair's weights (2 N_out, K), output (M, N_out)):
+partition/gated_gemm.py rewrites a gated pair into one GEMM with a GLU epilogue at any K
+since session 37 (``MIN_K`` 0; 2048 before: in session 23 the register-stored epilogue
+ran the UNet's short-K GEGLU projections 2.3x slower than the plain GEMM with its TMA
+store). This times, per problem (A (M, K) fp16, the pair's weights (2 N_out, K), output
+(M, N_out)):
 
 * ``pytorch``: the model's ops in eager PyTorch (diffusers' GEGLU: one linear over
   both halves, ``chunk(2, -1)``, ``up * gelu(gate)``; LLaMA's SwiGLU: two linears,
@@ -12,7 +14,7 @@ times, per problem (A (M, K) fp16, the pair's weights (2 N_out, K), output (M, N
 * ``torch_compile``: the same function under ``torch.compile`` (Inductor: cuBLAS
   plus a Triton kernel for the activation and product), torch.compile's anchor;
 * ``ours_plain_glue``: our plain GEMM (with the bias) over both halves, then the
-  activation and product compiled by Inductor: what our compile runs below MIN_K;
+  activation and product compiled by Inductor: what our compile ran below MIN_K;
 * ``ours_glu_registers`` / ``ours_glu_staged`` / ``ours_glu_tma``: one GEMM with the
   GLU epilogue, the product stored from registers / staged in shared memory and
   stored in 16-byte row chunks (glu_epilogue.h) / staged in TMA's swizzled boxes and
@@ -99,10 +101,12 @@ def build_libraries(shapes, num_sms, forms=FORMS):
     """{form: (library path, rows)}: a build per form (GLU_STAGED, GLU_TMA set for it);
     the plain GEMMs go in the first form's of "staged" and "tma"."""
     from cutlass_offload import build
-    from cutlass_offload.emit import gemm_sm90
-    out, default = {}, (gemm_sm90.GLU_STAGED, gemm_sm90.GLU_TMA)
+    from cutlass_offload.emit import gemm_sm90, staged
+    out, default = {}, (gemm_sm90.GLU_STAGED, gemm_sm90.GLU_TMA, staged.ENABLED)
     plain_in = next((f for f in forms if f in ("staged", "tma")), None)
     try:
+        # the plain GEMMs keep CUTLASS's TMA epilogue whatever $CUTLASS_OFFLOAD_STAGED_EPILOGUE says
+        staged.ENABLED = False
         for form in forms:
             gemm_sm90.GLU_STAGED, gemm_sm90.GLU_TMA = form != "registers", form == "tma"
             plan, rows = plan_for(shapes, form, num_sms, plain=form == plain_in)
@@ -114,7 +118,7 @@ def build_libraries(shapes, num_sms, forms=FORMS):
                   flush=True)
             out[form] = (res.library, rows)
     finally:
-        gemm_sm90.GLU_STAGED, gemm_sm90.GLU_TMA = default
+        gemm_sm90.GLU_STAGED, gemm_sm90.GLU_TMA, staged.ENABLED = default
     return out
 
 

@@ -342,7 +342,7 @@ def _staged_epilogue(on: bool):
     applies (emit/staged.ENABLED)."""
     from cutlass_offload.emit import staged
     real = staged.ENABLED
-    staged.ENABLED = on or real
+    staged.ENABLED = True if on else real
     try:
         yield
     finally:

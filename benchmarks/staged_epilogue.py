@@ -8,7 +8,9 @@ with their epilogues; the heuristic's kernel config, select.sm90.choose):
 
 * ``cublas``: the PyTorch ops the region replaces (addmm / mm, then the epilogue op
   by op: tune/profile.Operands.torch_ops), the anchor;
-* ``tma`` / ``staged``: the same kernel config with either epilogue; with
+* ``tma`` / ``staged``: the same kernel config with either epilogue (``staged``:
+  emit/staged.py's default form, the TMA store, what CUTLASS_OFFLOAD_STAGED_EPILOGUE=1
+  builds; ``tma`` is CUTLASS's TMA epilogue whatever that variable says); with
   ``--staged-variants 12x1,32x1,12x2,tma64x2`` one staged library per variant, each
   timed against the TMA epilogue: GROUPSxBUFFERS, the row-store form with its widest
   staged chunk in 8-column groups and the chunks staged at once, 1 or 2
@@ -112,12 +114,14 @@ def build_libraries(num_sms, variants=None):
     staged variant (``variant_forms``; default: the staged defaults alone)."""
     from cutlass_offload import build
     from cutlass_offload.emit import gemm_sm90, staged
-    variants = variants or {"staged": ("rows", staged.MAX_CHUNK_GROUPS, staged.BUFFERS)}
+    variants = variants or {"staged": (staged.STORE, *((staged.TMA_MAX_CHUNK_COLS, staged.TMA_BUFFERS)
+                                                       if staged.STORE == "tma"
+                                                       else (staged.MAX_CHUNK_GROUPS, staged.BUFFERS)))}
     knob_names = ("STORE", "MAX_CHUNK_GROUPS", "BUFFERS", "TMA_MAX_CHUNK_COLS", "TMA_BUFFERS")
     out, saved = {}, (staged.ENABLED, *(getattr(staged, n) for n in knob_names))
     try:
         for form, knobs in {"tma": None, **variants}.items():
-            staged.ENABLED = knobs is not None
+            staged.ENABLED = knobs is not None      # False: off whatever the environment says
             if knobs:
                 store, chunk, buffers = knobs
                 staged.STORE = store
@@ -179,7 +183,7 @@ def main(argv=None) -> int:
                    help="staged forms to build and time, comma-separated: GROUPSxBUFFERS, row stores (the "
                         "widest chunk in 8-column groups, chunks staged at once: 1 or 2); tmaCOLSxBUFFERS, "
                         "TMA stores (the widest chunk: 16, 32 or 64 columns; chunks in flight: 1 to 4); "
-                        "default: emit/staged.py's row-store form")
+                        "default: emit/staged.py's default form, the TMA store at 32 columns x 2")
     a = p.parse_args(argv)
     import torch
     if not torch.cuda.is_available():

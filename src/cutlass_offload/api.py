@@ -227,7 +227,7 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
     if plan.regions and lib is None:
         with phases("build"):
             res = _build(plan, options)
-        lib, plan, build_info = res.library, res.plan, res.to_dict()
+        lib, plan, build_info = res.library, res.plan, {**res.to_dict(), **_epilogue_forms(res.plan)}
         _check_strict(options, plan)
     report = Report.from_plan(plan, flops)
     report.build = build_info
@@ -308,7 +308,7 @@ def _overlapped(gm, plan: Plan, options: CompileOptions, phases: _Phases, tuning
         if m.region.name not in kept:
             m.disabled = "its kernel failed to compile when the library was built"
     report = Report.from_plan(res.plan, flops)
-    report.build = res.to_dict()
+    report.build = {**res.to_dict(), **_epilogue_forms(res.plan)}
     if tuning is not None:
         report.tuning = tuning.to_dict()
     ind = compiled.inductor
@@ -340,6 +340,17 @@ def _build(plan: Plan, options: CompileOptions, strategy: str | None = None):
     count and executor."""
     return build_stage.build(plan, strategy or options.build_strategy, jobs=options.jobs,
                              executor=_executor(options))
+
+
+def _epilogue_forms(plan: Plan) -> dict:
+    """{"staged_epilogue": form} where an sm90a build emitted its kernels with the staged
+    epilogues ($CUTLASS_OFFLOAD_STAGED_EPILOGUE: "tma" or "rows"), for the report (and
+    a saved folder's report.json); {} otherwise."""
+    from .emit import staged
+    if plan.arch != "sm90a" or not plan.regions:
+        return {}
+    form = staged.form()
+    return {"staged_epilogue": form} if form else {}
 
 
 def _executor(options: CompileOptions):

@@ -25,14 +25,18 @@ Environment variables:
                              TMA conv's epilogue (emit/templates/per_sample_broadcast.h); off:
                              correct on the GPU but slower in sd-unet (session 35; read at
                              compile; a saved folder keeps it)
-  CUTLASS_OFFLOAD_STAGED_EPILOGUE  default 0: 1 (or tma) compiles the sm_90a GEMMs', convs'
-                             and Hopper attention's epilogues as plain class templates that
-                             stage their output in shared memory (emit/staged.py with TMA
-                             stores, emit/attention_sm90.py's staged O store): about 0.6x
-                             the cold build time; experimental, not yet checked on a GPU
-                             (session 39); rows: the GEMMs' row-store form (correct on an
-                             H100, 0.87x the TMA epilogue's speed, session 38). Read at
-                             each kernel's emission; part of the kernel cache key (the source)
+  CUTLASS_OFFLOAD_STAGED_EPILOGUE  default 0 (also off / no / false): 1 (also tma / on /
+                             yes / true) compiles the sm_90a GEMMs', convs', GLUs' and Hopper
+                             attention's epilogues as plain class templates that stage their
+                             output in shared memory (emit/staged.py and the GLU with TMA
+                             stores, emit/attention_sm90.py's staged O store): about 0.6x the
+                             cold build time and half its peak nvcc memory; experimental, not
+                             yet checked on a GPU (session 39); rows: the GEMMs' and convs'
+                             row-store form instead (an earlier version of it was correct on
+                             an H100 at 0.87x the TMA epilogue's speed, session 38; the
+                             current one has not run). Read at each sm_90a kernel's emission
+                             (staged_epilogue()); the kernels' source, so the cache, differs;
+                             a compile's report (report.json in a saved folder) names it
   CUTLASS_OFFLOAD_HOST_LAUNCHERS  0 compiles the launchers with nvcc, not the host C++
                              compiler (default 1 when nvcc's CUDA headers are found)
   CUTLASS_OFFLOAD_LINEINFO   1 compiles kernels with -lineinfo (CUDA source lines in
@@ -73,7 +77,6 @@ class Knobs:
     grouped_conv: bool = True
     per_sample_add: bool = False
     cpp_wrapper: bool | None = None       # None: glue.CPP_WRAPPER_IN_DEFAULT_MODE
-    staged_epilogue: str | None = None    # None (off), "tma" or "rows": emit/staged.form
 
 
 def knobs() -> Knobs:
@@ -99,20 +102,24 @@ def knobs() -> Knobs:
         cpp_wrapper=_tristate(env.get("CUTLASS_OFFLOAD_CPP_WRAPPER", "")),
         grouped_conv=env.get("CUTLASS_OFFLOAD_GROUPED_CONV", "1") not in ("", "0"),
         per_sample_add=env.get("CUTLASS_OFFLOAD_PER_SAMPLE_ADD", "0") not in ("", "0"),
-        staged_epilogue=_staged_epilogue(env.get("CUTLASS_OFFLOAD_STAGED_EPILOGUE", "")),
     )
 
 
-def _staged_epilogue(value: str) -> str | None:
-    """None for unset / 0 / off, "tma" for 1 / on / tma, "rows" for rows; ValueError else."""
-    value = (value or "").strip().lower()
+def staged_epilogue() -> str | None:
+    """``$CUTLASS_OFFLOAD_STAGED_EPILOGUE`` read now: None (unset, 0, off, no, false),
+    "tma" (1, on, yes, true, tma) or "rows". Read only where an sm_90a kernel is emitted
+    (emit/staged.form), not by ``knobs()``, so a bad value stops a compile that would use
+    it, not every command. Raises ValueError naming the variable and its value."""
+    env = os.environ
+    raw = env.get("CUTLASS_OFFLOAD_STAGED_EPILOGUE", "")
+    value = raw.strip().lower()
     if value in ("", "0", "off", "no", "false"):
         return None
     if value in ("1", "on", "yes", "true", "tma"):
         return "tma"
     if value == "rows":
         return "rows"
-    raise ValueError(f"CUTLASS_OFFLOAD_STAGED_EPILOGUE={value!r}: use 0, 1 (tma) or rows")
+    raise ValueError(f"CUTLASS_OFFLOAD_STAGED_EPILOGUE={raw!r}: use 0 (off), 1 / tma, or rows")
 
 
 def _tristate(value: str) -> bool | None:

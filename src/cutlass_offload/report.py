@@ -130,6 +130,10 @@ class Report:
         if self.build:
             b = self.build
             compiled = [u for u in b.get("units", []) if not u["cache_hit"]]
+            if b.get("staged_epilogue"):
+                store = "TMA stores" if b["staged_epilogue"] == "tma" else "16-byte row stores"
+                out.append(f"epilogues: staged in shared memory, {store} (CUTLASS_OFFLOAD_STAGED_EPILOGUE; "
+                           "experimental, not yet checked on a GPU)")
             out.append(f"build ({b['strategy']}, {_n(b['jobs'], 'job')}): {b['seconds']:.1f} s wall, "
                        f"{len(compiled)} of {_n(len(b.get('units', [])), 'unit')} compiled, critical path "
                        f"{b['critical_path_seconds']:.1f} s, link {b['link_seconds']:.1f} s")

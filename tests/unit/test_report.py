@@ -51,3 +51,22 @@ def test_a_report_saved_before_summaries_shows_its_note_texts():
     rep = Report(arch="sm80", regions=[{"name": "r", "form": "sdpa", "epilogue": "none",
                                         "notes": ["attn_mask mask_1 folded: top_left"]}])
     assert "  1 region: attn_mask mask_1 folded: top_left" in str(rep)
+
+
+def test_a_build_with_the_staged_epilogues_says_so(monkeypatch):
+    # $CUTLASS_OFFLOAD_STAGED_EPILOGUE changes the kernels a build emits: the report (and
+    # a saved folder's report.json) names the form
+    from cutlass_offload import api
+    from cutlass_offload.ir import Plan
+    build = {"strategy": "sharded", "jobs": 2, "seconds": 1.0, "critical_path_seconds": 1.0,
+             "link_seconds": 0.1, "units": [], "library": "lib.so"}
+    plain = str(_report(arch="sm90a", build=build))
+    assert "epilogues:" not in plain
+    text = str(_report(arch="sm90a", build={**build, "staged_epilogue": "tma"}))
+    assert "epilogues: staged in shared memory, TMA stores (CUTLASS_OFFLOAD_STAGED_EPILOGUE" in text
+    plan = Plan("sm90a", ("r",), ("k",), ())
+    monkeypatch.setenv("CUTLASS_OFFLOAD_STAGED_EPILOGUE", "rows")
+    assert api._epilogue_forms(plan) == {"staged_epilogue": "rows"}
+    assert api._epilogue_forms(Plan("sm80", ("r",), ("k",), ())) == {}
+    monkeypatch.setenv("CUTLASS_OFFLOAD_STAGED_EPILOGUE", "0")
+    assert api._epilogue_forms(plan) == {}

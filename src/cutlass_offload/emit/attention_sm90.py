@@ -265,14 +265,18 @@ LPT_SCHEDULER = (Path(__file__).parent / "templates" / "fmha_lpt_scheduler.h").r
 # O stored by templates/fmha_staged_epilogue.h instead of the example's TMA epilogue
 # (FmhaFwdEpilogue): about 15 of the kernel's 22 s of template instantiation in nvcc
 # (session 38). Off until tests/gpu/test_attention_sm90.py's staged_epilogue cases have
-# run on a GPU; on with it set or with $CUTLASS_OFFLOAD_STAGED_EPILOGUE (staged_o).
-STAGED_EPILOGUE = False
+# run on a GPU. None: as $CUTLASS_OFFLOAD_STAGED_EPILOGUE says (staged_o); True / False:
+# on / off whatever it says (benchmarks, tests).
+STAGED_EPILOGUE: bool | None = None
 
 
 def staged_o() -> bool:
-    """Whether O is stored by the staged epilogue: ``STAGED_EPILOGUE`` or the staged
-    epilogues' knob (config.py CUTLASS_OFFLOAD_STAGED_EPILOGUE, either form)."""
-    return STAGED_EPILOGUE or config.knobs().staged_epilogue is not None
+    """Whether O is stored by the staged epilogue: ``STAGED_EPILOGUE`` where it is set,
+    else whether the staged epilogues' variable is on (config.staged_epilogue, either
+    form)."""
+    if STAGED_EPILOGUE is not None:
+        return STAGED_EPILOGUE
+    return config.staged_epilogue() is not None
 STAGED_EPILOGUE_H = (Path(__file__).parent / "templates" / "fmha_staged_epilogue.h").read_text()
 
 _STAGED_KERNEL = """\

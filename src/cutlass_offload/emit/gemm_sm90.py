@@ -196,11 +196,11 @@ TEMPLATE = string.Template(_TEXT)
 # (benchmarks/results/glu_epilogue_2026-12-05_h100_s37.*).
 GLU_H = (Path(__file__).parent / "templates" / "glu_epilogue.h").read_text()
 GLU_STAGED = True
-# GLU_TMA (or the staged epilogues' knob in its TMA form, staged.form()): the products
-# staged in TMA's swizzled boxes and stored by TMA (templates/staged_tma_epilogue.h,
-# Glu_), for tiles whose output width (tile N / 2) is a multiple of 16. Not yet run on
-# a GPU (session 39).
-GLU_TMA = False
+# GLU_TMA: the products staged in TMA's swizzled boxes and stored by TMA
+# (templates/staged_tma_epilogue.h, Glu_), for tiles whose output width (tile N / 2) is
+# a multiple of 16. None: as the staged epilogues' form says (staged.form() == "tma");
+# True / False: on / off whatever it says. Not yet run on a GPU (session 39).
+GLU_TMA: bool | None = None
 _GLU_EPILOGUE = """\
 using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
 
@@ -218,10 +218,10 @@ _GLU_TMA = """co_staged::TmaStagedEpilogue<void, ElementD, ElementBias, ${act}, 
 
 
 def glu_tma(kernel: GemmKernel) -> bool:
-    """Whether ``kernel``'s GLU epilogue stores through TMA (GLU_TMA or the staged
-    epilogues' TMA form; its output width, tile N / 2, a multiple of 16)."""
-    return (kernel.epilogue.glu and (GLU_TMA or staged.form() == "tma")
-            and (kernel.config.tile[1] // 2) % 16 == 0)
+    """Whether ``kernel``'s GLU epilogue stores through TMA (GLU_TMA, or where it is
+    None the staged epilogues' TMA form; its output width, tile N / 2, a multiple of 16)."""
+    on = GLU_TMA if GLU_TMA is not None else staged.form() == "tma"
+    return kernel.epilogue.glu and on and (kernel.config.tile[1] // 2) % 16 == 0
 
 
 def _glu_values(kernel: GemmKernel) -> dict:

@@ -23,11 +23,11 @@ Two forms, by how the staged output is written (``form()``):
   within 6-10% of the TMA epilogue's, its stage counts. Not yet run on a GPU.
 
 Off by default: the build time saved is not worth kernels slower than the ones they
-replace, and the TMA form's speed is not measured yet. ``ENABLED`` (benchmarks,
-tests; with ``STORE``) or ``$CUTLASS_OFFLOAD_STAGED_EPILOGUE`` (config.py: 1 / tma or
-rows) switches it on for every kernel ``applies`` accepts: gemm_sm90.py's GEMMs (and
-the GEMMs of convs lowered onto them, conv_gemm_sm90.py) and conv_sm90.py's
-implicit-GEMM convs.
+replace, and the TMA form's speed is not measured yet. ``$CUTLASS_OFFLOAD_STAGED_EPILOGUE``
+(config.py: 1 / tma or rows) switches it on for every kernel ``applies`` accepts:
+gemm_sm90.py's GEMMs (and the GEMMs of convs lowered onto them, conv_gemm_sm90.py) and
+conv_sm90.py's implicit-GEMM convs; ``ENABLED`` True / False (with ``STORE``) overrides
+the environment (benchmarks, tests).
 """
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ from .. import config
 from ..ir import GemmEpilogue
 from . import activations
 
-ENABLED = False
+# None: follow $CUTLASS_OFFLOAD_STAGED_EPILOGUE (config.staged_epilogue); True: on in
+# STORE's form; False: off whatever the environment says (benchmarks' baselines, tests)
+ENABLED: bool | None = None
 # The staged chunk's widest (8-column groups) and the chunks staged at once (1 or 2):
 # template arguments, so benchmarks/staged_epilogue.py can build and time other values
 MAX_CHUNK_GROUPS = 12
@@ -94,11 +96,12 @@ def applies(dtype: str, ep: GemmEpilogue, transposed: bool = False, n_split: boo
 
 def form() -> str | None:
     """The staged epilogue's form for the kernels ``applies`` takes: "rows", "tma", or
-    None (CUTLASS's TMA epilogue stays): ``STORE`` while ``ENABLED`` is set (benchmarks,
-    tests), else ``$CUTLASS_OFFLOAD_STAGED_EPILOGUE`` (config.py; read now)."""
-    if ENABLED:
-        return STORE
-    return config.knobs().staged_epilogue
+    None (CUTLASS's TMA epilogue stays): ``STORE`` where ``ENABLED`` is True, None where
+    it is False (benchmarks, tests), else ``$CUTLASS_OFFLOAD_STAGED_EPILOGUE`` (read
+    now; ValueError for a value it does not take)."""
+    if ENABLED is not None:
+        return STORE if ENABLED else None
+    return config.staged_epilogue()
 
 
 def tma_store(tile_n: int) -> bool:

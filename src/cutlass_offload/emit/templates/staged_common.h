@@ -116,6 +116,28 @@ struct AdapterTypes {
   using ElementScalar = float;
 };
 
+// The operand type names CUTLASS's kernels and adapter read from the elementwise staged
+// epilogues (staged_epilogue.h, staged_tma_epilogue.h), their residual and tile sizes:
+// C (void without a residual) and D with one stride type, the bias's element.
+template <class ElementC_, class ElementD_, class ElementBias_, class Stride_, bool HasBias_, int Residual_,
+          class TileShape_>
+struct StagedTypes {
+  using ElementC = ElementC_;
+  using ElementD = ElementD_;
+  using ElementBias = ElementBias_;
+  using StrideC = Stride_;
+  using StrideD = Stride_;
+  using GmemElementC = cute::conditional_t<cute::is_void_v<ElementC_>, ElementD_, ElementC_>;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  static constexpr bool HasBias = HasBias_;
+  static constexpr int Residual = Residual_;     // 0 none, 1 add, 2 multiply
+  static constexpr int TileM = cute::size<0>(TileShape_{});
+  static constexpr int TileN = cute::size<1>(TileShape_{});
+  static_assert(sizeof(ElementD_) == 2 && sizeof(GmemElementC) == 2, "16-bit C and D only");
+  static_assert(Residual_ == 0 || !cute::is_void_v<ElementC_>, "a residual needs ElementC");
+};
+
 // A staged tile's row pitch in elements for rows of `cols` 16-bit elements: an odd
 // multiple of 16 bytes, so the 8 rows of a warp's 4-byte writes (4 threads per row,
 // the wgmma accumulator layout) start 16 bytes apart modulo the 128-byte bank cycle

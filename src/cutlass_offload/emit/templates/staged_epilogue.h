@@ -62,20 +62,18 @@ template <class ElementC_, class ElementD_, class ElementBias_, template <class>
           class EpilogueSchedule_, class TileShape_, class Stride_ = cute::Stride<int64_t, cute::_1, int64_t>,
           int MaxChunkGroups_ = 12, int Buffers_ = 1>
 class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, ElementBias_, Stride_>>,
-                       public co_epi::AdapterTypes<ElementD_, EpilogueSchedule_> {
+                       public co_epi::AdapterTypes<ElementD_, EpilogueSchedule_>,
+                       public co_epi::StagedTypes<ElementC_, ElementD_, ElementBias_, Stride_, HasBias_, Residual_,
+                                                  TileShape_> {
  public:
-  using ElementC = ElementC_;            // void without a residual
-  using ElementD = ElementD_;
-  using ElementBias = ElementBias_;
-  using StrideC = Stride_;
-  using StrideD = Stride_;
-  using GmemElementC = cute::conditional_t<cute::is_void_v<ElementC_>, ElementD_, ElementC_>;
-  using GmemTiledCopyC = void;
-  using GmemTiledCopyD = void;
-  static constexpr bool HasBias = HasBias_;
-  static constexpr int Residual = Residual_;     // 0 none, 1 add, 2 multiply
-  static constexpr int TileM = cute::size<0>(TileShape_{});
-  static constexpr int TileN = cute::size<1>(TileShape_{});
+  using Types = co_epi::StagedTypes<ElementC_, ElementD_, ElementBias_, Stride_, HasBias_, Residual_, TileShape_>;
+  using typename Types::ElementD;
+  using typename Types::ElementBias;
+  using typename Types::GmemElementC;
+  using Types::HasBias;
+  using Types::Residual;
+  using Types::TileM;
+  using Types::TileN;
   static constexpr int Groups = TileN / 8;
   static constexpr int EpiN = 8 * chunk_groups(Groups, MaxChunkGroups_);
   // staged chunks in flight: with two, a chunk's staging need not wait for the
@@ -83,8 +81,6 @@ class StagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, E
   static constexpr int Buffers = Buffers_;
   static constexpr int Vec = 16 / int(sizeof(ElementD_));      // elements of one 16-byte chunk
   static constexpr int Pitch = co_epi::staged_pitch<ElementD_>(EpiN);      // the staged tile's row
-  static_assert(sizeof(ElementD_) == 2 && sizeof(GmemElementC) == 2, "16-bit C and D only");
-  static_assert(Residual_ == 0 || !cute::is_void_v<ElementC_>, "a residual needs ElementC");
   static_assert(TileN % 8 == 0, "tile N must be a multiple of 8");
   static_assert(Buffers_ == 1 || Buffers_ == 2, "one or two staged chunks");
 

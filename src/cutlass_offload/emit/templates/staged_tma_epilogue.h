@@ -85,20 +85,18 @@ template <class ElementC_, class ElementD_, class ElementBias_, template <class>
           class EpilogueSchedule_, class TileShape_, class Stride_ = cute::Stride<int64_t, cute::_1, int64_t>,
           int MaxChunkCols_ = 64, int Buffers_ = 2, int Groups_ = 1, bool Glu_ = false>
 class TmaStagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, ElementBias_, Stride_>>,
-                          public co_epi::AdapterTypes<ElementD_, EpilogueSchedule_> {
+                          public co_epi::AdapterTypes<ElementD_, EpilogueSchedule_>,
+                       public co_epi::StagedTypes<ElementC_, ElementD_, ElementBias_, Stride_, HasBias_, Residual_,
+                                                  TileShape_> {
  public:
-  using ElementC = ElementC_;            // void without a residual
-  using ElementD = ElementD_;
-  using ElementBias = ElementBias_;
-  using StrideC = Stride_;
-  using StrideD = Stride_;
-  using GmemElementC = cute::conditional_t<cute::is_void_v<ElementC_>, ElementD_, ElementC_>;
-  using GmemTiledCopyC = void;
-  using GmemTiledCopyD = void;
-  static constexpr bool HasBias = HasBias_;
-  static constexpr int Residual = Residual_;     // 0 none, 1 add, 2 multiply
-  static constexpr int TileM = cute::size<0>(TileShape_{});
-  static constexpr int TileN = cute::size<1>(TileShape_{});
+  using Types = co_epi::StagedTypes<ElementC_, ElementD_, ElementBias_, Stride_, HasBias_, Residual_, TileShape_>;
+  using typename Types::ElementD;
+  using typename Types::ElementBias;
+  using typename Types::GmemElementC;
+  using Types::HasBias;
+  using Types::Residual;
+  using Types::TileM;
+  using Types::TileN;
   // Glu_: the tile's columns are gate and up interleaved in blocks of 8 (as
   // templates/glu_epilogue.h reads them) and D gets act(gate) * up, TileN / 2 wide
   static constexpr bool Glu = Glu_;
@@ -111,8 +109,6 @@ class TmaStagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_
   // warp groups in their epilogue at once: 1 in the ping-pong kernel (its groups take
   // turns and share the boxes), 2 in the cooperative one (a region each)
   static constexpr int Groups = Groups_;
-  static_assert(sizeof(ElementD_) == 2 && sizeof(GmemElementC) == 2, "16-bit C and D only");
-  static_assert(Residual_ == 0 || !cute::is_void_v<ElementC_>, "a residual needs ElementC");
   static_assert(EpiN != 0, "D's tile width must be a multiple of 16");
   static_assert(!Glu_ || (Residual_ == 0 && !HasPost_), "a GLU has no residual");
   static_assert(TileM % BoxRows == 0, "tile M must be a multiple of 64");
