@@ -277,6 +277,8 @@ def staged_o() -> bool:
     if STAGED_EPILOGUE is not None:
         return STAGED_EPILOGUE
     return config.staged_epilogue() is not None
+
+
 STAGED_EPILOGUE_H = (Path(__file__).parent / "templates" / "fmha_staged_epilogue.h").read_text()
 
 _STAGED_KERNEL = """\

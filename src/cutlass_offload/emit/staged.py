@@ -12,9 +12,10 @@ a unit of four GEMM kernels 25 s against 48 s, of two TMA convs 16 s against 29 
 Two forms, by how the staged output is written (``form()``):
 
 * ``"rows"`` (templates/staged_epilogue.h): 16-byte row chunks from every thread.
-  Correct on the GPU (tests/gpu/test_staged_epilogue_gpu.py, H100, session 38) but
-  slower than the TMA epilogue (benchmarks/staged_epilogue.py on the H100: geomean
-  0.87x, worst 0.61x, ``benchmarks/results/staged_epilogue_2026-12-05_h100_s38.*``).
+  Its session-38 version was correct on the GPU (tests/gpu/test_staged_epilogue_gpu.py,
+  H100) but slower than the TMA epilogue (benchmarks/staged_epilogue.py on the H100:
+  geomean 0.87x, worst 0.61x, ``benchmarks/results/staged_epilogue_2026-12-05_h100_s38.*``);
+  the current one (stmatrix staging, full tiles without bound checks) has not run.
 * ``"tma"`` (templates/staged_tma_epilogue.h, session 39): swizzled 64-row boxes
   stored by TMA from one thread per warp group, as CUTLASS's TMA epilogue writes; the
   same build time (``compile mlp`` cold 18 s against 36 s; whisper-encoder's and
