@@ -70,11 +70,13 @@ struct StagedFwdEpilogue {
     auto const& acc = get<0>(result);
     auto const& lse = get<1>(result);
     static_assert(size<0>(TileShape{}) == TileM && size<1>(TileShape{}) == TileD, "the staged tile's shape");
-    // ((column pair, row + 8, column groups of 8), MMA_M, MMA_N): the wgmma C layout
+    // ((column pair, row + 8, column groups of 8), MMA_M, MMA_N): the wgmma C layout; a
+    // head tile no one wgmma spans (80, 160) takes several along N (MMA_N > 1)
     using AccLayout = decltype(acc.layout());
+    constexpr int AtomGroups = size<0, 2>(AccLayout{});     // 8-column groups of one wgmma
+    constexpr int MmaN = size<2>(AccLayout{});
     static_assert(rank(AccLayout{}) == 3 && rank<0>(AccLayout{}) == 3 && size<0, 0>(AccLayout{}) == 2 &&
-                      size<0, 1>(AccLayout{}) == 2 && size<0, 2>(AccLayout{}) == TileD / 8 &&
-                      size<1>(AccLayout{}) == 1 && size<2>(AccLayout{}) == 1,
+                      size<0, 1>(AccLayout{}) == 2 && AtomGroups * MmaN == TileD / 8 && size<1>(AccLayout{}) == 1,
                   "unexpected accumulator layout");
 
     // as the example's threads are sliced (the thread layout repeats every warp group)
@@ -120,17 +122,24 @@ struct StagedFwdEpilogue {
     CUTLASS_PRAGMA_UNROLL
     for (int chunk = 0; chunk < TileD / EpiN; ++chunk) {
       cutlass::arch::NamedBarrier::sync(Threads, barrier);     // the previous half's reads are done
+      // the thread's pairs whose 8-column group lies in this half (the pair's column
+      // is its group's first plus 2 * (lane % 4), so the group decides)
       CUTLASS_PRAGMA_UNROLL
-      for (int jj = 0; jj < ChunkGroups; ++jj) {
-        int const j = chunk * ChunkGroups + jj;
+      for (int mn = 0; mn < MmaN; ++mn) {
         CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          auto crd = tOcO(make_coord(make_coord(0, r, j), 0, 0));
-          cutlass::Array<ElementAccumulator, 2> x;
-          x[0] = acc(make_coord(make_coord(0, r, j), 0, 0));
-          x[1] = acc(make_coord(make_coord(1, r, j), 0, 0));
-          *reinterpret_cast<cutlass::Array<Element, 2>*>(storage.tile + int(get<0>(crd)) * Pitch +
-                                                         int(get<1>(crd)) - chunk * EpiN) = to2(x);
+        for (int j = 0; j < AtomGroups; ++j) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            auto crd = tOcO(make_coord(make_coord(0, r, j), 0, mn));
+            if (int(get<1>(crd)) / 8 / ChunkGroups != chunk) {
+              continue;
+            }
+            cutlass::Array<ElementAccumulator, 2> x;
+            x[0] = acc(make_coord(make_coord(0, r, j), 0, mn));
+            x[1] = acc(make_coord(make_coord(1, r, j), 0, mn));
+            *reinterpret_cast<cutlass::Array<Element, 2>*>(storage.tile + int(get<0>(crd)) * Pitch +
+                                                           int(get<1>(crd)) - chunk * EpiN) = to2(x);
+          }
         }
       }
       cutlass::arch::NamedBarrier::sync(Threads, barrier);     // the half is in shared memory
