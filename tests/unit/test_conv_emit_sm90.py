@@ -313,3 +313,16 @@ def test_supports():
     # filter offset (R-1)*dil = 255 with both corners in range
     assert conv_sm90.supports(problem(h=600, r=2, dilation=(254, 1), pad=(0, 127, 1, 1)))
     assert not conv_sm90.supports(problem(h=600, r=2, dilation=(255, 1), pad=(0, 127, 1, 1)))
+
+
+def test_a_tile_several_wgmmas_span_keeps_the_tma_epilogue(monkeypatch):
+    # the conv builder's 160-wide tile is five 32-wide wgmmas (MMA_N = 5): the staged
+    # epilogues read one wgmma across the tile, so it keeps CUTLASS's TMA epilogue
+    monkeypatch.setattr(staged, "ENABLED", True)
+    wide = ConvKernel(arch="sm90a", dtype="f16", align_a=8, align_b=8, align_c=8,
+                      epilogue=GemmEpilogue(bias=True), config=conv_sm90.make_config((128, 160, 64), (1, 1, 1)),
+                      iterator="")
+    assert not conv_sm90.staged_epilogue_applies(wide)
+    assert "epilogue::collective::CollectiveBuilder" in conv_sm90.emit(wide).code
+    assert conv_sm90.staged_epilogue_applies(dataclasses.replace(wide, config=conv_sm90.make_config(
+        (128, 128, 64), (1, 1, 1))))

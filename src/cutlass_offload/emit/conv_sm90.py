@@ -225,14 +225,18 @@ int64_t workspace_size(const CoConvArgs& args) {
 
 # The staged elementwise epilogue (staged.py) in place of the TMA epilogue: the NPQK
 # output's rows are at a constant distance (k), so its 16-byte row chunks are the
-# GEMM's; only while staged.ENABLED, for the kernels staged_epilogue_applies accepts.
+# GEMM's; only while staged.form() is one, for the kernels staged_epilogue_applies accepts.
 STAGED_TEMPLATE = string.Template(TEMPLATE.template.replace(sm90_parts.EPILOGUE, staged.EPILOGUE.template))
 
 
 def staged_epilogue_applies(kernel: ConvKernel) -> bool:
     """Whether ``kernel`` takes the staged epilogue (staged.applies: an elementwise
-    epilogue, a full NPQK residual if any; only while staged.ENABLED)."""
-    return staged.applies(kernel.dtype, kernel.epilogue)
+    epilogue, a full NPQK residual if any; only while staged.form() is one) and its tile
+    N is one wgmma's (sm90_parts.BASE_WGMMA_N): the conv builder picks its atom from
+    CuTe's default widths, so a 160-wide tile runs five 32-wide wgmmas (MMA_N = 5), which
+    the staged epilogues do not read (session 39: sd-unet's 128x160 convs failed their
+    layout check; they keep the TMA epilogue)."""
+    return kernel.config.tile[1] in sm90_parts.BASE_WGMMA_N and staged.applies(kernel.dtype, kernel.epilogue)
 
 
 def _reads_source(ep: GemmEpilogue) -> bool:
