@@ -114,9 +114,10 @@ def build_libraries(num_sms, variants=None):
     staged variant (``variant_forms``; default: the staged defaults alone)."""
     from cutlass_offload import build
     from cutlass_offload.emit import gemm_sm90, staged
-    variants = variants or {"staged": (staged.STORE, *((staged.TMA_MAX_CHUNK_COLS, staged.TMA_BUFFERS)
-                                                       if staged.STORE == "tma"
-                                                       else (staged.MAX_CHUNK_GROUPS, staged.BUFFERS)))}
+    if not variants:       # emit/staged.py's default form
+        knobs = ((staged.TMA_MAX_CHUNK_COLS, staged.TMA_BUFFERS) if staged.STORE == "tma"
+                 else (staged.MAX_CHUNK_GROUPS, staged.BUFFERS))
+        variants = {"staged": (staged.STORE, *knobs)}
     knob_names = ("STORE", "MAX_CHUNK_GROUPS", "BUFFERS", "TMA_MAX_CHUNK_COLS", "TMA_BUFFERS")
     out, saved = {}, (staged.ENABLED, *(getattr(staged, n) for n in knob_names))
     try:

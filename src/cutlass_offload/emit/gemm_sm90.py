@@ -214,7 +214,7 @@ _GLU_ROWS = """co_glu::GluEpilogue<ElementD, ElementBias, ${act}, ${bias},
                         cutlass::epilogue::NoSmemWarpSpecialized, TileShape, ${staged}>"""
 _GLU_TMA = """co_staged::TmaStagedEpilogue<void, ElementD, ElementBias, ${act}, ${has_act}, ${bias}, 0,
                         cutlass::epilogue::thread::Identity, false, cutlass::epilogue::NoSmemWarpSpecialized,
-                        TileShape, ${stride}, ${chunk}, ${buffers}, ${groups}, true>"""
+                        TileShape, ${stride}, ${knobs}, true>"""
 
 
 def glu_tma(kernel: GemmKernel) -> bool:
@@ -230,8 +230,7 @@ def _glu_values(kernel: GemmKernel) -> dict:
     if glu_tma(kernel):
         text = string.Template(_GLU_TMA).substitute(
             act=act or _IDENTITY, has_act="true" if act else "false", bias="true" if ep.bias else "false",
-            stride=staged.GEMM_STRIDE, chunk=staged.TMA_MAX_CHUNK_COLS, buffers=staged.TMA_BUFFERS,
-            groups=sm90_parts.consumer_groups(cfg))
+            stride=staged.GEMM_STRIDE, knobs=staged.tma_knobs(sm90_parts.consumer_groups(cfg)))
         store = "staged in TMA's swizzled boxes and stored by TMA (templates/staged_tma_epilogue.h)"
     else:
         text = string.Template(_GLU_ROWS).substitute(act=act or _IDENTITY, bias="true" if ep.bias else "false",
@@ -239,6 +238,8 @@ def _glu_values(kernel: GemmKernel) -> dict:
         store = ("staged in shared memory, stored in 16-byte row chunks (templates/glu_epilogue.h)"
                  if GLU_STAGED else "written from registers (templates/glu_epilogue.h)")
     return {"glu_epilogue": text, "glu_store": store}
+
+
 GLU_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, _GLU_EPILOGUE))
 
 # The staged elementwise epilogue (staged.py) in place of the collective builder's

@@ -111,6 +111,12 @@ def tma_store(tile_n: int) -> bool:
     return form() == "tma" and tile_n % 16 == 0
 
 
+def tma_knobs(groups: int) -> str:
+    """The TMA form's last template arguments: its widest chunk, its boxes in flight and
+    the consumer warp groups in their epilogue at once (``groups``)."""
+    return f"{TMA_MAX_CHUNK_COLS}, {TMA_BUFFERS}, {groups}"
+
+
 def values(ep: GemmEpilogue, stride: str, tile_n: int, groups: int = 1) -> dict:
     """The ``${staged_*}`` placeholders of ``EPILOGUE`` for ``ep``; ``stride`` is the
     C / D stride type (GEMM_STRIDE or CONV_STRIDE), ``tile_n`` the CTA tile's N,
@@ -123,8 +129,7 @@ def values(ep: GemmEpilogue, stride: str, tile_n: int, groups: int = 1) -> dict:
         "staged_store": ("stored by TMA (templates/staged_tma_epilogue.h)" if tma
                          else "stored in 16-byte row chunks (templates/staged_epilogue.h)"),
         # the widest chunk, the chunks (row form) or boxes (TMA form) in flight[, groups]
-        "staged_knobs": (f"{TMA_MAX_CHUNK_COLS}, {TMA_BUFFERS}, {groups}" if tma
-                         else f"{MAX_CHUNK_GROUPS}, {BUFFERS}"),
+        "staged_knobs": tma_knobs(groups) if tma else f"{MAX_CHUNK_GROUPS}, {BUFFERS}",
         "staged_activation": act or _IDENTITY,
         "staged_has_activation": "true" if act else "false",
         "staged_bias": "true" if ep.bias else "false",

@@ -41,20 +41,17 @@ namespace co_glu {
 template <class ElementD_, class ElementBias_, template <class> class Activation_, bool HasBias_,
           class EpilogueSchedule_, class TileShape_, bool Staged_>
 class GluEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_, ElementBias_>>,
-                    public co_epi::AdapterTypes<ElementD_, EpilogueSchedule_> {
+                    public co_epi::AdapterTypes<ElementD_, EpilogueSchedule_>,
+                    public co_epi::StagedTypes<void, ElementD_, ElementBias_, cute::Stride<int64_t, cute::_1, int64_t>,
+                                               HasBias_, 0, TileShape_> {
  public:
-  using ElementC = void;
-  using ElementD = ElementD_;
-  using ElementBias = ElementBias_;
-  using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
-  using StrideD = cute::Stride<int64_t, cute::_1, int64_t>;
-  using GmemElementC = ElementD;
-  using GmemTiledCopyC = void;
-  using GmemTiledCopyD = void;
-  static constexpr bool HasBias = HasBias_;
+  using Types = co_epi::StagedTypes<void, ElementD_, ElementBias_, cute::Stride<int64_t, cute::_1, int64_t>,
+                                    HasBias_, 0, TileShape_>;
+  using typename Types::ElementD;
+  using Types::HasBias;
+  using Types::TileM;
+  using Types::TileN;
   static constexpr bool Staged = Staged_;
-  static constexpr int TileM = cute::size<0>(TileShape_{});
-  static constexpr int TileN = cute::size<1>(TileShape_{});
   static constexpr int Vec = 16 / int(sizeof(ElementD_));      // elements of one 16-byte chunk
   static constexpr int Pitch = co_epi::staged_pitch<ElementD_>(TileN / 2);   // the staged tile's row
   static_assert(TileN % 16 == 0, "tile N must be a multiple of 16");

@@ -252,7 +252,8 @@ class TmaStagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_
     // this group's region of the boxes (the cooperative kernel's thread_idx counts
     // both groups' threads) and a box's byte offset from d_base / c_base in it
     int const region = Groups == 1 ? 0 : (thread_idx / 128) % Groups;
-    auto d_box = [&](int buffer) { return d_base + uint32_t((region * Buffers + buffer) * BoxBytes); };
+    auto d_off = [&](int buffer) { return uint32_t((region * Buffers + buffer) * BoxBytes); };
+    auto d_box = [&](int buffer) { return d_base + d_off(buffer); };
     auto c_box = [&](int buffer) { return c_base + uint32_t((region * 2 + buffer) * BoxBytes); };
 
     bool const full_tile = m0 + TileM <= M && n0 + TileN <= N;
@@ -407,8 +408,7 @@ class TmaStagedEpilogue : public co_epi::NoWorkspace<co_epi::Arguments<ElementD_
         cute::tma_store_fence();
         sync_group();
         if (storer) {
-          cute::SM90_TMA_STORE_3D::copy(&params->tma_d, smem_buf + offsetof(SharedStorage, d) +
-                                                            (region * Buffers + buffer) * BoxBytes,
+          cute::SM90_TMA_STORE_3D::copy(&params->tma_d, smem_buf + offsetof(SharedStorage, d) + d_off(buffer),
                                         n0 / AccPerGroup + chunk * EpiN, m0 + block[mm] * BoxRows,
                                         int(l_coord));
           cute::tma_store_arrive();
