@@ -18,7 +18,7 @@ store). This times, per problem (A (M, K) fp16, the pair's weights (2 N_out, K),
 * ``ours_glu_registers`` / ``ours_glu_staged`` / ``ours_glu_tma``: one GEMM with the
   GLU epilogue, the product stored from registers / staged in shared memory and
   stored in 16-byte row chunks (glu_epilogue.h) / staged in TMA's swizzled boxes and
-  stored by TMA (emit/gemm_sm90.GLU_TMA, staged_tma_epilogue.h; tiles whose output
+  stored by TMA (emit/glu_sm90.GLU_TMA, staged_tma_epilogue.h; tiles whose output
   width is not a multiple of 16 keep the row store); with the GLU problem's own kernel
   config (select.sm90.choose) and, where it differs, the plain problem's
   (``..._plain_tile``). ``--forms`` picks them (default: all three).
@@ -101,14 +101,14 @@ def build_libraries(shapes, num_sms, forms=FORMS):
     """{form: (library path, rows)}: a build per form (GLU_STAGED, GLU_TMA set for it);
     the plain GEMMs go in the first form's of "staged" and "tma"."""
     from cutlass_offload import build
-    from cutlass_offload.emit import gemm_sm90, staged
-    out, default = {}, (gemm_sm90.GLU_STAGED, gemm_sm90.GLU_TMA, staged.ENABLED)
+    from cutlass_offload.emit import glu_sm90, staged
+    out, default = {}, (glu_sm90.GLU_STAGED, glu_sm90.GLU_TMA, staged.ENABLED)
     plain_in = next((f for f in forms if f in ("staged", "tma")), None)
     try:
         # the plain GEMMs keep CUTLASS's TMA epilogue whatever $CUTLASS_OFFLOAD_STAGED_EPILOGUE says
         staged.ENABLED = False
         for form in forms:
-            gemm_sm90.GLU_STAGED, gemm_sm90.GLU_TMA = form != "registers", form == "tma"
+            glu_sm90.GLU_STAGED, glu_sm90.GLU_TMA = form != "registers", form == "tma"
             plan, rows = plan_for(shapes, form, num_sms, plain=form == plain_in)
             t = time.perf_counter()
             res = build.build(plan, "sharded")
@@ -118,7 +118,7 @@ def build_libraries(shapes, num_sms, forms=FORMS):
                   flush=True)
             out[form] = (res.library, rows)
     finally:
-        gemm_sm90.GLU_STAGED, gemm_sm90.GLU_TMA, staged.ENABLED = default
+        glu_sm90.GLU_STAGED, glu_sm90.GLU_TMA, staged.ENABLED = default
     return out
 
 

@@ -26,7 +26,7 @@ embedding); and ``ours_sdpa_copies``: ours without the glue's SDPA rewrites
 into its scale); and ``ours_glu_all_k``: ours with every gated pair one GEMM with a
 GLU epilogue whatever its K (partition/gated_gemm.py MIN_K 0: the UNet's GEGLU
 projections, K 320-1280), and ``ours_glu_staged_all_k``: the same with the GLU
-epilogue's products staged in shared memory (emit/gemm_sm90.GLU_STAGED); and
+epilogue's products staged in shared memory (emit/glu_sm90.GLU_STAGED); and
 ``ours_staged_epilogue``: ours with every GEMM that can take it on the staged
 elementwise epilogue instead of the TMA one (emit/staged.ENABLED), each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
@@ -324,16 +324,16 @@ def _no_sdpa_rewrites(on: bool):
 def _glu_all_k(on: bool, staged: bool = False):
     """While ``on``: gated pairs become one GLU GEMM at any K (partition/gated_gemm.py
     MIN_K 0), e.g. the UNet's GEGLU projections (K 320-1280); with ``staged`` their
-    epilogue stages the products in shared memory (emit/gemm_sm90.GLU_STAGED)."""
-    from cutlass_offload.emit import gemm_sm90
+    epilogue stages the products in shared memory (emit/glu_sm90.GLU_STAGED)."""
+    from cutlass_offload.emit import glu_sm90
     from cutlass_offload.partition import gated_gemm
-    real, real_staged = gated_gemm.MIN_K, gemm_sm90.GLU_STAGED
+    real, real_staged = gated_gemm.MIN_K, glu_sm90.GLU_STAGED
     gated_gemm.MIN_K = 0 if on else real
-    gemm_sm90.GLU_STAGED = staged if on else real_staged
+    glu_sm90.GLU_STAGED = staged if on else real_staged
     try:
         yield
     finally:
-        gated_gemm.MIN_K, gemm_sm90.GLU_STAGED = real, real_staged
+        gated_gemm.MIN_K, glu_sm90.GLU_STAGED = real, real_staged
 
 
 @contextlib.contextmanager

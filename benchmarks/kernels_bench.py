@@ -39,7 +39,7 @@ the anchor a user would call instead, on one GPU, in one run.
 * ``--staged-epilogue``: every GEMM and conv kernel that can take it is emitted
   with the staged epilogue (emit/staged.py) instead of CUTLASS's TMA epilogue, and
   the Hopper attention kernels store O with theirs (emit/attention_sm90.STAGED_EPILOGUE)
-  and the GLUs store by TMA (emit/gemm_sm90.GLU_TMA); without it all three are off,
+  and the GLUs store by TMA (emit/glu_sm90.GLU_TMA); without it all three are off,
   whatever $CUTLASS_OFFLOAD_STAGED_EPILOGUE says;
   with ``--search heuristic``, the kernel-by-kernel A/B against a run without it.
 
@@ -691,8 +691,8 @@ def main(argv=None) -> int:
         print("kernels_bench.py needs a CUDA GPU", file=sys.stderr)
         return 2
     # the epilogue forms set either way: $CUTLASS_OFFLOAD_STAGED_EPILOGUE never decides a run's
-    from cutlass_offload.emit import attention_sm90, gemm_sm90, staged
-    staged.ENABLED = attention_sm90.STAGED_EPILOGUE = gemm_sm90.GLU_TMA = bool(args.staged_epilogue)
+    from cutlass_offload.emit import attention_sm90, glu_sm90, staged
+    staged.ENABLED = attention_sm90.STAGED_EPILOGUE = glu_sm90.GLU_TMA = bool(args.staged_epilogue)
     out_path = Path(args.json or (Path(os.environ["OUT"]) / "kernels.json" if os.environ.get("OUT")
                                   else HERE / "results" / "kernels.json"))
     props = torch.cuda.get_device_properties(0)

@@ -1,5 +1,5 @@
 """Build tier: the GLU epilogue's staged store form (emit/templates/glu_epilogue.h with
-Staged_ = true, emit/gemm_sm90.GLU_STAGED) compiles in the two kernel schedules that
+Staged_ = true, emit/glu_sm90.GLU_STAGED) compiles in the two kernel schedules that
 run it differently: the ping-pong kernel, whose two warp groups take turns with one
 shared-memory tile and a named barrier each, and the cooperative one with a 2x1
 cluster and a 176-wide tile, whose 256 threads share one barrier and whose staged
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from build_helpers import build_one_job, kernel_units, library_exports
 
-from cutlass_offload.emit import gemm_sm90
+from cutlass_offload.emit import glu_sm90
 from cutlass_offload.ir import GemmEpilogue, GemmKernel, GemmProblem, GemmRegion, Plan
 from cutlass_offload.select import sm90
 
@@ -36,7 +36,7 @@ def _plan(configs, dtype: str) -> Plan:
 
 
 def test_staged_glu_kernels_compile(cache_dir, monkeypatch):
-    monkeypatch.setattr(gemm_sm90, "GLU_STAGED", True)
+    monkeypatch.setattr(glu_sm90, "GLU_STAGED", True)
     plan = _plan(CONFIGS, "f16")
     res = build_one_job(cache_dir, plan)
     units = kernel_units(res)
@@ -51,9 +51,9 @@ TMA_CONFIGS = (sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG),
 
 
 def test_tma_store_glu_kernels_compile(cache_dir, monkeypatch):
-    monkeypatch.setattr(gemm_sm90, "GLU_TMA", True)
+    monkeypatch.setattr(glu_sm90, "GLU_TMA", True)
     plan = _plan(TMA_CONFIGS, "bf16")
-    assert all(gemm_sm90.glu_tma(k) for k in plan.kernels)
+    assert all(glu_sm90.glu_tma(k) for k in plan.kernels)
     res = build_one_job(cache_dir, plan)
     source = "".join(Path(u.source).read_text() for u in kernel_units(res))
     assert source.count("co_staged::TmaStagedEpilogue<") == len(TMA_CONFIGS)

@@ -7,7 +7,7 @@ eager and Inductor glue, with ragged M, N and K, biases, three activations and t
 tile kinds whose accumulator layouts differ (a 64-row ping-pong tile, 128-row
 cooperative ones on one and on two wgmma rows per warpgroup, a 176-wide tile on the
 extended wgmma with a 2x1 cluster, a stream-K kernel), with the products stored from
-registers, staged in shared memory (emit/gemm_sm90.GLU_STAGED) and staged in TMA's
+registers, staged in shared memory (emit/glu_sm90.GLU_STAGED) and staged in TMA's
 swizzled boxes, stored by TMA (GLU_TMA, templates/staged_tma_epilogue.h; the 176-wide
 tile keeps the row store there).
 
@@ -21,7 +21,7 @@ from helpers import check_fresh_outputs, gemm_table
 from torch import nn
 
 import cutlass_offload as co
-from cutlass_offload.emit import gemm_sm90
+from cutlass_offload.emit import glu_sm90
 from cutlass_offload.partition import gated_gemm
 from cutlass_offload.select import sm90
 
@@ -73,8 +73,8 @@ def glu_table(tmp_path, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_glu_gemms_match_float32(glu_table, cache_dir, dtype, glue, store, monkeypatch):
     monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(cache_dir))
-    monkeypatch.setattr(gemm_sm90, "GLU_STAGED", store != "registers")
-    monkeypatch.setattr(gemm_sm90, "GLU_TMA", store == "tma")
+    monkeypatch.setattr(glu_sm90, "GLU_STAGED", store != "registers")
+    monkeypatch.setattr(glu_sm90, "GLU_TMA", store == "tma")
     torch.manual_seed(0)
     model = Pairs().to(device="cuda", dtype=dtype).eval()
     x = torch.randn(M, K, device="cuda", dtype=dtype)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from cutlass_offload.capture import capture
 from cutlass_offload.config import CompileOptions
-from cutlass_offload.emit import gemm_sm90
+from cutlass_offload.emit import gemm_sm90, glu_sm90
 from cutlass_offload.ir import GemmEpilogue, GemmKernel, GemmProblem, GemmRegion
 from cutlass_offload.partition import partition
 from cutlass_offload.partition import gated_gemm
@@ -183,7 +183,7 @@ def test_glu_source_swaps_the_epilogue_only(bias):
         not in code                              # no TMA epilogue built
     assert ("static_cast<ElementBias const*>(args.bias);" in code) == bias
     assert "MMA_64x176x16_F32F16F16_SS" in code        # the wide wgmma as for any 176 tile
-    assert set(gemm_sm90.GLU_INCLUDES) <= set(src.includes)
+    assert set(glu_sm90.INCLUDES) <= set(src.includes)
     # everything but the epilogue (type and arguments) is the plain kernel's text
     plain_k = GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
                          epilogue=GemmEpilogue(), config=cfg)
@@ -201,11 +201,11 @@ def test_glu_store_form_is_in_the_source(monkeypatch):
     cfg = sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG)
     k = GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
                    epilogue=GemmEpilogue(bias=True, activation="gelu_erf", glu=True), config=cfg)
-    monkeypatch.setattr(gemm_sm90, "GLU_STAGED", True)
+    monkeypatch.setattr(glu_sm90, "GLU_STAGED", True)
     staged = gemm_sm90.emit(k).code
     assert "cutlass::epilogue::NoSmemWarpSpecialized, TileShape, true>>;" in staged
     assert "staged in shared memory" in staged
-    monkeypatch.setattr(gemm_sm90, "GLU_STAGED", False)
+    monkeypatch.setattr(glu_sm90, "GLU_STAGED", False)
     registers = gemm_sm90.emit(k).code
     assert "cutlass::epilogue::NoSmemWarpSpecialized, TileShape, false>>;" in registers
     assert "written from registers" in registers
@@ -318,8 +318,8 @@ def test_the_glu_tma_store_form_takes_output_widths_of_whole_16_columns(monkeypa
     cfg = sm90._config((128, tile_n, 64), (1, 1, 1), sm90.PINGPONG)
     k = GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
                    epilogue=GemmEpilogue(bias=True, activation="silu", glu=True), config=cfg)
-    monkeypatch.setattr(gemm_sm90, "GLU_TMA", True)
-    assert gemm_sm90.glu_tma(k) == tma
+    monkeypatch.setattr(glu_sm90, "GLU_TMA", True)
+    assert glu_sm90.glu_tma(k) == tma
     code = gemm_sm90.emit(k).code
     assert ("co_staged::TmaStagedEpilogue<void, ElementD, ElementBias, co_act::SiLU, true, true, 0," in code) == tma
     assert ("co_glu::GluEpilogue<" in code) == (not tma)
@@ -327,7 +327,7 @@ def test_the_glu_tma_store_form_takes_output_widths_of_whole_16_columns(monkeypa
     assert code.count("#ifndef CO_GLU_EPILOGUE_H") == int(not tma)
     if tma:
         assert code.rstrip().count(", true>>;") >= 1           # Glu_ = true
-    monkeypatch.setattr(gemm_sm90, "GLU_TMA", False)
+    monkeypatch.setattr(glu_sm90, "GLU_TMA", False)
     assert "co_glu::GluEpilogue<" in gemm_sm90.emit(k).code
 
 
@@ -335,9 +335,9 @@ def test_the_staged_knob_takes_the_glu_to_tma_stores(monkeypatch):
     cfg = sm90._config((128, 128, 64), (1, 1, 1), sm90.COOP)
     k = GemmKernel(arch="sm90a", dtype="bf16", layout_b="col", align_a=8, align_b=8, align_c=8,
                    epilogue=GemmEpilogue(activation="gelu_erf", glu=True), config=cfg)
-    assert not gemm_sm90.glu_tma(k)
+    assert not glu_sm90.glu_tma(k)
     monkeypatch.setenv("CUTLASS_OFFLOAD_STAGED_EPILOGUE", "1")
-    assert gemm_sm90.glu_tma(k)
+    assert glu_sm90.glu_tma(k)
     assert ", 2, true>>;" in gemm_sm90.emit(k).code         # the cooperative kernel's two groups
     monkeypatch.setenv("CUTLASS_OFFLOAD_STAGED_EPILOGUE", "rows")
-    assert not gemm_sm90.glu_tma(k)
+    assert not glu_sm90.glu_tma(k)

@@ -33,10 +33,9 @@ device query, so it can be captured into a CUDA graph.
 from __future__ import annotations
 
 import string
-from pathlib import Path
 
 from ..ir import GemmKernel, KernelSource
-from . import activations, sm90_parts, staged
+from . import activations, glu_sm90, sm90_parts, staged
 from .evt_sm90 import ELEMENT, semantics
 
 FAMILY = "cutlass3x_sm90"
@@ -186,61 +185,9 @@ int64_t workspace_size(const CoGemmArgs& args) {
 """ + sm90_parts.run_tail("Gemm", "GemmKernel"))
 TEMPLATE = string.Template(_TEXT)
 
-# A GLU epilogue (ir.GemmEpilogue.glu): templates/glu_epilogue.h in place of the
-# collective builder's TMA epilogue; the rest of the kernel's text is TEMPLATE's.
-# GLU_STAGED: the products go through a shared-memory tile and leave in 16-byte row
-# chunks (True), or each thread stores its column pairs from registers (False: the
-# form measured on the H200 in sessions 23-25). Staged is the default since session
-# 37: on an H100 it ran 1.01-1.48x faster than the register form on the UNet's four
-# GEGLU projections and llama's SwiGLU pair, and passed tests/gpu/test_glu_gemm.py
-# (benchmarks/results/glu_epilogue_2026-12-05_h100_s37.*).
-GLU_H = (Path(__file__).parent / "templates" / "glu_epilogue.h").read_text()
-GLU_STAGED = True
-# GLU_TMA: the products staged in TMA's swizzled boxes and stored by TMA
-# (templates/staged_tma_epilogue.h, Glu_), for tiles whose output width (tile N / 2) is
-# a multiple of 16. None: as the staged epilogues' form says (staged.form() == "tma");
-# True / False: on / off whatever it says. Not yet run on a GPU (session 39).
-GLU_TMA: bool | None = None
-_GLU_EPILOGUE = """\
-using ClusterShape = cute::Shape<cute::_${cluster_m}, cute::_${cluster_n}, cute::_${cluster_k}>;
-
-// Epilogue: ${epilogue_tag}: gate and up columns interleaved in blocks of 8, the product
-// ${glu_store}; the mainloop's stages are counted after its shared memory
-using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
-    ${glu_epilogue}>;
-
-"""
-_GLU_ROWS = """co_glu::GluEpilogue<ElementD, ElementBias, ${act}, ${bias},
-                        cutlass::epilogue::NoSmemWarpSpecialized, TileShape, ${staged}>"""
-_GLU_TMA = """co_staged::TmaStagedEpilogue<void, ElementD, ElementBias, ${act}, ${has_act}, ${bias}, 0,
-                        cutlass::epilogue::thread::Identity, false, cutlass::epilogue::NoSmemWarpSpecialized,
-                        TileShape, ${stride}, ${knobs}, true>"""
-
-
-def glu_tma(kernel: GemmKernel) -> bool:
-    """Whether ``kernel``'s GLU epilogue stores through TMA (GLU_TMA, or where it is
-    None the staged epilogues' TMA form; its output width, tile N / 2, a multiple of 16)."""
-    on = GLU_TMA if GLU_TMA is not None else staged.form() == "tma"
-    return kernel.epilogue.glu and on and (kernel.config.tile[1] // 2) % 16 == 0
-
-
-def _glu_values(kernel: GemmKernel) -> dict:
-    ep, cfg = kernel.epilogue, kernel.config
-    act = activations.FUNCTOR[ep.activation]
-    if glu_tma(kernel):
-        text = string.Template(_GLU_TMA).substitute(
-            act=act or _IDENTITY, has_act="true" if act else "false", bias="true" if ep.bias else "false",
-            stride=staged.GEMM_STRIDE, knobs=staged.tma_knobs(sm90_parts.consumer_groups(cfg)))
-        store = "staged in TMA's swizzled boxes and stored by TMA (templates/staged_tma_epilogue.h)"
-    else:
-        text = string.Template(_GLU_ROWS).substitute(act=act or _IDENTITY, bias="true" if ep.bias else "false",
-                                                     staged="true" if GLU_STAGED else "false")
-        store = ("staged in shared memory, stored in 16-byte row chunks (templates/glu_epilogue.h)"
-                 if GLU_STAGED else "written from registers (templates/glu_epilogue.h)")
-    return {"glu_epilogue": text, "glu_store": store}
-
-
-GLU_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, _GLU_EPILOGUE))
+# A GLU epilogue (ir.GemmEpilogue.glu): glu_sm90's in place of the collective builder's
+# TMA epilogue; the rest of the kernel's text is TEMPLATE's.
+GLU_TEMPLATE = string.Template(_TEXT.replace(sm90_parts.EPILOGUE, glu_sm90.EPILOGUE))
 
 # The staged elementwise epilogue (staged.py) in place of the collective builder's
 # TMA epilogue, for the kernels ``staged_epilogue_applies`` accepts while staged.ENABLED.
@@ -542,7 +489,7 @@ def values(kernel: GemmKernel) -> dict:
                            if stream_k else "args.splits <= 1 && args.decomposition == 0"),
         "ptr_c": "static_cast<ElementC const*>(args.c)" if residual else "nullptr",
         "c_check": " && args.c != nullptr && co_tma_aligned(args.c)" if residual else "",
-        **(_glu_values(kernel) if ep.glu else {"glu_epilogue": "", "glu_store": ""}),
+        **(glu_sm90.values(kernel) if ep.glu else {"glu_epilogue": "", "glu_store": ""}),
         **staged.values(ep, staged.GEMM_STRIDE, cfg.tile[1], sm90_parts.consumer_groups(cfg)),
         "wg_n": str(cfg.tile[1] // 2),
         "wgmma_kind": sm90_parts.WGMMA_TYPES.get(kernel.dtype, ("", ""))[1],
@@ -571,7 +518,7 @@ def epilogue_headers(kernel: GemmKernel) -> str:
     the staged epilogue after what they share (each guarded, so a unit's kernels
     share one copy); "" for the collective builder's TMA epilogue."""
     if kernel.epilogue.glu:
-        return staged.COMMON_H + (staged.TMA_STAGED_H if glu_tma(kernel) else GLU_H)
+        return glu_sm90.headers(kernel)
     return staged.HEADERS if staged_epilogue_applies(kernel) else ""
 
 
@@ -581,11 +528,8 @@ def defines(kernel: GemmKernel) -> tuple:
     return () if kernel.config.tile_scheduler == "stream_k" else GDC_DEFINES
 
 
-GLU_INCLUDES = staged.INCLUDES      # the adapter, the type names, the converter
-
-
 def includes(kernel: GemmKernel) -> tuple:
     """``INCLUDES``, then CuTe's extended wgmma headers for a tile N outside its default
     shapes (sm90_parts.wgmma_selector), then what a GLU or staged epilogue uses."""
     return (INCLUDES + (sm90_parts.WGMMA_EXT_INCLUDES if sm90_parts.wide_mma(kernel.config) else ())
-            + (GLU_INCLUDES if kernel.epilogue.glu or staged_epilogue_applies(kernel) else ()))
+            + (glu_sm90.INCLUDES if kernel.epilogue.glu or staged_epilogue_applies(kernel) else ()))

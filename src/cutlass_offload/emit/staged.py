@@ -53,7 +53,7 @@ TMA_MAX_CHUNK_COLS = 32     # CUTLASS's own epilogue subtiles are 32 wide
 TMA_BUFFERS = 2
 
 _TEMPLATES = Path(__file__).parent / "templates"
-# what the GLU epilogue (gemm_sm90.GLU_H) and the staged one share; spliced before either
+# what the GLU epilogue (glu_sm90.H) and the staged one share; spliced before either
 COMMON_H = (_TEMPLATES / "staged_common.h").read_text()
 STAGED_H = (_TEMPLATES / "staged_epilogue.h").read_text()
 TMA_STAGED_H = (_TEMPLATES / "staged_tma_epilogue.h").read_text()

@@ -54,7 +54,7 @@ from .graph_utils import aten, attr_tensor, fake_like, is_call, metadata_checks,
 
 BLOCK = 8            # rows of one weight per block: a wgmma thread's column group (glu_epilogue.h)
 # K from which a gated pair is rewritten: 0, every K. The GLU epilogue stages the
-# products in shared memory and stores 16-byte row chunks (emit/gemm_sm90.GLU_STAGED).
+# products in shared memory and stores 16-byte row chunks (emit/glu_sm90.GLU_STAGED).
 # Session 37, H100 (benchmarks/results/glu_epilogue_2026-12-05_h100_s37.*), us per
 # call against our plain GEMM with bias followed by Inductor's GELU-multiply (what runs
 # without the rewrite): the UNet's GEGLU projections 40.4 vs 48.8 (8192 x 2560 x 320),
