@@ -1,9 +1,11 @@
 """All knobs in one place. Nothing else in the package reads ``os.environ``.
 
-Environment variables:
+Environment variables (read strictly: an on / off variable takes 1 / on / yes / true or
+0 / off / no / false, empty being off; a count, a whole number >= 0; any other value
+raises ValueError naming the variable and its value):
   CUTLASS_OFFLOAD_CACHE_DIR  build cache root (default: $XDG_CACHE_HOME/cutlass_offload
                              or ~/.cache/cutlass_offload)
-  CUTLASS_OFFLOAD_NVCC       explicit path to nvcc
+  CUTLASS_OFFLOAD_NVCC       explicit path to nvcc (an error if it is not an executable)
   CUDA_HOME / CUDA_PATH      CUDA toolkit root (nvcc looked up in its bin/)
   CUTLASS_OFFLOAD_NVCC_THREADS  nvcc's -t for every compile (default: -t0, one per core,
                              for the single strategy's one nvcc; for shards, the cores
@@ -90,19 +92,46 @@ def knobs() -> Knobs:
         cache_dir=Path(cache),
         nvcc=env.get("CUTLASS_OFFLOAD_NVCC") or None,
         cuda_home=env.get("CUDA_HOME") or env.get("CUDA_PATH") or None,
-        nvcc_threads=int(env.get("CUTLASS_OFFLOAD_NVCC_THREADS", "0")),
-        verbose=env.get("CUTLASS_OFFLOAD_VERBOSE", "0") not in ("", "0"),
+        nvcc_threads=_count(env, "CUTLASS_OFFLOAD_NVCC_THREADS"),
+        verbose=_flag(env, "CUTLASS_OFFLOAD_VERBOSE", False),
         progress=_progress(env.get("CUTLASS_OFFLOAD_PROGRESS", "auto")),
-        jobs=int(env.get("CUTLASS_OFFLOAD_JOBS", "0")),
-        fast_call=env.get("CUTLASS_OFFLOAD_FAST_CALL", "1") not in ("", "0"),
+        jobs=_count(env, "CUTLASS_OFFLOAD_JOBS"),
+        fast_call=_flag(env, "CUTLASS_OFFLOAD_FAST_CALL", True),
         cxx=env.get("CXX") or "c++",
-        host_launchers=env.get("CUTLASS_OFFLOAD_HOST_LAUNCHERS", "1") not in ("", "0"),
-        nvcc_steps=env.get("CUTLASS_OFFLOAD_NVCC_STEPS", "1") not in ("", "0"),
-        lineinfo=env.get("CUTLASS_OFFLOAD_LINEINFO", "0") not in ("", "0"),
-        cpp_wrapper=_tristate(env.get("CUTLASS_OFFLOAD_CPP_WRAPPER", "")),
-        grouped_conv=env.get("CUTLASS_OFFLOAD_GROUPED_CONV", "1") not in ("", "0"),
-        per_sample_add=env.get("CUTLASS_OFFLOAD_PER_SAMPLE_ADD", "0") not in ("", "0"),
+        host_launchers=_flag(env, "CUTLASS_OFFLOAD_HOST_LAUNCHERS", True),
+        nvcc_steps=_flag(env, "CUTLASS_OFFLOAD_NVCC_STEPS", True),
+        lineinfo=_flag(env, "CUTLASS_OFFLOAD_LINEINFO", False),
+        cpp_wrapper=_tristate(env.get("CUTLASS_OFFLOAD_CPP_WRAPPER", ""), "CUTLASS_OFFLOAD_CPP_WRAPPER"),
+        grouped_conv=_flag(env, "CUTLASS_OFFLOAD_GROUPED_CONV", True),
+        per_sample_add=_flag(env, "CUTLASS_OFFLOAD_PER_SAMPLE_ADD", False),
     )
+
+
+_OFF = ("0", "off", "no", "false")
+_ON = ("1", "on", "yes", "true")
+
+
+def _flag(env, name: str, default: bool) -> bool:
+    """An on / off variable: unset gives ``default``; empty or 0 / off / no / false,
+    False; 1 / on / yes / true, True. Raises ValueError naming the variable otherwise
+    (a typo must not silently pick one side)."""
+    if name not in env:
+        return default
+    value = env[name].strip().lower()
+    if value in ("",) + _OFF:
+        return False
+    if value in _ON:
+        return True
+    raise ValueError(f"{name}={env[name]!r}: use 1 (on) or 0 (off)")
+
+
+def _count(env, name: str) -> int:
+    """A count variable (0 or unset: the default). Raises ValueError naming it unless
+    it is a whole number >= 0."""
+    raw = env.get(name, "").strip() or "0"
+    if not raw.isdigit():
+        raise ValueError(f"{name}={env[name]!r}: use a whole number >= 0 (0: the default)")
+    return int(raw)
 
 
 def staged_epilogue() -> str | None:
@@ -122,19 +151,26 @@ def staged_epilogue() -> str | None:
     raise ValueError(f"CUTLASS_OFFLOAD_STAGED_EPILOGUE={raw!r}: use 0 (off), 1 / tma, or rows")
 
 
-def _tristate(value: str) -> bool | None:
-    """None for unset / empty, False for 0 / off / no / false, else True."""
+def _tristate(value: str, name: str = "value") -> bool | None:
+    """None for unset / empty, False for 0 / off / no / false, True for 1 / on / yes /
+    true; ValueError naming ``name`` otherwise."""
     value = (value or "").strip().lower()
     if not value:
         return None
-    return value not in ("0", "off", "no", "false")
+    if value in _OFF or value in _ON:
+        return value in _ON
+    raise ValueError(f"{name}={value!r}: use 1 (on), 0 (off) or leave it unset")
 
 
 def _progress(value: str) -> str:
+    """CUTLASS_OFFLOAD_PROGRESS: auto, bar, lines or off (also 0 / none / quiet / no /
+    false); ValueError naming the variable otherwise."""
     value = (value or "auto").strip().lower()
     if value in ("0", "off", "none", "quiet", "no", "false"):
         return "off"
-    return value if value in ("auto", "bar", "lines") else "auto"
+    if value in ("auto", "bar", "lines"):
+        return value
+    raise ValueError(f"CUTLASS_OFFLOAD_PROGRESS={value!r}: use auto, bar, lines or off")
 
 
 @dataclass(frozen=True)

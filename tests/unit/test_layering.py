@@ -102,7 +102,8 @@ def test_every_environment_knob_is_documented():
 
     from cutlass_offload import config
     src = Path(config.__file__).read_text()
-    read = set(re.findall(r'env\.get\("([A-Z_]+)"', src))
+    # env.get("X"), and the strict readers _flag(env, "X", ...) / _count(env, "X")
+    read = set(re.findall(r'(?:env\.get\(|_flag\(env, |_count\(env, )"([A-Z_]+)"', src))
     assert read >= {"CUTLASS_OFFLOAD_CACHE_DIR", "CUTLASS_OFFLOAD_NVCC_STEPS"}, read
     readme = (Path(config.__file__).parents[2] / "README.md").read_text()
     for var in sorted(read - {"XDG_CACHE_HOME"}):

@@ -28,12 +28,17 @@ BASE_FLAGS = ("-std=c++17", "-O1", "-DNDEBUG", "--expt-relaxed-constexpr",
 
 
 def find_nvcc() -> str:
-    """Path of nvcc: $CUTLASS_OFFLOAD_NVCC, then PATH, then $CUDA_HOME/bin, then the
-    ``nvidia-cuda-nvcc`` wheel. Raises ToolchainError naming these options."""
+    """Path of nvcc: $CUTLASS_OFFLOAD_NVCC (which must then be one), else PATH, then
+    $CUDA_HOME/bin, then the ``nvidia-cuda-nvcc`` wheel. Raises ToolchainError naming
+    these options."""
     k = knobs()
-    candidates = []
     if k.nvcc:
-        candidates.append(k.nvcc)
+        # set on purpose: a wrong path is an error, not a fall-through to another nvcc
+        if os.path.isfile(k.nvcc) and os.access(k.nvcc, os.X_OK):
+            return k.nvcc
+        raise ToolchainError(f"CUTLASS_OFFLOAD_NVCC={k.nvcc!r} is not an executable file; "
+                             "unset it to find nvcc on PATH, in $CUDA_HOME/bin or the nvidia-cuda-nvcc wheel")
+    candidates = []
     which = shutil.which("nvcc")
     if which:
         candidates.append(which)
