@@ -1,8 +1,9 @@
 """All knobs in one place. Nothing else in the package reads ``os.environ``.
 
-Environment variables (read strictly: an on / off variable takes 1 / on / yes / true or
-0 / off / no / false, empty being off; a count, a whole number >= 0; any other value
-raises ValueError naming the variable and its value):
+Environment variables:
+  (read strictly: an on / off variable takes 1 / on / yes / true or 0 / off / no / false,
+  empty being off; a count, a whole number >= 0; any other value raises ValueError
+  naming the variable and its value)
   CUTLASS_OFFLOAD_CACHE_DIR  build cache root (default: $XDG_CACHE_HOME/cutlass_offload
                              or ~/.cache/cutlass_offload)
   CUTLASS_OFFLOAD_NVCC       explicit path to nvcc (an error if it is not an executable)
