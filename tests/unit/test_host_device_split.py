@@ -15,7 +15,9 @@ def test_host_only_unit_launches_through_a_handle_and_instantiates_no_kernel():
     assert name.startswith("cutlass3x_sm90_gemm_f16")
     assert "cutlass::device_kernel<GemmKernel>" in text
     host = hds.host_only(text)
-    assert "device_kernel" not in host and "Gemm::run(" not in host
+    # the kernel adapter's run (templates/sm90_kernel_adapter.h) names device_kernel in a
+    # template; nothing calls it once co_launch goes through the handle
+    assert "device_kernel<GemmKernel>" not in host and "Gemm::run(" not in host
     assert "cudaLaunchKernelExC(&config, co_kernel_handle" in host
     # everything else is the emitted unit: the Params are still built by run()
     assert host.count("int run(const CoGemmArgs& args, cudaStream_t stream) {") == 1

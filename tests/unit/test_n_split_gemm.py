@@ -59,14 +59,17 @@ def test_the_mainloop_and_epilogue_are_assembled_for_the_n_split(dtype, layout_b
     # the bias EVT and the launch path are the family's own
     assert "Sm90RowBroadcast<0, TileShape, ElementBias" in code
     assert "co_params_cache.find(args)" in code
-    assert src.includes == gemm_sm90.INCLUDES and src.defines == gemm_sm90.GDC_DEFINES
+    assert src.includes == (gemm_sm90.INCLUDES + (gemm_sm90.KERNEL_HEADER[sm90.COOP],)
+                            + gemm_sm90.TMA_EPILOGUE_INCLUDES)
+    assert src.defines == gemm_sm90.GDC_DEFINES
 
 
 def test_a_warp_group_n_outside_the_default_wgmma_shapes_gets_the_extended_headers():
     cfg = sm90._config((192, 160, 64), (2, 1, 1), sm90.COOP, n_split=True)
     src = gemm_sm90.emit(_kernel(cfg))
     assert sm90_parts.wgmma_n(cfg) == 80 and sm90_parts.wide_mma(cfg)
-    assert src.includes == gemm_sm90.INCLUDES + sm90_parts.WGMMA_EXT_INCLUDES
+    assert src.includes == (gemm_sm90.INCLUDES + (gemm_sm90.KERNEL_HEADER[sm90.COOP],)
+                            + sm90_parts.WGMMA_EXT_INCLUDES + gemm_sm90.TMA_EPILOGUE_INCLUDES)
     assert "MMA_64x80x16_F32F16F16_SS<MajorA, MajorB>" in src.code
     assert "ss_op_selector" not in src.code      # the atom is named, no selector needed
     assert "cute::Shape<cute::_2, cute::_1, cute::_1>;" in src.code    # the cluster

@@ -257,8 +257,7 @@ def test_tile_n_outside_the_default_wgmma_shapes_gets_its_own_mma_and_epilogue(
     src = gemm_sm90.emit(_kernel(sm90._config(tile, (1, 1, 1), schedule)))
     n = tile[1]
     assert src.defines == gemm_sm90.GDC_DEFINES
-    assert (src.includes == gemm_sm90.INCLUDES + sm90_parts.WGMMA_EXT_INCLUDES) == wide
-    assert (src.includes == gemm_sm90.INCLUDES) != wide
+    assert (set(sm90_parts.WGMMA_EXT_INCLUDES) <= set(src.includes)) == wide
     assert ("ss_op_selector" in src.code) == wide
     assert ("TiledMma::AtomShape_MNK{}) == %d" % n in src.code) == wide
     if wide:

@@ -283,7 +283,7 @@ def emit(kernel: ConvKernel) -> KernelSource:
         operand_check=check, **_launch_codes(kernel.launch))
     # the pack kernel is named in run() either way (a branch on a constexpr)
     return KernelSource(name=kernel.name, includes=gemm_sm90.includes(gk),
-                        code=(gemm_sm90.epilogue_headers(gk) + sm90_parts.wgmma_selector(gk) + _PACK
+                        code=(gemm_sm90.code_headers(gk) + sm90_parts.wgmma_selector(gk) + _PACK
                               + "\n" + code),
                         args_type="CoConvArgs", defines=gemm_sm90.defines(gk),
                         preamble=(sm90_parts.TMA_DRIVER,) + activations.preamble(gk.epilogue.activation))

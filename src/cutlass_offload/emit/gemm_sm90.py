@@ -7,8 +7,9 @@
     int run(const CoGemmArgs& args, cudaStream_t stream);  // a CoStatus
 
 The kernel is built with the CUTLASS collective builders (mainloop and epilogue),
-``GemmUniversal<Shape<int,int,int,int>, ...>`` (problem (M, N, K, L)) and
-``GemmUniversalAdapter``; the tile scheduler is CUTLASS's default persistent one
+``GemmUniversal<Shape<int,int,int,int>, ...>`` (problem (M, N, K, L)), launched as
+``GemmUniversalAdapter`` launches it (templates/sm90_kernel_adapter.h, without that
+header's every-architecture includes); the tile scheduler is CUTLASS's default persistent one
 or, for ``config.tile_scheduler == "stream_k"``, ``cutlass::gemm::StreamKScheduler``
 (partial tiles are reduced through the workspace, which ``initialize`` zeroes on
 the stream, so it stays graph-capturable). The scheduler's run-time arguments come
@@ -33,6 +34,7 @@ device query, so it can be captured into a CUDA graph.
 from __future__ import annotations
 
 import string
+from pathlib import Path
 
 from ..ir import GemmKernel, KernelSource
 from . import activations, glu_sm90, sm90_parts, staged
@@ -52,20 +54,42 @@ _EPILOGUE_FOR = {
     "KernelTmaWarpSpecialized": "TmaWarpSpecialized",
 }
 
+# Headers of every kernel of the family: CUTLASS's sm90 pieces one by one, not its
+# umbrella headers (gemm/collective/collective_builder.hpp includes every collective
+# and builder of sm70-sm120, gemm/device/gemm_universal_adapter.h every GEMM kernel and
+# the 2.x device layer), whose parse cudafe++, cicc and the host compiler each repeat
+# per unit; the adapter is templates/sm90_kernel_adapter.h. On 2 cores a one-kernel
+# unit took 12.1 s against 15.5 s (staged epilogue) and 23.1 against 25.5 s (TMA
+# epilogue), with the same PTX (benchmarks/unit_headers.py;
+# benchmarks/results/unit_headers_2core_2026-12-05_s40.txt).
 INCLUDES = (
     "cute/tensor.hpp",
     "cutlass/cutlass.h",
     "cutlass/numeric_types.h",
     "cutlass/kernel_hardware_info.h",
+    "cutlass/kernel_launch.h",
+    "cutlass/cluster_launch.hpp",
     "cutlass/epilogue/thread/activation.h",
+    "cutlass/gemm/dispatch_policy.hpp",
+    "cutlass/gemm/collective/collective_mma_decl.hpp",
+    "cutlass/gemm/collective/sm90_mma_tma_gmma_ss_warpspecialized.hpp",
+    "cutlass/gemm/collective/collective_builder_decl.hpp",
+    "cutlass/gemm/collective/builders/sm90_gmma_builder.inl",
+    "cutlass/gemm/kernel/gemm_universal_decl.h",
+)
+# the kernel's GemmUniversal specialization, by kernel schedule
+KERNEL_HEADER = {
+    "KernelTmaWarpSpecializedCooperative": "cutlass/gemm/kernel/sm90_gemm_tma_warpspecialized_cooperative.hpp",
+    "KernelTmaWarpSpecializedPingpong": "cutlass/gemm/kernel/sm90_gemm_tma_warpspecialized_pingpong.hpp",
+    "KernelTmaWarpSpecialized": "cutlass/gemm/kernel/sm90_gemm_tma_warpspecialized.hpp",
+}
+# CUTLASS's TMA epilogue: its collective builder and fusion callbacks (the EVT)
+TMA_EPILOGUE_INCLUDES = (
     "cutlass/epilogue/fusion/operations.hpp",
     "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp",
-    "cutlass/gemm/dispatch_policy.hpp",
-    "cutlass/gemm/collective/collective_builder.hpp",
     "cutlass/epilogue/collective/collective_builder.hpp",
-    "cutlass/gemm/kernel/gemm_universal.hpp",
-    "cutlass/gemm/device/gemm_universal_adapter.h",
 )
+KERNEL_ADAPTER_H = (Path(__file__).parent / "templates" / "sm90_kernel_adapter.h").read_text()
 
 # The adapter's run, with PDL when the args ask for it (GDC compiled in: GDC_DEFINES)
 _LAUNCH = """\
@@ -112,7 +136,7 @@ using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     CollectiveMainloop,
     CollectiveEpilogue${tile_scheduler}>;
 
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+using Gemm = co_sm90::KernelAdapter<GemmKernel>;   // templates/sm90_kernel_adapter.h
 
 static_assert(cute::is_same_v<typename GemmKernel::StrideA, ${stride_a_type}>,
               "A: ${layout_a_doc}");
@@ -507,19 +531,19 @@ def emit(kernel: GemmKernel) -> KernelSource:
     NotImplementedError for TF32 with B row-major, KeyError if the template and
     ``values`` ever disagree on a placeholder.
     """
-    code = (epilogue_headers(kernel) + sm90_parts.wgmma_selector(kernel)
+    code = (code_headers(kernel) + sm90_parts.wgmma_selector(kernel)
             + template_for(kernel).substitute(values(kernel)))
     return KernelSource(name=kernel.name, includes=includes(kernel), code=code, defines=defines(kernel),
                         preamble=(sm90_parts.TMA_DRIVER,) + activations.preamble(kernel.epilogue.activation))
 
 
-def epilogue_headers(kernel: GemmKernel) -> str:
-    """The template headers ``kernel``'s epilogue needs ahead of its code: the GLU or
-    the staged epilogue after what they share (each guarded, so a unit's kernels
-    share one copy); "" for the collective builder's TMA epilogue."""
+def code_headers(kernel: GemmKernel) -> str:
+    """The template headers ``kernel``'s code needs ahead of it: the kernel adapter
+    (templates/sm90_kernel_adapter.h), then a GLU's or the staged epilogue's after what
+    they share (each guarded, so a unit's kernels share one copy)."""
     if kernel.epilogue.glu:
-        return glu_sm90.headers(kernel)
-    return staged.HEADERS if staged_epilogue_applies(kernel) else ""
+        return KERNEL_ADAPTER_H + glu_sm90.headers(kernel)
+    return KERNEL_ADAPTER_H + (staged.HEADERS if staged_epilogue_applies(kernel) else "")
 
 
 def defines(kernel: GemmKernel) -> tuple:
@@ -529,7 +553,11 @@ def defines(kernel: GemmKernel) -> tuple:
 
 
 def includes(kernel: GemmKernel) -> tuple:
-    """``INCLUDES``, then CuTe's extended wgmma headers for a tile N outside its default
-    shapes (sm90_parts.wgmma_selector), then what a GLU or staged epilogue uses."""
-    return (INCLUDES + (sm90_parts.WGMMA_EXT_INCLUDES if sm90_parts.wide_mma(kernel.config) else ())
-            + (glu_sm90.INCLUDES if kernel.epilogue.glu or staged_epilogue_applies(kernel) else ()))
+    """``INCLUDES`` and the kernel schedule's header; CuTe's extended wgmma headers for a
+    tile N outside its default shapes (sm90_parts.wgmma_selector); then what its
+    epilogue uses: CUTLASS's TMA epilogue (TMA_EPILOGUE_INCLUDES), or a GLU's or the
+    staged one's (glu_sm90.INCLUDES)."""
+    own = kernel.epilogue.glu or staged_epilogue_applies(kernel)
+    return (INCLUDES + (KERNEL_HEADER[kernel.config.kernel_schedule],)
+            + (sm90_parts.WGMMA_EXT_INCLUDES if sm90_parts.wide_mma(kernel.config) else ())
+            + (glu_sm90.INCLUDES if own else TMA_EPILOGUE_INCLUDES))
