@@ -73,14 +73,31 @@ def umbrella_unit(text: str, family: tuple) -> str:
     if at != list(range(at[0], at[-1] + 1)):
         raise SystemExit("the unit's includes are not one block")
     head, body = lines[:at[0]], "\n".join(lines[at[-1] + 1:]).replace(ADAPTER[0], ADAPTER[1])
-    return "\n".join(head + [f"#include <{h}>" for h in umbrella_includes(family)] + [body])
+    out = "\n".join(head + [f"#include <{h}>" for h in umbrella_includes(family)] + [body])
+    return out + "\n" if text.endswith("\n") else out
+
+
+def normalize_internal_names(ptx: str) -> str:
+    """``ptx`` with each internal-linkage name nvcc makes from the file's path and
+    contents (a mangled ``<length>_INTERNAL_...`` or ``<length>_GLOBAL__N__...``
+    component) replaced by one token: the same code in two files, the same text. The
+    component's own length prefix says where it ends."""
+    out, i = [], 0
+    for m in re.finditer(r"_INTERNAL_|_GLOBAL__N__", ptx):
+        if m.start() < i:
+            continue        # inside a component already replaced
+        j = m.start()
+        while j > i and ptx[j - 1].isdigit():
+            j -= 1
+        if j == m.start():
+            continue        # not a length-prefixed component
+        out += [ptx[i:j], "INTERNAL"]
+        i = m.start() + int(ptx[j:m.start()])
+    return "".join(out) + ptx[i:]
 
 
 def _normalized_ptx(folder: Path) -> str:
-    ptx = next(folder.glob("*.ptx")).read_text()
-    # internal-linkage names carry a hash of the file: the same code, other names
-    ptx = re.sub(r"\d+_INTERNAL_[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+_\d+", "INTERNAL", ptx)
-    return re.sub(r"_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+_\d+", "GLOBAL_N", ptx)
+    return normalize_internal_names(next(folder.glob("*.ptx")).read_text())
 
 
 def compile_one(src: Path, keep: bool) -> dict:
@@ -109,12 +126,15 @@ def main(argv=None) -> int:
                    help="the kernel's epilogue (default %(default)s)")
     p.add_argument("--tile", default="128x128x64", help="CTA tile MxNxK (default %(default)s)")
     p.add_argument("--schedule", default="pingpong", choices=("pingpong", "coop"), help="default %(default)s")
+    p.add_argument("--cluster", default="1x1x1", help="cluster shape MxNxK (default %(default)s)")
     p.add_argument("--json", default="unit_headers.json", help="where to write the rows (default %(default)s)")
     a = p.parse_args(argv)
     forms = [f.strip() for f in a.forms.split(",")]
     if not forms or any(f not in ("tma", "staged_tma") for f in forms):
         p.error("--forms: tma and / or staged_tma")
-    a.cluster, a.dtype = "1x1x1", "f16"
+    if not re.fullmatch(r"\d+x\d+x\d+", a.cluster):
+        p.error(f"--cluster {a.cluster!r}: three sizes MxNxK, e.g. 2x1x1")
+    a.dtype = "f16"
     rows, same = [], True
     with tempfile.TemporaryDirectory(prefix="co_unit_headers_") as tmp:
         work = Path(tmp)

@@ -130,7 +130,7 @@ def _count(env, name: str) -> int:
     """A count variable (0 or unset: the default). Raises ValueError naming it unless
     it is a whole number >= 0."""
     raw = env.get(name, "").strip() or "0"
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):
         raise ValueError(f"{name}={env[name]!r}: use a whole number >= 0 (0: the default)")
     return int(raw)
 
@@ -155,23 +155,23 @@ def staged_epilogue() -> str | None:
 def _tristate(value: str, name: str = "value") -> bool | None:
     """None for unset / empty, False for 0 / off / no / false, True for 1 / on / yes /
     true; ValueError naming ``name`` otherwise."""
-    value = (value or "").strip().lower()
+    raw, value = value, (value or "").strip().lower()
     if not value:
         return None
     if value in _OFF or value in _ON:
         return value in _ON
-    raise ValueError(f"{name}={value!r}: use 1 (on), 0 (off) or leave it unset")
+    raise ValueError(f"{name}={raw!r}: use 1 (on), 0 (off) or leave it unset")
 
 
 def _progress(value: str) -> str:
     """CUTLASS_OFFLOAD_PROGRESS: auto, bar, lines or off (also 0 / none / quiet / no /
     false); ValueError naming the variable otherwise."""
-    value = (value or "auto").strip().lower()
+    raw, value = value, (value or "auto").strip().lower()
     if value in ("0", "off", "none", "quiet", "no", "false"):
         return "off"
     if value in ("auto", "bar", "lines"):
         return value
-    raise ValueError(f"CUTLASS_OFFLOAD_PROGRESS={value!r}: use auto, bar, lines or off")
+    raise ValueError(f"CUTLASS_OFFLOAD_PROGRESS={raw!r}: use auto, bar, lines or off")
 
 
 @dataclass(frozen=True)

@@ -59,3 +59,18 @@ def test_a_conv_lowered_onto_the_gemm_takes_the_gemms_headers():
     src = emit_kernel(k)
     assert not set(UMBRELLAS) & set(src.includes)
     assert "co_sm90::KernelAdapter<GemmKernel>" in src.code
+
+
+def test_the_non_persistent_schedule_keeps_the_kernel_umbrella():
+    # sm90_gemm_tma_warpspecialized.hpp uses IsCutlass3ArrayKernel, defined only in
+    # gemm_universal.hpp (nvcc: identifier undefined without it); no selector picks it
+    cfg = sm90._config((128, 128, 64), (1, 1, 1), "KernelTmaWarpSpecialized")
+    src = gemm_sm90.emit(_gemm(cfg, GemmEpilogue()))
+    assert "cutlass/gemm/kernel/gemm_universal.hpp" in src.includes
+
+
+def test_the_adapter_reads_and_clears_the_launch_error_as_cutlass_does():
+    # GemmUniversalAdapter::run ends with cudaGetLastError; a failed launch must not
+    # leave its error for an unrelated later CUDA call
+    run = gemm_sm90.KERNEL_ADAPTER_H.split("static cutlass::Status run(")[1]
+    assert "cudaGetLastError()" in run and run.index("cudaGetLastError()") > run.index("ClusterLauncher::launch")

@@ -236,8 +236,8 @@ def unit_class(kernel) -> str:
     """Which kernels may share a translation unit: those of one class.
 
     * "conv3x": CUTLASS 3.x conv kernels cannot sit in a TU that also includes
-      cutlass/gemm/kernel/gemm_universal.h (every GEMM emitter's headers pull it
-      in): ConvUniversal derives from 3.x GemmUniversal with a non-tuple problem
+      cutlass/gemm/kernel/gemm_universal.h (the 2.x GEMM emitter's headers pull it
+      in, as the sm90 GEMM's did until session 40; the classes stay apart): ConvUniversal derives from 3.x GemmUniversal with a non-tuple problem
       shape, which the 2.x GemmUniversal partial specialization also matches
       (nvcc: "more than one partial specialization matches"; moving the include
       after the conv's instantiation makes g++ reject it instead). CUTLASS's own

@@ -77,11 +77,13 @@ INCLUDES = (
     "cutlass/gemm/collective/builders/sm90_gmma_builder.inl",
     "cutlass/gemm/kernel/gemm_universal_decl.h",
 )
-# the kernel's GemmUniversal specialization, by kernel schedule
+# the kernel's GemmUniversal specialization, by kernel schedule. The non-persistent
+# kernel's header uses IsCutlass3ArrayKernel, which only the umbrella defines, so that
+# schedule (which no selector or table picks) keeps it.
 KERNEL_HEADER = {
     "KernelTmaWarpSpecializedCooperative": "cutlass/gemm/kernel/sm90_gemm_tma_warpspecialized_cooperative.hpp",
     "KernelTmaWarpSpecializedPingpong": "cutlass/gemm/kernel/sm90_gemm_tma_warpspecialized_pingpong.hpp",
-    "KernelTmaWarpSpecialized": "cutlass/gemm/kernel/sm90_gemm_tma_warpspecialized.hpp",
+    "KernelTmaWarpSpecialized": "cutlass/gemm/kernel/gemm_universal.hpp",
 }
 # CUTLASS's TMA epilogue: its collective builder and fusion callbacks (the EVT)
 TMA_EPILOGUE_INCLUDES = (

@@ -8,7 +8,8 @@
 // and the host compiler parse in every kernel unit (emit/gemm_sm90.py INCLUDES).
 //
 // The run is the adapter's for an sm90 kernel: a plain launch (PDL as an attribute)
-// for a static 1x1x1 cluster, else CUTLASS's cluster launcher. The shared-memory
+// for a static 1x1x1 cluster, else CUTLASS's cluster launcher, then cudaGetLastError
+// (gemm_universal_adapter.h's run, lines 374-562 in CUTLASS 4.2). The shared-memory
 // opt-in is the launcher's (prelude.h co_opt_in_smem), as with the adapter's run.
 // Spliced into a unit's code ahead of its GEMM kernels, once (guarded).
 #ifndef CO_SM90_KERNEL_ADAPTER_H
@@ -37,15 +38,22 @@ struct KernelAdapter {
     dim3 const grid = Kernel::get_grid_shape(params);
     int const smem = Kernel::SharedStorageSize;
     using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
+    cutlass::Status launched;
     if constexpr (cute::is_static_v<Cluster> && cute::size(Cluster{}) == 1) {
-      return cutlass::kernel_launch<Kernel>(grid, block, smem, stream, params, pdl);
+      launched = cutlass::kernel_launch<Kernel>(grid, block, smem, stream, params, pdl);
     } else {
       dim3 const cluster(cute::size<0>(Cluster{}), cute::size<1>(Cluster{}), cute::size<2>(Cluster{}));
       void* kernel_params[] = {&params};
-      return cutlass::ClusterLauncher::launch(grid, cluster, block, smem, stream,
-                                              (void const*)cutlass::device_kernel<Kernel>,
-                                              kernel_params, pdl);
+      launched = cutlass::ClusterLauncher::launch(grid, cluster, block, smem, stream,
+                                                  (void const*)cutlass::device_kernel<Kernel>,
+                                                  kernel_params, pdl);
     }
+    // as the adapter ends: reading the error also clears it, so a failed launch does
+    // not surface later in an unrelated CUDA call (the launchers' failure paths return
+    // before reading it)
+    cudaError_t const error = cudaGetLastError();
+    return error == cudaSuccess && launched == cutlass::Status::kSuccess ? cutlass::Status::kSuccess
+                                                                          : cutlass::Status::kErrorInternal;
   }
 };
 
