@@ -118,12 +118,7 @@ def _flag(env, name: str, default: bool) -> bool:
     (a typo must not silently pick one side)."""
     if name not in env:
         return default
-    value = env[name].strip().lower()
-    if value in ("",) + _OFF:
-        return False
-    if value in _ON:
-        return True
-    raise ValueError(f"{name}={env[name]!r}: use 1 (on) or 0 (off)")
+    return bool(_tristate(env[name], name))
 
 
 def _count(env, name: str) -> int:
@@ -143,9 +138,9 @@ def staged_epilogue() -> str | None:
     env = os.environ
     raw = env.get("CUTLASS_OFFLOAD_STAGED_EPILOGUE", "")
     value = raw.strip().lower()
-    if value in ("", "0", "off", "no", "false"):
+    if value in ("",) + _OFF:
         return None
-    if value in ("1", "on", "yes", "true", "tma"):
+    if value in _ON + ("tma",):
         return "tma"
     if value == "rows":
         return "rows"

@@ -466,9 +466,6 @@ def _orientation(swap: bool) -> dict:
     }
 
 
-_IDENTITY = "cutlass::epilogue::thread::Identity"
-
-
 def values(kernel: GemmKernel) -> dict:
     """Build the substitution dict for ``TEMPLATE`` (every placeholder, no more).
 

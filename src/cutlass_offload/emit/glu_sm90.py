@@ -47,7 +47,6 @@ _ROWS = """co_glu::GluEpilogue<ElementD, ElementBias, ${act}, ${bias},
 _TMA = """co_staged::TmaStagedEpilogue<void, ElementD, ElementBias, ${act}, ${has_act}, ${bias}, 0,
                         cutlass::epilogue::thread::Identity, false, cutlass::epilogue::NoSmemWarpSpecialized,
                         TileShape, ${stride}, ${knobs}, true>"""
-_IDENTITY = "cutlass::epilogue::thread::Identity"
 
 
 def glu_tma(kernel: GemmKernel) -> bool:
@@ -61,11 +60,11 @@ def values(kernel: GemmKernel) -> dict:
     """EPILOGUE's own placeholders for a GLU ``kernel``: ``glu_epilogue`` (the epilogue
     class) and ``glu_store`` (its store form, for the comment)."""
     ep, cfg = kernel.epilogue, kernel.config
-    act = activations.FUNCTOR[ep.activation] or _IDENTITY
+    act = activations.FUNCTOR[ep.activation] or staged.IDENTITY
     bias = "true" if ep.bias else "false"
     if glu_tma(kernel):
         text = string.Template(_TMA).substitute(
-            act=act, has_act="false" if act == _IDENTITY else "true", bias=bias,
+            act=act, has_act="false" if act == staged.IDENTITY else "true", bias=bias,
             stride=staged.GEMM_STRIDE, knobs=staged.tma_knobs(sm90_parts.consumer_groups(cfg)))
         store = "staged in TMA's swizzled boxes and stored by TMA (templates/staged_tma_epilogue.h)"
     else:

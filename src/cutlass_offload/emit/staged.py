@@ -82,7 +82,8 @@ using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpe
 
 """)
 
-_IDENTITY = "cutlass::epilogue::thread::Identity"
+# no activation / post op: the functor the templates take
+IDENTITY = "cutlass::epilogue::thread::Identity"
 _RESIDUAL = {"none": "0", "add": "1", "mul": "2"}
 
 
@@ -130,11 +131,11 @@ def values(ep: GemmEpilogue, stride: str, tile_n: int, groups: int = 1) -> dict:
                          else "stored in 16-byte row chunks (templates/staged_epilogue.h)"),
         # the widest chunk, the chunks (row form) or boxes (TMA form) in flight[, groups]
         "staged_knobs": tma_knobs(groups) if tma else f"{MAX_CHUNK_GROUPS}, {BUFFERS}",
-        "staged_activation": act or _IDENTITY,
+        "staged_activation": act or IDENTITY,
         "staged_has_activation": "true" if act else "false",
         "staged_bias": "true" if ep.bias else "false",
         "staged_residual": _RESIDUAL[ep.residual],
-        "staged_post": post or _IDENTITY,
+        "staged_post": post or IDENTITY,
         "staged_has_post": "true" if post else "false",
         "staged_stride": stride,
     }
