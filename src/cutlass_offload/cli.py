@@ -362,6 +362,9 @@ def main(argv=None) -> int:
     k.set_defaults(fn=_cmd_cache)
     a = p.parse_args(argv)
     try:
+        # every environment variable checked before any work, and before -q sets one
+        from .config import knobs
+        knobs()
         return a.fn(a)
     except (CutlassOffloadError, ValueError, ImportError) as e:   # one clear line for the user
         print(f"error: {e}", file=sys.stderr)

@@ -155,7 +155,7 @@ def _tristate(value: str, name: str = "value") -> bool | None:
         return None
     if value in _OFF or value in _ON:
         return value in _ON
-    raise ValueError(f"{name}={raw!r}: use 1 (on), 0 (off) or leave it unset")
+    raise ValueError(f"{name}={raw!r}: use 1 / on / yes / true or 0 / off / no / false")
 
 
 def _progress(value: str) -> str:

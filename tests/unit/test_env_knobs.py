@@ -79,3 +79,16 @@ def test_an_nvcc_path_set_on_purpose_must_be_an_executable(monkeypatch, tmp_path
     plain.chmod(plain.stat().st_mode | stat.S_IXUSR)
     assert toolchain.find_nvcc() == str(plain)
     assert os.access(toolchain.find_nvcc(), os.X_OK)
+
+
+def test_the_cli_checks_the_environment_before_any_command(monkeypatch, tmp_path, capsys):
+    # -q sets CUTLASS_OFFLOAD_PROGRESS itself: the user's bad value is refused before that
+    from cutlass_offload import cli
+    monkeypatch.setenv("CUTLASS_OFFLOAD_PROGRESS", "fancy")
+    assert cli.main(["compile", "mlp", "--arch", "sm_80", "-q", "--out", str(tmp_path / "out")]) == 2
+    assert "CUTLASS_OFFLOAD_PROGRESS='fancy'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    monkeypatch.delenv("CUTLASS_OFFLOAD_PROGRESS")
+    monkeypatch.setenv("CUTLASS_OFFLOAD_VERBOSE", "maybe")
+    assert cli.main(["prebuild", "--arch", "sm_80", "--list"]) == 2
+    assert "CUTLASS_OFFLOAD_VERBOSE='maybe'" in capsys.readouterr().err
