@@ -40,3 +40,19 @@ def _tests_keep_out_of_the_user_cache(tmp_path_factory):
         yield
     finally:
         os.environ.pop("CUTLASS_OFFLOAD_CACHE_DIR", None)
+
+
+# Knobs that change which kernel source the emitters write: the unit tier checks the
+# defaults' sources and pins any other form itself (staged.ENABLED, monkeypatch.setenv),
+# so a developer's shell (CUTLASS_OFFLOAD_STAGED_EPILOGUE=1 for a benchmark) must not
+# turn its checks of CUTLASS's TMA epilogue into failures. The GPU and build tiers keep
+# the environment: their scripts choose forms through it.
+_SOURCE_KNOBS = ("CUTLASS_OFFLOAD_STAGED_EPILOGUE",)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_sees_the_default_sources(request, monkeypatch):
+    if os.path.join("tests", "unit") in str(request.node.path):
+        for name in _SOURCE_KNOBS:
+            monkeypatch.delenv(name, raising=False)
+    yield
