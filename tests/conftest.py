@@ -56,3 +56,13 @@ def _unit_tier_sees_the_default_sources(request, monkeypatch):
         for name in _SOURCE_KNOBS:
             monkeypatch.delenv(name, raising=False)
     yield
+
+
+@pytest.fixture
+def cutlass_tma_epilogue(monkeypatch):
+    """Pins CUTLASS's own TMA epilogue (collective builder, fusion callbacks) for the
+    sm90 GEMMs, convs and GLUs and the example's epilogue for the Hopper FMHA,
+    whatever the default form is: for the tests that check those sources."""
+    from cutlass_offload.emit import attention_sm90, staged
+    monkeypatch.setattr(staged, "ENABLED", False)
+    monkeypatch.setattr(attention_sm90, "STAGED_EPILOGUE", False)

@@ -287,6 +287,7 @@ def test_lpt_order_is_for_causal_problems_only():
     assert len(causal_space) == 2 * len(fam.search_space(problem(64)))
 
 
+@pytest.mark.usefixtures("cutlass_tma_epilogue")
 @pytest.mark.parametrize("schedule,scheduler,persistent", [
     (fam.PINGPONG, "LptPersistentTileScheduler", True),
     (fam.COOPERATIVE, "LptIndividualTileScheduler", False)])

@@ -2,6 +2,8 @@
 example builder's mainloop and tile scheduler with co_fmha::StagedFwdEpilogue
 (templates/fmha_staged_epilogue.h) storing O; off, the emitted kernel is the builder's
 own. No nvcc: tests/build/test_attention_staged_epilogue_build.py compiles it."""
+import pytest
+
 from cutlass_offload.emit import attention_sm90 as emit_a90
 from cutlass_offload.families import attention_sm90
 from cutlass_offload.ir.attention import AttentionProblem
@@ -17,6 +19,7 @@ def _lpt(schedule):
                 if c.tile_scheduler == "lpt" and c.kernel_schedule == schedule and c.tile[2] == 64)
 
 
+@pytest.mark.usefixtures("cutlass_tma_epilogue")
 def test_off_the_kernel_is_the_builders():
     code = emit_a90.emit(attention_sm90.choose(UNET)).code
     assert "StagedFwdEpilogue" not in code and "CO_FMHA_STAGED_EPILOGUE_H" not in code

@@ -11,6 +11,8 @@ import pytest
 from cutlass_offload.emit import conv_sm90, staged
 from cutlass_offload.ir import ConvKernel, ConvProblem, GemmEpilogue, KernelConfig
 
+# these check CUTLASS's TMA epilogue sources (a staged-form test pins that form itself)
+pytestmark = pytest.mark.usefixtures("cutlass_tma_epilogue")
 TILE, CLUSTER, SCHED = (128, 128, 64), (2, 1, 1), conv_sm90.KERNEL_SCHEDULE   # a searched config
 
 

@@ -71,6 +71,7 @@ def test_sm80_epilogue_rounds_bias_add_and_activation_to_the_output_type(act, re
     assert "RoundedActivation" in op and functor.split("::")[-1] + "," not in op
 
 
+@pytest.mark.usefixtures("cutlass_tma_epilogue")
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("act", sorted(ACTS))
 def test_sm90_evt_rounds_every_node_to_the_output_type(act, residual):

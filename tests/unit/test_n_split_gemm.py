@@ -75,6 +75,7 @@ def test_a_warp_group_n_outside_the_default_wgmma_shapes_gets_the_extended_heade
     assert "cute::Shape<cute::_2, cute::_1, cute::_1>;" in src.code    # the cluster
 
 
+@pytest.mark.usefixtures("cutlass_tma_epilogue")
 def test_other_kernels_source_is_unchanged_by_the_n_split_template():
     for cfg in (sm90.CONFIGS["mid"], sm90.CONFIGS["stream_k"],
                 sm90._config((128, 176, 64), (1, 1, 1), sm90.COOP)):

@@ -247,6 +247,7 @@ def test_fitted_tiles_fill_the_waves_and_emit(shape, tile):
     ((128, 176, 64), sm90.COOP, True, "cute::Shape<cute::_128, cute::_176>"),
     ((64, 80, 64), sm90.PINGPONG, True, "cute::Shape<cute::_64, cute::_80>"),
 ])
+@pytest.mark.usefixtures("cutlass_tma_epilogue")
 def test_tile_n_outside_the_default_wgmma_shapes_gets_its_own_mma_and_epilogue(
         tile, schedule, wide, epilogue_tile):
     """A tile N that CuTe's default wgmma shapes do not hold (176: the builder would run

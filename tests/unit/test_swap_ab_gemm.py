@@ -59,6 +59,7 @@ def test_the_emitted_kernel_computes_the_transpose_with_the_problems_arguments()
     assert "static_cast<ElementC const*>(args.c)" in code
 
 
+@pytest.mark.usefixtures("cutlass_tma_epilogue")
 def test_other_kernels_keep_the_problems_orientation():
     code = gemm_sm90.emit(_kernel(sm90.CONFIGS["mid"], epilogue=GemmEpilogue(bias=True))).code
     assert "{static_cast<int>(args.m), static_cast<int>(args.n)," in code
