@@ -258,9 +258,17 @@ def test_unit_with_sm80_and_sm90_kernels(no_table):
     assert tu.text.count("#include <41_fused_multi_head_attention/kernel_forward.h>") == 1
 
 
-def test_shard_planner_prices_the_hopper_kernel_as_a_3x_kernel():
+def test_shard_planner_prices_the_hopper_kernel_apart_from_the_gemms():
+    """Its row (attention_sm90): a one-kernel unit dearer than a GEMM's, a second
+    FMHA kernel in a unit dearer than a second GEMM mainloop (measured; shards.COST)."""
     k = at.choose(problem(64), "sm90a")
-    assert shards.estimate([k]) == shards.COST["cutlass3x_sm90"][0] + shards.COST["cutlass3x_sm90"][1]
+    fixed, per_kernel, _ = shards.COST["attention_sm90"]
+    gemm_fixed, gemm_mainloop, _ = shards.COST["cutlass3x_sm90"]
+    assert shards.estimate([k]) == fixed + per_kernel > gemm_fixed + gemm_mainloop
+    other = at.choose(problem(160, causal="top_left", seq_q=64, seq_kv=64), "sm90a")
+    assert shards.estimate([k, other]) == fixed + 2 * per_kernel
+    assert per_kernel > 2 * gemm_mainloop
+    assert shards.peak_memory([k]) == shards.PEAK_MEMORY["cutlass3x_sm90"]
     assert shards.estimate([at.choose(problem(64, bias="add"), "sm90a")]) == 12.0 + 6.0
 
 

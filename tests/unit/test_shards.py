@@ -86,7 +86,7 @@ def test_few_cores_merge_into_single_strategy_units():
     from dataclasses import replace
     many = [replace(k, config=replace(SM90, tile=(128, 16 * (i + 1), 64)))   # 12 mainloops
             for i, k in enumerate(kernels(12))]
-    two = choose_shards(many, slots=2)
+    two = choose_shards(many, slots=2, memory=200 * 2**30)    # memory to spare: the model alone
     assert len(two) == 2 and predicted_wall(two, 2) < predicted_wall([many], 2)
 
 
@@ -122,6 +122,9 @@ def test_a_unit_too_big_for_its_share_of_memory_is_cut():
     assert all(peak_memory(s) <= 21 * gib / 2 for s in tight)
     assert sorted(k.name for s in tight for k in s) == sorted(k.name for k in many)
     assert fit_memory(roomy, 2, 0) == roomy
+    # one unit cut in two on 2 slots: the pieces compile side by side, each within half
+    cut = fit_memory([many], 2, 21 * gib)
+    assert len(cut) >= 2 and all(peak_memory(s) <= 21 * gib / 2 for s in cut)
     # a one-kernel unit is never cut, even when it alone is over the share
     one = [many[:1]]
     assert fit_memory(one, 2, 1 * gib) == one
@@ -135,3 +138,27 @@ def test_peak_memory_grows_with_mainloops_more_than_with_epilogues():
     mainloops = [replace(k, config=replace(SM90, tile=(128, 64 + 16 * i, 64)))
                  for i, k in enumerate(kernels(6))]
     assert peak_memory([]) < peak_memory(epilogues[:1]) < peak_memory(epilogues) < peak_memory(mainloops)
+
+
+def test_hopper_fmha_kernels_get_units_of_their_own_before_gemms_split_further():
+    """sd-unet's case: its three FMHA kernels (head dims 40, 80, 160) and GEMMs on five
+    mainloops, six slots. An FMHA kernel costs 2-3x a GEMM mainloop to compile
+    (shards.COST's attention_sm90 row); priced as a GEMM kernel, two of them shared a
+    unit, the build's longest."""
+    from cutlass_offload.families import attention_sm90
+    from cutlass_offload.ir.attention import AttentionProblem
+
+    def fmha(head_dim, seq):
+        return attention_sm90.choose(AttentionProblem(heads=8, seq_q=seq, seq_kv=seq, head_dim=head_dim,
+                                                      head_dim_v=head_dim, dtype="f16", scale=head_dim ** -0.5,
+                                                      batch=2))
+    attention = [fmha(40, 4096), fmha(80, 1024), fmha(160, 256)]
+    assert len({k.name for k in attention}) == 3
+    gemms = [GemmKernel("sm90a", "f16", "col", 8, 8, 8, ep,
+                        KernelConfig("cutlass3x_sm90", tile, 0, kernel_schedule="KernelTmaWarpSpecializedCooperative"))
+             for tile in ((128, 64, 64), (64, 128, 64), (128, 96, 64), (64, 64, 128), (128, 192, 64))
+             for ep in (GemmEpilogue(), GemmEpilogue(bias=True, residual="add"))]
+    shards = plan_shards(attention + gemms, slots=6)
+    assert len(shards) == 6
+    assert sorted(sum(k.kind == "attention" for k in s) for s in shards) == [0, 0, 0, 1, 1, 1]
+    assert estimate(attention[:2]) > estimate(gemms[:4])      # two FMHAs > two GEMM mainloops

@@ -9,14 +9,22 @@ as many shards as the job slots allow while a split still shortens the longest
 shard: the floor of the wall time is about fixed + the longest shard's work.
 
 Costs, in seconds (relative weights for balancing, not predictions):
-* 3.x sm90a: on the 16-core H200 host a one-kernel unit takes about 35 s alone and
-  each further kernel in it 7-9 s (sd-unet's 17 GEMMs in one unit 147 s, nine TMA
-  convs 100-109 s; benchmarks/results/shard_sweep_sdunet_2026-12-02_h200.json); on
-  a 2-core machine a one-kernel TU took 104.9 s, a second kernel on the same
-  mainloop +7.5 s, a kernel with another mainloop +29.2 s (nvcc 13.0, bert-base's
-  kernels). Hence 43 / 9 / 3. With 16 slots the planner's 17 units built sd-unet in
-  90.6 s against 100.6-152.6 s for 13 down to 9 units (the same sweep): fewer units
-  save CPU (1120 -> 608 s) but lengthen the longest.
+* 3.x sm90a GEMMs and convs: measured on the 2-core machine, each unit compiled alone
+  with the build's nvcc -c (session 41, the sm90 GEMM units without CUTLASS's umbrella
+  headers; benchmarks/results/unit_costs_2core_2026-12-06_s41.txt): one kernel 23.8 s,
+  a second epilogue on its mainloop +1.9 s, a second mainloop +5.7 s, four mainloops
+  45.0 s, hence 18 / 6.4 / 1.9 (CUTLASS's TMA epilogue, the default; with the staged
+  epilogue 12.6 s, +0.5, +4.4, 25.0 s: 8.3 / 4.3 / 0.5, near enough in ratio to share
+  the row). Until session 41 the row was 43 / 9 / 3, from the 16-core H200 host with
+  the umbrella headers (a one-kernel unit about 35 s alone, each further kernel 7-9 s:
+  benchmarks/results/shard_sweep_sdunet_2026-12-02_h200.json, where 17 units built
+  sd-unet in 90.6 s against 100.6-152.6 s for 13 down to 9 units).
+* 3.x Hopper FMHA (emit/attention_sm90.py; family cutlass3x_sm90, priced by kind):
+  the same 2-core runs, the SD UNet's head dims 40, 80 and 160: one kernel 29.6 s,
+  two 46.5 s, three 59.5 s: 13 / 17 / 17. Every config instantiates its own
+  mainloop, softmax and epilogue, 2-3x a GEMM mainloop, and no kernel comes cheap
+  beside another; priced as a GEMM, sd-unet's three FMHA kernels shared one unit,
+  the build's longest (79.6 s for two of them on the H200 host in session 14).
 * 2.x sm80: fixed 10 s, ~1.6 s per kernel on the H200 host (an early H200
   measurement): 10 / 2 / 0.8.
 * rowwise_norm (emit/norm.py): on 2 cores a one-kernel TU takes 9-13 s, almost all of
@@ -40,7 +48,8 @@ import os
 from ..config import knobs
 from .toolchain import available_memory
 
-COST = {"cutlass3x_sm90": (43.0, 9.0, 3.0), "cutlass2x_sm80": (10.0, 2.0, 0.8),  # fixed, mainloop, epilogue
+COST = {"cutlass3x_sm90": (18.0, 6.4, 1.9), "attention_sm90": (13.0, 17.0, 17.0),  # fixed, mainloop, epilogue
+        "cutlass2x_sm80": (10.0, 2.0, 0.8),
         "rowwise_norm": (4.0, 0.3, 0.3), "nhwc_group_norm": (4.0, 0.3, 0.3),
         "direct_depthwise": (4.0, 1.0, 1.0), "attention": (12.0, 6.0, 6.0)}
 # bytes per nvcc of a one-kernel unit (3.x: 4.1-5.2 GB for 1-5 kernels in the sweep
@@ -48,25 +57,26 @@ COST = {"cutlass3x_sm90": (43.0, 9.0, 3.0), "cutlass2x_sm80": (10.0, 2.0, 0.8), 
 # mainloop already in it: on 2 cores one 3.x GEMM kernel alone peaked at 1.6-3.8 GB,
 # 42 in one unit at 16.6 GB (cicc; a second unit beside it was killed by the OOM
 # killer on a 24 GiB machine; session 25).
-PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30,
+PEAK_MEMORY = {"cutlass3x_sm90": 4.5 * 2**30, "attention_sm90": 4.5 * 2**30, "cutlass2x_sm80": 2.0 * 2**30,
                "rowwise_norm": 0.5 * 2**30, "nhwc_group_norm": 0.5 * 2**30,
                "direct_depthwise": 0.5 * 2**30,
                "attention": 0.6 * 2**30}
 # 2.x's and the small families' from their 1-kernel figures, not measured per kernel.
 # Fitted to 2-core units (nvcc 13.0, cicc's peak): 42 kernels / 26 mainloops 16.2 GiB,
 # 13 / 12 12.3 GiB, 7 / 7 8.1 GiB, 11 / 5 6.9 GiB (the last three with nvcc -t2).
-MAINLOOP_MEMORY = {"cutlass3x_sm90": 0.7 * 2**30, "cutlass2x_sm80": 0.15 * 2**30,
+MAINLOOP_MEMORY = {"cutlass3x_sm90": 0.7 * 2**30, "attention_sm90": 0.7 * 2**30, "cutlass2x_sm80": 0.15 * 2**30,
                    "attention": 0.15 * 2**30}
 EPILOGUE_MEMORY = {"cutlass3x_sm90": 0.1 * 2**30}
 OTHER_KERNEL_MEMORY = 0.05 * 2**30
 
 
 def _priced(kernel) -> str:
-    """The COST / PEAK_MEMORY row of a kernel: its family, or its kind for the sm80
-    attention kernels (of family cutlass2x_sm80, priced apart); the Hopper attention
-    kernel (emit/attention_sm90.py) costs what a 3.x sm90a kernel does."""
-    if kernel.kind == "attention" and kernel.config.family == "cutlass2x_sm80":
-        return "attention"
+    """The COST / PEAK_MEMORY row of a kernel: its family, or for the attention
+    kernels (priced apart from their families' GEMMs) "attention" (the sm80 kernel,
+    family cutlass2x_sm80) or "attention_sm90" (the Hopper FMHA, cutlass3x_sm90)."""
+    if kernel.kind == "attention":
+        return {"cutlass2x_sm80": "attention", "cutlass3x_sm90": "attention_sm90"}.get(
+            kernel.config.family, kernel.config.family)
     return kernel.config.family
 
 
@@ -202,15 +212,19 @@ def choose_shards(kernels: list, slots: int, memory: int | None = None) -> list:
     the single strategy's units) is predicted to be at least as fast, which happens
     on few cores, where concurrent nvcc processes gain less than the fixed cost
     each extra unit repeats. Shards of one unit each are never slower than
-    ``single`` by this model. Then ``fit_memory`` cuts a unit too big for its share of
-    ``memory`` (bytes; None: this machine's available memory)."""
+    ``single`` by this model. Both are compared as they would be built: after
+    ``fit_memory`` has cut each unit too big for its share of ``memory`` (bytes; None:
+    this machine's available memory). Compared before the cut, sd-unet's one
+    header-compatible unit of 39 kernels looked far longer than the five units it
+    becomes on a 24 GiB machine, and on 2 cores the planned units won: 202 / 211 s
+    of build against 194 s for those five (session 41)."""
     if not kernels:
         return []
-    planned = plan_shards(kernels, slots)
-    merged = sorted(header_compatible_groups(sorted(kernels, key=lambda k: k.name)),
-                    key=estimate, reverse=True)
-    chosen = merged if predicted_wall(merged, slots) <= predicted_wall(planned, slots) else planned
-    return fit_memory(chosen, slots, available_memory() if memory is None else memory)
+    memory = available_memory() if memory is None else memory
+    planned = fit_memory(plan_shards(kernels, slots), slots, memory)
+    merged = fit_memory(sorted(header_compatible_groups(sorted(kernels, key=lambda k: k.name)),
+                               key=estimate, reverse=True), slots, memory)
+    return merged if predicted_wall(merged, slots) <= predicted_wall(planned, slots) else planned
 
 
 def fit_memory(shards: list, slots: int, memory: int) -> list:
@@ -219,17 +233,24 @@ def fit_memory(shards: list, slots: int, memory: int) -> list:
     that fit, so that ``slots`` units compiling at once stay within it: one cicc
     holds all of its unit's instantiations, and on a 2-core 24 GiB machine two
     units of 42 CUTLASS 3.x kernels each were more than it had (PEAK_MEMORY's
-    note). A one-kernel unit is never cut. Longest predicted first, as the input."""
+    note). The share is of the units that will compile at once after the cut: one
+    unit cut in two on 2 slots gets half, not all, of ``memory``. A one-kernel unit
+    is never cut. Longest predicted first, as the input."""
     if not memory:
         return shards
-    share = memory / max(1, min(slots, len(shards)))
-    out = []
-    for shard in shards:
-        pieces = min(len(shard), math.ceil(peak_memory(shard) / share))
-        while pieces < len(shard) and max(peak_memory(p) for p in _pack(shard, pieces)) > share:
-            pieces += 1
-        out += _pack(shard, pieces) if pieces > 1 else [shard]
-    return sorted(out, key=estimate, reverse=True)
+    at_once = max(1, min(slots, len(shards)))
+    while True:
+        share = memory / at_once
+        out = []
+        for shard in shards:
+            pieces = min(len(shard), math.ceil(peak_memory(shard) / share))
+            while pieces < len(shard) and max(peak_memory(p) for p in _pack(shard, pieces)) > share:
+                pieces += 1
+            out += _pack(shard, pieces) if pieces > 1 else [shard]
+        # more units than before may now run side by side: cut again for their share
+        if min(slots, len(out)) <= at_once:
+            return sorted(out, key=estimate, reverse=True)
+        at_once = min(slots, len(out))
 
 
 def unit_class(kernel) -> str:
