@@ -371,9 +371,9 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         # outputs and cache entries are published whole or not at all (folder.py,
-        # build/cache.py), so an interrupt leaves them as they were
-        print("interrupted: the output folder and the kernel cache are as they were before "
-              "this command", file=sys.stderr)
+        # build/cache.py); units that finished before the interrupt stay cached
+        print("interrupted: the output folder is as it was before this command; the kernel "
+              "cache holds only the units that finished compiling", file=sys.stderr)
         return 130
 
 

@@ -200,6 +200,39 @@ def test_an_interrupt_starts_no_queued_job(tmp_path, python_sigint):
     assert ran == ["j0"]
 
 
+def test_a_compile_error_during_an_interrupt_is_not_a_result(tmp_path, python_sigint):
+    """A terminal's Ctrl-C reaches nvcc's tools too: cicc and cudafe++ then exit 4 with
+    "Compilation terminated", a compile error by its look (a fresh-user trial found the
+    interrupted unit cached as failed, and the next build isolating its kernels). A
+    failure of a unit that was running when the build was interrupted is transient."""
+    import _thread
+    import time
+
+    from cutlass_offload.build.jobs import interrupted_failure
+    seen = []
+
+    def runner(job):
+        _thread.interrupt_main()                     # the main thread's share of Ctrl-C
+        time.sleep(0.1)                              # the tool's exit after its own
+        res = JobResult(job.name, False, 0.0, 0, "[cudafe] exit 4\nCompilation terminated.\n", job.kernels)
+        seen.append(interrupted_failure(res))
+        return res
+    with pytest.raises(KeyboardInterrupt):
+        run_jobs([Job("u", ["true"], ("k",), log_path=tmp_path / "u.log")], workers=1, runner=runner)
+    # the interrupt may come while the pool starts the job's thread, which the pool then
+    # does not wait for (the job still ends on its own, as nvcc does after Ctrl-C)
+    for _ in range(50):
+        if seen:
+            break
+        time.sleep(0.05)
+    assert seen == [True]
+    # the next build starts clean: a real compile error is one again, and a success never changes
+    (ok,) = run_jobs([Job("ok", [sys.executable, "-c", "pass"], log_path=tmp_path / "ok.log")], workers=1)
+    error = JobResult("e", False, 0.0, 0, "error: expected a ';'", ())
+    assert not interrupted_failure(error, wait=0.0) and not error.killed
+    assert not interrupted_failure(ok, wait=0.0) and ok.ok
+
+
 def test_the_cli_says_an_interrupt_left_nothing_half_built(monkeypatch, capsys):
     from cutlass_offload import cli
 

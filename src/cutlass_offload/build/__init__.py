@@ -39,7 +39,7 @@ from ..ir import Plan
 from . import toolchain
 from .cache import DISK_FULL_HINT, BuildCache, cache_key
 from .executor import CompileTask, LocalExecutor, ToolchainId, make_executor
-from .jobs import Job, JobResult, run_job, run_jobs
+from .jobs import Job, JobResult, interrupted_failure, run_job, run_jobs
 from .result import BuildResult, UnitReport
 from .shards import choose_shards, estimate, header_compatible_groups, peak_memory
 
@@ -175,7 +175,7 @@ class _Builder:
                     # only "run nvcc on this source" is pluggable: lock, lookup and publish stay here
                     res, job.cmd = self.executor.compile(task, staging)
                 _raise_if_disk_full(res, staging)
-                if res.killed:             # transient: report, but never cache as a failure
+                if interrupted_failure(res):   # transient: report, but never cache as a failure
                     keep = self.cache.root / "failed" / f"{prefix}.{key[:16]}"
                     shutil.rmtree(keep, ignore_errors=True)
                     keep.parent.mkdir(parents=True, exist_ok=True)
@@ -366,7 +366,7 @@ class _Builder:
                     src.kernels, log_path=staging / "nvcc.log")
                 res = run_jobs([job], 1, "compiling one unit")[0]
                 _raise_if_disk_full(res, staging)
-                if res.killed:
+                if interrupted_failure(res):
                     raise CompileError(f"nvcc was killed: {res.log.strip().splitlines()[-1]}",
                                        command=job.cmd, log_path=job.log_path,
                                        source_path=staging / SOURCE_NAME, kernels=src.kernels)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -70,6 +71,32 @@ def was_killed(returncode: int, log: str) -> bool:
             or (returncode != 0 and "died due to signal" in log))
 
 
+# Set when SIGINT reaches a run_jobs call (Ctrl-C): a terminal's Ctrl-C also reaches
+# nvcc's tools, and cicc and cudafe++ then exit 4 ("Compilation terminated"), which
+# reads as a compile error (a fresh-user trial found such a unit cached as failed)
+_INTERRUPTED = threading.Event()
+
+
+def _flagging(previous):
+    """A SIGINT handler that sets _INTERRUPTED, then does what ``previous`` does."""
+    def handler(signum, frame):
+        _INTERRUPTED.set()
+        return previous(signum, frame)
+    return handler
+
+
+def interrupted_failure(result: JobResult, wait: float = 0.5) -> bool:
+    """Whether ``result`` is a failure of a compile the build's interrupt ended: the
+    result failed and a run_jobs call is being interrupted, or is within ``wait``
+    seconds (the interrupt reaches the main thread's handler after the children see
+    it). Marks it killed (transient, never cached as a failure) with a line in its log."""
+    if result.ok or result.killed or not _INTERRUPTED.wait(wait):
+        return result.killed
+    result.killed = True
+    result.log += "\n[cutlass_offload] the build was interrupted while this unit compiled: not a result\n"
+    return True
+
+
 def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None,
              heavy=None, heavy_limit: int | None = None) -> list:
     """Run jobs, longest estimate first, at most ``workers`` at once, and of those
@@ -87,6 +114,13 @@ def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None,
     """
     if not jobs:
         return []
+    _INTERRUPTED.clear()
+    # the flag is set by the signal handler, wherever in this call the main thread is
+    # when KeyboardInterrupt comes (one came inside pool.submit); only Python's own
+    # kind of handler is wrapped (SIG_IGN / SIG_DFL behave as before)
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if callable(previous):
+        signal.signal(signal.SIGINT, _flagging(previous))
     heavy = heavy or (lambda job: True)
     order = sorted(range(len(jobs)), key=lambda i: (heavy(jobs[i]), -jobs[i].estimate))
     results = [None] * len(jobs)
@@ -123,6 +157,8 @@ def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None,
                 raise
     finally:
         progress.close()
+        if callable(previous):
+            signal.signal(signal.SIGINT, previous)
     return results
 
 
