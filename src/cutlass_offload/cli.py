@@ -369,6 +369,16 @@ def main(argv=None) -> int:
     except (CutlassOffloadError, ValueError, ImportError) as e:   # one clear line for the user
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        # a path the user gave or set (--out, CUTLASS_OFFLOAD_CACHE_DIR) that cannot be
+        # written: a file where a folder should be, no permission, a read-only mount
+        if e.filename is None:
+            raise
+        from .config import knobs
+        where = (" (in the build cache: CUTLASS_OFFLOAD_CACHE_DIR, or its default)"
+                 if str(e.filename).startswith(str(knobs().cache_dir)) else "")
+        print(f"error: cannot use {e.filename}{where}: {e.strerror or e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         # outputs and cache entries are published whole or not at all (folder.py,
         # build/cache.py); units that finished before the interrupt stay cached

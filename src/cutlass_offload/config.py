@@ -2,8 +2,9 @@
 
 Environment variables:
   (read strictly: an on / off variable takes 1 / on / yes / true or 0 / off / no / false,
-  empty being off; a count, a whole number >= 0; any other value raises ValueError
-  naming the variable and its value)
+  empty being off; a count, a whole number >= 0; any other value is an error naming
+  the variable and its value: ValueError from the Python API, one line and exit 2
+  from the CLI)
   CUTLASS_OFFLOAD_CACHE_DIR  build cache root (default: $XDG_CACHE_HOME/cutlass_offload
                              or ~/.cache/cutlass_offload)
   CUTLASS_OFFLOAD_NVCC       explicit path to nvcc (an error if it is not an executable)

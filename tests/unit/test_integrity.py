@@ -6,6 +6,7 @@ a damaged cache entry is rebuilt with a warning naming it, never linked."""
 import json
 import shutil
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,6 +182,26 @@ def test_out_dir_naming_a_file_or_a_foreign_folder_is_refused_before_any_work(tm
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {afile} exists and is not a folder")
     assert afile.read_text() == "keep me"
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux's /proc")
+def test_an_out_dir_on_a_pseudo_file_system_is_not_called_a_full_disk(fake):
+    """/proc reports no free space: the error says what it is (a fresh-user trial was told
+    "out of disk space ... 0 MiB are free")."""
+    model, x = small_model()
+    with pytest.raises(CutlassOffloadError, match="not on a disk file system") as e:
+        co.compile(model, x, arch="sm_80", out_dir="/proc/cutlass_offload_out")
+    assert "disk space" not in str(e.value)
+
+
+def test_a_cache_dir_that_cannot_be_a_folder_is_one_line_naming_the_variable(tmp_path, monkeypatch, capsys):
+    afile = tmp_path / "cache_is_a_file"
+    afile.write_text("x")
+    monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(afile))
+    assert cli.main(["compile", "mlp", "--out", str(tmp_path / "out"), "--arch", "sm_80", "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: cannot use {afile}") and "CUTLASS_OFFLOAD_CACHE_DIR" in err[-1]
+    assert "Traceback" not in "\n".join(err) and not (tmp_path / "out").exists()
 
 
 def test_an_empty_folder_or_an_earlier_output_folder_is_written(fake, tmp_path):
