@@ -180,9 +180,7 @@ def begin_save(cap: Captured, example_inputs, out_dir) -> PendingSave:
                                   "folder; pass another out_dir (--out)") from None
     need = _bytes_to_save(cap, example_inputs) + _MARGIN
     st = os.statvfs(out.parent)
-    # a read-only or pseudo file system (/proc, /sys: no blocks at all) reports no free
-    # space; say what it is instead of "out of disk space"
-    why = ("on a read-only file system" if st.f_flag & os.ST_RDONLY else
+    why = ("on a read-only file system" if st.f_flag & os.ST_RDONLY else  # no free space, not "disk full"
            "not on a disk file system (it reports no blocks)" if st.f_blocks == 0 else
            "not writable by this user" if not os.access(out.parent, os.W_OK | os.X_OK) else None)
     if why:
@@ -190,14 +188,12 @@ def begin_save(cap: Captured, example_inputs, out_dir) -> PendingSave:
     if st.f_bavail * st.f_frsize < need:
         raise DiskFullError(out, f"the folder needs about {need / 2**20:.0f} MiB and "
                                  f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB are free; {_hint(out)}")
-    # temporary folders of saves killed before they swapped in (an hour untouched:
-    # no save writes that long)
+    # temporary folders of saves killed before they swapped in (an hour untouched: no save is that long)
     remove_stale(out.parent, f".{glob.escape(out.name)}.tmp-*", 3600)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    except OSError as e:            # e.g. an immutable folder, which os.access calls writable for root
-        raise CutlassOffloadError(f"cannot write {out}: {e.strerror} ({out.parent}); "
-                                  "pass another out_dir (--out)") from None
+    except OSError as e:            # what os.access did not foresee
+        raise CutlassOffloadError(f"cannot write {out}: {e.strerror}; pass another out_dir (--out)") from None
     tmp.chmod(0o777 & ~_umask())     # mkdtemp's 0700 would become the folder's
     parts = weights.split(cap.exported)
     if parts is not None and not parts[1]:
