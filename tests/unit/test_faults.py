@@ -190,8 +190,8 @@ def test_no_room_for_the_folder_leaves_the_earlier_one(fake, tmp_path, monkeypat
     co.compile(model, x, arch="sm_80", out_dir=out)
     before = json.loads((out / "manifest.json").read_text())["save_id"]
 
-    class Stat:
-        f_frsize, f_bavail = 4096, 16
+    class Stat:                  # a writable disk file system with 64 KiB free
+        f_frsize, f_bavail, f_blocks, f_flag = 4096, 16, 1 << 20, 0
     monkeypatch.setattr(os, "statvfs", lambda p: Stat)        # checked before anything is written
     with pytest.raises(DiskFullError, match=f"out of disk space writing {out}; the folder needs"):
         co.compile(model, x, arch="sm_80", out_dir=out)
@@ -215,6 +215,7 @@ def test_disk_full_during_save_leaves_the_earlier_folder(fake, tmp_path, monkeyp
 
         class S:
             f_frsize, f_bavail = 4096, (1 << 30) if len(calls) == 1 else 1
+            f_blocks, f_flag = 1 << 30, 0
         return S
     monkeypatch.setattr(os, "statvfs", statvfs)
     monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: real_save(obj, "/dev/full"))
