@@ -213,7 +213,8 @@ class Progress:
     # benchmarks/results/mlp_build_2core_flags_2026-12-01.txt,
     # bert_build_2core_shards_2026-12-02.txt). It was 2.0, set when the mlp's unit
     # took ~108 s there, before those changes: the trial's ETA said 2 min 20 s for
-    # a 61 s build.
+    # a 61 s build. Session 41 refitted the 3.x costs to 2-core seconds of one unit
+    # alone (mlp's estimate now 37, its cold unit 33-35 s): not refitted here.
     FEW_CORES_FACTOR = 1.2
 
     def __init__(self, jobs: list, workers: int, desc: str, mode: str | None = None, stream=None):
