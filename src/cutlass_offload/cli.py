@@ -315,7 +315,7 @@ def main(argv=None) -> int:
                         "their own instead of one GEMM over their concatenated weights")
     c.set_defaults(fn=_cmd_compile)
     r = sub.add_parser("run", help="run a compiled folder on the GPU against PyTorch")
-    r.add_argument("dir")
+    r.add_argument("dir", help="an output folder written by compile (--out)")
     r.add_argument("--json", default=None, help="write the results here")
     r.add_argument("--tolerance", type=_positive_float, default=1e-2,
                    help="max relative error (exit 1 above; default 1e-2)")
