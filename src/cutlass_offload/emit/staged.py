@@ -21,10 +21,12 @@ Two forms, by how the staged output is written (``form()``):
   same build time (``compile mlp`` cold 18 s against 36 s; whisper-encoder's and
   llama's cold builds with the FMHA's staged O store too 0.62-0.63x,
   ``benchmarks/results/cold_build_staged_forms_2core_2026-12-05_s39.txt``), static SASS
-  within 6-10% of the TMA epilogue's, its stage counts. Not yet run on a GPU.
+  within 6-10% of the TMA epilogue's, its stage counts. On an H100 (session 41,
+  ``benchmarks/results/staged_tma_epilogue_2026-12-06_h100_s41.*``) its 12 benchmark
+  GEMMs were correct but at 0.826x the TMA epilogue's speed (geomean; worst 0.59x).
 
 Off by default: the build time saved is not worth kernels slower than the ones they
-replace, and the TMA form's speed is not measured yet. ``$CUTLASS_OFFLOAD_STAGED_EPILOGUE``
+replace, and both forms measured slower. ``$CUTLASS_OFFLOAD_STAGED_EPILOGUE``
 (config.py: 1 / tma or rows) switches it on for every kernel ``applies`` accepts:
 gemm_sm90.py's GEMMs (and the GEMMs of convs lowered onto them, conv_gemm_sm90.py) and
 conv_sm90.py's implicit-GEMM convs; ``ENABLED`` True / False (with ``STORE``) overrides
