@@ -361,10 +361,9 @@ def main(argv=None) -> int:
     k.add_argument("file", nargs="?", default=None, help="the tar file of export / import")
     k.set_defaults(fn=_cmd_cache)
     a = p.parse_args(argv)
+    from .config import knobs
     try:
-        # every environment variable checked before any work, and before -q sets one
-        from .config import knobs
-        knobs()
+        knobs()     # every environment variable checked before any work, and before -q sets one
         return a.fn(a)
     except (CutlassOffloadError, ValueError, ImportError) as e:   # one clear line for the user
         print(f"error: {e}", file=sys.stderr)
@@ -374,7 +373,6 @@ def main(argv=None) -> int:
         # written: a file where a folder should be, no permission, a read-only mount
         if e.filename is None:
             raise
-        from .config import knobs
         where = (" (in the build cache: CUTLASS_OFFLOAD_CACHE_DIR, or its default)"
                  if str(e.filename).startswith(str(knobs().cache_dir)) else "")
         print(f"error: cannot use {e.filename}{where}: {e.strerror or e}", file=sys.stderr)

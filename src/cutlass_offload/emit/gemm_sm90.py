@@ -540,9 +540,9 @@ def code_headers(kernel: GemmKernel) -> str:
     """The template headers ``kernel``'s code needs ahead of it: the kernel adapter
     (templates/sm90_kernel_adapter.h), then a GLU's or the staged epilogue's after what
     they share (each guarded, so a unit's kernels share one copy)."""
-    if kernel.epilogue.glu:
-        return KERNEL_ADAPTER_H + glu_sm90.headers(kernel)
-    return KERNEL_ADAPTER_H + (staged.HEADERS if staged_epilogue_applies(kernel) else "")
+    own = (glu_sm90.headers(kernel) if kernel.epilogue.glu else
+           staged.HEADERS if staged_epilogue_applies(kernel) else "")
+    return KERNEL_ADAPTER_H + own
 
 
 def defines(kernel: GemmKernel) -> tuple:
