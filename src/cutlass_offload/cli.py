@@ -363,7 +363,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     from .config import knobs
     try:
-        knobs()     # every environment variable checked before any work, and before -q sets one
+        cache = knobs().cache_dir   # every variable checked before any work, and before -q sets one
+        if cache.exists() and not cache.is_dir():
+            raise CutlassOffloadError(f"the build cache {cache} (CUTLASS_OFFLOAD_CACHE_DIR, or its "
+                                      "default) is a file, not a folder")
         return a.fn(a)
     except (CutlassOffloadError, ValueError, ImportError) as e:   # one clear line for the user
         print(f"error: {e}", file=sys.stderr)
