@@ -53,7 +53,7 @@ with GPU, date and CUTLASS version). JSON to ``--json`` (default
     python benchmarks/kernels_bench.py [--kinds gemm,conv,attention] [--dtypes fp16,bf16]
         [--search full|heuristic] [--grid/--no-grid] [--write-table FILE]
         [--write-attention-table FILE] [--write-conv-table FILE] [--models A,B] [--json FILE]
-        [--staged-epilogue]
+        [--staged-epilogue] [--no-attention-ftz]
 
 Needs a CUDA GPU (sm_90) and nvcc (exits 2 without a GPU).
 """
@@ -635,6 +635,9 @@ def parse_args(argv=None):
                         "(emit/staged.py) instead of CUTLASS's TMA epilogue, and the Hopper attention "
                         "kernels with theirs (emit/attention_sm90.STAGED_EPILOGUE): the A/B against a "
                         "run without")
+    p.add_argument("--attention-ftz", action=argparse.BooleanOptionalAction, default=True,
+                   help="compile the Hopper attention kernels with -ftz=true (the default, "
+                        "emit/attention_sm90.FTZ); --no-attention-ftz: the A/B against them without")
     p.add_argument("--merge-table", action="store_true",
                    help="with --write-table: keep the packaged table's entries for shapes not searched")
     return p.parse_args(argv)
@@ -693,6 +696,7 @@ def main(argv=None) -> int:
     # the epilogue forms set either way: $CUTLASS_OFFLOAD_STAGED_EPILOGUE never decides a run's
     from cutlass_offload.emit import attention_sm90, glu_sm90, staged
     staged.ENABLED = attention_sm90.STAGED_EPILOGUE = glu_sm90.GLU_TMA = bool(args.staged_epilogue)
+    attention_sm90.FTZ = args.attention_ftz
     out_path = Path(args.json or (Path(os.environ["OUT"]) / "kernels.json" if os.environ.get("OUT")
                                   else HERE / "results" / "kernels.json"))
     props = torch.cuda.get_device_properties(0)
@@ -702,10 +706,11 @@ def main(argv=None) -> int:
     dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
     peak = measure_peak()
     print(f"{gpu}, {sms} SMs, torch {torch.__version__}; measured fp16 peak {peak:.0f} TFLOP/s; "
-          f"search {args.search}" + ("; staged epilogue" if args.staged_epilogue else ""), flush=True)
+          f"search {args.search}" + ("; staged epilogue" if args.staged_epilogue else "")
+          + ("" if args.attention_ftz else "; Hopper attention without -ftz=true"), flush=True)
     result = {"gpu": gpu, "num_sms": sms, "torch": torch.__version__, "date": datetime.datetime.now().isoformat(),
               "peak_tflops": peak, "search": args.search, "corpus": str(args.corpus),
-              "staged_epilogue": args.staged_epilogue,
+              "staged_epilogue": args.staged_epilogue, "attention_ftz": args.attention_ftz,
               "corpus_meta": {k: v for k, v in corpus.items() if k not in ("gemm", "conv2d", "attention")},
               "rows": [], "seconds": {}}
 

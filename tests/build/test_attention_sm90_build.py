@@ -67,6 +67,21 @@ def test_the_hopper_kernel_is_chosen_and_built(hopper_attention):
     print(f"Hopper FMHA kernel TU: {max(secs):.1f} s")      # reported with -s
 
 
+def test_the_hopper_kernel_unit_compiles_with_ftz(hopper_attention):
+    """Its unit's nvcc command (the cache entry's meta.json) has -ftz=true, so the
+    softmax's exp2f is one MUFU.EX2 (emit/attention_sm90.NVCC_FLAGS); the launchers'
+    unit does not."""
+    import json
+    from pathlib import Path
+    compiled, _out = hopper_attention
+    commands = {}
+    for u in compiled.report.build["units"]:
+        meta = Path(u["source"]).with_name("meta.json")
+        commands[bool(u["kernels"])] = json.loads(meta.read_text())["command"]
+    assert "-ftz=true" in commands[True]
+    assert "-ftz=true" not in commands[False]
+
+
 def test_library_runs_host_checks_without_a_gpu(hopper_attention):
     compiled, out = hopper_attention
     lib = Library(out / "libcutlass_offload.so")

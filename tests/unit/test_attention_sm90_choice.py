@@ -252,10 +252,38 @@ def test_unit_with_sm80_and_sm90_kernels(no_table):
         at.choose(problem(160, causal="top_left", seq_q=64, seq_kv=64), "sm90a"),
         at.choose(problem(64, bias="add"), "sm90a"))}
     assert len(kernels) == 3              # head dims 40 and 64 share one Hopper kernel
-    tu = emit_unit([emit_kernel(k) for k in kernels.values()], "attention")
-    assert tu.kernels == tuple(kernels)
+    hopper = [k for k in kernels.values() if k.config.family == "cutlass3x_sm90"]
+    tu = emit_unit([emit_kernel(k) for k in hopper], "attention")
+    assert tu.kernels == tuple(k.name for k in hopper)
     assert tu.text.count("#include <88_hopper_fmha/kernel/fmha_kernel_builder.hpp>") == 1
-    assert tu.text.count("#include <41_fused_multi_head_attention/kernel_forward.h>") == 1
+    assert tu.flags == ("-ftz=true",)     # the Hopper FMHA's exp2f as one MUFU.EX2
+    # the sm80 kernel compiles without it, so never in the Hopper kernels' unit
+    assert {shards.unit_class(k) for k in hopper} == {"attention3x"}
+    (sm80,) = [k for k in kernels.values() if k not in hopper]
+    assert shards.unit_class(sm80) == "common"
+    assert len(shards.header_compatible_groups(list(kernels.values()))) == 2
+    with pytest.raises(ValueError, match="different nvcc flags.*-ftz=true.*\\(none\\)"):
+        emit_unit([emit_kernel(k) for k in kernels.values()], "attention")
+    sm80_tu = emit_unit([emit_kernel(sm80)], "attention")
+    assert sm80_tu.flags == ()
+    assert sm80_tu.text.count("#include <41_fused_multi_head_attention/kernel_forward.h>") == 1
+
+
+def test_ftz_off_compiles_the_hopper_kernel_as_before(monkeypatch):
+    """emit/attention_sm90.FTZ False (A/B runs): no flags, so the unit's cache key and
+    compile command are those of a kernel without them."""
+    from cutlass_offload.build import toolchain
+    from cutlass_offload.emit import attention_sm90 as emitter
+    k = at.choose(problem(40), "sm90a")
+    on = emit_unit([emit_kernel(k)], "attention")
+    monkeypatch.setattr(emitter, "FTZ", False)
+    off = emit_unit([emit_kernel(k)], "attention")
+    assert (on.flags, off.flags) == (("-ftz=true",), ())
+    assert on.text == off.text
+    cmd_on = toolchain.compile_command("nvcc", "sm90a", "u.cu", "u.o", flags=on.flags)
+    cmd_off = toolchain.compile_command("nvcc", "sm90a", "u.cu", "u.o", flags=off.flags)
+    assert "-ftz=true" in cmd_on and "-ftz=true" not in cmd_off
+    assert toolchain.flags_signature(cmd_on) != toolchain.flags_signature(cmd_off)
 
 
 def test_shard_planner_prices_the_hopper_kernel_apart_from_the_gemms():

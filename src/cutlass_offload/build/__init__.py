@@ -113,7 +113,8 @@ class _Builder:
         if not cutlass and self.host is not None:
             cmd = toolchain.host_compile_command("c++", "", UNIT_NAME, OBJ_NAME)
             return cache_key(tu.text, toolchain.flags_signature(cmd), self.host[2], *self.versions)
-        cmd = toolchain.compile_command("nvcc", self.plan.arch, UNIT_NAME, OBJ_NAME, cutlass)
+        cmd = toolchain.compile_command("nvcc", self.plan.arch, UNIT_NAME, OBJ_NAME, cutlass,
+                                        flags=tu.flags)
         return cache_key(tu.text, toolchain.flags_signature(cmd), *self.versions)
 
     def _kernel_key(self, name: str) -> str:
@@ -122,7 +123,7 @@ class _Builder:
         # Memoized: _unit_serves asks for every kernel of each unit an index names
         if name not in self._kernel_keys:
             s = self.sources[name]
-            cmd = toolchain.compile_command("nvcc", self.plan.arch, UNIT_NAME, OBJ_NAME)
+            cmd = toolchain.compile_command("nvcc", self.plan.arch, UNIT_NAME, OBJ_NAME, flags=s.nvcc_flags)
             self._kernel_keys[name] = cache_key(s.code, "\n".join(s.includes), "\n".join(s.preamble),
                                                 toolchain.flags_signature(cmd), *self.versions)
         return self._kernel_keys[name]
@@ -171,7 +172,7 @@ class _Builder:
                     kernels = [self._kernel(k) for k in tu.kernels]
                     task = CompileTask.make(job.name, tu.text, self.plan.arch, cutlass, self.identity,
                                             peak_memory(kernels), tu.kernels, job.estimate,
-                                            self._threads if cutlass else 1)
+                                            self._threads if cutlass else 1, tu.flags)
                     # only "run nvcc on this source" is pluggable: lock, lookup and publish stay here
                     res, job.cmd = self.executor.compile(task, staging)
                 _raise_if_disk_full(res, staging)
@@ -343,7 +344,7 @@ class _Builder:
             # CUTLASS cannot hold both in one TU: one unit per group, one after another
             return self.sharded(shards=groups, workers=1, strategy="single")
         src = emit_library(self.plan)
-        cmd = toolchain.nvcc_command("nvcc", self.plan.arch, SOURCE_NAME, LIB_NAME, 0)
+        cmd = toolchain.nvcc_command("nvcc", self.plan.arch, SOURCE_NAME, LIB_NAME, 0, src.flags)
         key = cache_key(src.text, toolchain.flags_signature(cmd), *self.versions)
         prefix = f"lib_{self.plan.arch}_{len(src.kernel_spans)}k_single"
         with self.cache.lock("lib", prefix, key):
@@ -362,7 +363,7 @@ class _Builder:
                 _write(staging / SOURCE_NAME, src.text)
                 job = Job("single", toolchain.nvcc_command(
                     self.nvcc, self.plan.arch, str(staging / SOURCE_NAME), str(staging / LIB_NAME),
-                    knobs().nvcc_threads),
+                    knobs().nvcc_threads, src.flags),
                     src.kernels, log_path=staging / "nvcc.log")
                 res = run_jobs([job], 1, "compiling one unit")[0]
                 _raise_if_disk_full(res, staging)

@@ -79,8 +79,8 @@ class CompileTask:
 
     @classmethod
     def make(cls, name, source, arch, cutlass, identity, peak_memory, kernels=(), estimate=1.0,
-             threads=1):
-        cmd = toolchain.compile_command(NVCC, arch, SOURCE, OBJECT, cutlass, threads)
+             threads=1, flags=()):
+        cmd = toolchain.compile_command(NVCC, arch, SOURCE, OBJECT, cutlass, threads, flags)
         root = str(toolchain.cutlass_root()) if cutlass else None
         return cls(name, source, tuple(portable(cmd, root)), identity, peak_memory, tuple(kernels),
                    estimate)

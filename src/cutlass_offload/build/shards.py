@@ -267,9 +267,13 @@ def unit_class(kernel) -> str:
     * "gemm3x_stream_k": 3.x GEMMs with the stream-K tile scheduler do not compile
       with the grid dependency control the persistent ones define for their TU
       (emit/gemm_sm90.py GDC_DEFINES).
+    * "attention3x": the Hopper FMHA compiles with its own nvcc flags (-ftz=true,
+      emit/attention_sm90.NVCC_FLAGS), which a TU applies to all it holds.
     * "common": everything else.
     """
     if kernel.config.family == "cutlass3x_sm90":
+        if kernel.kind == "attention":
+            return "attention3x"
         if kernel.kind == "conv2d_fprop" and not kernel.iterator:
             return "conv3x"
         # GEMMs, and convs lowered onto the GEMM (iterator "direct" / "im2col")

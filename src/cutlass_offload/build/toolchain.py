@@ -130,9 +130,11 @@ def _exports_flag() -> str:
     return _VERSION_SCRIPT + str(EXPORTS_MAP)
 
 
-def nvcc_command(nvcc: str, arch: str, source: str, output: str, threads: int = 0) -> list:
-    """The one nvcc invocation that turns a .cu into a shared library."""
-    return (_base(nvcc, arch) + ["-shared", _exports_flag(), f"-t{threads}"] + _includes()
+def nvcc_command(nvcc: str, arch: str, source: str, output: str, threads: int = 0,
+                 flags: tuple = ()) -> list:
+    """The one nvcc invocation that turns a .cu into a shared library; ``flags``: the
+    unit's own options (TranslationUnit.flags)."""
+    return (_base(nvcc, arch) + list(flags) + ["-shared", _exports_flag(), f"-t{threads}"] + _includes()
             + [source, "-o", output])
 
 
@@ -170,12 +172,13 @@ def host_compile_command(cxx: str, include_dir: str, source: str, output: str) -
 
 
 def compile_command(nvcc: str, arch: str, source: str, output: str, cutlass: bool = True,
-                    threads: int = 1) -> list:
+                    threads: int = 1, flags: tuple = ()) -> list:
     """nvcc -c: one translation unit to a relocatable object (position independent).
     threads > 1: nvcc's -t, running its independent steps (host and device passes)
-    side by side on cores no other job uses."""
+    side by side on cores no other job uses. ``flags``: the unit's own options
+    (TranslationUnit.flags, e.g. the Hopper attention's -ftz=true)."""
     t = [f"-t{threads}"] if threads > 1 else []
-    return _base(nvcc, arch) + ["-c"] + t + (_includes() if cutlass else []) + [source, "-o", output]
+    return _base(nvcc, arch) + list(flags) + ["-c"] + t + (_includes() if cutlass else []) + [source, "-o", output]
 
 
 def link_command(nvcc: str, arch: str, objects: list, output: str) -> list:

@@ -44,11 +44,13 @@ def _emitter(kernel):
 @dataclass(frozen=True)
 class TranslationUnit:
     """text: the whole .cu; kernel_spans: (kernel name, first line, last line),
-    1-based, to map compiler errors back to kernels; symbols: (region, C symbol)."""
+    1-based, to map compiler errors back to kernels; symbols: (region, C symbol);
+    flags: nvcc options its compile adds (its kernels' ``KernelSource.nvcc_flags``)."""
 
     text: str
     kernel_spans: tuple = ()
     symbols: tuple = ()
+    flags: tuple = ()
 
     @property
     def kernels(self) -> tuple:
@@ -119,7 +121,12 @@ def _library_info(plan: Plan) -> list:
 def emit_unit(sources: list, header: str, tail: list = (), symbols=()) -> TranslationUnit:
     """One translation unit: the sources' defines, prelude, preamble blocks and
     includes (each once), weak declarations and code of ``sources`` (KernelSource
-    list), then ``tail`` lines. Sources must be able to share a TU (build.shards.unit_class)."""
+    list), then ``tail`` lines. Sources must be able to share a TU (build.shards.unit_class);
+    ValueError for sources that need different nvcc flags."""
+    flags = {tuple(s.nvcc_flags) for s in sources}
+    if len(flags) > 1:
+        raise ValueError("kernels compiled with different nvcc flags cannot share a unit: "
+                         + "; ".join(f"{s.name}: {' '.join(s.nvcc_flags) or '(none)'}" for s in sources))
     includes, defines, preamble = {}, {}, {}
     for s in sources:
         for inc in s.includes:
@@ -141,7 +148,7 @@ def emit_unit(sources: list, header: str, tail: list = (), symbols=()) -> Transl
         lines += s.code.splitlines()
         spans.append((s.name, start, len(lines)))
     lines += [""] + list(tail) + [""]
-    return TranslationUnit("\n".join(lines), tuple(spans), tuple(symbols))
+    return TranslationUnit("\n".join(lines), tuple(spans), tuple(symbols), next(iter(flags), ()))
 
 
 def emit_library(plan: Plan) -> TranslationUnit:

@@ -188,6 +188,9 @@ class KernelSource:
     args_type: str = "CoGemmArgs"
     defines: tuple = ()      # macros the TU must define before its includes
     preamble: tuple = ()     # code blocks inlined before the includes (each once per TU)
+    # nvcc options the kernel's TU is compiled with (build.shards.unit_class keeps
+    # kernels of different flags in different TUs; emit_unit checks it)
+    nvcc_flags: tuple = ()
 
 
 def replace(obj, **changes):
