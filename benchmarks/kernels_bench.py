@@ -38,10 +38,12 @@ the anchor a user would call instead, on one GPU, in one run.
   the benchmark times our kernel even where select would leave PyTorch's.
 * ``--staged-epilogue``: every GEMM and conv kernel that can take it is emitted
   with the staged epilogue (emit/staged.py) instead of CUTLASS's TMA epilogue, and
-  the Hopper attention kernels store O with theirs (emit/attention_sm90.STAGED_EPILOGUE)
-  and the GLUs store by TMA (emit/glu_sm90.GLU_TMA); without it all three are off,
-  whatever $CUTLASS_OFFLOAD_STAGED_EPILOGUE says;
-  with ``--search heuristic``, the kernel-by-kernel A/B against a run without it.
+  the GLUs store by TMA (emit/glu_sm90.GLU_TMA); without it both are off, whatever
+  $CUTLASS_OFFLOAD_STAGED_EPILOGUE says; with ``--search heuristic``, the
+  kernel-by-kernel A/B against a run without it. ``--attention-o-store tma``: the
+  Hopper attention kernels store O with the example's TMA epilogue instead of the
+  staged store that ships (emit/attention_sm90.STAGED_EPILOGUE); ``--no-attention-ftz``:
+  compiled without -ftz=true (emit/attention_sm90.FTZ).
 
 Ratios are speedups: anchor time / our time (> 1: ours faster). Per kind and
 dtype: geomean, minimum, how many below the issue's floors; the worst ten; TFLOP/s
@@ -53,7 +55,7 @@ with GPU, date and CUTLASS version). JSON to ``--json`` (default
     python benchmarks/kernels_bench.py [--kinds gemm,conv,attention] [--dtypes fp16,bf16]
         [--search full|heuristic] [--grid/--no-grid] [--write-table FILE]
         [--write-attention-table FILE] [--write-conv-table FILE] [--models A,B] [--json FILE]
-        [--staged-epilogue] [--no-attention-ftz]
+        [--staged-epilogue] [--attention-o-store staged|tma] [--no-attention-ftz]
 
 Needs a CUDA GPU (sm_90) and nvcc (exits 2 without a GPU).
 """
@@ -632,9 +634,11 @@ def parse_args(argv=None):
                         "sm90a lowers onto the GEMM (families/conv_gemm_sm90.py), or both")
     p.add_argument("--staged-epilogue", action="store_true",
                    help="emit every GEMM and conv kernel that can take it with the staged epilogue "
-                        "(emit/staged.py) instead of CUTLASS's TMA epilogue, and the Hopper attention "
-                        "kernels with theirs (emit/attention_sm90.STAGED_EPILOGUE): the A/B against a "
-                        "run without")
+                        "(emit/staged.py) instead of CUTLASS's TMA epilogue, and the GLUs with TMA "
+                        "stores: the A/B against a run without")
+    p.add_argument("--attention-o-store", default="staged", choices=["staged", "tma"],
+                   help="how the Hopper attention kernels store O: staged (the default, "
+                        "emit/attention_sm90.STAGED_EPILOGUE) or the example's TMA epilogue")
     p.add_argument("--attention-ftz", action=argparse.BooleanOptionalAction, default=True,
                    help="compile the Hopper attention kernels with -ftz=true (the default, "
                         "emit/attention_sm90.FTZ); --no-attention-ftz: the A/B against them without")
@@ -695,7 +699,8 @@ def main(argv=None) -> int:
         return 2
     # the epilogue forms set either way: $CUTLASS_OFFLOAD_STAGED_EPILOGUE never decides a run's
     from cutlass_offload.emit import attention_sm90, glu_sm90, staged
-    staged.ENABLED = attention_sm90.STAGED_EPILOGUE = glu_sm90.GLU_TMA = bool(args.staged_epilogue)
+    staged.ENABLED = glu_sm90.GLU_TMA = bool(args.staged_epilogue)
+    attention_sm90.STAGED_EPILOGUE = args.attention_o_store == "staged"
     attention_sm90.FTZ = args.attention_ftz
     out_path = Path(args.json or (Path(os.environ["OUT"]) / "kernels.json" if os.environ.get("OUT")
                                   else HERE / "results" / "kernels.json"))
@@ -707,10 +712,12 @@ def main(argv=None) -> int:
     peak = measure_peak()
     print(f"{gpu}, {sms} SMs, torch {torch.__version__}; measured fp16 peak {peak:.0f} TFLOP/s; "
           f"search {args.search}" + ("; staged epilogue" if args.staged_epilogue else "")
-          + ("" if args.attention_ftz else "; Hopper attention without -ftz=true"), flush=True)
+          + ("" if args.attention_ftz else "; Hopper attention without -ftz=true")
+          + f"; Hopper attention O store {args.attention_o_store}", flush=True)
     result = {"gpu": gpu, "num_sms": sms, "torch": torch.__version__, "date": datetime.datetime.now().isoformat(),
               "peak_tflops": peak, "search": args.search, "corpus": str(args.corpus),
               "staged_epilogue": args.staged_epilogue, "attention_ftz": args.attention_ftz,
+              "attention_o_store": args.attention_o_store,
               "corpus_meta": {k: v for k, v in corpus.items() if k not in ("gemm", "conv2d", "attention")},
               "rows": [], "seconds": {}}
 

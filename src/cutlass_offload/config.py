@@ -30,11 +30,12 @@ Environment variables:
                              correct on the GPU but slower in sd-unet (session 35; read at
                              compile; a saved folder keeps it)
   CUTLASS_OFFLOAD_STAGED_EPILOGUE  default 0 (also off / no / false): 1 (also tma / on /
-                             yes / true) compiles the sm_90a GEMMs', convs', GLUs' and Hopper
-                             attention's epilogues as plain class templates that stage their
-                             output in shared memory (emit/staged.py and the GLU with TMA
-                             stores, emit/attention_sm90.py's staged O store): about 0.6x the
-                             cold build time and half its peak nvcc memory; experimental: its
+                             yes / true) compiles the sm_90a GEMMs', convs' and GLUs'
+                             epilogues as plain class templates that stage their output in
+                             shared memory (emit/staged.py and the GLU with TMA stores; the
+                             Hopper attention stores O that way whatever it says, since
+                             session 42): about 0.6x the cold build time and half its peak
+                             nvcc memory; experimental: its
                              GEMMs correct on an H100 at 0.83x the TMA epilogue's speed
                              (session 41); rows: the GEMMs' and convs'
                              row-store form instead (an earlier version of it was correct on

@@ -1,7 +1,8 @@
 """emit/attention_sm90.py with STAGED_EPILOGUE: the Hopper FMHA composed from the
 example builder's mainloop and tile scheduler with co_fmha::StagedFwdEpilogue
-(templates/fmha_staged_epilogue.h) storing O; off, the emitted kernel is the builder's
-own. No nvcc: tests/build/test_attention_staged_epilogue_build.py compiles it."""
+(templates/fmha_staged_epilogue.h) storing O, the default since session 42; off, the
+emitted kernel is the builder's own. No nvcc: tests/build/test_attention_staged_epilogue_build.py
+compiles it."""
 import pytest
 
 from cutlass_offload.emit import attention_sm90 as emit_a90
@@ -24,6 +25,14 @@ def test_off_the_kernel_is_the_builders():
     code = emit_a90.emit(attention_sm90.choose(UNET)).code
     assert "StagedFwdEpilogue" not in code and "CO_FMHA_STAGED_EPILOGUE_H" not in code
     assert "cutlass::fmha::kernel::FmhaBuilder<" in code and ">::Kernel;" in code
+
+
+def test_the_staged_o_store_is_the_default_whatever_the_variable_says(monkeypatch):
+    """$CUTLASS_OFFLOAD_STAGED_EPILOGUE switches the GEMMs', convs' and GLUs' forms only."""
+    for value in ("", "0", "1", "rows"):
+        monkeypatch.setenv("CUTLASS_OFFLOAD_STAGED_EPILOGUE", value)
+        assert emit_a90.staged_o()
+        assert "co_fmha::StagedFwdEpilogue<" in emit_a90.emit(attention_sm90.choose(UNET)).code
 
 
 def test_on_the_builders_mainloop_and_scheduler_with_the_staged_epilogue(monkeypatch):

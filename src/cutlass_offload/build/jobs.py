@@ -124,7 +124,7 @@ def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None,
     heavy = heavy or (lambda job: True)
     order = sorted(range(len(jobs)), key=lambda i: (heavy(jobs[i]), -jobs[i].estimate))
     results = [None] * len(jobs)
-    progress = Progress(jobs, workers, desc)
+    progress = Progress(jobs, min(workers, heavy_limit or workers), desc)
     run = runner or run_job
     limit = threading.BoundedSemaphore(max(1, heavy_limit or workers))
 

@@ -20,11 +20,14 @@ Costs, in seconds (relative weights for balancing, not predictions):
   benchmarks/results/shard_sweep_sdunet_2026-12-02_h200.json, where 17 units built
   sd-unet in 90.6 s against 100.6-152.6 s for 13 down to 9 units).
 * 3.x Hopper FMHA (emit/attention_sm90.py; family cutlass3x_sm90, priced by kind):
-  the same 2-core runs, the SD UNet's head dims 40, 80 and 160: one kernel 29.6 s,
-  two 46.5 s, three 59.5 s: 13 / 17 / 17. Every config instantiates its own
-  mainloop, softmax and epilogue, 2-3x a GEMM mainloop, and no kernel comes cheap
-  beside another; priced as a GEMM, sd-unet's three FMHA kernels shared one unit,
-  the build's longest (79.6 s for two of them on the H200 host in session 14).
+  the SD UNet's head dims 40, 80 and 160 on 2 cores. With the staged O store and
+  -ftz=true (the default since session 42): one kernel 21.0 s, two 33.9 s, three
+  43.1 s (benchmarks/results/unit_costs_fmha_staged_2core_2026-12-06_s42.txt): 10 /
+  11 / 11. With the example's TMA epilogue (session 41): 29.6, 46.5, 59.5 s. Every
+  config instantiates its own mainloop, softmax and epilogue, 2x a GEMM mainloop,
+  and no kernel comes cheap beside another; priced as a GEMM, sd-unet's three FMHA
+  kernels shared one unit, the build's longest (79.6 s for two of them on the H200
+  host in session 14).
 * 2.x sm80: fixed 10 s, ~1.6 s per kernel on the H200 host (an early H200
   measurement): 10 / 2 / 0.8.
 * rowwise_norm (emit/norm.py): on 2 cores a one-kernel TU takes 9-13 s, almost all of
@@ -48,7 +51,7 @@ import os
 from ..config import knobs
 from .toolchain import available_memory
 
-COST = {"cutlass3x_sm90": (18.0, 6.4, 1.9), "attention_sm90": (13.0, 17.0, 17.0),  # fixed, mainloop, epilogue
+COST = {"cutlass3x_sm90": (18.0, 6.4, 1.9), "attention_sm90": (10.0, 11.0, 11.0),  # fixed, mainloop, epilogue
         "cutlass2x_sm80": (10.0, 2.0, 0.8),
         "rowwise_norm": (4.0, 0.3, 0.3), "nhwc_group_norm": (4.0, 0.3, 0.3),
         "direct_depthwise": (4.0, 1.0, 1.0), "attention": (12.0, 6.0, 6.0)}

@@ -78,7 +78,6 @@ from string import Template
 from ..families.attention_sm90 import (  # noqa: F401 - the choice re-exported
     BLOCK_Q, CONFIGS, FAMILY, PINGPONG, SCHEDULE, STAGES, choose, config_for, head_tile, legal_for,
     refusal, supports, workspace_bytes)
-from .. import config
 from ..dtypes import CPP
 from ..ir import AttentionKernelSm90, KernelSource
 from . import sm90_parts, staged
@@ -277,19 +276,18 @@ LPT_SCHEDULER = (Path(__file__).parent / "templates" / "fmha_lpt_scheduler.h").r
 
 # O stored by templates/fmha_staged_epilogue.h instead of the example's TMA epilogue
 # (FmhaFwdEpilogue): about 15 of the kernel's 22 s of template instantiation in nvcc
-# (session 38). Off until tests/gpu/test_attention_sm90.py's staged_epilogue cases have
-# run on a GPU. None: as $CUTLASS_OFFLOAD_STAGED_EPILOGUE says (staged_o); True / False:
-# on / off whatever it says (benchmarks, tests).
-STAGED_EPILOGUE: bool | None = None
+# (session 38). On since session 42: correct on an H100 (tests/gpu/test_attention_sm90.py,
+# both stores) and as fast or faster on every corpus problem (benchmarks/kernels_bench.py
+# --kinds attention, fp16, with -ftz=true: 0.97-1.00x the TMA store's time on the long
+# problems, 0.89-0.95x on the short head-dim-160 ones;
+# benchmarks/results/attention_ftz_staged_o_2026-12-06_h100_s42.*). False: the example's
+# epilogue (A/B runs); $CUTLASS_OFFLOAD_STAGED_EPILOGUE does not change it.
+STAGED_EPILOGUE: bool = True
 
 
 def staged_o() -> bool:
-    """Whether O is stored by the staged epilogue: ``STAGED_EPILOGUE`` where it is set,
-    else whether the staged epilogues' variable is on (config.staged_epilogue, either
-    form)."""
-    if STAGED_EPILOGUE is not None:
-        return STAGED_EPILOGUE
-    return config.staged_epilogue() is not None
+    """Whether O is stored by the staged epilogue (``STAGED_EPILOGUE``)."""
+    return STAGED_EPILOGUE
 
 
 STAGED_EPILOGUE_H = (Path(__file__).parent / "templates" / "fmha_staged_epilogue.h").read_text()
