@@ -12,7 +12,8 @@ Each output is written into place in chunks with pauses (as a compiler writes
 its output), so a kill lands in the middle of a write. Environment:
 FAKE_NVCC_DELAY (seconds per call, default 0.2), FAKE_NVCC_LOG (a file each call
 appends "compile <sha256 of SRC>" or "link <OUT name>" to), FAKE_NVCC_ENOSPC=1
-(fail as nvcc does when the disk is full), CXX (default c++).
+(fail as nvcc does when the disk is full), FAKE_NVCC_FAIL=1 (a compile error on -c),
+CXX (default c++).
 """
 import hashlib
 import os
@@ -48,6 +49,9 @@ def main(args) -> int:
     out = args[args.index("-o") + 1]
     if os.environ.get("FAKE_NVCC_ENOSPC"):
         print(f"{out}: fatal error: can't write to {out}: No space left on device")
+        return 1
+    if os.environ.get("FAKE_NVCC_FAIL") and "-c" in args:
+        print(f"{out}: error: FAKE_NVCC_FAIL is set")
         return 1
     delay = float(os.environ.get("FAKE_NVCC_DELAY", "0.2"))
     time.sleep(delay / 2)

@@ -342,3 +342,25 @@ def test_run_with_a_gpu_leaves_the_file_checks_to_load(saved, tmp_path, monkeypa
     monkeypatch.setattr(api, "load", load)
     assert cli.main(["run", str(out)]) == 2
     assert calls == [json.loads((out / "manifest.json").read_text())["options"]["arch"], "load"]
+
+
+def test_an_interrupted_units_leftovers_go_once_it_compiles(fake, monkeypatch):
+    """A unit that failed while the build was being interrupted keeps its source and log
+    in the cache's failed/ folder (never an entry); the next build that compiles that
+    unit removes them."""
+    import cutlass_offload.build as build_stage
+    model, x = small_model()
+    failed = fake / "cache" / "failed"
+    with monkeypatch.context() as mp:
+        mp.setenv("FAKE_NVCC_FAIL", "1")
+        mp.setattr(build_stage, "interrupted_failure", lambda res: not res.ok)   # as under Ctrl-C
+        with pytest.raises(CutlassOffloadError):
+            co.compile(model, x, arch="sm_80")
+    shard = [d for d in failed.iterdir() if d.name.startswith("shard_")]
+    assert len(shard) == 1 and (shard[0] / "unit.cu").is_file()
+    assert "FAKE_NVCC_FAIL" in (shard[0] / "nvcc.log").read_text()
+    # nothing of the failed attempt is an entry
+    assert not [d for d, _, _ in committed_entries(fake / "cache") if d.name.startswith("shard_")]
+    compiled = co.compile(model, x, arch="sm_80")
+    assert not compiled.plan.fallbacks
+    assert not shard[0].exists()

@@ -176,8 +176,8 @@ class _Builder:
                     # only "run nvcc on this source" is pluggable: lock, lookup and publish stay here
                     res, job.cmd = self.executor.compile(task, staging)
                 _raise_if_disk_full(res, staging)
+                keep = self.cache.root / "failed" / f"{prefix}.{key[:16]}"
                 if interrupted_failure(res):   # transient: report, but never cache as a failure
-                    keep = self.cache.root / "failed" / f"{prefix}.{key[:16]}"
                     shutil.rmtree(keep, ignore_errors=True)
                     keep.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(staging, keep)
@@ -192,6 +192,8 @@ class _Builder:
                 if res.ok and not tu.symbols:     # kernel-only objects are reusable
                     for k in tu.kernels:
                         self._write_index(k, prefix, key)
+                if res.ok:                        # an interrupted attempt's leftovers are stale now
+                    shutil.rmtree(keep, ignore_errors=True)
                 return res
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
