@@ -259,6 +259,8 @@ def test_toolchain_compiles_with_the_attention_include_paths():
 def test_shard_planner_prices_attention_kernels_apart():
     from cutlass_offload.build import shards
     plain, biased = at.choose(problem(64)), at.choose(problem(64, bias="add"))
-    assert shards.estimate([plain]) == 12.0 + 6.0
-    assert shards.estimate([plain, biased]) == 12.0 + 12.0      # no cheap bias variant
+    fixed, per_kernel, per_epilogue = shards.COST["attention"]
+    assert shards.estimate([plain]) == fixed + per_kernel
+    assert per_epilogue == per_kernel                               # no cheap bias variant
+    assert shards.estimate([plain, biased]) == fixed + 2 * per_kernel
     assert shards.plan_shards([plain, biased, at.choose(problem(256))], 2)

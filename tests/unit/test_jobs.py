@@ -124,21 +124,30 @@ def test_eta_scales_the_estimates_by_what_units_took_here(tmp_path):
     assert p.eta() == pytest.approx(60.0)                       # 3 x 30 s left on 2 slots
 
 
-def test_first_eta_on_few_cores_is_not_twice_the_estimate(monkeypatch):
-    """Before any unit finished here, fewer than 8 cores scale the estimates by
-    FEW_CORES_FACTOR (1.2, from the 2-core builds since session 11), not 2: the mlp's
-    one sm_90a unit (3 kernels, 3 mainloops: estimate 70) built in 61 s on 2 cores
-    while the ETA said 2 min 20 s."""
+def test_first_eta_on_few_cores_is_near_the_2core_builds(monkeypatch):
+    """Before any unit finished here, fewer than 8 cores scale the estimates (build/
+    shards.py's rows: 2-core seconds of one unit compiled by a plain nvcc -c) by
+    FEW_CORES_FACTOR for the build's overlapped nvcc steps: mlp's one sm_80 unit (3
+    GEMM kernels) built in 6.1 s on 2 cores (session 42), its sm_90a one in 33-35 s;
+    the ETAs said 18 s and 84 s with the older rows and factor."""
     from cutlass_offload.build import jobs as jobs_mod
+    from cutlass_offload.build import shards
     from cutlass_offload.build.jobs import Progress
-    jobs = [Job("shard_sm90_gemm_f16_3k", [], ("a", "b", "c"), estimate=70.0),
-            Job("launchers", [], (), estimate=1.0)]
-    monkeypatch.setattr(jobs_mod.os, "cpu_count", lambda: 2)
-    p = Progress(jobs, 2, "x", mode="off")
-    assert p.factor == Progress.FEW_CORES_FACTOR == pytest.approx(1.2)
-    assert p.eta() == pytest.approx(84.0)                       # 70 x 1.2, the launchers beside
-    monkeypatch.setattr(jobs_mod.os, "cpu_count", lambda: 16)
-    assert Progress(jobs, 16, "x", mode="off").eta() == pytest.approx(70.0)
+
+    def first_eta(family, kernels=3, cores=2):
+        fixed, mainloop, _ = shards.COST[family]
+        jobs = [Job("shard", [], tuple("abc"[:kernels]), estimate=fixed + kernels * mainloop),
+                Job("launchers", [], (), estimate=1.0)]
+        monkeypatch.setattr(jobs_mod.os, "cpu_count", lambda: cores)
+        return Progress(jobs, 2, "x", mode="off").eta(), fixed + kernels * mainloop
+
+    eta, estimate = first_eta("cutlass2x_sm80")
+    assert Progress.FEW_CORES_FACTOR == pytest.approx(0.8) and eta == pytest.approx(0.8 * estimate)
+    assert 6.1 / 1.5 <= eta <= 6.1 * 1.5
+    eta, _ = first_eta("cutlass3x_sm90")
+    assert 34.0 / 1.5 <= eta <= 34.0 * 1.5
+    eta, estimate = first_eta("cutlass2x_sm80", cores=16)
+    assert eta == pytest.approx(estimate)                      # many cores: the rows as they are
 
 
 def test_cuda_include_dir_from_nvcc_dryrun_or_beside_it(tmp_path):

@@ -205,17 +205,14 @@ class Progress:
 
     HEARTBEAT = 60.0
     # Seconds per estimated second on fewer than 8 cores before any unit finished
-    # here: the median of what cold builds on the 2-core machine took with the
-    # toolchain since session 11 (nvcc's steps as a graph, -O1, no C++ extension
-    # build without a GPU) over the model's estimate: mlp at sm_90a (one unit,
-    # estimate 70) 57.3 / 64.0 s and 61 s in a fresh-clone trial (0.82-0.91),
-    # bert-base (one unit, estimate 82) 99.1-116.5 s (1.21-1.42;
-    # benchmarks/results/mlp_build_2core_flags_2026-12-01.txt,
-    # bert_build_2core_shards_2026-12-02.txt). It was 2.0, set when the mlp's unit
-    # took ~108 s there, before those changes: the trial's ETA said 2 min 20 s for
-    # a 61 s build. Session 41 refitted the 3.x costs to 2-core seconds of one unit
-    # alone (mlp's estimate now 37, its cold unit 33-35 s): not refitted here.
-    FEW_CORES_FACTOR = 1.2
+    # here. Since sessions 41-42 build/shards.py's rows are the 2-core seconds of a
+    # unit compiled alone by a plain nvcc -c; the build runs nvcc's steps as a graph
+    # and overlaps the host passes, so a unit takes less: on the 2-core machine mlp at
+    # sm_90a 33-35 s against its estimate of 37 (0.9), mlp and bert-base at sm_80
+    # 6.1 and 7.5 s against 9.4 and 10.7 (0.65-0.7;
+    # benchmarks/results/unit_costs_sm80_2core_2026-12-06_s42.txt). It was 1.2 with
+    # the older rows, which put those sm_80 ETAs at about 3x the build.
+    FEW_CORES_FACTOR = 0.8
 
     def __init__(self, jobs: list, workers: int, desc: str, mode: str | None = None, stream=None):
         self.jobs, self.workers, self.desc = jobs, max(1, workers), desc
@@ -246,7 +243,8 @@ class Progress:
             extra = [j.name for j in jobs if not j.kernels]
             self._line(f"{self.total} kernel{'s' if self.total != 1 else ''} in {units} "
                        f"unit{'s' if units != 1 else ''}" + _plus_units(extra)
-                       + f", {min(self.workers, len(jobs))} at a time; ETA ~{_duration(self.eta())}")
+                       + (f", {min(self.workers, units)} at a time" if units > 1 else "")
+                       + f"; ETA ~{_duration(self.eta())}")
 
     def started(self, i: int) -> None:
         with self._lock:

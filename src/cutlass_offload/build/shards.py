@@ -28,20 +28,21 @@ Costs, in seconds (relative weights for balancing, not predictions):
   and no kernel comes cheap beside another; priced as a GEMM, sd-unet's three FMHA
   kernels shared one unit, the build's longest (79.6 s for two of them on the H200
   host in session 14).
-* 2.x sm80: fixed 10 s, ~1.6 s per kernel on the H200 host (an early H200
-  measurement): 10 / 2 / 0.8.
-* rowwise_norm (emit/norm.py): on 2 cores a one-kernel TU takes 9-13 s, almost all of
-  it parsing cutlass/numeric_types.h (9.5 s for the headers alone, 9.1 s for seven
-  kernels), ~350 MB peak: a fixed part below a 2.x TU's, kernels nearly free: 4 / 0.3 / 0.3.
+* 2.x sm80: on 2 cores (session 42, benchmarks/results/unit_costs_sm80_2core_2026-12-06_s42.txt)
+  bert-base's and gpt2's GEMM kernels, 1 / 2 / 4 / 8 in a unit: 7.7 / 8.6 / 10.1 / 13.1 s:
+  7 / 0.8 / 0.4 (it was 10 / 2 / 0.8, an early H200 measurement).
+* rowwise_norm (emit/norm.py): a one-kernel TU 2.8 s on 2 cores in session 42 (9-13 s
+  when it included more of CUTLASS's headers), ~350 MB peak; kernels nearly free:
+  2.5 / 0.3 / 0.3.
 * nhwc_group_norm (emit/group_norm.py): the same headers; on 2 cores one kernel 10.1 s
   (sm_90a), sd-unet's six 12.7 s, ~350 MB peak: 4 / 0.3 / 0.3 as well.
 * direct_depthwise (emit/depthwise.py): the norms' headers and one small kernel
   template each (every instantiation is a fully unrolled kernel of its own): 4 / 1 / 1,
   not yet timed.
 * attention (emit/attention.py; family cutlass2x_sm80, priced by kind): on 2 cores
-  (sm_80, nvcc 13.0, another job on the machine) one kernel 14.8-19.8 s, two kernels
-  17.7-22.5 s (21.0 s for the same tile with and without bias: no cheap epilogue
-  variant), ~0.6 GB peak: 12 / 6 / 6.
+  in session 42 one kernel 5.4 s, two 6.3 s (the same tile with and without bias),
+  three 7.3 s, ~0.6 GB peak: 4.4 / 1 / 1 (it was 12 / 6 / 6, measured beside another
+  job when the kernel included CUTLASS's umbrella headers).
 """
 from __future__ import annotations
 
@@ -52,9 +53,9 @@ from ..config import knobs
 from .toolchain import available_memory
 
 COST = {"cutlass3x_sm90": (18.0, 6.4, 1.9), "attention_sm90": (10.0, 11.0, 11.0),  # fixed, mainloop, epilogue
-        "cutlass2x_sm80": (10.0, 2.0, 0.8),
-        "rowwise_norm": (4.0, 0.3, 0.3), "nhwc_group_norm": (4.0, 0.3, 0.3),
-        "direct_depthwise": (4.0, 1.0, 1.0), "attention": (12.0, 6.0, 6.0)}
+        "cutlass2x_sm80": (7.0, 0.8, 0.4),
+        "rowwise_norm": (2.5, 0.3, 0.3), "nhwc_group_norm": (4.0, 0.3, 0.3),
+        "direct_depthwise": (4.0, 1.0, 1.0), "attention": (4.4, 1.0, 1.0)}
 # bytes per nvcc of a one-kernel unit (3.x: 4.1-5.2 GB for 1-5 kernels in the sweep
 # above, 7.6 GB for 17), then per further mainloop and per further epilogue on a
 # mainloop already in it: on 2 cores one 3.x GEMM kernel alone peaked at 1.6-3.8 GB,
