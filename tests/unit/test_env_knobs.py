@@ -81,6 +81,30 @@ def test_an_nvcc_path_set_on_purpose_must_be_an_executable(monkeypatch, tmp_path
     assert os.access(toolchain.find_nvcc(), os.X_OK)
 
 
+def test_an_nvcc_path_that_is_not_nvcc_is_one_error_naming_the_variable(monkeypatch, tmp_path, capsys):
+    """Another program (or a broken nvcc) would fail every unit with logs that do not
+    say why: its --version is checked first."""
+    from cutlass_offload import cli
+    other, broken = tmp_path / "ls", tmp_path / "nvcc"
+    other.write_text("#!/bin/sh\necho 'ls (GNU coreutils) 9.1'\n")
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    for f in (other, broken):
+        f.chmod(0o755)
+    monkeypatch.setenv("CUTLASS_OFFLOAD_NVCC", str(other))
+    with pytest.raises(toolchain.ToolchainError, match=r"ls \(CUTLASS_OFFLOAD_NVCC\) is not nvcc: .*coreutils"):
+        toolchain.nvcc_version(str(other))
+    monkeypatch.setenv("CUTLASS_OFFLOAD_NVCC", str(broken))
+    with pytest.raises(toolchain.ToolchainError, match=r"\(CUTLASS_OFFLOAD_NVCC\) is not a working nvcc"):
+        toolchain.nvcc_version(str(broken))
+    monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(tmp_path / "cache"))
+    assert cli.main(["compile", "mlp", "--arch", "sm_80", "-q", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "CUTLASS_OFFLOAD_NVCC" in err[0] and "not a working nvcc" in err[0]
+    assert not (tmp_path / "out").exists()                # no half-written folder
+    from fault_helpers import install_fake_nvcc    # the tests' stand-in says it is nvcc
+    assert toolchain.nvcc_version(str(install_fake_nvcc(tmp_path / "tool"))) == "Build cuda_fake.0"
+
+
 def test_the_cli_checks_the_environment_before_any_command(monkeypatch, tmp_path, capsys):
     # -q sets CUTLASS_OFFLOAD_PROGRESS itself: the user's bad value is refused before that
     from cutlass_offload import cli
