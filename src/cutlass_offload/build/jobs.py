@@ -124,9 +124,10 @@ def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None,
     heavy = heavy or (lambda job: True)
     order = sorted(range(len(jobs)), key=lambda i: (heavy(jobs[i]), -jobs[i].estimate))
     results = [None] * len(jobs)
-    progress = Progress(jobs, min(workers, heavy_limit or workers), desc)
+    heavy_slots = max(1, min(workers, heavy_limit or workers))
+    progress = Progress(jobs, heavy_slots, desc)
     run = runner or run_job
-    limit = threading.BoundedSemaphore(max(1, heavy_limit or workers))
+    limit = threading.BoundedSemaphore(heavy_slots)
 
     def started(i):
         if not heavy(jobs[i]):

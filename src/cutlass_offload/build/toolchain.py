@@ -61,14 +61,16 @@ def nvcc_version(nvcc: str) -> str:
     Raises ToolchainError, naming $CUTLASS_OFFLOAD_NVCC when that is where ``nvcc``
     came from, if it does not run or its --version does not say nvcc (another program
     would fail every unit with a log that does not say why)."""
-    where = " (CUTLASS_OFFLOAD_NVCC)" if knobs().nvcc and os.path.abspath(knobs().nvcc) == os.path.abspath(nvcc) else ""
+    def named():
+        set_on_purpose = knobs().nvcc and os.path.abspath(knobs().nvcc) == os.path.abspath(nvcc)
+        return f"{nvcc} (CUTLASS_OFFLOAD_NVCC)" if set_on_purpose else nvcc
     try:
         out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        raise ToolchainError(f"{nvcc}{where} is not a working nvcc: `--version` failed ({e})") from e
+        raise ToolchainError(f"{named()} is not a working nvcc: `--version` failed ({e})") from e
     if "nvcc" not in out.lower() and "cuda compilation tools" not in out.lower():
         first = (out.strip().splitlines() or ["nothing"])[0][:80]
-        raise ToolchainError(f"{nvcc}{where} is not nvcc: its --version printed {first!r}")
+        raise ToolchainError(f"{named()} is not nvcc: its --version printed {first!r}")
     m = re.search(r"^Build .*$", out, re.M) or re.search(r"release [\d.]+", out)
     return m.group(0) if m else out.strip()
 
