@@ -28,7 +28,10 @@ GLU epilogue whatever its K (partition/gated_gemm.py MIN_K 0: the UNet's GEGLU
 projections, K 320-1280), and ``ours_glu_staged_all_k``: the same with the GLU
 epilogue's products staged in shared memory (emit/glu_sm90.GLU_STAGED); and
 ``ours_staged_epilogue``: ours with every GEMM that can take it on the staged
-elementwise epilogue instead of the TMA one (emit/staged.ENABLED), each checked against a
+elementwise epilogue instead of the TMA one (emit/staged.ENABLED); and
+``ours_fused_wide_attention``: ours with an attention of head dim above 256 kept whole
+(CompileOptions.decompose_wide_attention off: the fused sm80 kernel, or PyTorch's SDPA
+where the measured-faster list says so) instead of two GEMMs and a softmax, each checked against a
 float32 copy of the model on fresh inputs (norm-wise relative error), timed (median
 ms of ``--reps`` synchronized forwards, as benchmarks/runtime.py) and profiled over
 ``--profile-reps`` forwards with torch.profiler (CUDA activity; CUPTI records the
@@ -75,7 +78,8 @@ from cutlass_offload.models import load_model
 VARIANTS = ("torch_compile", "ours", "ours_dynamic", "ours_python_wrapper", "ours_cpp_wrapper",
             "norms_all", "attention_in_pytorch", "ours_no_pdl", "ours_no_buffer_reuse",
             "ours_dynamic_glue_auto", "ours_per_sample_add", "norms_none", "ours_sdpa_copies",
-            "ours_glu_all_k", "ours_glu_staged_all_k", "ours_staged_epilogue")
+            "ours_glu_all_k", "ours_glu_staged_all_k", "ours_staged_epilogue",
+            "ours_fused_wide_attention")
 WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True}
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
@@ -383,7 +387,8 @@ def run_variant(variant, model, inputs, check, a):
         else:
             options = CompileOptions(arch=resolve_arch(None),
                                      offload_norms={"norms_all": "all", "norms_none": "none"}.get(variant, "auto"),
-                                     per_sample_add=variant == "ours_per_sample_add" or None)
+                                     per_sample_add=variant == "ours_per_sample_add" or None,
+                                     decompose_wide_attention=variant != "ours_fused_wide_attention")
             cap = capture(model, inputs,
                           dynamic_batch=variant in ("ours_dynamic", "ours_dynamic_glue_auto"))
             with _attention_in_pytorch(variant == "attention_in_pytorch"), _no_pdl(variant == "ours_no_pdl"), \

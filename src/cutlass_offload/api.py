@@ -74,7 +74,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
             glue: str = "auto", mode: str | None = None,
             options: dict | None = None, offload_norms: str = "auto",
             combine_gemms: bool = True, jobs: int | None = None,
-            phases_before: dict | None = None) -> CompiledModel:
+            phases_before: dict | None = None,
+            decompose_wide_attention: bool = True) -> CompiledModel:
     """Offload ``model``'s GEMM, conv2d, attention and norm regions to CUTLASS kernels
     in one shared library.
 
@@ -114,6 +115,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
       partition/gated_gemm.py).
     jobs: parallel nvcc processes (None: ``CUTLASS_OFFLOAD_JOBS`` or the cores,
       capped by memory); ValueError below 1.
+    decompose_wide_attention: an attention of head dim above 256 runs as two GEMM
+      regions and a softmax (partition/wide_attention.py); False: the fused sm80 kernel.
     phases_before: seconds of the caller's own steps before this call, by name (the
       CLI passes its model construction as {"model": s}); they come first in the
       report's phases, report.json's included (which also holds the save's seconds).
@@ -134,7 +137,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
         arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict, num_sms=num_sms,
         build_strategy=build_strategy, executor=executor, ray_address=ray_address, tune=tune,
         offload_norms=offload_norms, combine_gemms=combine_gemms, jobs=jobs,
-        grouped_conv=knobs().grouped_conv, per_sample_add=knobs().per_sample_add),
+        grouped_conv=knobs().grouped_conv, per_sample_add=knobs().per_sample_add,
+        decompose_wide_attention=decompose_wide_attention),
         glue_spec.resolved())
     _executor(options)      # a missing Ray extra fails now, not after the capture
     if out_dir is not None:
@@ -486,9 +490,10 @@ def _load_once(out: Path, manifest: dict, device, override=None, reference=True,
     phases = phases or _Phases()
     # a folder saved before combine_gemms existed was partitioned without it, one saved
     # before grouped_conv was an option without grouped convs (off by default then), and
-    # one saved before per_sample_add existed without that fusion
+    # one saved before per_sample_add existed without that fusion, and one saved before
+    # decompose_wide_attention with wide attentions fused
     options = CompileOptions(**{"combine_gemms": False, "grouped_conv": False, "per_sample_add": False,
-                                **manifest["options"]})
+                                "decompose_wide_attention": False, **manifest["options"]})
     glue = _saved_glue(manifest, override)
     device = None if device is None else _indexed(device)
     try:

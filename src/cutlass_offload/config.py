@@ -226,6 +226,10 @@ class CompileOptions:
       on sm90a (the TMA conv's epilogue reads row n of the (N, K) vector) where the
       conv's kernel is that TMA conv; None = ``$CUTLASS_OFFLOAD_PER_SAMPLE_ADD``
       (default off); resolved and saved like ``grouped_conv``.
+    decompose_wide_attention: an attention of head dim above 256 (the SD VAE's 512)
+      runs as two GEMM regions and a softmax in the glue instead of the fused sm80
+      kernel, which keeps O in global memory at such head dims, where its scores
+      take at most 1 GiB (partition/wide_attention.py).
     """
 
     arch: str | None = None
@@ -243,6 +247,7 @@ class CompileOptions:
     glue: str = "eager"
     grouped_conv: bool | None = None
     per_sample_add: bool | None = None
+    decompose_wide_attention: bool = True
 
     def __post_init__(self):
         from .target import ALIASES

@@ -27,6 +27,7 @@ from .gated_gemm import fuse_gated_linears
 from .parallel_gemm import combine_parallel_linears
 from .patterns import ANCHOR_BY_TARGET
 from .unanchored import unanchored_fallbacks
+from .wide_attention import decompose_wide_sdpa
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +42,14 @@ def partition(gm: fx.GraphModule, options: CompileOptions = CompileOptions()) ->
     (partition/gated_gemm.py); then sibling linears the pass found as plain or
     bias-only GEMM regions on one input, each under a wave of tiles on the target,
     become one linear over their concatenated weights (partition/parallel_gemm.py).
-    The rewritten regions' notes name their members. Returns a PartitionResult;
+    The rewritten regions' notes name their members. Before all that, with
+    ``options.decompose_wide_attention``, an SDPA of head dim above 256 becomes two
+    matmuls and a softmax (partition/wide_attention.py). Returns a PartitionResult;
     never raises for an unsupported op (it becomes a Fallback). Node names in the
     result refer to ``gm.graph``.
     """
+    if options.decompose_wide_attention:
+        decompose_wide_sdpa(gm)
     result = _find_regions(gm, options)
     if not options.combine_gemms:
         return result

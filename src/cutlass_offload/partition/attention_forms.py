@@ -25,6 +25,7 @@ from .attention import (_MATMULS, AttentionOperands, _arg, _call, _cast_of, _che
                         _is_heads_transpose, _is_last_two_transpose, _logits_source, _number,
                         _scaled, _tensor, _users)
 from .graph_utils import aten, hint_int, same_shape, static_int, val
+from .wide_attention import NOTE_KEY as WIDE_NOTE_KEY, wide_note
 
 _SAME_SHAPE_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 _MAX_FOLD_NODES = 512            # a mask computed by more ops is not evaluated
@@ -289,7 +290,14 @@ def softmax_operands(node, options) -> Optional[AttentionOperands]:
         return None
     pv = nxt
     # from here on it is attention: refusals become fallbacks with a reason
-    return _read_softmax_form(node, mm, list(reversed(chain)), tail, pv)
+    ops = _read_softmax_form(node, mm, list(reversed(chain)), tail, pv)
+    note = (wide_note(val(ops.q), val(ops.v), val(mm).shape)
+            if getattr(options, "decompose_wide_attention", False)
+            and isinstance(val(mm), torch.Tensor) else None)
+    if note is not None:         # its matmuls become GEMM regions (partition/wide_attention.py)
+        mm.meta[WIDE_NOTE_KEY] = pv.meta[WIDE_NOTE_KEY] = note
+        return None
+    return ops
 
 
 def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:

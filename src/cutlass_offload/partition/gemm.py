@@ -8,6 +8,7 @@ from ..ir import GemmEpilogue, GemmProblem, GemmRegion
 from .checks import m_hint
 from .epilogue import grow_epilogue
 from .graph_utils import max_alignment, static_int, val
+from .wide_attention import NOTE_KEY as WIDE_NOTE_KEY
 
 
 def make_gemm_region(index, node, ops, options, taken) -> tuple:
@@ -40,6 +41,8 @@ def _make_region(index, anchor, ops, state) -> GemmRegion:
         batch_hint=max(1, m_hint(ops.batch_dims)) if ops.batch_mode != "fold" else 1,
         a_batch_broadcast=ops.batch_mode == "a_broadcast", tf32=dtype == "f32")
     notes = tuple(state.notes)
+    if WIDE_NOTE_KEY in anchor.meta:      # one of a wide attention's two GEMMs
+        notes += (anchor.meta[WIDE_NOTE_KEY],)
     if ops.layout_a == "col":
         notes += ("A is read column-major (M contiguous: a transposed view), in place",)
     name = f"region{index}_{ops.form}_{epilogue.tag}"
