@@ -387,3 +387,21 @@ def test_a_fallback_names_the_sdpa_call_not_the_copy_before_it():
     assert r.nodes[0] == "contiguous" and r.anchor == "scaled_dot_product_attention"
     plan = select(p, "sm80").keep(lambda *_: False, lambda *_: "test")
     assert [f.node for f in plan.fallbacks] == ["scaled_dot_product_attention"]
+
+
+def test_a_constant_factor_on_sdpas_query_becomes_the_regions_scale():
+    """whisper's ``(q_proj(x) * scaling).view().transpose()`` before SDPA: the factor
+    moves into the region's scale (canonicalize), so the region reads q in place
+    instead of a scaled copy; a factor on k (not q's alone) stays in the graph."""
+    def fn(x, k, v):
+        q = (x * 0.125).view(2, 16, 4, 64).transpose(1, 2).contiguous()
+        return F.scaled_dot_product_attention(q, k, v, scale=1.0)
+    _, k, v = qkv()
+    p, cap = parts(fn, torch.randn(2, 16, 256, dtype=H), k, v)
+    (r,) = p.regions
+    assert isinstance(r, AttentionRegion) and r.problem.scale == pytest.approx(0.125)
+    targets = [n.target for n in cap.graph_module.graph.nodes]
+    assert torch.ops.aten.mul.Tensor not in targets
+    p2, _ = parts(lambda q, k, v: F.scaled_dot_product_attention(q, k * 0.5, v), *qkv())
+    (r2,) = p2.regions
+    assert r2.problem.scale == pytest.approx(1 / 8)

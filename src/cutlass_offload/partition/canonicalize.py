@@ -10,6 +10,11 @@
 * regroup Swin's windowed mask (``view(logits + b1, split) + mask``, viewed back)
   into one bias of the logits, so the attention matcher sees ``softmax(q k^T + bias)``
   (partition/window_bias.py);
+* move a constant factor on SDPA's query into its scale (``sdpa(views(q * c),
+  scale=s)`` -> ``sdpa(views(q), scale=c * s)``, the views may include layout
+  copies: runtime/glue_passes.py, the pass the
+  Inductor glue applies to attention left to PyTorch), so the attention region reads
+  q where it lies instead of a scaled copy (whisper: one pass over q per layer);
 * sink a reshape that sits between a 2-D GEMM and its elementwise epilogue below
   that epilogue (``view(mm) + r`` -> ``view(mm + r.reshape(-1, N))``), which is
   the form ``Conv1D``/``addmm`` and AOTAutograd graphs take.
@@ -24,6 +29,7 @@ import math
 import torch
 import torch.fx as fx
 
+from ..runtime.glue_passes import fold_sdpa_query_scale
 from .lift_1d import conv1d_as_conv2d, group_norm_3d_as_4d
 from .window_bias import merge_window_bias
 from .graph_utils import aten, attr_tensor, fake_like, fake_value, users, val
@@ -45,6 +51,7 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     _drop_contiguous_before_conv(gm.graph)
     _fuse_tanh_gelu(gm.graph)
     merge_window_bias(gm.graph)
+    fold_sdpa_query_scale(gm, through_copies=True)
     while _sink_views(gm.graph):
         pass
     gm.graph.eliminate_dead_code()

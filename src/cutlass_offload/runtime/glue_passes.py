@@ -96,9 +96,11 @@ def _constant_factor(node: fx.Node) -> float | None:
     return float(c)
 
 
-def fold_sdpa_query_scale(gm: fx.GraphModule) -> int:
-    """Move a constant factor on SDPA's query into its ``scale`` (module docstring).
-    Returns the number of SDPA calls changed."""
+def fold_sdpa_query_scale(gm: fx.GraphModule, through_copies: bool = False) -> int:
+    """Move a constant factor on SDPA's query into its ``scale`` (module docstring);
+    ``through_copies``: the walk back from q also passes single-use layout-only copies
+    (partition's canonicalize, where the copies are still there: the attention region
+    reads through them). Returns the number of SDPA calls changed."""
     changed = 0
     for sdpa in list(gm.graph.nodes):
         if sdpa.target is not SDPA or not sdpa.args or not isinstance(sdpa.args[0], fx.Node):
@@ -110,8 +112,8 @@ def fold_sdpa_query_scale(gm: fx.GraphModule) -> int:
             continue                # q is also k or v: its factor is not q's alone
         # walk from q back through single-use views to the product
         first, node = None, sdpa.args[0]
-        while (node.op == "call_function" and node.target in VIEWS and len(node.users) == 1
-               and isinstance(node.args[0], fx.Node)):
+        while (node.op == "call_function" and len(node.users) == 1 and isinstance(node.args[0], fx.Node)
+               and (node.target in VIEWS or (through_copies and is_layout_copy(node)))):
             first, node = node, node.args[0]
         if len(node.users) != 1:
             continue
