@@ -401,6 +401,10 @@ def bench_model_regions(kind, entries, model, inputs, firsts, anchors) -> list:
     for i, e in enumerate(entries):
         row = {"kind": kind, **{k: v for k, v in e.items() if k != "models"},
                "models": e.get("models", []), "build_s": build_s}
+        if i not in found and kind == "attention" and _wide(compiled, e):
+            from wide_attention import corpus_row   # two GEMM regions, no attention region
+            rows.append(add_speedups({**row, **corpus_row(e, inputs[firsts[i]].dtype, graph_us)}))
+            continue
         if i not in found:
             row["error"] = f"not offloaded: {reasons}"
             rows.append(row)
@@ -429,6 +433,13 @@ def bench_model_regions(kind, entries, model, inputs, firsts, anchors) -> list:
     del compiled
     torch.cuda.empty_cache()
     return rows
+
+
+def _wide(compiled, entry) -> bool:
+    """Whether the compile ran ``entry``'s attention as two GEMMs (partition/wide_attention.py)."""
+    from cutlass_offload.partition.wide_attention import MAX_FUSED_HEAD_DIM
+    return (max(entry["head_dim"], entry["head_dim_v"]) > MAX_FUSED_HEAD_DIM
+            and any("two GEMMs" in n for r in compiled.plan.regions for n in map(str, r.notes)))
 
 
 def conv_anchors(m, xs):

@@ -107,6 +107,34 @@ def bench(shape, dtype_name) -> dict:
     return row
 
 
+def corpus_row(entry: dict, dtype: torch.dtype, us) -> dict:
+    """The fields of benchmarks/kernels_bench.py's row for a corpus attention ``entry``
+    that partition sends to two GEMMs (no attention region to time): ours is the
+    SDPA module compiled with Inductor glue (the GEMMs and the softmax between them),
+    timed by ``us`` (kernels_bench.graph_us) against each SDPA backend on the same
+    fresh q / k / v; rel_err_vs_pytorch against PyTorch's own SDPA."""
+    b, h = entry["batch"], entry["heads"]
+    q = torch.randn(b, h, entry["seq_q"], entry["head_dim"], device="cuda", dtype=dtype)
+    k = torch.randn(b, h, entry["seq_kv"], entry["head_dim"], device="cuda", dtype=dtype)
+    v = torch.randn(b, h, entry["seq_kv"], entry["head_dim_v"], device="cuda", dtype=dtype)
+    model = compiled(True, "inductor", (q, k, v))
+    with torch.no_grad():
+        row = {"kernel": "two GEMMs + softmax (partition/wide_attention.py, Inductor glue): "
+                         + ", ".join(r["kernel"] for r in model.report.regions),
+               "rel_err_vs_pytorch": rel_err(model(q, k, v), F.scaled_dot_product_attention(q, k, v).double()),
+               "heuristic_us": us(lambda: model(q, k, v)), "fell_back": False}
+    times = {n: t for n, t in anchors(q, k, v).items()}
+    row["anchors_us"] = {n: t if isinstance(t, float) else None for n, t in times.items()}
+    errors = {n: t for n, t in times.items() if not isinstance(t, float)}
+    if errors:
+        row["anchor_errors"] = errors
+    ok = {n: t for n, t in row["anchors_us"].items() if t}
+    if ok:
+        row["anchor"] = min(ok, key=ok.get)
+        row["anchor_us"] = ok[row["anchor"]]
+    return row
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="1x1x4096x512,1x1x1024x512,2x1x4096x512",

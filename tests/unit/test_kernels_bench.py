@@ -305,3 +305,21 @@ def test_staged_epilogue_option_parses():
     # --staged-epilogue switches emit/staged.py on for the run (after the GPU check)
     assert kb.parse_args(["--staged-epilogue"]).staged_epilogue
     assert not kb.parse_args([]).staged_epilogue
+
+
+def test_the_vaes_wide_attention_is_timed_as_its_two_gemms():
+    """The corpus's head-dim-512 attention (vae-decoder) partitions into two GEMM
+    regions, so the bench times it as the compiled SDPA module (wide_attention.corpus_row)
+    instead of reporting "not offloaded"; other attention entries keep their region."""
+    from cutlass_offload.capture import capture
+    from cutlass_offload.config import CompileOptions
+    from cutlass_offload.partition import partition
+    from types import SimpleNamespace
+    entries = kb.attention_entries(CORPUS)
+    wide = [e for e in entries if max(e["head_dim"], e["head_dim_v"]) > 256]
+    assert wide and all("vae-decoder" in e["models"] for e in wide)
+    for e, expect in ((wide[0], True), (next(e for e in entries if e["head_dim"] == 64), False)):
+        e = {**e, "seq_q": 64, "seq_kv": 64}          # small, same head dims: a CPU capture
+        model, inputs, _ = kb.attention_model([e], "f16")
+        part = partition(capture(model, inputs).graph_module, CompileOptions(arch="sm90a"))
+        assert kb._wide(SimpleNamespace(plan=part), e) is expect
