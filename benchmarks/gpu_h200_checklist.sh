@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# What the open issues still need from an H200 (their done-when figures are the H200's),
+# in calls of at most LIMIT seconds on a machine that stays up between them: each call
+# resumes from STATE (outside $OUT, which a device call empties) and exits 3 while steps
+# remain, 0 when all are done. Copies logs and JSON to $OUT after every step.
+#   1. issue 16: sd-unet's row (ours with Inductor glue, plain and reduce-overhead, against
+#      torch.compile's, paired rounds; benchmarks/gpu_runtime_table.sh); the other eight
+#      models met 0.90x on the H200 before.
+#   2. issue 15: the attention corpus in fp16 and bf16 (the learned table, the VAE's
+#      attention as two GEMMs) against every SDPA backend; writes the measured-faster list
+#      merged with the packaged one to $OUT/pytorch_faster.json (copy it over
+#      src/cutlass_offload/select/tables/sm90a_h200_pytorch_faster.json if the UNet's
+#      head-dim-40 problem now runs ours faster than cuDNN's 158.1 us of session 17).
+#   3. issue 15: the plain-GEMM minima (sd-unet's 512x3840x1280 and 512x1280x1280, the two
+#      below 0.90x cuBLAS in session 26) and whisper's 6000x768x768, fp16.
+# The machine has no network: carry the wheels (../shared/device.md), e.g. here
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux2014_x86_64 -d .whl nvidia-cutlass==4.2.0.0 diffusers importlib_metadata
+# and on the machine: python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+#   PYTHONPATH=$PWD/src:/tmp/site OUT=... bash benchmarks/gpu_h200_checklist.sh
+set -u
+t0=$(date +%s)
+OUT=${OUT:-$PWD/h200_out}; STATE=${STATE:-/tmp/h200_checklist}; LIMIT=${LIMIT:-580}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT" "$STATE"
+export PYTHONUNBUFFERED=1
+left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+echo "$gpu" > "$OUT/gpu.txt"
+case "$gpu" in
+  *H200*) ;;
+  *) echo "not an H200 ($gpu): the figures these steps make are the H200's"; [ -n "${ANY_GPU:-}" ] || exit 2 ;;
+esac
+
+if [ ! -e "$STATE/1.done" ]; then
+  mkdir -p "$STATE/rt"
+  OUT="$STATE/rt" BUDGET_S=$(( $(left) - 15 )) MAX_AUTOTUNE=none \
+    RUNTIME_ARGS="--no-eager-glue --paired-only --paired-rounds 5" \
+    bash benchmarks/gpu_runtime_table.sh sd-unet && touch "$STATE/1.done"
+  cp "$STATE/rt/runtime.json" "$OUT/runtime_sdunet.json" 2>/dev/null
+  cp "$STATE/rt/runtime.log" "$OUT/runtime_sdunet.log" 2>/dev/null
+  [ -e "$STATE/1.done" ] || exit 3
+fi
+if [ ! -e "$STATE/2.done" ]; then
+  [ "$(left)" -gt 200 ] || exit 3
+  cp src/cutlass_offload/select/tables/sm90a_h200_pytorch_faster.json "$STATE/pytorch_faster.json"
+  timeout $(( $(left) - 5 )) $PY benchmarks/kernels_bench.py --kinds attention --dtypes fp16,bf16 \
+    --search heuristic --json "$STATE/attention.json" \
+    --write-pytorch-faster "$STATE/pytorch_faster.json" --merge-pytorch-faster \
+    > "$STATE/attention.log" 2>&1 && touch "$STATE/2.done"
+  cp "$STATE/attention.json" "$STATE/attention.log" "$STATE/pytorch_faster.json" "$OUT/" 2>/dev/null
+  tail -n 30 "$STATE/attention.log"
+  [ -e "$STATE/2.done" ] || exit 3
+fi
+if [ ! -e "$STATE/3.done" ]; then
+  [ "$(left)" -gt 200 ] || exit 3
+  timeout $(( $(left) - 5 )) $PY benchmarks/kernels_bench.py --kinds gemm --dtypes fp16 --search heuristic \
+    --no-grid --gemm-shapes 512x3840x1280,512x1280x1280,6000x768x768 \
+    --json "$STATE/gemm_minima.json" > "$STATE/gemm_minima.log" 2>&1 && touch "$STATE/3.done"
+  cp "$STATE/gemm_minima.json" "$STATE/gemm_minima.log" "$OUT/" 2>/dev/null
+  tail -n 20 "$STATE/gemm_minima.log"
+  [ -e "$STATE/3.done" ] || exit 3
+fi
+echo "all steps done in $STATE ($(( $(date +%s) - t0 )) s this call)"
