@@ -29,7 +29,8 @@ def _cmd_compile(a) -> int:
                           executor=a.executor, ray_address=a.ray_address, tune=a.tune,
                           glue=a.glue, mode=a.mode, offload_norms=a.norms,
                           combine_gemms=a.combine_gemms, jobs=a.jobs or None,
-                          phases_before={"model": t_model})
+                          phases_before={"model": t_model},
+                          decompose_wide_attention=a.decompose_wide_attention)
     print(compiled.report)
     print(f"wrote {a.out}")
     return 0
@@ -313,6 +314,10 @@ def main(argv=None) -> int:
     c.add_argument("--no-combine-gemms", dest="combine_gemms", action="store_false",
                    help="keep sibling linears on one input (q / k / v projections) as GEMMs of "
                         "their own instead of one GEMM over their concatenated weights")
+    c.add_argument("--no-decompose-wide-attention", dest="decompose_wide_attention",
+                   action="store_false",
+                   help="keep an attention of head dim above 256 as one fused region instead of "
+                        "two GEMMs and a softmax (partition/wide_attention.py)")
     c.set_defaults(fn=_cmd_compile)
     r = sub.add_parser("run", help="run a compiled folder on the GPU against PyTorch")
     r.add_argument("dir", help="an output folder written by compile (--out)")

@@ -93,3 +93,12 @@ def test_other_attentions_keep_the_fused_kernel(case, monkeypatch):
     assert any(isinstance(r, AttentionRegion) for r in p.regions) or p.fallbacks
     assert not any("two GEMMs" in str(n) for r in p.regions for n in r.notes)
 
+
+
+def test_the_cli_flag_keeps_the_fused_kernel(tmp_path, monkeypatch):
+    from cutlass_offload import cli
+    seen = []
+    monkeypatch.setattr(cli, "_cmd_compile", lambda a: seen.append(a.decompose_wide_attention) or 0)
+    base = ["compile", "mlp", "--out", str(tmp_path / "m"), "--arch", "sm_80"]
+    assert cli.main(base) == 0 and cli.main(base + ["--no-decompose-wide-attention"]) == 0
+    assert seen == [True, False]
