@@ -313,7 +313,8 @@ def main(argv=None) -> int:
                         "when the glue is Inductor, which fuses them with their neighbours; else all)")
     c.add_argument("--no-combine-gemms", dest="combine_gemms", action="store_false",
                    help="keep sibling linears on one input (q / k / v projections) as GEMMs of "
-                        "their own instead of one GEMM over their concatenated weights")
+                        "their own instead of one GEMM over their concatenated weights, and a gate "
+                        "and an up linear as two GEMMs instead of one with a GLU epilogue")
     c.add_argument("--no-decompose-wide-attention", dest="decompose_wide_attention",
                    action="store_false",
                    help="keep an attention of head dim above 256 as one fused region instead of "

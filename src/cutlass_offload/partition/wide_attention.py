@@ -61,9 +61,9 @@ def wide_note(q: torch.Tensor, v: torch.Tensor, scores_shape) -> str | None:
     nbytes = math.prod(hint_int(d) for d in scores_shape) * q.element_size()
     if nbytes > MAX_SCORES_BYTES:
         return None
-    return (f"attention with head dim {max(e, ev)} (above {MAX_FUSED_HEAD_DIM}, where fused "
-            f"kernels keep O in global memory) runs as two GEMMs and a softmax; its scores "
-            f"take {_size(nbytes)} (partition/wide_attention.py)")
+    return (f"attention with head dim {max(e, ev)} runs as two GEMMs and a softmax (the softmax "
+            f"in the glue): above head dim {MAX_FUSED_HEAD_DIM} no flash-style kernel keeps a row "
+            f"of O on chip; its scores take {_size(nbytes)} (partition/wide_attention.py)")
 
 
 def _size(nbytes: int) -> str:
