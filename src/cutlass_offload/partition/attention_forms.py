@@ -292,8 +292,7 @@ def softmax_operands(node, options) -> Optional[AttentionOperands]:
     # from here on it is attention: refusals become fallbacks with a reason
     ops = _read_softmax_form(node, mm, list(reversed(chain)), tail, pv)
     note = (wide_note(val(ops.q), val(ops.v), val(mm).shape)
-            if getattr(options, "decompose_wide_attention", False)
-            and isinstance(val(mm), torch.Tensor) else None)
+            if options.decompose_wide_attention and isinstance(val(mm), torch.Tensor) else None)
     if note is not None:         # its matmuls become GEMM regions (partition/wide_attention.py)
         mm.meta[WIDE_NOTE_KEY] = pv.meta[WIDE_NOTE_KEY] = note
         return None

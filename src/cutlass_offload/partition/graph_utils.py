@@ -88,6 +88,16 @@ def fake_value(target, args, kwargs=None):
         return target(*vals, **kw)
 
 
+def call_with_val(graph: fx.Graph, target, args, kwargs=None) -> fx.Node:
+    """A new call node of ``graph`` (at its insertion point) with its ``meta['val']``
+    (``fake_value``), for rewrites that keep later stages able to read shapes."""
+    node = graph.call_function(target, tuple(args), dict(kwargs or {}))
+    v = fake_value(target, args, kwargs)
+    if v is not None:
+        node.meta["val"] = v
+    return node
+
+
 def fake_like(fake_ref, real):
     """A FakeTensor of ``real``'s shape and dtype on ``fake_ref``'s device, in
     ``fake_ref``'s fake mode (a new node's ``meta['val']``); None without one."""

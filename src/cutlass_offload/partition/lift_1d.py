@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 
 from .graph_utils import attr_tensor, aten, fake_value, is_call, users, val
+from .graph_utils import call_with_val as _call
 
 _CONV1D = (aten.conv1d.default, aten.conv1d.padding)
 # elementwise ops whose output has their input's shape (the epilogue activations)
@@ -103,15 +104,6 @@ def _arg(node, i, name, default):
 
 def _one(v):
     return v[0] if isinstance(v, (list, tuple)) else v
-
-
-def _call(graph: fx.Graph, target, args, kwargs=None) -> fx.Node:
-    """A new call node, with its ``meta['val']``."""
-    node = graph.call_function(target, tuple(args), dict(kwargs or {}))
-    v = fake_value(target, args, kwargs)
-    if v is not None:
-        node.meta["val"] = v
-    return node
 
 
 def _filter(gm: fx.GraphModule, w):

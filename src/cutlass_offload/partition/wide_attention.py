@@ -37,7 +37,8 @@ import math
 import torch
 import torch.fx as fx
 
-from .graph_utils import aten, aten_arg, fake_value, hint_int, same_dim, static_int, val
+from .graph_utils import aten, aten_arg, hint_int, same_dim, static_int, val
+from .graph_utils import call_with_val as _call
 
 MAX_FUSED_HEAD_DIM = 256          # the widest head tile of a flash-style kernel (see above)
 MAX_SCORES_BYTES = 1 << 30        # the scores tensor's size (B * H * Lq * Lkv elements)
@@ -112,12 +113,3 @@ def decompose_wide_sdpa(gm: fx.GraphModule) -> int:
     if count:
         gm.recompile()
     return count
-
-
-def _call(graph: fx.Graph, target, args) -> fx.Node:
-    """A new call node with its ``meta['val']``."""
-    node = graph.call_function(target, tuple(args))
-    v = fake_value(target, args)
-    if v is not None:
-        node.meta["val"] = v
-    return node
