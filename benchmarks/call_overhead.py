@@ -175,20 +175,28 @@ def cpp_wrapper_call_us(entry, xs, n=50) -> float | None:
     output the next call's first input) compiled with ``cpp_wrapper``, each timed
     with the GPU kept busy; the difference over the extra calls. None when the
     region's output cannot feed its first input."""
-    import torch.fx as fx
-
     from cutlass_offload.runtime import ops
     out = ops.call(entry, xs)
     if out.shape != xs[0].shape or out.dtype != xs[0].dtype or out.stride() != xs[0].stride():
         return None
     op = ops.region_op(len(xs), 0)
+    return cpp_wrapper_chain_us(lambda g, y, rest: g.call_function(op, (y, *rest, entry.id)), xs, n)
+
+
+def cpp_wrapper_chain_us(call, xs, n=50) -> float:
+    """Host microseconds per call that ``call(graph, y, rest)`` adds to an FX graph
+    (returning the node of the call's output, which feeds the next call), compiled
+    with Inductor's ``cpp_wrapper``: graphs of CHAIN[0] and CHAIN[1] chained calls
+    on placeholders ``xs`` (y starts as xs[0], ``rest`` the others), each timed with
+    the GPU kept busy; the difference over the extra calls."""
+    import torch.fx as fx
     times = {}
     for k in CHAIN:
         g = fx.Graph()
         phs = [g.placeholder(f"x{i}") for i in range(len(xs))]
         y = phs[0]
         for _ in range(k):
-            y = g.call_function(op, (y, *phs[1:], entry.id))
+            y = call(g, y, phs[1:])
         g.output(y)
         torch._dynamo.reset()
         fn = torch.compile(fx.GraphModule(torch.nn.Module(), g), backend="inductor",
@@ -264,6 +272,12 @@ def main():
                     per_call = cpp_wrapper_call_us(entry, xs_seen)
                 if per_call is not None:
                     result["host_region_op_cpp_wrapper_us"] = per_call
+                # the anchor on the same path: cuBLAS's mm as Inductor's C++ wrapper
+                # calls it (aoti_torch_cuda_mm_out, no dispatcher), same-size chain
+                sq = torch.randn(xs.shape[1], xs.shape[1], dtype=xs.dtype, device="cuda")
+                result["host_mm_cpp_wrapper_us"] = cpp_wrapper_chain_us(
+                    lambda g, y, rest: g.call_function(torch.ops.aten.mm.default, (y, rest[0])),
+                    (xs, sq))
             result["host_torch_empty_cuda_us"] = host_us(
                 lambda: torch.empty((8, 64), dtype=torch.float16, device="cuda"))
             result["host_torch_linear_call_us"] = host_us(lambda: small(xs))

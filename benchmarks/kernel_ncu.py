@@ -18,6 +18,11 @@ warms both up, and runs one forward of each between cudaProfilerStart / Stop.
 
     python benchmarks/kernel_ncu.py whisper-encoder [--layers 1] [--filter REGEX]
         [--ncu ncu] [--json kernel_ncu.json]
+    python benchmarks/kernel_ncu.py --gemm 512x3840x1280,512x1280x1280 [--dtype fp16]
+
+``--gemm MxNxK,...`` profiles plain GEMMs instead of a model's: per problem, a bias-free
+Linear (N, K) on an (M, K) input, ours (the learned table's kernels, one build) then
+PyTorch's (``F.linear``: cuBLAS), so the misses of issue 15's plain-GEMM class show why.
 
 Needs a CUDA GPU and ncu (exit 2 without either). Prints a table, writes JSON.
 """
@@ -42,9 +47,59 @@ METRICS = {"Duration": "us", "Compute (SM) Throughput": "sm_pct", "Memory Throug
            "DRAM Throughput": "dram_pct", "Registers Per Thread": "regs",
            "Grid Size": "grid", "Dynamic Shared Memory Per Block": "dyn_smem",
            "Achieved Occupancy": "occupancy", "L2 Hit Rate": "l2_hit_pct",
-           "Elapsed Cycles": "cycles", "SM Frequency": "sm_mhz"}
+           "Elapsed Cycles": "cycles", "SM Frequency": "sm_mhz",
+           "L1/TEX Cache Throughput": "l1_pct", "L2 Cache Throughput": "l2_pct",
+           "Cluster Size": "cluster", "Waves Per SM": "waves"}
 WARP_METRICS = {"Warp Cycles Per Issued Instruction": "cycles_per_issue",
                  "Avg. Active Threads Per Warp": "active_threads"}
+
+
+def gemm_child(a) -> None:
+    """The --gemm problems as bias-free Linears of one module (one build): ours, then
+    F.linear, each called once between cudaProfilerStart / Stop after warm-up calls."""
+    import torch
+    sys.path.insert(0, str(HERE.parents[0] / "src"))
+    from cutlass_offload.api import compile_captured, resolve_arch
+    from cutlass_offload.capture import capture
+    from cutlass_offload.config import CompileOptions
+
+    class Linears(torch.nn.Module):
+        def __init__(self, shapes):
+            super().__init__()
+            self.lins = torch.nn.ModuleList(torch.nn.Linear(k, n, bias=False) for _, n, k in shapes)
+
+        def forward(self, *xs):
+            return tuple(lin(x) for lin, x in zip(self.lins, xs))
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
+    shapes = gemm_shapes(a.gemm)
+    model = Linears(shapes).to("cuda", dtype).eval()
+    xs = tuple(torch.randn(m, k, device="cuda", dtype=dtype) for m, _, k in shapes)
+    ours = compile_captured(capture(model, xs), CompileOptions(arch=resolve_arch(None)))
+    weights = [lin.weight for lin in model.lins]
+    with torch.no_grad():
+        for _ in range(3):
+            ours(*xs)
+            [torch.nn.functional.linear(x, w) for x, w in zip(xs, weights)]
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        ours(*xs)
+        torch.cuda.synchronize()
+        for x, w in zip(xs, weights):
+            torch.nn.functional.linear(x, w)
+            torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+
+
+def gemm_shapes(text: str) -> list:
+    """"512x3840x1280,6000x768x768" -> [(512, 3840, 1280), (6000, 768, 768)] (M, N, K)."""
+    shapes = []
+    for item in filter(None, text.split(",")):
+        dims = item.lower().split("x")
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise SystemExit(f"--gemm: {item!r} is not MxNxK with positive integers")
+        shapes.append(tuple(int(d) for d in dims))
+    return shapes
 
 
 def child(a) -> None:
@@ -109,7 +164,10 @@ def parse(text: str) -> list:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model")
+    p.add_argument("model", nargs="?", help="a built-in model name (or --gemm)")
+    p.add_argument("--gemm", default="", metavar="MxNxK,...",
+                   help="profile these plain GEMMs (bias-free Linear) instead of a model's")
+    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help="with --gemm")
     p.add_argument("--layers", type=int, default=1,
                    help="num_hidden_layers for llama / whisper-encoder (0: the model's own; default 1)")
     p.add_argument("--filter", default=DEFAULT_FILTER, help="ncu --kernel-name (default: %(default)s)")
@@ -117,8 +175,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "kernel_ncu.json"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if bool(a.model) == bool(a.gemm):
+        p.error("give a model or --gemm, not both")
+    if a.gemm:
+        gemm_shapes(a.gemm)             # a bad list fails here, not in ncu's child
     if a.child:
-        child(a)
+        gemm_child(a) if a.gemm else child(a)
         return 0
     import torch
     sys.path.insert(0, str(HERE))
@@ -130,26 +192,30 @@ def main(argv=None) -> int:
            "--kernel-name", a.filter, "--csv", "--page", "details"]
     for s in SECTIONS:
         cmd += ["--section", s]
-    cmd += [sys.executable, __file__, a.model, "--layers", str(a.layers), "--child"]
+    cmd += [sys.executable, __file__, "--child", "--layers", str(a.layers)]
+    cmd += ["--gemm", a.gemm, "--dtype", a.dtype] if a.gemm else [a.model]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     rows = parse(proc.stdout)
     if proc.returncode or not rows:
         print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n", file=sys.stderr)
         if not rows:
             return 1
-    print(f"{a.model} ({a.layers or 'all'} layers): {len(rows)} GEMM kernels under ncu "
-          "(clocks and L2 as the forward left them)")
-    print("| # | owner | us | SM % | mem % | DRAM % | L2 hit % | grid | regs | dyn. smem | MHz | cycles / issue | kernel |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    what = f"GEMMs {a.gemm} ({a.dtype}; ours, then cuBLAS, per problem)" if a.gemm else \
+        f"{a.model} ({a.layers or 'all'} layers)"
+    print(f"{what}: {len(rows)} GEMM kernels under ncu (clocks and L2 as the calls left them)")
+    print("| # | owner | us | SM % | mem % | DRAM % | L2 % | L1 % | L2 hit % | grid | cluster | regs | "
+          "dyn. smem | MHz | cycles / issue | kernel |")
+    print("| --- " * 16 + "|")
     for r in rows:
         r["owner"] = "ours" if classify(r["name"]).startswith("ours") else "pytorch"
         print(f"| {r['id']} | {r['owner']} | {r.get('us', 0):.2f} | {r.get('sm_pct', 0):.0f} | "
-              f"{r.get('mem_pct', 0):.0f} | {r.get('dram_pct', 0):.0f} | {r.get('l2_hit_pct', 0):.0f} | "
-              f"{r.get('grid_xyz')} | {r.get('regs')} | {r.get('dyn_smem', 0)} | {r.get('sm_mhz')} | "
+              f"{r.get('mem_pct', 0):.0f} | {r.get('dram_pct', 0):.0f} | {r.get('l2_pct', 0):.0f} | "
+              f"{r.get('l1_pct', 0):.0f} | {r.get('l2_hit_pct', 0):.0f} | "
+              f"{r.get('grid_xyz')} | {r.get('cluster')} | {r.get('regs')} | {r.get('dyn_smem', 0)} | {r.get('sm_mhz')} | "
               f"{r.get('cycles_per_issue')} | "
               f"{r['name'][:90]} |")
     with open(a.json, "w") as f:
-        json.dump({"model": a.model, "layers": a.layers, "gpu": torch.cuda.get_device_name(0),
+        json.dump({"model": a.model, "gemm": a.gemm, "dtype": a.dtype, "layers": a.layers, "gpu": torch.cuda.get_device_name(0),
                    "torch": torch.__version__, "kernels": rows}, f, indent=1)
     return 0
 

@@ -1,0 +1,55 @@
+"""What sd-unet's first call after co.load costs with Inductor's C++ wrapper at -O1,
+at -O0 (AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL=O0) and with the Python wrapper
+(CUTLASS_OFFLOAD_CPP_WRAPPER=0), issue 17: each variant in one fresh process with empty
+Inductor / Triton caches, in that order (not interleaved), with its default-mode forward
+time (CUDA events, 3 rounds of 20 forwards) and Dynamo's heaviest compile timers. The
+folder is compiled first with the CLI (kernels only, no glue). Needs a CUDA GPU and nvcc;
+prints one JSON line per step (seconds, ms).
+
+    python benchmarks/wrapper_first_call.py
+"""
+import json, os, subprocess, sys, time
+W = "/tmp/ow"
+VARIANTS = {"cpp_O1": {}, "cpp_O0": {"AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL": "O0"},
+            "python_wrapper": {"CUTLASS_OFFLOAD_CPP_WRAPPER": "0"}}
+if len(sys.argv) == 1:
+    os.makedirs(W, exist_ok=True)
+    env = dict(os.environ, CUTLASS_OFFLOAD_CACHE_DIR=f"{W}/coc")
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", "import sys; from cutlass_offload.cli import main; sys.exit(main())", "compile", "sd-unet", "--arch", "sm_90a",
+                        "--out", f"{W}/folder", "-q"], env=env, capture_output=True, text=True)
+    print(json.dumps({"step": "compile_cpu_style", "rc": p.returncode, "s": round(time.perf_counter() - t, 1),
+                      "tail": p.stderr[-600:] if p.returncode else ""}), flush=True)
+    for name, extra in VARIANTS.items():
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=f"{W}/{name}_ind", TRITON_CACHE_DIR=f"{W}/{name}_tri", **extra)
+        t = time.perf_counter()
+        p = subprocess.run([sys.executable, __file__, name], env=env, capture_output=True, text=True)
+        line = [l for l in p.stdout.splitlines() if l.startswith("{")]
+        print(json.dumps({"step": name, "process_s": round(time.perf_counter() - t, 1),
+                          **(json.loads(line[-1]) if line else {"error": p.stderr[-1500:]})}), flush=True)
+    sys.exit(0)
+
+import torch
+import cutlass_offload as co
+t = time.perf_counter()
+compiled, _, inputs = co.load(f"{W}/folder", device="cuda", glue="inductor", reference=False)
+load_s = time.perf_counter() - t
+t = time.perf_counter()
+with torch.no_grad():
+    compiled(*inputs)
+torch.cuda.synchronize()
+first = time.perf_counter() - t
+ms = []
+with torch.no_grad():
+    for _ in range(3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(20):
+            compiled(*inputs)
+        b.record(); b.synchronize()
+        ms.append(a.elapsed_time(b) / 20)
+from torch._dynamo.utils import compile_times
+ct = compile_times(repr="csv", aggregate=True)
+top = sorted(zip(ct[0], ct[1]), key=lambda kv: -float(kv[1] or 0))[:8] if isinstance(ct, tuple) else str(ct)[:800]
+print(json.dumps({"load_s": round(load_s, 2), "first_call_s": round(first, 2), "ms_per_forward": [round(x, 3) for x in ms],
+                  "report_glue": str(getattr(compiled, "report", ""))[-0:][:0] or None, "compile_times_top": top}, default=str))
