@@ -53,7 +53,7 @@ Environment variables:
   CUTLASS_OFFLOAD_CPP_WRAPPER  1 / 0 (off, no, false): co.compile / load's default-mode
                              Inductor glue on CUDA compiled with Inductor's C++ wrapper or
                              not (unset: runtime/glue.py CPP_WRAPPER_IN_DEFAULT_MODE, on;
-                             with it cpp_wrapper_build_separate: the wrapper at -O1);
+                             with it cpp_wrapper_build_separate: the wrapper at -O0);
                              a caller's cpp_wrapper option wins; the torch.compile backend
                              takes the caller's options only
 """

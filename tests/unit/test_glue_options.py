@@ -200,18 +200,22 @@ def test_glue_spec_rejects_unsaveable_options():
         GlueSpec("inductor", None, {"post_grad_custom_post_pass": object()}).to_json()
 
 
-CPP = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
+CPP = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True,
+       "aot_inductor.compile_wrapper_opt_level": "O0"}
 
 
-def test_our_cpp_wrapper_is_compiled_at_o1(monkeypatch):
-    """The wrapper we choose is built apart from kernels (min_optimize: -O1); an
+def test_our_cpp_wrapper_is_compiled_at_o0(monkeypatch):
+    """The wrapper we choose is built apart from kernels (min_optimize), at -O0; an
     option the caller set wins, and a torch without the option does not get it."""
     monkeypatch.delenv("CUTLASS_OFFLOAD_CPP_WRAPPER", raising=False)
     monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", True)
     gm = torch.fx.symbolic_trace(NoRegions())
     assert "cpp_wrapper_build_separate" in glue._inductor_config_keys()
     mine = glue.InductorGlue(gm, options={"cpp_wrapper_build_separate": False})
-    assert mine.compile_options(True) == {"cpp_wrapper": True, "cpp_wrapper_build_separate": False}
+    assert mine.compile_options(True) == {"cpp_wrapper": True, "cpp_wrapper_build_separate": False,
+                                          "aot_inductor.compile_wrapper_opt_level": "O0"}
+    mine = glue.InductorGlue(gm, options={"aot_inductor.compile_wrapper_opt_level": "O2"})
+    assert mine.compile_options(True)["aot_inductor.compile_wrapper_opt_level"] == "O2"
     monkeypatch.setattr(glue, "_inductor_config_keys", lambda: {"cpp_wrapper"})
     assert glue.InductorGlue(gm).compile_options(True) == {"cpp_wrapper": True}
 

@@ -52,7 +52,13 @@ CPP_WRAPPER_IN_DEFAULT_MODE = True
 # 30 s with the Python wrapper, H200, session 33); torch 2.13 already uses -O1 on GPU
 # (pytorch#182089). On the CPU machine bert-base's wrapper took 9.0 s at -O3, 3.3 s at
 # -O1 (g++ 12; docs/measured.md, session 33).
-CPP_WRAPPER_EXTRA_OPTIONS = {"cpp_wrapper_build_separate": True}
+# aot_inductor.compile_wrapper_opt_level "O0" (since session 44): that entry at -O0. On an
+# H100 host sd-unet's first call after a load took 63.6 s against 90.2 s at -O1 (the
+# Python wrapper: 18.8 s), its forward 6.2 against 7.1-7.3 ms (one round set each, not
+# interleaved); bert-base's wrapper on 2 cores 1.4 s against 4.4 s. The wrapper only calls
+# shims and launches: its own instructions are a small part of a call's host time.
+CPP_WRAPPER_EXTRA_OPTIONS = {"cpp_wrapper_build_separate": True,
+                             "aot_inductor.compile_wrapper_opt_level": "O0"}
 # True: the glue copy drops layout copies that feed only SDPA and folds a query's
 # constant factor into SDPA's scale before Inductor compiles it (glue_passes.py:
 # whisper-encoder's head split, three copy kernels a layer, and its head merge's copy,

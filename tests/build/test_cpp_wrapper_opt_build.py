@@ -1,6 +1,7 @@
 """The Inductor options our C++-wrapper choice passes (glue.compile_options on CUDA:
 cpp_wrapper with CPP_WRAPPER_EXTRA_OPTIONS) are accepted by the installed torch and
-compile a graph whose wrapper entry is built at -O1, with the same results as eager.
+compile a graph whose wrapper entry is built at -O0 (the options' level), with the
+same results as eager.
 Run on the CPU (the host compiler is what the options change), with a fresh Inductor
 cache so the compile really runs."""
 import torch
@@ -14,7 +15,7 @@ class Glue(torch.nn.Module):
         return torch.sin(x) * 2 + y.relu()
 
 
-def test_cpp_wrapper_options_compile_at_o1(tmp_path, monkeypatch):
+def test_cpp_wrapper_options_compile_at_their_level(tmp_path, monkeypatch):
     from torch._inductor import cpp_builder
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     levels = []
@@ -35,4 +36,5 @@ def test_cpp_wrapper_options_compile_at_o1(tmp_path, monkeypatch):
         out = fn(x, y)
     torch._dynamo.reset()
     assert torch.allclose(out, Glue()(x, y), atol=1e-6)
-    assert levels and set(levels) == {"-O1"}, levels
+    want = "-" + glue.CPP_WRAPPER_EXTRA_OPTIONS["aot_inductor.compile_wrapper_opt_level"]
+    assert levels and set(levels) == {want}, levels
