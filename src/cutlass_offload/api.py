@@ -25,7 +25,7 @@ from .ir import Plan
 from .partition import partition
 from .partition.flops import node_flops
 from .report import Report
-from .runtime import fast_call
+from .runtime import fast_call, glue_binaries
 from .runtime.compiled_model import CompiledModel, offload
 from .runtime.glue import GlueSpec
 from .select import select
@@ -515,6 +515,8 @@ def _load_once(out: Path, manifest: dict, device, override=None, reference=True,
     with phases("glue cache"):
         if manifest.get("glue_cache") and glue.resolved() == "inductor":
             _load_glue_cache(out / manifest["glue_cache"], manifest.get("torch"))
+        if manifest.get("glue_binaries") and glue.resolved() == "inductor":
+            glue_binaries.install(out / manifest["glue_binaries"], manifest.get("torch"))
     lib = out / build_stage.LIB_NAME
     from .tune.result import choice_from_dict
     tuned = {tid: choice_from_dict(c) for tid, c in manifest.get("tuned", {}).items()}

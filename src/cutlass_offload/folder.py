@@ -15,6 +15,9 @@ holds:
                          GPU compile with Inductor glue): ``api.load`` hands them to
                          torch.compiler.load_cache_artifacts, so the first call on
                          another machine need not compile the glue again
+  glue_binaries.tar      the binaries of the glue's C++ wrapper, when it compiled with
+                         one (runtime/glue_binaries.py): the load puts them in
+                         Inductor's cache, where the wrapper's compile finds them
   libcutlass_offload.so  the CUTLASS library (absent when no region was offloaded)
   src/                   every CUDA source of the library, for inspection
   report.json            the compile's Report
@@ -24,8 +27,8 @@ manifest.json (FOLDER_FORMAT 3) is a JSON object: "format", "options" (the
 CompileOptions), "fingerprint" ([region, kernel] pairs the library was built for;
 ``api.load`` re-partitions and requires the same), "tuned" (tuning winners by problem),
 "torch" (its version), "glue" ({"glue", "mode", "options"}), "weights" (the
-weights index's name, or null when model.pt2 holds the tensors), "glue_cache" (its
-file's name, or null), "save_id" (a fresh
+weights index's name, or null when model.pt2 holds the tensors), "glue_cache" and
+"glue_binaries" (their files' names, or null), "save_id" (a fresh
 uuid per save), "files" ({relative path: integrity.record} of every other file)
 and "checksum" (sha256 of the manifest's sorted JSON without "checksum"). Format 1
 folders (no "files", no "checksum") still load, with cheaper checks; format 2
@@ -79,6 +82,7 @@ from .capture import Captured
 from .config import CompileOptions
 from .errors import CutlassOffloadError, DamagedFileError, DiskFullError
 from .runtime.compiled_model import CompiledModel
+from .runtime import glue_binaries
 from .runtime.glue import GlueSpec
 
 MANIFEST = "manifest.json"
@@ -364,7 +368,8 @@ def _write_folder(pending: PendingSave, compiled, example_inputs, options, glue,
     save_program(pending.program, tmp / "model.pt2")
     pending.wait()
     torch.save(tuple(example_inputs), tmp / "inputs.pt")
-    glue_cache = _glue_cache(compiled, tmp)
+    glue_cache = glue_binaries.save_cache_artifacts(compiled, tmp)
+    glue_bin = glue_binaries.save_for(compiled, tmp)      # the C++ wrapper Inductor compiled
     if compiled.library_path:
         shutil.copy2(compiled.library_path, tmp / build_stage.LIB_NAME)
         (tmp / "src").mkdir()
@@ -384,35 +389,14 @@ def _write_folder(pending: PendingSave, compiled, example_inputs, options, glue,
                 "tuned": compiled.report.tuning.get("winners", {}),
                 "torch": torch.__version__, "glue": (glue or GlueSpec()).to_json(),
                 "weights": weights.INDEX if pending.weighted else None,
-                "glue_cache": glue_cache}
+                "glue_cache": glue_cache, "glue_binaries": glue_bin}
     manifest["save_id"] = uuid.uuid4().hex     # tells a loader that the folder changed
     manifest["files"] = dict(sorted(files.items()))
     manifest["checksum"] = _manifest_checksum(manifest)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
-GLUE_CACHE = "glue_cache.bin"
-
-
-def _glue_cache(compiled, tmp: Path) -> str | None:
-    """Write Inductor's cache artifacts (``torch.compiler.save_cache_artifacts``:
-    what this process compiled, the glue among it) as GLUE_CACHE when the
-    compiled model's Inductor glue has compiled; its name, or None (nothing
-    compiled yet, a torch without the API, or no artifacts)."""
-    ind = getattr(compiled, "inductor", None)
-    if ind is None or ind.first_call_s is None or ind.failed:
-        return None
-    save_artifacts = getattr(torch.compiler, "save_cache_artifacts", None)
-    if save_artifacts is None:
-        return None
-    try:
-        got = save_artifacts()
-    except Exception:  # noqa: BLE001 - the folder is whole without them: its first call compiles
-        return None
-    if not got or not got[0]:
-        return None
-    (tmp / GLUE_CACHE).write_bytes(got[0])
-    return GLUE_CACHE
+GLUE_CACHE = glue_binaries.GLUE_CACHE
 
 
 def _swap_into_place(new: Path, out: Path) -> None:

@@ -32,6 +32,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_leaves
 
+from . import glue_binaries
 from .glue_passes import rewrite_for_sdpa
 
 GLUES = ("auto", "inductor", "eager")
@@ -259,6 +260,7 @@ class InductorGlue:
         self._state = None          # (compiled callable, OpsGraph)
         self._marked = False
         self.first_call_s = None    # seconds of the first call (Dynamo + Inductor compile)
+        self.cpp_wrapper_keys = set()   # Inductor's C++ wrappers of the first call (glue_binaries)
         self.used_options = None    # the Inductor options of the compiled glue (compile_options)
         self.cpp_wrapper_failed = None   # why the C++ wrapper we chose failed to compile, if it did
         self.rewrites = {}          # glue_passes.rewrite_for_sdpa's counts of the compiled copy
@@ -331,6 +333,7 @@ class InductorGlue:
         if first:
             self._mark_dynamic(args, kwargs)
         t0 = time.perf_counter()
+        before = glue_binaries.cpp_wrapper_keys() if first else None
         try:
             with torch.no_grad():
                 out = fn(*args, **kwargs)
@@ -352,6 +355,7 @@ class InductorGlue:
             return gm(*args, **kwargs)
         if first:
             self.first_call_s = time.perf_counter() - t0
+            self.cpp_wrapper_keys |= glue_binaries.cpp_wrapper_keys() - before
         return out
 
 
