@@ -3,8 +3,9 @@
 Steps, each in a process of its own with fresh CUTLASS / Inductor / Triton caches:
 ``compile`` (co.compile with CUDA example inputs: the glue compiles beside the kernel
 build and the folder is saved with Inductor's artifacts, glue_cache.bin), ``load`` (co.load
-+ the first call, the artifacts handed to Inductor), ``load_no_glue_cache`` (the same with
-them withheld) and ``torch_compile`` (torch.compile default mode + its first call, the
++ the first call, the artifacts handed to Inductor and, since session 44, the C++
+wrapper's binaries put in its cache), ``load_no_binaries`` (the artifacts alone),
+``load_no_glue_cache`` (both withheld) and ``torch_compile`` (torch.compile default mode + its first call, the
 anchor). Needs a CUDA GPU and nvcc; prints one JSON line per step (seconds).
 
     MODEL=sd-unet python benchmarks/glue_cache_first_call.py
@@ -14,15 +15,21 @@ W = "/tmp/gc"
 STEP = sys.argv[1] if len(sys.argv) > 1 else None
 
 def fresh(tag):
-    env = dict(os.environ)
-    for k, d in (("CUTLASS_OFFLOAD_CACHE_DIR", "coc"), ("TORCHINDUCTOR_CACHE_DIR", "ind"), ("TRITON_CACHE_DIR", "tri")):
-        env[k] = f"{W}/{tag}_{d}"
+    """The environment of one step: its own CUTLASS cache, and Inductor / Triton caches
+    emptied at the same paths for every step, as a new machine's default ones would be
+    (the C++ wrapper's source names its kernels' files by absolute path, so its
+    binaries match only under the same cache path)."""
+    env = dict(os.environ, CUTLASS_OFFLOAD_CACHE_DIR=f"{W}/{tag}_coc")
+    for k, d in (("TORCHINDUCTOR_CACHE_DIR", "ind"), ("TRITON_CACHE_DIR", "tri")):
+        shutil.rmtree(f"{W}/{d}", ignore_errors=True)
+        env[k] = f"{W}/{d}"
     return env
 
 if STEP is None:
     shutil.rmtree(W, ignore_errors=True); os.makedirs(W)
     model = os.environ.get("MODEL", "sd-unet")
-    for step, tag in (("compile", "a"), ("load", "b"), ("load_no_glue_cache", "c"), ("torch_compile", "d")):
+    for step, tag in (("compile", "a"), ("load", "b"), ("load_no_binaries", "e"),
+                      ("load_no_glue_cache", "c"), ("torch_compile", "d")):
         t = time.perf_counter()
         p = subprocess.run([sys.executable, __file__, step, model], env=fresh(tag), capture_output=True, text=True)
         line = [l for l in p.stdout.splitlines() if l.startswith("{")]
@@ -67,6 +74,9 @@ if STEP in ("compile", "torch_compile"):
         print(json.dumps({"compile_and_first_call_s": round(time.perf_counter() - t, 2), "first": first,
                           "second_call_s": sync_call(fn, inputs)}))
 else:
+    if STEP in ("load_no_binaries", "load_no_glue_cache"):
+        from cutlass_offload.runtime import glue_binaries
+        glue_binaries.install = lambda *a: 0
     if STEP == "load_no_glue_cache":
         torch.compiler.load_cache_artifacts = None      # api._load_glue_cache then skips it
     if True:
