@@ -13,6 +13,12 @@
 #      head-dim-40 problem now runs ours faster than cuDNN's 158.1 us of session 17).
 #   3. issue 15: the plain-GEMM minima (sd-unet's 512x3840x1280 and 512x1280x1280, the two
 #      below 0.90x cuBLAS in session 26) and whisper's 6000x768x768, fp16.
+#   4. issue 17: sd-unet's compile on the GPU machine against torch.compile's, and the first
+#      call after co.load with the folder's glue_binaries.tar, without it, without either
+#      (benchmarks/glue_cache_first_call.py; session 44's H100: 111.8 against 61.7 s, first
+#      calls 76.4 / 87.8 s before the binaries were carried).
+#   5. issue 16 / 17: sd-unet's default-mode forward with Inductor's Python against its C++
+#      wrapper (now at -O0), interleaved rounds (benchmarks/gpu_cpp_wrapper_ab.sh's A/B).
 # The machine has no network: carry the wheels (../shared/device.md), e.g. here
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux2014_x86_64 -d .whl nvidia-cutlass==4.2.0.0 diffusers importlib_metadata
@@ -60,5 +66,22 @@ if [ ! -e "$STATE/3.done" ]; then
   cp "$STATE/gemm_minima.json" "$STATE/gemm_minima.log" "$OUT/" 2>/dev/null
   tail -n 20 "$STATE/gemm_minima.log"
   [ -e "$STATE/3.done" ] || exit 3
+fi
+if [ ! -e "$STATE/4.done" ]; then
+  [ "$(left)" -gt 480 ] || exit 3
+  timeout $(( $(left) - 5 )) $PY benchmarks/glue_cache_first_call.py > "$STATE/first_call.jsonl" 2>&1 \
+    && ! grep -q '"error"' "$STATE/first_call.jsonl" && touch "$STATE/4.done"
+  cp "$STATE/first_call.jsonl" "$OUT/" 2>/dev/null; cat "$STATE/first_call.jsonl"
+  [ -e "$STATE/4.done" ] || exit 3
+fi
+if [ ! -e "$STATE/5.done" ]; then
+  [ "$(left)" -gt 300 ] || exit 3
+  timeout $(( $(left) - 5 )) $PY benchmarks/glue_profile.py sd-unet --mode default \
+    --variants torch_compile,ours_python_wrapper,ours_cpp_wrapper --reps 20 --profile-reps 3 \
+    --rounds 5 --top 6 --json "$STATE/cpp_wrapper_ab.json" > "$STATE/cpp_wrapper_ab.log" 2>&1 \
+    && touch "$STATE/5.done"
+  cp "$STATE/cpp_wrapper_ab.json" "$STATE/cpp_wrapper_ab.log" "$OUT/" 2>/dev/null
+  grep -E " / |interleaved|ratio" "$STATE/cpp_wrapper_ab.log" | head -20
+  [ -e "$STATE/5.done" ] || exit 3
 fi
 echo "all steps done in $STATE ($(( $(date +%s) - t0 )) s this call)"
