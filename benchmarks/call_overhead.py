@@ -16,7 +16,9 @@ conv left to PyTorch costs the host in default mode (against
 ``host_region_op_call_us``: session 29 measured them alike, 12.3-13.5 against 12.5 us).
 ``host_region_op_call_us`` calls the region op from Python (Inductor's Python
 wrapper); ``host_region_op_cpp_wrapper_us`` from Inductor's C++ wrapper, the
-default-mode glue's path since session 30 (``cpp_wrapper_call_us``).
+default-mode glue's path since session 30 (``cpp_wrapper_call_us``), against
+``host_mm_cpp_wrapper_us``: cuBLAS's mm of the same size as that wrapper calls it
+(``aoti_torch_cuda_mm_out``).
 
     python benchmarks/call_overhead.py [--arch sm_90a] [--json call_overhead.json]
 """

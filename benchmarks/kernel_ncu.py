@@ -97,7 +97,7 @@ def gemm_shapes(text: str) -> list:
     for item in filter(None, text.split(",")):
         dims = item.lower().split("x")
         if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise SystemExit(f"--gemm: {item!r} is not MxNxK with positive integers")
+            raise ValueError(f"--gemm: {item!r} is not MxNxK with positive integers")
         shapes.append(tuple(int(d) for d in dims))
     return shapes
 
@@ -176,9 +176,12 @@ def main(argv=None) -> int:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if bool(a.model) == bool(a.gemm):
-        p.error("give a model or --gemm, not both")
+        p.error("give one of: a built-in model name, or --gemm MxNxK,...")
     if a.gemm:
-        gemm_shapes(a.gemm)             # a bad list fails here, not in ncu's child
+        try:
+            gemm_shapes(a.gemm)         # a bad list fails here, not in ncu's child
+        except ValueError as e:
+            p.error(str(e))
     if a.child:
         gemm_child(a) if a.gemm else child(a)
         return 0
