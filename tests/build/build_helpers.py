@@ -1,6 +1,7 @@
 """Helpers of the build tier's tests that build a Plan directly (no model)."""
 import ctypes
 import json
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +37,16 @@ def kernel_units(res) -> list:
     """The build's kernel units (launchers left out), after checking none failed."""
     assert not res.failures, res.format()
     return [u for u in res.units if u.name != "launchers"]
+
+
+def kernel_code(units) -> dict:
+    """{kernel name: its code in its unit's source}: from the kernel's declarations
+    (emit.emit_unit writes them first) to the next kernel's, for builds whose units
+    hold kernels of more than one form."""
+    code = {}
+    for u in units:
+        source = Path(u.source).read_text()
+        starts = sorted((source.index(f"namespace {k} {{"), k) for k in u.kernels)
+        for (start, name), (end, _) in zip(starts, starts[1:] + [(len(source), None)]):
+            code[name] = source[start:end]
+    return code

@@ -10,3 +10,12 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _use_cache(cache_dir, monkeypatch):
     monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(cache_dir))
+
+
+@pytest.fixture(scope="session")
+def staged_forms_built(cache_dir):
+    """(plan, BuildResult) of staged_forms.py's one build of the off-by-default staged
+    epilogue forms and the GLU's store forms (test_staged_epilogue_build.py,
+    test_glu_staged_build.py)."""
+    import staged_forms
+    return staged_forms.build(cache_dir)

@@ -6,56 +6,42 @@ cluster and a 176-wide tile, whose 256 threads share one barrier and whose stage
 row needs no pad. The mainloop's automatic stage count carves the tile out of shared
 memory; the static_asserts check the tile is sized for the CTA tile. And the TMA-store
 form (GLU_TMA: templates/staged_tma_epilogue.h with Glu_) on a ping-pong and a
-cooperative 128x256 tile. tests/gpu/test_glu_gemm.py runs them."""
-from pathlib import Path
-
+cooperative 128x256 tile. The staged form's kernels are fp16, the TMA form's bf16, in
+one build with the staged epilogue's forms (staged_forms.py).
+tests/gpu/test_glu_gemm.py runs them."""
 import pytest
-from build_helpers import build_one_job, kernel_units, library_exports
+from build_helpers import kernel_code, kernel_units, library_exports
+from staged_forms import GLU_STAGED_CONFIGS, GLU_STAGED_DTYPE, GLU_TMA_CONFIGS, GLU_TMA_DTYPE
 
 from cutlass_offload.emit import glu_sm90
-from cutlass_offload.ir import GemmEpilogue, GemmKernel, GemmProblem, GemmRegion, Plan
-from cutlass_offload.select import sm90
 
 pytestmark = pytest.mark.build
 
-GEGLU = GemmEpilogue(bias=True, activation="gelu_erf", glu=True)
-CONFIGS = (sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG),
-           sm90._config((128, 176, 64), (2, 1, 1), sm90.COOP))
+
+def _glu(plan, dtype: str) -> list:
+    return [k for k in plan.kernels if k.epilogue.glu and k.dtype == dtype]
 
 
-def _plan(configs, dtype: str) -> Plan:
-    """A GEGLU region per config (the UNet's 8192 x 2560 x 320 problem), each on its kernel."""
-    kernels = tuple(GemmKernel(arch="sm90a", dtype=dtype, layout_b="col", align_a=8, align_b=8, align_c=8,
-                               epilogue=GEGLU, config=c) for c in configs)
-    regions = tuple(GemmRegion(name=f"geglu_{dtype}{i}", form="linear", nodes=(f"geglu_{dtype}{i}",), a="a",
-                               b="b", problem=GemmProblem(n=2560, k=320, dtype=dtype, layout_b="col", align_a=8,
-                                                          align_b=8, align_c=8, epilogue=GEGLU, m=8192,
-                                                          m_hint=8192))
-                    for i in range(len(kernels)))
-    return Plan("sm90a", regions, kernels, ())
-
-
-def test_staged_glu_kernels_compile(cache_dir, monkeypatch):
-    monkeypatch.setattr(glu_sm90, "GLU_STAGED", True)
-    plan = _plan(CONFIGS, "f16")
-    res = build_one_job(cache_dir, plan)
-    units = kernel_units(res)
-    source = "".join(Path(u.source).read_text() for u in units)
-    assert source.count("TileShape, true>>") == len(CONFIGS)
+def test_staged_glu_kernels_compile(staged_forms_built):
+    plan, res = staged_forms_built
+    kernels = _glu(plan, GLU_STAGED_DTYPE)
+    assert [k.config for k in kernels] == list(GLU_STAGED_CONFIGS)
+    code = kernel_code(kernel_units(res))
+    source = "".join(code[k.name] for k in kernels)
+    assert source.count("TileShape, true>>") == len(GLU_STAGED_CONFIGS)
     assert "TileShape, false>>" not in source
+    assert "co_staged::TmaStagedEpilogue<" not in source
     library_exports(res, plan)
 
 
-TMA_CONFIGS = (sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG),
-               sm90._config((128, 256, 64), (1, 1, 1), sm90.COOP))
-
-
-def test_tma_store_glu_kernels_compile(cache_dir, monkeypatch):
+def test_tma_store_glu_kernels_compile(staged_forms_built, monkeypatch):
+    plan, res = staged_forms_built
+    kernels = _glu(plan, GLU_TMA_DTYPE)
+    assert [k.config for k in kernels] == list(GLU_TMA_CONFIGS)
     monkeypatch.setattr(glu_sm90, "GLU_TMA", True)
-    plan = _plan(TMA_CONFIGS, "bf16")
-    assert all(glu_sm90.glu_tma(k) for k in plan.kernels)
-    res = build_one_job(cache_dir, plan)
-    source = "".join(Path(u.source).read_text() for u in kernel_units(res))
-    assert source.count("co_staged::TmaStagedEpilogue<") == len(TMA_CONFIGS)
+    assert all(glu_sm90.glu_tma(k) for k in kernels)
+    code = kernel_code(kernel_units(res))
+    source = "".join(code[k.name] for k in kernels)
+    assert source.count("co_staged::TmaStagedEpilogue<") == len(GLU_TMA_CONFIGS)
     assert "co_glu::GluEpilogue<" not in source
     library_exports(res, plan)

@@ -7,60 +7,48 @@ threads) with a residual add and a post ReLU, a 176-wide tile with a 2x1 cluster
 conv lowered onto the GEMM (emit/conv_gemm_sm90.py), whose nested GEMM takes the
 epilogue too; and a 3x3 implicit-GEMM conv (emit/conv_sm90.py: a hierarchical
 (q, p, n) M mode and NPQK strides) with a residual add, in a unit of its own. Both
-store forms (STORE "rows" and "tma", templates/staged_tma_epilogue.h). The static_asserts check the accumulator layout and the chunking. The form is off by
-default, so no other build test compiles it; tests/gpu/test_staged_epilogue_gpu.py runs it."""
-from pathlib import Path
-
+store forms: STORE "tma" (templates/staged_tma_epilogue.h) on the fp16 kernels, "rows"
+on the same kinds in bf16, in one build with the GLU's forms (staged_forms.py). The
+static_asserts check the accumulator layout and the chunking. The form is off by
+default, so no other build test compiles it; tests/gpu/test_staged_epilogue_gpu.py
+runs it."""
 import pytest
-from build_helpers import build_one_job, kernel_units, library_exports
+from build_helpers import kernel_code, kernel_units, library_exports
+from staged_forms import FORMS, KINDS, STAGED_CLASS
 
 from cutlass_offload.emit import conv_sm90, gemm_sm90, staged
-from cutlass_offload.ir import (ConvKernel, ConvProblem, ConvRegion, GemmEpilogue, GemmKernel, GemmProblem,
-                                GemmRegion, Plan)
-from cutlass_offload.select import sm90
 
 pytestmark = pytest.mark.build
 
-KINDS = (
-    (GemmEpilogue(bias=True, activation="gelu_erf"), sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG)),
-    (GemmEpilogue(bias=True, activation="relu", residual="add", post_activation="relu"),
-     sm90._config((256, 128, 64), (1, 1, 1), sm90.COOP)),
-    (GemmEpilogue(), sm90._config((128, 176, 64), (2, 1, 1), sm90.COOP)),
-    (GemmEpilogue(activation="silu", residual="mul"), sm90._config((64, 128, 64), (1, 1, 1), sm90.PINGPONG)),
-)
+
+def _tma_conv(k) -> bool:
+    return k.kind == "conv2d_fprop" and not k.iterator
 
 
-@pytest.mark.parametrize("store", ["rows", "tma"])
-def test_staged_epilogue_kernels_compile(cache_dir, monkeypatch, store):
+@pytest.mark.parametrize("store,dtype", FORMS)
+def test_staged_epilogue_kernels_compile(staged_forms_built, monkeypatch, store, dtype):
+    plan, res = staged_forms_built
     monkeypatch.setattr(staged, "ENABLED", True)
     monkeypatch.setattr(staged, "STORE", store)
-    kernels = tuple(GemmKernel(arch="sm90a", dtype="f16", layout_b="col", align_a=8, align_b=8, align_c=8,
-                               epilogue=ep, config=c) for ep, c in KINDS)
-    assert all(gemm_sm90.staged_epilogue_applies(k) for k in kernels)
-    regions = tuple(GemmRegion(name=f"staged{i}", form="linear", nodes=(f"staged{i}",), a="a", b="b",
-                               problem=GemmProblem(n=1024, k=320, dtype="f16", layout_b="col", align_a=8,
-                                                   align_b=8, align_c=8, epilogue=k.epilogue, m=4096,
-                                                   m_hint=4096))
-                    for i, k in enumerate(kernels))
-    conv_ep = GemmEpilogue(bias=True, activation="relu", residual="add")
-    conv_p = ConvProblem(dtype="f16", epilogue=conv_ep, n_hint=2, c=64, k=64, h=16, w=16, r=1, s=1,
-                         align_a=8, align_b=8, align_c=8)
-    conv_k = ConvKernel(arch="sm90a", dtype="f16", align_a=8, align_b=8, align_c=8, epilogue=conv_ep,
-                        config=KINDS[0][1], iterator="direct")
-    conv = ConvRegion(name="pointwise", nodes=("pointwise",), x="x", w="w", bias="b", problem=conv_p)
-    tma_p = ConvProblem(dtype="f16", epilogue=conv_ep, n_hint=2, c=64, k=64, h=16, w=16, r=3, s=3,
-                        pad=(1, 1, 1, 1), align_a=8, align_b=8, align_c=8)
-    tma_k = ConvKernel(arch="sm90a", dtype="f16", align_a=8, align_b=8, align_c=8, epilogue=conv_ep,
-                       config=conv_sm90.make_config((128, 128, 64), (2, 1, 1)), iterator="")
-    assert conv_sm90.staged_epilogue_applies(tma_k)
-    tma_conv = ConvRegion(name="conv3x3", nodes=("conv3x3",), x="x", w="w", bias="b", problem=tma_p)
-    plan = Plan("sm90a", regions + (conv, tma_conv), kernels + (conv_k, tma_k), ())
-    res = build_one_job(cache_dir, plan)
+    mine = [k for k in plan.kernels if k.dtype == dtype and not k.epilogue.glu]
+    assert len(mine) == len(KINDS) + 2
+    assert all(gemm_sm90.staged_epilogue_applies(k) for k in mine if k.kind == "gemm")
+    assert all(conv_sm90.staged_epilogue_applies(k) for k in mine if _tma_conv(k))
     units = kernel_units(res)
-    assert len(units) == 2           # the GEMMs and the lowered conv; the TMA conv
-    source = "".join(Path(u.source).read_text() for u in units)
+    # the GEMMs and the lowered convs share a unit (build.shards.unit_class "common");
+    # the TMA convs have theirs ("conv3x"): two units (unless the planner's memory
+    # estimate, about 14 GiB for the first, cuts it)
+    tma_convs = {k.name for k in plan.kernels if _tma_conv(k)}
+    assert all(set(u.kernels) <= tma_convs or not set(u.kernels) & tma_convs for u in units)
+    unit_of = {name: u for u in units for name in u.kernels}
+    for conv in (k for k in mine if k.kind == "conv2d_fprop" and k.iterator):
+        assert any(k.kind == "gemm" and k.name in unit_of[conv.name].kernels for k in plan.kernels), conv.name
+    code = kernel_code(units)
+    source = "".join(code[k.name] for k in mine)
     # the 176-wide tile goes out in 16-column chunks in the TMA form
-    cls = "co_staged::StagedEpilogue<" if store == "rows" else "co_staged::TmaStagedEpilogue<"
-    assert source.count(cls) == len(KINDS) + 2
+    assert source.count(STAGED_CLASS[store]) == len(KINDS) + 2
+    assert all(code[k.name].count(STAGED_CLASS[store]) == 1 for k in mine)
+    other = next(c for s, c in STAGED_CLASS.items() if s != store)
+    assert other not in source
     assert "epilogue::collective::CollectiveBuilder" not in source     # no TMA epilogue
     library_exports(res, plan)
