@@ -81,8 +81,8 @@ from .build.cache import remove_stale
 from .capture import Captured
 from .config import CompileOptions
 from .errors import CutlassOffloadError, DamagedFileError, DiskFullError
-from .runtime.compiled_model import CompiledModel
 from .runtime import glue_binaries
+from .runtime.compiled_model import CompiledModel
 from .runtime.glue import GlueSpec
 
 MANIFEST = "manifest.json"

@@ -44,17 +44,20 @@ GLU_TMA_CONFIGS = (sm90._config((128, 128, 64), (1, 1, 1), sm90.PINGPONG),
 GLU_STAGED_DTYPE, GLU_TMA_DTYPE = "f16", "bf16"
 
 
+def _gemm_pair(name: str, ep: GemmEpilogue, config, dtype: str, m: int, n: int, k: int) -> tuple:
+    """(region, kernel) of an M x N x K GEMM with B column-major, 16-byte aligned."""
+    kernel = GemmKernel(arch="sm90a", dtype=dtype, layout_b="col", align_a=8, align_b=8, align_c=8,
+                        epilogue=ep, config=config)
+    problem = GemmProblem(n=n, k=k, dtype=dtype, layout_b="col", align_a=8, align_b=8, align_c=8,
+                          epilogue=ep, m=m, m_hint=m)
+    return GemmRegion(name=name, form="linear", nodes=(name,), a="a", b="b", problem=problem), kernel
+
+
 def staged_pairs(dtype: str) -> tuple:
     """(region, kernel) pairs of one staged form: the GEMM kinds, a 1x1 conv lowered onto
     the GEMM, a 3x3 implicit-GEMM (TMA) conv."""
-    pairs = []
-    for i, (ep, config) in enumerate(KINDS):
-        kernel = GemmKernel(arch="sm90a", dtype=dtype, layout_b="col", align_a=8, align_b=8, align_c=8,
-                            epilogue=ep, config=config)
-        problem = GemmProblem(n=1024, k=320, dtype=dtype, layout_b="col", align_a=8, align_b=8, align_c=8,
-                              epilogue=ep, m=4096, m_hint=4096)
-        name = f"staged_{dtype}{i}"
-        pairs.append((GemmRegion(name=name, form="linear", nodes=(name,), a="a", b="b", problem=problem), kernel))
+    pairs = [_gemm_pair(f"staged_{dtype}{i}", ep, config, dtype, 4096, 1024, 320)
+             for i, (ep, config) in enumerate(KINDS)]
     conv_p = ConvProblem(dtype=dtype, epilogue=CONV_EP, n_hint=2, c=64, k=64, h=16, w=16, r=1, s=1,
                          align_a=8, align_b=8, align_c=8)
     conv_k = ConvKernel(arch="sm90a", dtype=dtype, align_a=8, align_b=8, align_c=8, epilogue=CONV_EP,
@@ -72,15 +75,8 @@ def staged_pairs(dtype: str) -> tuple:
 
 def glu_pairs(configs, dtype: str) -> tuple:
     """A GEGLU region per config (the UNet's 8192 x 2560 x 320 problem), each on its kernel."""
-    pairs = []
-    for i, config in enumerate(configs):
-        kernel = GemmKernel(arch="sm90a", dtype=dtype, layout_b="col", align_a=8, align_b=8, align_c=8,
-                            epilogue=GEGLU, config=config)
-        problem = GemmProblem(n=2560, k=320, dtype=dtype, layout_b="col", align_a=8, align_b=8, align_c=8,
-                              epilogue=GEGLU, m=8192, m_hint=8192)
-        name = f"geglu_{dtype}{i}"
-        pairs.append((GemmRegion(name=name, form="linear", nodes=(name,), a="a", b="b", problem=problem), kernel))
-    return tuple(pairs)
+    return tuple(_gemm_pair(f"geglu_{dtype}{i}", GEGLU, config, dtype, 8192, 2560, 320)
+                 for i, config in enumerate(configs))
 
 
 def plan() -> Plan:

@@ -23,7 +23,6 @@ glue's kernels are Triton) is not carried: it is rebuilt, and the link is not.
 """
 from __future__ import annotations
 
-import io
 import os
 import re
 import tarfile
@@ -63,13 +62,19 @@ def _member(key: str, suffix: str) -> str:
     return f"{key[1:3]}/{key}.main.{suffix}"
 
 
+def _compiled_glue(compiled):
+    """The compiled model's InductorGlue when it has compiled (its first call ran and
+    did not fail), else None."""
+    ind = getattr(compiled, "inductor", None)
+    return None if ind is None or ind.first_call_s is None or ind.failed else ind
+
+
 def save_cache_artifacts(compiled, tmp: Path) -> str | None:
     """Write Inductor's cache artifacts (``torch.compiler.save_cache_artifacts``:
     what this process compiled, the glue among it) as GLUE_CACHE when the
     compiled model's Inductor glue has compiled; its name, or None (nothing
     compiled yet, a torch without the API, or no artifacts)."""
-    ind = getattr(compiled, "inductor", None)
-    if ind is None or ind.first_call_s is None or ind.failed:
+    if _compiled_glue(compiled) is None:
         return None
     save_artifacts = getattr(torch.compiler, "save_cache_artifacts", None)
     if save_artifacts is None:
@@ -87,9 +92,7 @@ def save_cache_artifacts(compiled, tmp: Path) -> str | None:
 def save_for(compiled, dest: Path) -> str | None:
     """``save`` of the C++ wrappers a compiled model's Inductor glue compiled, when it
     compiled with one; the file's name or None."""
-    ind = getattr(compiled, "inductor", None)
-    if ind is None or ind.first_call_s is None or ind.failed:
-        return None
+    ind = _compiled_glue(compiled)
     keys = getattr(ind, "cpp_wrapper_keys", None)
     return save(keys, dest) if keys else None
 
@@ -147,5 +150,5 @@ def install(path: Path, saved_torch: str | None) -> int:
 
 def member_names(path: Path) -> list:
     """The member names of a GLUE_BINARIES tar (for tests and reports)."""
-    with tarfile.open(fileobj=io.BytesIO(Path(path).read_bytes()), mode="r:") as tar:
+    with tarfile.open(path, "r:") as tar:
         return tar.getnames()
