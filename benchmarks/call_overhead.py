@@ -170,22 +170,27 @@ def _region_op_call(mod, xs):
 CHAIN = (1, 9)        # region calls per compiled graph: the per-call cost is the difference
 
 
-def cpp_wrapper_call_us(entry, xs, n=50) -> float | None:
+def cpp_wrapper_call_us(entry, xs, n=50, shims=False) -> float | None:
     """Host microseconds per region call from Inductor's C++ wrapper (default-mode
     glue on CUDA since session 30: ``aoti_torch_call_dispatcher``, then the op's C++
     kernel): graphs of CHAIN[0] and CHAIN[1] chained calls of the region op (each
     output the next call's first input) compiled with ``cpp_wrapper``, each timed
     with the GPU kept busy; the difference over the extra calls. None when the
-    region's output cannot feed its first input."""
-    from cutlass_offload.runtime import ops
+    region's output cannot feed its first input. ``shims``: the wrapper calls the op's
+    C shim (ops.c_shims; glue.REGION_C_SHIMS) instead of the dispatcher."""
+    from cutlass_offload.runtime import glue, ops
     out = ops.call(entry, xs)
     if out.shape != xs[0].shape or out.dtype != xs[0].dtype or out.stride() != xs[0].stride():
         return None
     op = ops.region_op(len(xs), 0)
-    return cpp_wrapper_chain_us(lambda g, y, rest: g.call_function(op, (y, *rest, entry.id)), xs, n)
+    extra = {glue.SHIM_OPTION: ops.c_shims([(len(xs), 0)]) or {}} if shims else {}
+    if shims and not extra[glue.SHIM_OPTION]:
+        return None
+    return cpp_wrapper_chain_us(lambda g, y, rest: g.call_function(op, (y, *rest, entry.id)), xs, n,
+                                extra)
 
 
-def cpp_wrapper_chain_us(call, xs, n=50) -> float:
+def cpp_wrapper_chain_us(call, xs, n=50, options=None) -> float:
     """Host microseconds per call that ``call(graph, y, rest)`` adds to an FX graph
     (returning the node of the call's output, which feeds the next call), compiled
     with Inductor's ``cpp_wrapper``: graphs of CHAIN[0] and CHAIN[1] chained calls
@@ -202,7 +207,7 @@ def cpp_wrapper_chain_us(call, xs, n=50) -> float:
         g.output(y)
         torch._dynamo.reset()
         fn = torch.compile(fx.GraphModule(torch.nn.Module(), g), backend="inductor",
-                           options={"cpp_wrapper": True})
+                           options={"cpp_wrapper": True, **(options or {})})
         with torch.no_grad():
             fn(*xs)
             times[k] = host_us(lambda: fn(*xs), n=n)
@@ -272,8 +277,11 @@ def main():
                 result["host_region_op_call_us"] = host_us(lambda: op(*xs_seen, entry.id))
                 with torch.no_grad():
                     per_call = cpp_wrapper_call_us(entry, xs_seen)
+                    shim_call = cpp_wrapper_call_us(entry, xs_seen, shims=True)
                 if per_call is not None:
                     result["host_region_op_cpp_wrapper_us"] = per_call
+                if shim_call is not None:      # the same through the op's C shim
+                    result["host_region_op_cpp_shim_us"] = shim_call
                 # the anchor on the same path: cuBLAS's mm as Inductor's C++ wrapper
                 # calls it (aoti_torch_cuda_mm_out, no dispatcher), same-size chain
                 sq = torch.randn(xs.shape[1], xs.shape[1], dtype=xs.dtype, device="cuda")

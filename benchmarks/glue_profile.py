@@ -7,7 +7,9 @@ the same mode (``ours``: the default options, layer / RMS norms left to Inductor
 Inductor (group norms too, which it fuses with the adds before them), and ``ours_dynamic``: ours
 captured with a dynamic batch, as benchmarks/runtime.py compiles it; and
 ``ours_python_wrapper`` / ``ours_cpp_wrapper``: ours in default mode with Inductor's
-Python / C++ wrapper whatever glue.CPP_WRAPPER_IN_DEFAULT_MODE says; and
+Python / C++ wrapper whatever glue.CPP_WRAPPER_IN_DEFAULT_MODE says, and
+``ours_cpp_dispatcher``: the C++ wrapper calling the region ops through the dispatcher
+instead of their C shims (glue.REGION_C_SHIMS); and
 ``attention_in_pytorch``: ours with every attention region left to PyTorch's SDPA,
 as if the measured-faster list named them; and ``ours_no_pdl``: ours with every GEMM
 launched without programmatic dependent launch, whatever the learned table says: with
@@ -76,11 +78,22 @@ from cutlass_offload.config import CompileOptions
 from cutlass_offload.models import load_model
 
 VARIANTS = ("torch_compile", "ours", "ours_dynamic", "ours_python_wrapper", "ours_cpp_wrapper",
+            "ours_cpp_dispatcher",
             "norms_all", "attention_in_pytorch", "ours_no_pdl", "ours_no_buffer_reuse",
             "ours_dynamic_glue_auto", "ours_per_sample_add", "norms_none", "ours_sdpa_copies",
             "ours_glu_all_k", "ours_glu_staged_all_k", "ours_staged_epilogue",
             "ours_fused_wide_attention")
-WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True}
+WRAPPER = {"ours_python_wrapper": False, "ours_cpp_wrapper": True, "ours_cpp_dispatcher": True}
+
+
+def _wrapper_options(variant: str) -> dict:
+    options = {"cpp_wrapper": WRAPPER[variant]}
+    if variant == "ours_cpp_dispatcher":
+        from cutlass_offload.runtime import glue
+        options[glue.SHIM_OPTION] = {}      # set by the caller: no region op gets a C shim
+    return options
+
+
 # Our kernels: CUTLASS templates in namespace cutlass (cuBLAS / cuDNN name theirs
 # nvjet_*, sm90_xmma_*, or cutlass::Kernel2<cutlass_80_...> without the namespace)
 # and the hand-written ones in namespaces co_*; then the kind by substring.
@@ -396,7 +409,7 @@ def run_variant(variant, model, inputs, check, a):
                                staged=variant == "ours_glu_staged_all_k"), \
                     _staged_epilogue(variant == "ours_staged_epilogue"):
                 fn = compile_captured(cap, options, glue="inductor", mode=mode,
-                                      inductor_options={"cpp_wrapper": WRAPPER[variant]}
+                                      inductor_options=_wrapper_options(variant)
                                       if variant in WRAPPER and mode is None else None)
             if variant == "ours_dynamic_glue_auto":
                 fn.set_glue("inductor", mode=mode, dynamic="auto")
@@ -408,7 +421,9 @@ def run_variant(variant, model, inputs, check, a):
         if variant != "torch_compile":
             res["regions"] = len(fn.plan.regions)
             res["glue_failed"] = fn.inductor.failed if fn.inductor else None
-            res["glue_options"] = fn.inductor.used_options if fn.inductor else None
+            res["glue_options"] = ({k: v if isinstance(v, (str, int, float, bool)) else str(v)
+                                    for k, v in fn.inductor.used_options.items()}
+                                   if fn.inductor and fn.inductor.used_options is not None else None)
             res["glue_rewrites"] = fn.inductor.rewrites if fn.inductor else None
         fresh, ref = check
         res["rel_err_fp32_fresh"] = rel_err(fn(*fresh), ref)

@@ -122,7 +122,7 @@ def test_a_failing_cpp_wrapper_we_chose_falls_back_to_the_python_wrapper(monkeyp
     calls = regions_on_cpu(monkeypatch)
     real_options = glue.InductorGlue.compile_options
     monkeypatch.setattr(glue.InductorGlue, "compile_options",
-                        lambda self, on_cuda: real_options(self, True))     # "CUDA" glue
+                        lambda self, on_cuda, arities=(): real_options(self, True, arities))  # "CUDA" glue
     monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", True)
     monkeypatch.delenv("CUTLASS_OFFLOAD_CPP_WRAPPER", raising=False)
 
@@ -137,6 +137,7 @@ def test_a_failing_cpp_wrapper_we_chose_falls_back_to_the_python_wrapper(monkeyp
         assert_close(out, eager(*x))
     g = model.inductor
     assert g.failed is None and "C++ compile error: test" in g.cpp_wrapper_failed
+    assert "C++ compile error: test" in g.shims_failed       # tried without the C shims first
     assert g.used_options == {} and g.first_call_s is not None
     n = len(calls)
     model(*x)

@@ -16,9 +16,14 @@ leaves nothing half-written). ``prefetch()`` builds it in a background thread
 ready. A build that fails is reported once as a warning with the compiler's log
 kept in ``cache_dir/fast_call/<key>.log``; the Python path then serves every call.
 ``CUTLASS_OFFLOAD_FAST_CALL=0`` turns the C++ path off.
+
+The extension also exports the region ops' C shims (``aoti_torch_<device>_region_<T>t_<I>i``),
+which Inductor's C++ wrapper calls directly instead of the dispatcher (ops.c_shims,
+glue.REGION_C_SHIMS); ``export_symbols`` makes them visible to the wrappers it loads.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -42,7 +47,7 @@ MODULE_NAME = "_co_fast_call"
 
 _build_lock = threading.Lock()   # one build + import at a time
 _start_lock = threading.Lock()   # starting the background thread (never held during a build)
-_state = {"module": None, "error": None, "thread": None}
+_state = {"module": None, "error": None, "thread": None, "global": None}
 
 
 def _compiler() -> str:
@@ -164,6 +169,23 @@ def prefetch() -> None:
             t = threading.Thread(target=load, name="cutlass_offload-fast-call", daemon=True)
             _state["thread"] = t
             t.start()
+
+
+def export_symbols(module) -> bool:
+    """Make the loaded extension's symbols global (dlopen RTLD_NOLOAD | RTLD_GLOBAL on
+    the file Python imported), so that a library loaded later, Inductor's C++ wrapper
+    calling the region ops' C shims (ops.c_shims), resolves them. False when it cannot."""
+    if _state["global"] is None:
+        try:
+            _state["global"] = ctypes.CDLL(module.__file__, mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
+        except (OSError, AttributeError):
+            return False
+    return True
+
+
+def symbols_exported() -> bool:
+    """Whether ``export_symbols`` succeeded in this process."""
+    return _state["global"] is not None
 
 
 def error() -> str | None:

@@ -58,8 +58,14 @@ CPP_WRAPPER_IN_DEFAULT_MODE = True
 # Python wrapper: 18.8 s), its forward 6.2 against 7.1-7.3 ms (one round set each, not
 # interleaved); bert-base's wrapper on 2 cores 1.4 s against 4.4 s. The wrapper only calls
 # shims and launches: its own instructions are a small part of a call's host time.
+SHIM_OPTION = "aot_inductor.custom_ops_to_c_shims"
 CPP_WRAPPER_EXTRA_OPTIONS = {"cpp_wrapper_build_separate": True,
                              "aot_inductor.compile_wrapper_opt_level": "O0"}
+# True: a C++ wrapper calls the region ops through their C shims (ops.c_shims, Inductor's
+# aot_inductor.custom_ops_to_c_shims: a direct call into the C++ call path) instead of
+# the dispatcher (aoti_torch_call_dispatcher: an op lookup by name, the arguments boxed
+# as StableIValues, the dispatch). Arities beyond the exported shims keep the dispatcher.
+REGION_C_SHIMS = True
 # True: the glue copy drops layout copies that feed only SDPA and folds a query's
 # constant factor into SDPA's scale before Inductor compiles it (glue_passes.py:
 # whisper-encoder's head split, three copy kernels a layer, and its head merge's copy,
@@ -263,6 +269,7 @@ class InductorGlue:
         self.cpp_wrapper_keys = set()   # Inductor's C++ wrappers of the first call (glue_binaries)
         self.used_options = None    # the Inductor options of the compiled glue (compile_options)
         self.cpp_wrapper_failed = None   # why the C++ wrapper we chose failed to compile, if it did
+        self.shims_failed = None    # why the C++ wrapper with the region ops' C shims failed, if it did
         self.rewrites = {}          # glue_passes.rewrite_for_sdpa's counts of the compiled copy
 
     @property
@@ -275,7 +282,7 @@ class InductorGlue:
         with self._lock:
             self._state, self._marked = None, False
 
-    def compile_options(self, on_cuda: bool) -> dict:
+    def compile_options(self, on_cuda: bool, arities=()) -> dict:
         """The Inductor options the glue is compiled with: the caller's, plus (while
         ``cpp_wrapper_in_default_mode()``) ``cpp_wrapper`` on a CUDA graph without CUDA
         graphs (default mode) unless the caller set it. Why: the plain forward is
@@ -283,7 +290,10 @@ class InductorGlue:
         kernels from C++, where the Python wrapper pays ~10-20 us of Python per kernel
         (the host profiles of glue_profile.py --host-profile), and calls the region ops
         through the dispatcher (``aoti_torch_call_dispatcher``: their schema is tensors
-        and ints alone, ops.py), straight into the op's C++ kernel."""
+        and ints alone, ops.py), straight into the op's C++ kernel; or, with
+        ``REGION_C_SHIMS``, on a CUDA graph the C++ wrapper compiles, through the ops'
+        C shims for ``arities`` ((T, I) pairs of the graph's region ops) unless the caller
+        set ``aot_inductor.custom_ops_to_c_shims``."""
         options = dict(self.options)
         if (on_cuda and cpp_wrapper_in_default_mode() and not self.cuda_graphs
                 and "cpp_wrapper" not in options and self.mode in (None, "default")
@@ -292,6 +302,12 @@ class InductorGlue:
             known = _inductor_config_keys()
             options.update({k: v for k, v in CPP_WRAPPER_EXTRA_OPTIONS.items()
                             if k in known and k not in self.options})
+        if (on_cuda and options.get("cpp_wrapper") and REGION_C_SHIMS and arities
+                and SHIM_OPTION not in options and self.shims_failed is None):
+            from .ops import c_shims
+            table = c_shims(arities)
+            if table is not None:
+                options[SHIM_OPTION] = table
         return options
 
     def _compiled(self, on_cuda: bool = False):
@@ -301,7 +317,7 @@ class InductorGlue:
                 if SDPA_REWRITES:
                     self.rewrites = rewrite_for_sdpa(og.graph_module)
                 _mark_buffers_static(og.graph_module)
-                options = self.compile_options(on_cuda)
+                options = self.compile_options(on_cuda, [(e.n_tensors, e.n_ints) for e in og.entries])
                 mode = None if options and self.mode == "default" else self.mode
                 fn = torch.compile(og.graph_module, backend="inductor", mode=mode,
                                    options=options or None)
@@ -338,6 +354,14 @@ class InductorGlue:
             with torch.no_grad():
                 out = fn(*args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as e:
+            if SHIM_OPTION in (self.used_options or {}) and SHIM_OPTION not in self.options:
+                # the shims were our choice: the C++ wrapper through the dispatcher next
+                self.shims_failed = _describe(e)
+                warnings.warn(f"cutlass_offload: Inductor's C++ wrapper could not call the region "
+                              f"ops' C shims ({self.shims_failed}); compiling it with dispatcher calls",
+                              RuntimeWarning, stacklevel=3)
+                self.reset()
+                return self(gm, *args, **kwargs)
             if (self.used_options or {}).get("cpp_wrapper") and "cpp_wrapper" not in self.options:
                 # the C++ wrapper was our choice (e.g. no working host compiler): compile
                 # the glue again with Inductor's Python wrapper before giving up on it

@@ -45,6 +45,10 @@ live module with the same name (the same library loaded twice) gets ``#1``,
 ``#2``, ... appended. The registry holds its entries weakly: whoever holds the
 compiled glue holds its ``RegionEntry`` objects (glue.py, backend.py).
 
+``c_shims(arities)`` is Inductor's ``aot_inductor.custom_ops_to_c_shims`` for these ops:
+their C shims in the C++ call path's extension, which a C++ wrapper calls without the
+dispatcher (glue.REGION_C_SHIMS).
+
 ``region_op(T, I)`` defines the op of an arity (once per process, on first use:
 importing this module has no side effect).
 """
@@ -304,6 +308,7 @@ def _define(n_tensors: int, n_ints: int):
     if ext is not None and hasattr(ext, "install_region_op"):
         ext.install_region_op(_run, namespace=NAMESPACE, dispatch_key="CUDA", name=name)
         _op_state["cpp"] = ext
+        fast_call.export_symbols(ext)         # the C shims, for Inductor's C++ wrapper
     else:
         lib.impl(name, _split(n_tensors, n_ints, _run), "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}", _split(n_tensors, n_ints, _fake), lib=lib)
@@ -315,3 +320,56 @@ def _has_op(name: str) -> bool:
         return torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{name}", "CPU")
     except RuntimeError:
         return False
+
+
+# -- the ops' C shims (csrc/fast_call.cpp) -----------------------------------------------
+
+def shim_declaration(n_tensors: int, n_ints: int, device: str = "cuda") -> str:
+    """The C declaration of an arity's shim, as ``aot_inductor.custom_ops_to_c_shims``
+    takes it: ``aoti_torch_<device>_region_<T>t_<I>i``, the op's arguments in order
+    (tensor handles, int64s, the key), then the output handle."""
+    args = ([f"AtenTensorHandle t{i}" for i in range(n_tensors)]
+            + [f"int64_t i{i}" for i in range(n_ints)] + ["int64_t key", "AtenTensorHandle* ret0"])
+    return f"AOTITorchError aoti_torch_{device}_{op_name(n_tensors, n_ints)}({', '.join(args)})"
+
+
+class ShimTable(dict):
+    """``{OpOverload: [C declaration]}``, Inductor's ``aot_inductor.custom_ops_to_c_shims``
+    for region ops. It pickles as its ops' arities and declarations: Inductor pickles its
+    config into the FX-graph cache key, and an OpOverload does not pickle (the cache would
+    be bypassed; torch 2.13 says "Cannot produce stable cache key for unpicklable type").
+    Read-only once made (deepcopy gives itself)."""
+
+    def __reduce__(self):
+        items = sorted((k._opname, tuple(v)) for k, v in self.items())
+        return (_shim_table_from, (tuple(items),))
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _shim_table_from(items) -> ShimTable:
+    table = ShimTable()
+    for name, decls in items:
+        nt, ni = (int(x[:-1]) for x in name[len("region_"):].split("_"))
+        table[region_op(nt, ni)] = list(decls)
+    return table
+
+
+def c_shims(arities, device: str = "cuda") -> ShimTable | None:
+    """The shim table for the region ops of ``arities`` ((T, I) pairs) whose shims the
+    C++ call path exports, or None when it cannot serve them (not built, turned off,
+    its symbols not global). An arity beyond the exported ones is left out: Inductor
+    calls it through the dispatcher as before."""
+    ext = fast_call.load(block=True)      # at once where the ops were defined already
+    if ext is None:
+        return None
+    max_t, max_i = getattr(ext, "shim_arities", (0, -1))
+    ops = {(nt, ni): region_op(nt, ni) for nt, ni in sorted(set(arities))
+           if 1 <= nt <= max_t and 0 <= ni <= max_i}
+    if _op_state["cpp"] is None or not fast_call.symbols_exported():
+        return None          # the ops' CUDA kernels are not the C++ call path's
+    table = ShimTable()
+    for (nt, ni), op in ops.items():
+        table[op] = [shim_declaration(nt, ni, device)]
+    return table or None

@@ -33,6 +33,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/library.h>
 
 #include <array>
@@ -265,20 +267,14 @@ class FastCall {
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(out)));
   }
 
-  // The same for a region op call: its ``n_tensors`` tensors then its ints, as
-  // ``args`` (IValues, e.g. on the dispatcher's stack), which ``order`` maps onto
-  // the region's inputs (per input: (is_tensor, index); empty: the inputs are
-  // exactly the tensors). An undefined tensor when declined. Needs no GIL.
-  at::Tensor call_op(const c10::IValue* args, size_t n_args, size_t n_tensors,
-                     const std::vector<std::pair<bool, int64_t>>& order) {
-    if (!enabled_ || n_tensors > n_args) {
+  // The same for a region op call: its ``n_tensors`` tensors and ``n_ints`` ints
+  // (concrete values), which ``order`` maps onto the region's inputs (per input:
+  // (is_tensor, index); empty: the inputs are exactly the tensors). An undefined
+  // tensor when declined. Needs no GIL.
+  at::Tensor call_op(const at::Tensor* const* tensors, size_t n_tensors, const int64_t* ints,
+                     size_t n_ints, const std::vector<std::pair<bool, int64_t>>& order) {
+    if (!enabled_) {
       return at::Tensor();
-    }
-    const size_t n_ints = n_args - n_tensors;
-    for (size_t i = 0; i < n_tensors; ++i) {
-      if (!args[i].isTensor()) {
-        return at::Tensor();
-      }
     }
     Inputs in;
     if (order.empty()) {
@@ -286,7 +282,7 @@ class FastCall {
         return at::Tensor();
       }
       for (size_t i = 0; i < n_tensors; ++i) {
-        in[i] = {&args[i].toTensor(), 0, false};
+        in[i] = {tensors[i], 0, false};
       }
       return launch(in);
     }
@@ -306,12 +302,12 @@ class FastCall {
         if (j < 0 || j >= static_cast<int64_t>(n_tensors)) {
           return at::Tensor();
         }
-        in[i] = {&args[j].toTensor(), 0, false};
+        in[i] = {tensors[j], 0, false};
       } else {
-        if (j < 0 || j >= static_cast<int64_t>(n_ints) || !args[n_tensors + j].isInt()) {
-          return at::Tensor();      // a symbolic int: the Python path guards it
+        if (j < 0 || j >= static_cast<int64_t>(n_ints)) {
+          return at::Tensor();
         }
-        in[i] = {nullptr, args[n_tensors + j].toInt(), true};
+        in[i] = {nullptr, ints[j], true};
       }
     }
     return launch(in);
@@ -481,9 +477,43 @@ std::shared_ptr<const Bound> bound(int64_t key) {
   return it == g_bound.end() ? nullptr : it->second;
 }
 
-// region_<T>t_<I>i(Tensor t0, ..., SymInt i0, ..., int key) -> Tensor, boxed: the
-// bound FastCall when it takes the call, else the Python implementation, called as
-// run([tensors], [ints], key).
+// One region op call: the bound FastCall's output when it takes the call, else the
+// Python implementation's (with the GIL), called as run([tensors], [ints], key).
+// ``name``: the op's name (region_<T>t_<I>i).
+at::Tensor region_call(const std::string& name, const at::Tensor* const* tensors, size_t n_tensors,
+                       const int64_t* ints, size_t n_ints, int64_t key) {
+  if (auto b = bound(key)) {
+    at::Tensor out = b->fc->call_op(tensors, n_tensors, ints, n_ints, b->order);
+    if (out.defined()) {
+      return out;
+    }
+  }
+  py::object* run = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(g_bound_mutex);
+    auto it = g_python_run.find(name);
+    if (it == g_python_run.end()) {
+      throw std::runtime_error("cutlass_offload: no Python implementation for " + name);
+    }
+    run = it->second;
+  }
+  py::gil_scoped_acquire gil;
+  py::list py_tensors, py_ints;
+  for (size_t i = 0; i < n_tensors; ++i) {
+    py_tensors.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(*tensors[i])));
+  }
+  for (size_t i = 0; i < n_ints; ++i) {
+    py_ints.append(ints[i]);
+  }
+  py::object r = (*run)(py_tensors, py_ints, key);
+  if (!THPVariable_Check(r.ptr())) {
+    throw std::runtime_error("cutlass_offload region op: the Python implementation returned no tensor");
+  }
+  return THPVariable_Unpack(r.ptr());
+}
+
+// region_<T>t_<I>i(Tensor t0, ..., SymInt i0, ..., int key) -> Tensor, boxed (the
+// dispatcher's kernel). A SymInt is guarded to its value, as the Python path does.
 void region_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::Stack& s = *stack;
   const size_t n_args = op.schema().arguments().size();      // tensors, ints, key
@@ -493,36 +523,20 @@ void region_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   while (n_tensors + 1 < n_args && args[n_tensors].isTensor()) {
     ++n_tensors;
   }
-  at::Tensor out;
-  if (auto b = bound(key)) {
-    out = b->fc->call_op(args, n_args - 1, n_tensors, b->order);
+  const size_t n_ints = n_args - 1 - n_tensors;
+  if (n_tensors > static_cast<size_t>(kMaxInputs) || n_ints > static_cast<size_t>(kMaxInputs)) {
+    throw std::runtime_error("cutlass_offload region op: too many inputs");
   }
-  if (!out.defined()) {
-    py::object* run = nullptr;
-    {
-      const std::lock_guard<std::mutex> lock(g_bound_mutex);
-      auto it = g_python_run.find(op.operator_name().name);
-      if (it == g_python_run.end()) {
-        throw std::runtime_error("cutlass_offload: no Python implementation for " + op.operator_name().name);
-      }
-      run = it->second;
-    }
-    py::gil_scoped_acquire gil;
-    py::list py_tensors;
-    for (size_t i = 0; i < n_tensors; ++i) {
-      py_tensors.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(args[i].toTensor())));
-    }
-    py::list py_ints;
-    for (size_t i = n_tensors; i + 1 < n_args; ++i) {
-      const c10::IValue& v = args[i];
-      py_ints.append(v.isInt() ? v.toInt() : v.toSymInt().guard_int(__FILE__, __LINE__));
-    }
-    py::object r = (*run)(py_tensors, py_ints, key);
-    if (!THPVariable_Check(r.ptr())) {
-      throw std::runtime_error("cutlass_offload region op: the Python implementation returned no tensor");
-    }
-    out = THPVariable_Unpack(r.ptr());
+  std::array<const at::Tensor*, kMaxInputs> ts{};
+  std::array<int64_t, kMaxInputs> is{};
+  for (size_t i = 0; i < n_tensors; ++i) {
+    ts[i] = &args[i].toTensor();
   }
+  for (size_t i = 0; i < n_ints; ++i) {
+    const c10::IValue& v = args[n_tensors + i];
+    is[i] = v.isInt() ? v.toInt() : v.toSymInt().guard_int(__FILE__, __LINE__);
+  }
+  at::Tensor out = region_call(op.operator_name().name, ts.data(), n_tensors, is.data(), n_ints, key);
   torch::jit::drop(s, n_args);
   torch::jit::push(s, std::move(out));
 }
@@ -552,6 +566,76 @@ bool install_region_op(py::function run, const std::string& ns, const std::strin
 
 }  // namespace
 
+// -- the region ops' C shims -----------------------------------------------------
+//
+// Inductor's C++ wrapper calls a custom op through the dispatcher
+// (aoti_torch_call_dispatcher: a name lookup, StableIValue boxing, the dispatch) unless
+// the op is in ``aot_inductor.custom_ops_to_c_shims``; then it calls
+// ``aoti_torch_<device>_<op name>(inputs..., AtenTensorHandle* ret0)`` directly
+// (torch/_inductor/codegen/cpp_wrapper_cpu.py, get_c_shim_func_name). These are those
+// functions for region_<T>t_<I>i, T = 1..kMaxShimTensors, I = 0..kMaxShimInts, the
+// ops' schema in order (tensors, ints, key); runtime/glue.py names them in the option
+// for the arities a glue graph calls (runtime/fast_call.py ``SHIM_ARITIES``), after
+// runtime/ops.py made this library's symbols global (the wrapper resolves them when
+// it is loaded). The cpu ones serve the ops' CPU tensors (the Python path) and tests.
+namespace {
+
+AOTITorchError region_shim(const char* name, const AtenTensorHandle* handles, size_t n_tensors,
+                           const int64_t* ints, size_t n_ints, int64_t key, AtenTensorHandle* ret0) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    std::array<const at::Tensor*, kMaxInputs> ts{};
+    for (size_t i = 0; i < n_tensors; ++i) {
+      ts[i] = torch::aot_inductor::tensor_handle_to_tensor_pointer(handles[i]);
+    }
+    at::Tensor out = region_call(name, ts.data(), n_tensors, ints, n_ints, key);
+    *ret0 = torch::aot_inductor::new_tensor_handle(std::move(out));
+  });
+}
+
+}  // namespace
+
+#define CO_TP_1 AtenTensorHandle t0
+#define CO_TP_2 CO_TP_1, AtenTensorHandle t1
+#define CO_TP_3 CO_TP_2, AtenTensorHandle t2
+#define CO_TP_4 CO_TP_3, AtenTensorHandle t3
+#define CO_TP_5 CO_TP_4, AtenTensorHandle t4
+#define CO_TP_6 CO_TP_5, AtenTensorHandle t5
+#define CO_TP_7 CO_TP_6, AtenTensorHandle t6
+#define CO_TP_8 CO_TP_7, AtenTensorHandle t7
+#define CO_TA_1 t0
+#define CO_TA_2 CO_TA_1, t1
+#define CO_TA_3 CO_TA_2, t2
+#define CO_TA_4 CO_TA_3, t3
+#define CO_TA_5 CO_TA_4, t4
+#define CO_TA_6 CO_TA_5, t5
+#define CO_TA_7 CO_TA_6, t6
+#define CO_TA_8 CO_TA_7, t7
+#define CO_IP_0
+#define CO_IP_1 , int64_t i0
+#define CO_IP_2 CO_IP_1, int64_t i1
+#define CO_IP_3 CO_IP_2, int64_t i2
+#define CO_IP_4 CO_IP_3, int64_t i3
+#define CO_IA_0 0
+#define CO_IA_1 i0
+#define CO_IA_2 CO_IA_1, i1
+#define CO_IA_3 CO_IA_2, i2
+#define CO_IA_4 CO_IA_3, i3
+#define CO_SHIM(DEV, T, I)                                                                   \
+  extern "C" __attribute__((visibility("default"))) AOTITorchError                          \
+      aoti_torch_##DEV##_region_##T##t_##I##i(CO_TP_##T CO_IP_##I, int64_t key,             \
+                                              AtenTensorHandle* ret0) {                     \
+    const AtenTensorHandle ts[] = {CO_TA_##T};                                              \
+    const int64_t is[] = {CO_IA_##I};                                                       \
+    return region_shim("cutlass_offload::region_" #T "t_" #I "i", ts, T, is, I, key, ret0); \
+  }
+#define CO_SHIMS_T(DEV, T) \
+  CO_SHIM(DEV, T, 0) CO_SHIM(DEV, T, 1) CO_SHIM(DEV, T, 2) CO_SHIM(DEV, T, 3) CO_SHIM(DEV, T, 4)
+#define CO_SHIMS(DEV)                                                                  \
+  CO_SHIMS_T(DEV, 1) CO_SHIMS_T(DEV, 2) CO_SHIMS_T(DEV, 3) CO_SHIMS_T(DEV, 4)          \
+  CO_SHIMS_T(DEV, 5) CO_SHIMS_T(DEV, 6) CO_SHIMS_T(DEV, 7) CO_SHIMS_T(DEV, 8)
+CO_SHIMS(cuda)
+CO_SHIMS(cpu)
+
 PYBIND11_MODULE(_co_fast_call, m) {
   m.doc() = "cutlass_offload: C++ replay of cached region calls (see runtime/fast_call.py)";
   py::class_<FastCall, std::shared_ptr<FastCall>>(m, "FastCall")
@@ -580,4 +664,5 @@ PYBIND11_MODULE(_co_fast_call, m) {
         "are exactly the op's tensors");
   m.def("unbind", &unbind, py::arg("key"));
   m.def("is_bound", &is_bound, py::arg("key"));
+  m.attr("shim_arities") = py::make_tuple(8, 4);    // the C shims above: T <= 8, I <= 4
 }
