@@ -124,6 +124,7 @@ def test_a_failing_cpp_wrapper_we_chose_falls_back_to_the_python_wrapper(monkeyp
     monkeypatch.setattr(glue.InductorGlue, "compile_options",
                         lambda self, on_cuda, arities=(): real_options(self, True, arities))  # "CUDA" glue
     monkeypatch.setattr(glue, "CPP_WRAPPER_IN_DEFAULT_MODE", True)
+    monkeypatch.setattr(glue, "REGION_C_SHIMS", True)
     monkeypatch.delenv("CUTLASS_OFFLOAD_CPP_WRAPPER", raising=False)
 
     def broken(*a, **k):

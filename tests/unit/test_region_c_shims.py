@@ -123,6 +123,8 @@ def test_compile_options_add_the_shims_only_for_a_cuda_cpp_wrapper(monkeypatch):
     model = offloaded()
     ind = glue.InductorGlue(model.graph_module)
     monkeypatch.setattr(glue, "cpp_wrapper_in_default_mode", lambda: True)
+    assert glue.SHIM_OPTION not in ind.compile_options(True, [(2, 0)])     # off by default
+    monkeypatch.setattr(glue, "REGION_C_SHIMS", True)
     opts = ind.compile_options(True, [(2, 0)])
     assert list(opts[glue.SHIM_OPTION]) == [ops.region_op(2, 0)]
     assert glue.SHIM_OPTION not in ind.compile_options(False, [(2, 0)])

@@ -308,7 +308,6 @@ def _define(n_tensors: int, n_ints: int):
     if ext is not None and hasattr(ext, "install_region_op"):
         ext.install_region_op(_run, namespace=NAMESPACE, dispatch_key="CUDA", name=name)
         _op_state["cpp"] = ext
-        fast_call.export_symbols(ext)         # the C shims, for Inductor's C++ wrapper
     else:
         lib.impl(name, _split(n_tensors, n_ints, _run), "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}", _split(n_tensors, n_ints, _fake), lib=lib)
@@ -359,15 +358,16 @@ def _shim_table_from(items) -> ShimTable:
 def c_shims(arities, device: str = "cuda") -> ShimTable | None:
     """The shim table for the region ops of ``arities`` ((T, I) pairs) whose shims the
     C++ call path exports, or None when it cannot serve them (not built, turned off,
-    its symbols not global). An arity beyond the exported ones is left out: Inductor
-    calls it through the dispatcher as before."""
+    its symbols not made global). Makes the extension's symbols global first (only
+    here: a process that never asks for shims keeps them local). An arity beyond the
+    exported ones is left out: Inductor calls it through the dispatcher as before."""
     ext = fast_call.load(block=True)      # at once where the ops were defined already
     if ext is None:
         return None
     max_t, max_i = getattr(ext, "shim_arities", (0, -1))
     ops = {(nt, ni): region_op(nt, ni) for nt, ni in sorted(set(arities))
            if 1 <= nt <= max_t and 0 <= ni <= max_i}
-    if _op_state["cpp"] is None or not fast_call.symbols_exported():
+    if _op_state["cpp"] is None or not fast_call.export_symbols(ext):
         return None          # the ops' CUDA kernels are not the C++ call path's
     table = ShimTable()
     for (nt, ni), op in ops.items():
