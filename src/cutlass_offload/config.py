@@ -83,6 +83,7 @@ class Knobs:
     grouped_conv: bool = True
     per_sample_add: bool = False
     cpp_wrapper: bool | None = None       # None: glue.CPP_WRAPPER_IN_DEFAULT_MODE
+    c_shims: bool | None = None           # None: glue.REGION_C_SHIMS
 
 
 def knobs() -> Knobs:
@@ -106,6 +107,7 @@ def knobs() -> Knobs:
         nvcc_steps=_flag(env, "CUTLASS_OFFLOAD_NVCC_STEPS", True),
         lineinfo=_flag(env, "CUTLASS_OFFLOAD_LINEINFO", False),
         cpp_wrapper=_tristate(env.get("CUTLASS_OFFLOAD_CPP_WRAPPER", ""), "CUTLASS_OFFLOAD_CPP_WRAPPER"),
+        c_shims=_tristate(env.get("CUTLASS_OFFLOAD_C_SHIMS", ""), "CUTLASS_OFFLOAD_C_SHIMS"),
         grouped_conv=_flag(env, "CUTLASS_OFFLOAD_GROUPED_CONV", True),
         per_sample_add=_flag(env, "CUTLASS_OFFLOAD_PER_SAMPLE_ADD", False),
     )

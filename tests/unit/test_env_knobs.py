@@ -64,6 +64,13 @@ def test_progress_and_the_cpp_wrapper_refuse_unknown_values(monkeypatch):
     monkeypatch.setenv("CUTLASS_OFFLOAD_CPP_WRAPPER", "maybe")
     with pytest.raises(ValueError, match="CUTLASS_OFFLOAD_CPP_WRAPPER='maybe'"):
         config.knobs()
+    monkeypatch.delenv("CUTLASS_OFFLOAD_CPP_WRAPPER")
+    for value, want in [("", None), ("yes", True), ("0", False)]:
+        monkeypatch.setenv("CUTLASS_OFFLOAD_C_SHIMS", value)
+        assert config.knobs().c_shims is want
+    monkeypatch.setenv("CUTLASS_OFFLOAD_C_SHIMS", "2")
+    with pytest.raises(ValueError, match="CUTLASS_OFFLOAD_C_SHIMS='2'"):
+        config.knobs()
 
 
 def test_an_nvcc_path_set_on_purpose_must_be_an_executable(monkeypatch, tmp_path):

@@ -124,6 +124,12 @@ def test_compile_options_add_the_shims_only_for_a_cuda_cpp_wrapper(monkeypatch):
     ind = glue.InductorGlue(model.graph_module)
     monkeypatch.setattr(glue, "cpp_wrapper_in_default_mode", lambda: True)
     assert glue.SHIM_OPTION not in ind.compile_options(True, [(2, 0)])     # off by default
+    monkeypatch.setenv("CUTLASS_OFFLOAD_C_SHIMS", "1")          # the environment's choice
+    assert list(ind.compile_options(True, [(2, 0)])[glue.SHIM_OPTION]) == [ops.region_op(2, 0)]
+    monkeypatch.setenv("CUTLASS_OFFLOAD_C_SHIMS", "maybe")
+    with pytest.raises(ValueError, match="CUTLASS_OFFLOAD_C_SHIMS"):
+        ind.compile_options(True, [(2, 0)])
+    monkeypatch.delenv("CUTLASS_OFFLOAD_C_SHIMS")
     monkeypatch.setattr(glue, "REGION_C_SHIMS", True)
     opts = ind.compile_options(True, [(2, 0)])
     assert list(opts[glue.SHIM_OPTION]) == [ops.region_op(2, 0)]
@@ -137,3 +143,20 @@ def test_compile_options_add_the_shims_only_for_a_cuda_cpp_wrapper(monkeypatch):
     monkeypatch.setattr(glue, "REGION_C_SHIMS", True)
     ind.shims_failed = "undefined symbol"
     assert glue.SHIM_OPTION not in ind.compile_options(True, [(2, 0)])
+
+
+def test_the_extension_exports_only_its_init_and_the_shims():
+    """ops.c_shims makes the extension's symbols global: a library loaded after it must
+    not bind to the inline c10 / ATen functions it instantiated (csrc/fast_call.map)."""
+    import shutil
+    import subprocess
+    if shutil.which("nm") is None:
+        pytest.skip("no nm")
+    module = fast_call.load(block=True)
+    assert module is not None, fast_call.error()
+    out = subprocess.run(["nm", "-D", "--defined-only", module.__file__], capture_output=True,
+                         text=True, check=True).stdout
+    names = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    shims = {n for n in names if n.startswith(("aoti_torch_cuda_region_", "aoti_torch_cpu_region_"))}
+    assert names - shims == {"PyInit__co_fast_call"}
+    assert len(shims) == 2 * 8 * 5 and "aoti_torch_cuda_region_8t_4i" in shims

@@ -43,6 +43,7 @@ from ..config import compiler_identity, knobs
 from ..integrity import elf_problem
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fast_call.cpp"
+EXPORTS = SOURCE.with_suffix(".map")      # the linker's list of exported symbols
 MODULE_NAME = "_co_fast_call"
 
 _build_lock = threading.Lock()   # one build + import at a time
@@ -61,6 +62,7 @@ def build_command(source: Path, output: Path, cxx: str | None = None) -> list:
     abi = int(torch.compiled_with_cxx11_abi())
     cmd = [cxx or _compiler(), "-O2", "-std=c++20", "-fPIC", "-shared", "-fvisibility=hidden",
            "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCH_EXTENSION_NAME={MODULE_NAME}",
+           f"-Wl,--version-script={EXPORTS}",
            str(source), "-o", str(output), f"-I{sysconfig.get_paths()['include']}"]
     cmd += [f"-I{p}" for p in cpp_extension.include_paths()]
     for lib in cpp_extension.library_paths():
@@ -71,7 +73,7 @@ def build_command(source: Path, output: Path, cxx: str | None = None) -> list:
 def cache_key(cxx: str | None = None) -> str:
     """Hash of what the built extension depends on: its source, the PyTorch build
     (version, git revision, CUDA, C++ ABI), the Python and the compiler."""
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256(SOURCE.read_bytes() + b"\0" + EXPORTS.read_bytes())
     for part in (torch.__version__, getattr(torch.version, "git_version", ""), str(torch.version.cuda),
                  str(torch.compiled_with_cxx11_abi()), sys.version,
                  compiler_identity(cxx or _compiler())):

@@ -65,10 +65,15 @@ CPP_WRAPPER_EXTRA_OPTIONS = {"cpp_wrapper_build_separate": True,
 # aot_inductor.custom_ops_to_c_shims: a direct call into the C++ call path) instead of
 # the dispatcher (aoti_torch_call_dispatcher: an op lookup by name, the arguments boxed
 # as StableIValues, the dispatch). Arities beyond the exported shims keep the dispatcher.
-# Off (session 45): correct on the CPU (torch 2.13) and in a one-graph process on an H100
-# (torch 2.11: chains of 3 calls bound and unbound, equal to eager), but processes that
-# compile several glue graphs with them (tests/gpu/test_inductor_glue.py,
-# benchmarks/call_overhead.py) died of a segfault; the cause is not found yet.
+# Off (session 45; $CUTLASS_OFFLOAD_C_SHIMS=1 turns it on): on an H100 host (torch 2.11) a
+# region call from the C++ wrapper took 3.8 us of host time through its shim against
+# 11.1 us through the dispatcher (call_overhead.py --shims), and one-graph processes
+# matched eager (chains of 9 calls, 3000 times, bound and unbound); but two processes
+# that made the extension's symbols global early and then compiled other graphs died of a
+# segfault (tests/gpu/test_inductor_glue.py, call_overhead.py). Likely cause: the
+# extension exported ~240 inline c10 / ATen symbols, built with its own flags, to every
+# library loaded after it; it now exports only its init and the shims (csrc/fast_call.map),
+# not yet run on a GPU.
 REGION_C_SHIMS = False
 # True: the glue copy drops layout copies that feed only SDPA and folds a query's
 # constant factor into SDPA's scale before Inductor compiles it (glue_passes.py:
@@ -83,6 +88,14 @@ def cpp_wrapper_in_default_mode() -> bool:
     from ..config import knobs
     chosen = knobs().cpp_wrapper
     return CPP_WRAPPER_IN_DEFAULT_MODE if chosen is None else chosen
+
+
+def region_c_shims() -> bool:
+    """``REGION_C_SHIMS``, or ``$CUTLASS_OFFLOAD_C_SHIMS`` (1 / 0) where set (config.knobs,
+    read at compile time)."""
+    from ..config import knobs
+    chosen = knobs().c_shims
+    return REGION_C_SHIMS if chosen is None else chosen
 
 
 def _inductor_config_keys() -> set:
@@ -295,7 +308,7 @@ class InductorGlue:
         (the host profiles of glue_profile.py --host-profile), and calls the region ops
         through the dispatcher (``aoti_torch_call_dispatcher``: their schema is tensors
         and ints alone, ops.py), straight into the op's C++ kernel; or, with
-        ``REGION_C_SHIMS``, on a CUDA graph the C++ wrapper compiles, through the ops'
+        ``region_c_shims()``, on a CUDA graph the C++ wrapper compiles, through the ops'
         C shims for ``arities`` ((T, I) pairs of the graph's region ops) unless the caller
         set ``aot_inductor.custom_ops_to_c_shims``."""
         options = dict(self.options)
@@ -306,7 +319,7 @@ class InductorGlue:
             known = _inductor_config_keys()
             options.update({k: v for k, v in CPP_WRAPPER_EXTRA_OPTIONS.items()
                             if k in known and k not in self.options})
-        if (on_cuda and options.get("cpp_wrapper") and REGION_C_SHIMS and arities
+        if (on_cuda and options.get("cpp_wrapper") and region_c_shims() and arities
                 and SHIM_OPTION not in options and self.shims_failed is None):
             from .ops import c_shims
             table = c_shims(arities)
