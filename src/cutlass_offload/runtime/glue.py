@@ -371,23 +371,20 @@ class InductorGlue:
             with torch.no_grad():
                 out = fn(*args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as e:
-            if SHIM_OPTION in (self.used_options or {}) and SHIM_OPTION not in self.options:
-                # the shims were our choice: the C++ wrapper through the dispatcher next
-                self.shims_failed = _describe(e)
-                warnings.warn(f"cutlass_offload: Inductor's C++ wrapper could not call the region "
-                              f"ops' C shims ({self.shims_failed}); compiling it with dispatcher calls",
-                              RuntimeWarning, stacklevel=3)
-                self.reset()
-                return self(gm, *args, **kwargs)
-            if (self.used_options or {}).get("cpp_wrapper") and "cpp_wrapper" not in self.options:
-                # the C++ wrapper was our choice (e.g. no working host compiler): compile
-                # the glue again with Inductor's Python wrapper before giving up on it
-                self.cpp_wrapper_failed = _describe(e)
-                warnings.warn(f"cutlass_offload: Inductor's C++ wrapper could not compile the glue "
-                              f"({self.cpp_wrapper_failed}); compiling it with the Python wrapper",
-                              RuntimeWarning, stacklevel=3)
-                self.reset()
-                return self(gm, *args, **kwargs)
+            used = self.used_options or {}
+            # an option we chose failed: drop it and compile again (the shims first, then
+            # the C++ wrapper itself, e.g. no working host compiler) before giving up
+            for chosen, failed, instead in (
+                    (SHIM_OPTION in used and SHIM_OPTION not in self.options, "shims_failed",
+                     "could not call the region ops' C shims ({}); compiling it with dispatcher calls"),
+                    (used.get("cpp_wrapper") and "cpp_wrapper" not in self.options, "cpp_wrapper_failed",
+                     "could not compile the glue ({}); compiling it with the Python wrapper")):
+                if chosen:
+                    setattr(self, failed, _describe(e))
+                    warnings.warn("cutlass_offload: Inductor's C++ wrapper "
+                                  + instead.format(getattr(self, failed)), RuntimeWarning, stacklevel=3)
+                    self.reset()
+                    return self(gm, *args, **kwargs)
             if not self.fallback_to_eager:
                 raise
             self.failed = _describe(e)
