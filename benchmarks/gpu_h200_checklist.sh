@@ -18,8 +18,8 @@
 #      (benchmarks/glue_cache_first_call.py; session 44's H100: 111.8 against 61.7 s, first
 #      calls 76.4 / 87.8 s before the binaries were carried).
 #   5. issue 16 / 17: sd-unet's default-mode forward with Inductor's Python against its C++
-#      wrapper (now at -O0), the latter calling the region ops through their C shims and
-#      through the dispatcher (ours_cpp_dispatcher), interleaved rounds.
+#      wrapper (now at -O0), interleaved rounds (with the region ops' C shims on by default,
+#      see gpu_c_shims_check.sh, add ours_cpp_dispatcher: the C++ wrapper without them).
 # The machine has no network: carry the wheels (../shared/device.md), e.g. here
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux2014_x86_64 -d .whl nvidia-cutlass==4.2.0.0 diffusers importlib_metadata
@@ -78,7 +78,7 @@ fi
 if [ ! -e "$STATE/5.done" ]; then
   [ "$(left)" -gt 300 ] || exit 3
   timeout $(( $(left) - 5 )) $PY benchmarks/glue_profile.py sd-unet --mode default \
-    --variants torch_compile,ours_python_wrapper,ours_cpp_wrapper,ours_cpp_dispatcher --reps 20 --profile-reps 3 \
+    --variants torch_compile,ours_python_wrapper,ours_cpp_wrapper --reps 20 --profile-reps 3 \
     --rounds 5 --top 6 --json "$STATE/cpp_wrapper_ab.json" > "$STATE/cpp_wrapper_ab.log" 2>&1 \
     && touch "$STATE/5.done"
   cp "$STATE/cpp_wrapper_ab.json" "$STATE/cpp_wrapper_ab.log" "$OUT/" 2>/dev/null
