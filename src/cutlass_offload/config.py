@@ -56,6 +56,10 @@ Environment variables:
                              with it cpp_wrapper_build_separate: the wrapper at -O0);
                              a caller's cpp_wrapper option wins; the torch.compile backend
                              takes the caller's options only
+  CUTLASS_OFFLOAD_C_SHIMS    1 / 0 (off, no, false): that C++ wrapper calls the region ops
+                             through their C shims, not the dispatcher (unset:
+                             runtime/glue.py REGION_C_SHIMS, off; experimental); read
+                             when the glue compiles, not saved in a folder
 """
 from __future__ import annotations
 
