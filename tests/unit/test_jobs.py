@@ -280,3 +280,23 @@ def test_the_launchers_slot_is_not_taken_by_a_third_cutlass_unit():
     assert all(r.ok for r in res) and [r.name for r in res] == [j.name for j in units + [launchers]]
     assert peak[0] == 2                     # 3 with the launchers' slot handed on
     assert first[0] == "launchers"          # light jobs first: beside the units, not after
+
+
+def test_a_unit_running_past_its_estimate_raises_the_eta(monkeypatch):
+    """A loaded machine: both units started together, neither finished, one has run twice
+    its estimate. The ETA must not shrink towards zero (the floor was 10% of the
+    estimate), and the queued unit is scaled by the slowness seen so far."""
+    from cutlass_offload.build import jobs as jobs_mod
+    from cutlass_offload.build.jobs import Progress
+    jobs = [Job(f"u{i}", [], (f"k{i}",), estimate=10.0) for i in range(3)]
+    p = Progress(jobs, 2, "x", mode="off")
+    p.factor = 1.0
+    clock = [100.0]
+    monkeypatch.setattr(jobs_mod.time, "perf_counter", lambda: clock[0])
+    p.started(0)
+    p.started(1)
+    clock[0] += 5.0                          # on time: 5 s left each, then u2's 10 s
+    assert p.eta() == pytest.approx(15.0)
+    clock[0] += 15.0                         # 20 s: twice the estimate, nothing finished
+    # each running unit its share of the 20 s it ran, then u2 at twice its estimate
+    assert p.eta() == pytest.approx(Progress.OVERDUE_SHARE * 20.0 + 2.0 * 10.0)
