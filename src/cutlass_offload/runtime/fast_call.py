@@ -185,11 +185,6 @@ def export_symbols(module) -> bool:
     return True
 
 
-def symbols_exported() -> bool:
-    """Whether ``export_symbols`` succeeded in this process."""
-    return _state["global"] is not None
-
-
 def error() -> str | None:
     """Why the C++ call path is unavailable in this process, if it is."""
     return _state["error"]

@@ -573,11 +573,12 @@ bool install_region_op(py::function run, const std::string& ns, const std::strin
 // the op is in ``aot_inductor.custom_ops_to_c_shims``; then it calls
 // ``aoti_torch_<device>_<op name>(inputs..., AtenTensorHandle* ret0)`` directly
 // (torch/_inductor/codegen/cpp_wrapper_cpu.py, get_c_shim_func_name). These are those
-// functions for region_<T>t_<I>i, T = 1..kMaxShimTensors, I = 0..kMaxShimInts, the
-// ops' schema in order (tensors, ints, key); runtime/glue.py names them in the option
-// for the arities a glue graph calls (runtime/fast_call.py ``SHIM_ARITIES``), after
-// runtime/ops.py made this library's symbols global (the wrapper resolves them when
-// it is loaded). The cpu ones serve the ops' CPU tensors (the Python path) and tests.
+// functions for region_<T>t_<I>i, T = 1..8, I = 0..4 (the module's ``shim_arities``),
+// the ops' schema in order (tensors, ints, key); runtime/ops.py ``c_shims`` names them
+// in that option for the arities a glue graph calls, after making this library's
+// symbols global (fast_call.export_symbols: the wrapper resolves them when it is
+// loaded; fast_call.map exports nothing else). The cpu ones serve the ops' CPU tensors
+// (the Python path) and tests.
 namespace {
 
 AOTITorchError region_shim(const char* name, const AtenTensorHandle* handles, size_t n_tensors,
