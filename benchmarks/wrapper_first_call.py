@@ -6,17 +6,25 @@ time (CUDA events, 3 rounds of 20 forwards) and Dynamo's heaviest compile timers
 folder is compiled first with the CLI (kernels only, no glue). Needs a CUDA GPU and nvcc;
 prints one JSON line per step (seconds, ms).
 
+Environment: ``MODEL`` (a built-in name, default sd-unet), ``VARIANTS`` (comma-separated
+subset of the three, default all), ``PROFILE_TOP=N``: run each first call under cProfile
+and write its N heaviest functions by cumulative and by own time to
+``$OUT/first_call_profile_<variant>.txt`` (where the wrapper's compile goes).
+
     python benchmarks/wrapper_first_call.py
 """
 import json, os, subprocess, sys, time
 W = "/tmp/ow"
+MODEL = os.environ.get("MODEL", "sd-unet")
 VARIANTS = {"cpp_O1": {}, "cpp_O0": {"AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL": "O0"},
             "python_wrapper": {"CUTLASS_OFFLOAD_CPP_WRAPPER": "0"}}
+if os.environ.get("VARIANTS"):
+    VARIANTS = {k: VARIANTS[k] for k in os.environ["VARIANTS"].split(",")}
 if len(sys.argv) == 1:
     os.makedirs(W, exist_ok=True)
     env = dict(os.environ, CUTLASS_OFFLOAD_CACHE_DIR=f"{W}/coc")
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", "import sys; from cutlass_offload.cli import main; sys.exit(main())", "compile", "sd-unet", "--arch", "sm_90a",
+    p = subprocess.run([sys.executable, "-c", "import sys; from cutlass_offload.cli import main; sys.exit(main())", "compile", MODEL, "--arch", "sm_90a",
                         "--out", f"{W}/folder", "-q"], env=env, capture_output=True, text=True)
     print(json.dumps({"step": "compile_cpu_style", "rc": p.returncode, "s": round(time.perf_counter() - t, 1),
                       "tail": p.stderr[-600:] if p.returncode else ""}), flush=True)
@@ -34,11 +42,24 @@ import cutlass_offload as co
 t = time.perf_counter()
 compiled, _, inputs = co.load(f"{W}/folder", device="cuda", glue="inductor", reference=False)
 load_s = time.perf_counter() - t
+top_n = int(os.environ.get("PROFILE_TOP", "0"))
+if top_n:
+    import cProfile, io, pstats
+    prof = cProfile.Profile()
+    prof.enable()
 t = time.perf_counter()
 with torch.no_grad():
     compiled(*inputs)
 torch.cuda.synchronize()
 first = time.perf_counter() - t
+if top_n:
+    prof.disable()
+    buf = io.StringIO()
+    for key in ("cumulative", "tottime"):
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(top_n)
+    out = os.environ.get("OUT", ".")
+    with open(os.path.join(out, f"first_call_profile_{sys.argv[1]}.txt"), "w") as f:
+        f.write(buf.getvalue())
 ms = []
 with torch.no_grad():
     for _ in range(3):
