@@ -32,11 +32,22 @@ def block():
     return model, mods
 
 
-def test_cpu_tensors_raise_a_clear_device_error(block):
+def test_cpu_tensors_raise_a_clear_device_error(block, monkeypatch):
     model, _ = block
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(DeviceError, match="inputs are on cpu; the compiled model runs its offloaded "
-                                          "regions on a CUDA GPU"):
+                                          r"regions on a CUDA GPU: move it and its inputs there") as e:
         model(*_inputs())
+    assert "model.to('cuda')" in str(e.value)
+
+
+def test_without_a_gpu_the_error_says_so_and_points_at_the_reference(block, monkeypatch):
+    """No advice to move the model to a GPU the process cannot see."""
+    model, _ = block
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DeviceError, match=r"inputs are on cpu; .* sees none") as e:
+        model(*_inputs())
+    assert "co.load(folder)[1]" in str(e.value) and ".to('cuda')" not in str(e.value)
 
 
 @pytest.mark.parametrize("which, shape", [(0, (4, 64)), (0, (8, 48)), (1, (2, 16, 9, 9)), (1, (3, 16, 8, 8))])

@@ -308,10 +308,7 @@ class RegionModule(torch.nn.Module):
                 return out
         a = xs[self.primary]
         if not a.is_cuda:
-            raise DeviceError(f"{self.region.name}: inputs are on {a.device}; the compiled "
-                              "model runs its offloaded regions on a CUDA GPU: move it and its "
-                              "inputs there (model.to('cuda'); a folder: co.load(folder, "
-                              "device='cuda'))")
+            raise DeviceError(_not_on_cuda(self.region.name, a.device))
         if self._fn is None:
             self._bind(a.device)
         self._calls += 1
@@ -384,3 +381,17 @@ class RegionModule(torch.nn.Module):
 
     def _aligned(self, ptr, align) -> bool:
         return ptr % (align * self._esize) == 0
+
+
+def _not_on_cuda(region: str, device) -> str:
+    """Why a region refuses inputs on ``device``, and what to do: where no CUDA GPU is
+    visible, moving the model there is no advice; the folder's reference program (the
+    model as exported, co.load's second item) runs anywhere."""
+    head = (f"{region}: inputs are on {device}; the compiled model runs its offloaded "
+            "regions on a CUDA GPU")
+    if not torch.cuda.is_available():
+        return (head + ", and this process sees none (torch.cuda.is_available() is False): "
+                "run it where one is, or run the model as exported on this device "
+                "(co.load(folder)[1], the reference program)")
+    return (head + ": move it and its inputs there (model.to('cuda'); a folder: "
+            "co.load(folder, device='cuda'))")
