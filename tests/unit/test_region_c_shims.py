@@ -162,3 +162,29 @@ def test_the_extension_exports_only_its_init_and_the_shims():
     shims = {n for n in names if n.startswith(("aoti_torch_cuda_region_", "aoti_torch_cpu_region_"))}
     assert names - shims == {"PyInit__co_fast_call"}
     assert len(shims) == 2 * 8 * 5 and "aoti_torch_cuda_region_8t_4i" in shims
+
+
+class _RegionFailed(Exception):
+    pass
+
+
+def test_a_regions_exception_reaches_the_caller_through_its_shim(monkeypatch, tmp_path):
+    """A shim returns only an error code, on which the C++ wrapper raises "API call
+    failed at <file, line>"; the glue raises the region's own exception from it, once."""
+    from cutlass_offload.runtime.region import RegionModule
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model, og, arities, table = _shim_graph(dynamic_batch=False)
+    regions_on_cpu(monkeypatch)
+    x = five_kinds_inputs()
+    ind = glue.InductorGlue(model.graph_module, options={"cpp_wrapper": True, glue.SHIM_OPTION: table})
+    with torch.no_grad():
+        assert_close(ind(model.graph_module, *x), model.graph_module(*x))     # compiled, shims work
+
+    def fail(self, *xs):
+        raise _RegionFailed(f"{self.region.name}: a test failure")
+    monkeypatch.setattr(RegionModule, "forward", fail)
+    with pytest.raises(_RegionFailed, match="a test failure") as e:
+        ind(model.graph_module, *x)
+    assert isinstance(e.value.__cause__, RuntimeError) and "API call failed" in str(e.value.__cause__)
+    assert fast_call.take_shim_error() is None                # taken by the glue
+    assert ind.failed is None and ind.shims_failed is None    # a run-time error changes no option

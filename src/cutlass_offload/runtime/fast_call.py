@@ -188,3 +188,18 @@ def export_symbols(module) -> bool:
 def error() -> str | None:
     """Why the C++ call path is unavailable in this process, if it is."""
     return _state["error"]
+
+
+def take_shim_error() -> BaseException | None:
+    """The exception of this thread's last failed region-op C shim call, then forgotten
+    (None when there is none, or no extension is loaded): the Python exception the
+    region's implementation raised, or a RuntimeError with a C++ one's message. Inductor's
+    C++ wrapper only sees a shim's error code and raises "API call failed"; the glue
+    raises this one from it (runtime/glue.py)."""
+    module = _state["module"]
+    kept = module.take_shim_error() if module is not None else None
+    if kept is None:
+        return None
+    exception, message = kept
+    return exception if isinstance(exception, BaseException) else RuntimeError(
+        f"cutlass_offload region op: {message}")

@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_leaves
 
-from . import glue_binaries
+from . import fast_call, glue_binaries
 from .glue_passes import rewrite_for_sdpa
 
 GLUES = ("auto", "inductor", "eager")
@@ -391,6 +391,12 @@ class InductorGlue:
             warnings.warn(f"cutlass_offload: Inductor could not compile the glue ({self.failed}); "
                           "the model runs with eager glue", RuntimeWarning, stacklevel=3)
             return gm(*args, **kwargs)
+        except RuntimeError as e:
+            # a region op's C shim failed: the wrapper raised only "API call failed"
+            cause = fast_call.take_shim_error()
+            if cause is None:
+                raise
+            raise cause from e
         if first:
             self.first_call_s = time.perf_counter() - t0
             self.cpp_wrapper_keys |= glue_binaries.cpp_wrapper_keys() - before

@@ -579,18 +579,55 @@ bool install_region_op(py::function run, const std::string& ns, const std::strin
 // symbols global (fast_call.export_symbols: the wrapper resolves them when it is
 // loaded; fast_call.map exports nothing else). The cpu ones serve the ops' CPU tensors
 // (the Python path) and tests.
+//
+// A shim cannot throw: the wrapper sees only its error code and raises "API call failed
+// at <its file, line>". So a failed call's exception is kept for the calling thread (the
+// Python exception itself when the region's Python implementation raised one) and
+// ``take_shim_error`` hands it to the glue (runtime/glue.py), which raises it.
 namespace {
+
+struct ShimError {
+  py::object exception;      // the Python exception raised, or None
+  std::string message;       // what() of a C++ one
+};
+thread_local std::unique_ptr<ShimError> t_shim_error;
 
 AOTITorchError region_shim(const char* name, const AtenTensorHandle* handles, size_t n_tensors,
                            const int64_t* ints, size_t n_ints, int64_t key, AtenTensorHandle* ret0) {
-  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+  try {
     std::array<const at::Tensor*, kMaxInputs> ts{};
     for (size_t i = 0; i < n_tensors; ++i) {
       ts[i] = torch::aot_inductor::tensor_handle_to_tensor_pointer(handles[i]);
     }
     at::Tensor out = region_call(name, ts.data(), n_tensors, ints, n_ints, key);
     *ret0 = torch::aot_inductor::new_tensor_handle(std::move(out));
-  });
+    return AOTI_TORCH_SUCCESS;
+  } catch (py::error_already_set& e) {
+    py::gil_scoped_acquire gil;
+    auto kept = std::make_unique<ShimError>();
+    kept->exception = e.value();
+    kept->message = e.what();
+    t_shim_error = std::move(kept);
+  } catch (const std::exception& e) {
+    auto kept = std::make_unique<ShimError>();
+    kept->message = e.what();
+    t_shim_error = std::move(kept);
+  } catch (...) {
+    auto kept = std::make_unique<ShimError>();
+    kept->message = "unknown C++ exception";
+    t_shim_error = std::move(kept);
+  }
+  return AOTI_TORCH_FAILURE;
+}
+
+// (exception or None, message) of this thread's last failed shim call, then forgotten;
+// None when there is none.
+py::object take_shim_error() {
+  std::unique_ptr<ShimError> kept = std::move(t_shim_error);
+  if (!kept) {
+    return py::none();
+  }
+  return py::make_tuple(kept->exception ? kept->exception : py::none(), kept->message);
 }
 
 }  // namespace
@@ -665,5 +702,8 @@ PYBIND11_MODULE(_co_fast_call, m) {
         "are exactly the op's tensors");
   m.def("unbind", &unbind, py::arg("key"));
   m.def("is_bound", &is_bound, py::arg("key"));
+  m.def("take_shim_error", &take_shim_error,
+        "(exception or None, message) of this thread's last failed C shim call, then "
+        "forgotten; None when there is none");
   m.attr("shim_arities") = py::make_tuple(8, 4);    // the C shims above: T <= 8, I <= 4
 }
