@@ -586,11 +586,22 @@ bool install_region_op(py::function run, const std::string& ns, const std::strin
 // ``take_shim_error`` hands it to the glue (runtime/glue.py), which raises it.
 namespace {
 
+// A raw reference, not a py::object: a thread's thread_local objects are destroyed at its
+// exit, the main thread's after the interpreter is gone, where a decref would crash; an
+// exception never taken is leaked instead.
 struct ShimError {
-  py::object exception;      // the Python exception raised, or None
-  std::string message;       // what() of a C++ one
+  PyObject* exception = nullptr;   // the Python exception raised (a new reference), or null
+  std::string message;             // what() of a C++ one
 };
-thread_local std::unique_ptr<ShimError> t_shim_error;
+thread_local ShimError* t_shim_error = nullptr;
+
+void keep_shim_error(PyObject* exception, std::string message) {
+  if (t_shim_error != nullptr) {     // an earlier one nobody took: its reference is dropped
+    Py_XDECREF(t_shim_error->exception);
+    delete t_shim_error;
+  }
+  t_shim_error = new ShimError{exception, std::move(message)};
+}
 
 AOTITorchError region_shim(const char* name, const AtenTensorHandle* handles, size_t n_tensors,
                            const int64_t* ints, size_t n_ints, int64_t key, AtenTensorHandle* ret0) {
@@ -604,18 +615,13 @@ AOTITorchError region_shim(const char* name, const AtenTensorHandle* handles, si
     return AOTI_TORCH_SUCCESS;
   } catch (py::error_already_set& e) {
     py::gil_scoped_acquire gil;
-    auto kept = std::make_unique<ShimError>();
-    kept->exception = e.value();
-    kept->message = e.what();
-    t_shim_error = std::move(kept);
+    keep_shim_error(e.value().inc_ref().ptr(), e.what());
   } catch (const std::exception& e) {
-    auto kept = std::make_unique<ShimError>();
-    kept->message = e.what();
-    t_shim_error = std::move(kept);
+    py::gil_scoped_acquire gil;
+    keep_shim_error(nullptr, e.what());
   } catch (...) {
-    auto kept = std::make_unique<ShimError>();
-    kept->message = "unknown C++ exception";
-    t_shim_error = std::move(kept);
+    py::gil_scoped_acquire gil;
+    keep_shim_error(nullptr, "unknown C++ exception");
   }
   return AOTI_TORCH_FAILURE;
 }
@@ -623,11 +629,16 @@ AOTITorchError region_shim(const char* name, const AtenTensorHandle* handles, si
 // (exception or None, message) of this thread's last failed shim call, then forgotten;
 // None when there is none.
 py::object take_shim_error() {
-  std::unique_ptr<ShimError> kept = std::move(t_shim_error);
-  if (!kept) {
+  ShimError* kept = t_shim_error;
+  if (kept == nullptr) {
     return py::none();
   }
-  return py::make_tuple(kept->exception ? kept->exception : py::none(), kept->message);
+  t_shim_error = nullptr;
+  py::object exception = kept->exception != nullptr
+      ? py::reinterpret_steal<py::object>(kept->exception) : py::none();
+  py::object out = py::make_tuple(exception, kept->message);
+  delete kept;
+  return out;
 }
 
 }  // namespace
