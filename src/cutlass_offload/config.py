@@ -58,7 +58,7 @@ Environment variables:
                              takes the caller's options only
   CUTLASS_OFFLOAD_C_SHIMS    1 / 0 (off, no, false): that C++ wrapper calls the region ops
                              through their C shims, not the dispatcher (unset:
-                             runtime/glue.py REGION_C_SHIMS, off; experimental); read
+                             runtime/glue.py REGION_C_SHIMS, on); read
                              when the glue compiles, not saved in a folder
 """
 from __future__ import annotations

@@ -120,6 +120,21 @@ def test_plain_calls_replay_in_the_cpp_kernel(compiled, reference):
     assert set(linears) <= set(replayed), (replayed, linears)
 
 
+def test_default_mode_calls_the_region_ops_through_their_c_shims(compiled):
+    """Default mode on CUDA: Inductor's C++ wrapper of the glue, calling the region ops
+    through their C shims (glue.REGION_C_SHIMS, unless $CUTLASS_OFFLOAD_C_SHIMS=0), and
+    neither failed (a failure would have compiled it again without them)."""
+    from cutlass_offload.runtime import glue
+    g = compiled.inductor
+    assert g.failed is None and g.cpp_wrapper_failed is None and g.shims_failed is None
+    used = g.used_options or {}
+    if not (glue.cpp_wrapper_in_default_mode() and glue.region_c_shims()):
+        pytest.skip("the C++ wrapper or its C shims are turned off in this environment")
+    og = g._state[1]                                  # the glue's own ops graph
+    assert used.get("cpp_wrapper") and set(used[glue.SHIM_OPTION]) == {
+        ops.region_op(e.n_tensors, e.n_ints) for e in og.entries}
+
+
 def test_second_batch_size_without_recompiling(compiled, reference):
     g0 = counters["stats"]["unique_graphs"]
     with torch.no_grad():

@@ -125,13 +125,17 @@ def test_compile_options_add_the_shims_only_for_a_cuda_cpp_wrapper(monkeypatch):
     model = offloaded()
     ind = glue.InductorGlue(model.graph_module)
     monkeypatch.setattr(glue, "cpp_wrapper_in_default_mode", lambda: True)
-    assert glue.SHIM_OPTION not in ind.compile_options(True, [(2, 0)])     # off by default
-    monkeypatch.setenv("CUTLASS_OFFLOAD_C_SHIMS", "1")          # the environment's choice
+    assert list(ind.compile_options(True, [(2, 0)])[glue.SHIM_OPTION]) == [ops.region_op(2, 0)]  # on by default
+    monkeypatch.setenv("CUTLASS_OFFLOAD_C_SHIMS", "0")          # the environment's choice
+    assert glue.SHIM_OPTION not in ind.compile_options(True, [(2, 0)])
+    monkeypatch.setenv("CUTLASS_OFFLOAD_C_SHIMS", "1")
     assert list(ind.compile_options(True, [(2, 0)])[glue.SHIM_OPTION]) == [ops.region_op(2, 0)]
     monkeypatch.setenv("CUTLASS_OFFLOAD_C_SHIMS", "maybe")
     with pytest.raises(ValueError, match="CUTLASS_OFFLOAD_C_SHIMS"):
         ind.compile_options(True, [(2, 0)])
     monkeypatch.delenv("CUTLASS_OFFLOAD_C_SHIMS")
+    monkeypatch.setattr(glue, "REGION_C_SHIMS", False)
+    assert glue.SHIM_OPTION not in ind.compile_options(True, [(2, 0)])
     monkeypatch.setattr(glue, "REGION_C_SHIMS", True)
     opts = ind.compile_options(True, [(2, 0)])
     assert list(opts[glue.SHIM_OPTION]) == [ops.region_op(2, 0)]

@@ -65,16 +65,17 @@ CPP_WRAPPER_EXTRA_OPTIONS = {"cpp_wrapper_build_separate": True,
 # aot_inductor.custom_ops_to_c_shims: a direct call into the C++ call path) instead of
 # the dispatcher (aoti_torch_call_dispatcher: an op lookup by name, the arguments boxed
 # as StableIValues, the dispatch). Arities beyond the exported shims keep the dispatcher.
-# Off (session 45; $CUTLASS_OFFLOAD_C_SHIMS=1 turns it on): on an H100 host (torch 2.11) a
-# region call from the C++ wrapper took 3.8 us of host time through its shim against
-# 11.1 us through the dispatcher (call_overhead.py --shims), and one-graph processes
-# matched eager (chains of 9 calls, 3000 times, bound and unbound); but two processes
-# that made the extension's symbols global early and then compiled other graphs died of a
-# segfault (tests/gpu/test_inductor_glue.py, call_overhead.py). Likely cause: the
-# extension exported ~240 inline c10 / ATen symbols, built with its own flags, to every
-# library loaded after it; it now exports only its init and the shims (csrc/fast_call.map),
-# not yet run on a GPU.
-REGION_C_SHIMS = False
+# On since session 46 ($CUTLASS_OFFLOAD_C_SHIMS=0 turns it off). Session 45 (H100 host,
+# torch 2.11): 3.8 us of host time a region call through its shim against 11.1 us through
+# the dispatcher (call_overhead.py --shims); but two processes that made the extension's
+# symbols global and then compiled other graphs died of a segfault, likely because it
+# exported ~240 inline c10 / ATen symbols, built with its own flags, to every library
+# loaded after it; it now exports only its init and the shims (csrc/fast_call.map).
+# Session 46 (another H100 host): with the shims on, the glue's GPU tests that had crashed
+# passed (12, 1 skipped), call_overhead.py ran through (7.0 us through the shim, 8.7 us
+# through the dispatcher on that noisier host) and bert-base's default-mode forward took
+# 0.97 against 1.04 ms (five interleaved rounds; glue_profile.py).
+REGION_C_SHIMS = True
 # True: the glue copy drops layout copies that feed only SDPA and folds a query's
 # constant factor into SDPA's scale before Inductor compiles it (glue_passes.py:
 # whisper-encoder's head split, three copy kernels a layer, and its head merge's copy,
