@@ -56,7 +56,9 @@ def test_hf_attention_with_sdpa_rewrites_matches_float32(mode, attention_in_pyto
             assert rel_err(out, ref) < TOLERANCE[H]
             outs[rewrites, batch] = out
         assert model.inductor.failed is None
-        expected = {"sdpa_input_copies_dropped": 3, "sdpa_scales_folded": 1} if rewrites else {}
+        # q's 0.125 is in SDPA's scale already: canonicalize.py folds it at capture
+        # (through the head split's copies), so the glue finds no factor left to fold
+        expected = {"sdpa_input_copies_dropped": 3, "sdpa_scales_folded": 0} if rewrites else {}
         assert model.inductor.rewrites == expected
     for batch in (2, 3):        # the same kernels either way: only rounding may differ
         assert rel_err(outs[True, batch], outs[False, batch].float()) < TOLERANCE[H]
