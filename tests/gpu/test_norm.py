@@ -60,7 +60,9 @@ def inputs(seed, device="cuda"):
 @pytest.fixture(scope="module")
 def suite():
     model = Suite().cuda()
-    compiled = co.compile(model, inputs(0))
+    # eager glue: with Inductor glue ("auto" on a GPU machine) the "auto" norms leave
+    # layer / RMS norms to Inductor, and these are the norm kernels' tests
+    compiled = co.compile(model, inputs(0), glue="eager")
     return model, compiled
 
 
@@ -154,7 +156,7 @@ def test_cuda_graph_capture(suite):
 def test_layer_norm_over_a_non_last_axis_is_not_offloaded():
     model = nn.LayerNorm([128, 64]).half().cuda()
     x = torch.randn(2, 128, 64, dtype=torch.float16, device="cuda")
-    compiled = co.compile(model, (x,))
+    compiled = co.compile(model, (x,), glue="eager")      # norms offloaded where they can be
     assert not compiled.plan.regions
     (f,) = compiled.plan.fallbacks
     assert f.op == "layer_norm" and "last axis" in f.reason
