@@ -125,6 +125,7 @@ def test_compile_options_add_the_shims_only_for_a_cuda_cpp_wrapper(monkeypatch):
     model = offloaded()
     ind = glue.InductorGlue(model.graph_module)
     monkeypatch.setattr(glue, "cpp_wrapper_in_default_mode", lambda: True)
+    monkeypatch.delenv("CUTLASS_OFFLOAD_C_SHIMS", raising=False)
     assert list(ind.compile_options(True, [(2, 0)])[glue.SHIM_OPTION]) == [ops.region_op(2, 0)]  # on by default
     monkeypatch.setenv("CUTLASS_OFFLOAD_C_SHIMS", "0")          # the environment's choice
     assert glue.SHIM_OPTION not in ind.compile_options(True, [(2, 0)])
