@@ -65,16 +65,10 @@ CPP_WRAPPER_EXTRA_OPTIONS = {"cpp_wrapper_build_separate": True,
 # aot_inductor.custom_ops_to_c_shims: a direct call into the C++ call path) instead of
 # the dispatcher (aoti_torch_call_dispatcher: an op lookup by name, the arguments boxed
 # as StableIValues, the dispatch). Arities beyond the exported shims keep the dispatcher.
-# On since session 46 ($CUTLASS_OFFLOAD_C_SHIMS=0 turns it off). Session 45 (H100 host,
-# torch 2.11): 3.8 us of host time a region call through its shim against 11.1 us through
-# the dispatcher (call_overhead.py --shims); but two processes that made the extension's
-# symbols global and then compiled other graphs died of a segfault, likely because it
-# exported ~240 inline c10 / ATen symbols, built with its own flags, to every library
-# loaded after it; it now exports only its init and the shims (csrc/fast_call.map).
-# Session 46 (another H100 host): with the shims on, the glue's GPU tests that had crashed
-# passed (12, 1 skipped), call_overhead.py ran through (7.0 us through the shim, 8.7 us
-# through the dispatcher on that noisier host) and bert-base's default-mode forward took
-# 0.97 against 1.04 ms (five interleaved rounds; glue_profile.py).
+# On since session 46 ($CUTLASS_OFFLOAD_C_SHIMS=0 turns it off): bert-base's default-mode
+# forward 1.067x faster than through the dispatcher on an H100; the session-45 segfaults
+# most likely came from the extension exporting inline c10 symbols, now kept local by
+# csrc/fast_call.map (README "Glue" has the figures).
 REGION_C_SHIMS = True
 # True: the glue copy drops layout copies that feed only SDPA and folds a query's
 # constant factor into SDPA's scale before Inductor compiles it (glue_passes.py:
