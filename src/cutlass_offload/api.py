@@ -513,10 +513,13 @@ def _load_once(out: Path, manifest: dict, device, override=None, reference=True,
             ep = move_to_device_pass(ep, device)
             inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
     with phases("glue cache"):
-        if manifest.get("glue_cache") and glue.resolved() == "inductor":
-            _load_glue_cache(out / manifest["glue_cache"], manifest.get("torch"))
         if manifest.get("glue_binaries") and glue.resolved() == "inductor":
             glue_binaries.install(out / manifest["glue_binaries"], manifest.get("torch"))
+        # a cache hit whose C++ wrapper loads a kernel file that is not there fails on
+        # its first call (glue_binaries.kernels_in_place): then the glue compiles
+        if (manifest.get("glue_cache") and glue.resolved() == "inductor"
+                and glue_binaries.kernels_in_place(manifest)):
+            _load_glue_cache(out / manifest["glue_cache"], manifest.get("torch"))
     lib = out / build_stage.LIB_NAME
     from .tune.result import choice_from_dict
     tuned = {tid: choice_from_dict(c) for tid, c in manifest.get("tuned", {}).items()}

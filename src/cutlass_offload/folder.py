@@ -16,8 +16,9 @@ holds:
                          torch.compiler.load_cache_artifacts, so the first call on
                          another machine need not compile the glue again
   glue_binaries.tar      the binaries of the glue's C++ wrapper, when it compiled with
-                         one (runtime/glue_binaries.py): the load puts them in
-                         Inductor's cache, where the wrapper's compile finds them
+                         one, and of the GPU kernels it loads (runtime/glue_binaries.py):
+                         the load puts them in Inductor's cache, where the wrapper's
+                         compile and its first call find them
   libcutlass_offload.so  the CUTLASS library (absent when no region was offloaded)
   src/                   every CUDA source of the library, for inspection
   report.json            the compile's Report
@@ -28,7 +29,9 @@ CompileOptions), "fingerprint" ([region, kernel] pairs the library was built for
 ``api.load`` re-partitions and requires the same), "tuned" (tuning winners by problem),
 "torch" (its version), "glue" ({"glue", "mode", "options"}), "weights" (the
 weights index's name, or null when model.pt2 holds the tensors), "glue_cache" and
-"glue_binaries" (their files' names, or null), "save_id" (a fresh
+"glue_binaries" (their files' names, or null), "glue_kernel_files" (the absolute
+paths of the kernel binaries the glue's C++ wrappers load; the glue cache is used
+only where all exist after the load put the carried ones in place), "save_id" (a fresh
 uuid per save), "files" ({relative path: integrity.record} of every other file)
 and "checksum" (sha256 of the manifest's sorted JSON without "checksum"). Format 1
 folders (no "files", no "checksum") still load, with cheaper checks; format 2
@@ -389,7 +392,8 @@ def _write_folder(pending: PendingSave, compiled, example_inputs, options, glue,
                 "tuned": compiled.report.tuning.get("winners", {}),
                 "torch": torch.__version__, "glue": (glue or GlueSpec()).to_json(),
                 "weights": weights.INDEX if pending.weighted else None,
-                "glue_cache": glue_cache, "glue_binaries": glue_bin}
+                "glue_cache": glue_cache, "glue_binaries": glue_bin,
+                "glue_kernel_files": glue_binaries.kernel_files_for(compiled)}
     manifest["save_id"] = uuid.uuid4().hex     # tells a loader that the folder changed
     manifest["files"] = dict(sorted(files.items()))
     manifest["checksum"] = _manifest_checksum(manifest)

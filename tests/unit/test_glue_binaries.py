@@ -78,6 +78,7 @@ def test_a_load_finds_the_folders_compiled_wrapper(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["glue_binaries"] == glue_binaries.GLUE_BINARIES
     assert glue_binaries.GLUE_BINARIES in manifest["files"]       # checked like every file
+    assert manifest["glue_kernel_files"] == []                    # a CPU wrapper loads no kernel file
     names = glue_binaries.member_names(out / glue_binaries.GLUE_BINARIES)
     assert any(n.endswith(".main.so") for n in names), names
     served = _run(LOAD, [out, "served"], tmp_path / "inductor_a")
@@ -138,3 +139,48 @@ def test_no_binaries_without_a_cpp_wrapper(tmp_path):
     Ind.cpp_wrapper_keys = {KEY}                                  # recorded, but not on disk
     assert glue_binaries.save_for(Compiled(), tmp_path) is None
     assert not (tmp_path / glue_binaries.GLUE_BINARIES).exists()
+
+
+def _wrapper_source(cache, key, kernel_paths):
+    """A GPU wrapper's main.cpp as Inductor's cpp_wrapper_gpu writes its loadKernel calls."""
+    src = cache / key[1:3] / f"{key}.main.cpp"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text("".join(f'    if (kernel{i} == nullptr) {{\n        kernel{i} = loadKernel("{p}", '
+                           f'"triton_poi_fused_{i}", 0, cubin_dir_); \n    }}\n'
+                           for i, p in enumerate(kernel_paths)))
+    (cache / key[1:3] / f"{key}.main.so").write_bytes(b"so")
+
+
+def test_a_gpu_wrappers_kernel_binaries_travel_with_it(tmp_path, monkeypatch):
+    # a cache hit from glue_cache.bin does not write them, and the wrapper's first call
+    # loads them by absolute path: "CUDA driver error: file not found" without them
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(glue_binaries, "inductor_cache_dir", lambda: cache)
+    cubin = cache / "b2" / ("cb2" + "x" * 30 + ".cubin")
+    cubin.parent.mkdir(parents=True)
+    cubin.write_bytes(b"\x7fELF cubin")
+    elsewhere = tmp_path / "aot" / "kernel.cubin"                 # not under the cache: not carried
+    _wrapper_source(cache, KEY, [cubin, elsewhere, cubin])
+    assert glue_binaries.kernel_files({KEY}) == sorted({str(cubin), str(elsewhere)})
+    assert glue_binaries.kernel_files({"c" + "zz" * 20}) == []    # its source is gone
+    assert glue_binaries.save({KEY}, tmp_path) == glue_binaries.GLUE_BINARIES
+    names = glue_binaries.member_names(tmp_path / glue_binaries.GLUE_BINARIES)
+    assert sorted(names) == sorted([f"{KEY[1:3]}/{KEY}.main.so", cubin.relative_to(cache).as_posix()])
+    fresh = tmp_path / "fresh"
+    monkeypatch.setattr(glue_binaries, "inductor_cache_dir", lambda: fresh)
+    assert glue_binaries.install(tmp_path / glue_binaries.GLUE_BINARIES, torch.__version__) == 2
+    placed = fresh / cubin.relative_to(cache)
+    assert placed.read_bytes() == b"\x7fELF cubin" and not os.access(placed, os.X_OK)
+
+
+def test_the_glue_cache_is_used_only_with_every_kernel_file_in_place(tmp_path):
+    present = tmp_path / "k.cubin"
+    present.write_bytes(b"k")
+    missing = str(tmp_path / "gone.cubin")
+    assert glue_binaries.kernels_in_place({"glue_kernel_files": [str(present)]})
+    assert glue_binaries.kernels_in_place({"glue_kernel_files": []})
+    assert not glue_binaries.kernels_in_place({"glue_kernel_files": [str(present), missing]})
+    assert not glue_binaries.kernels_in_place({"glue_kernel_files": [7]})           # not a path
+    # folders of sessions 44-46: binaries without the list may load kernels we cannot name
+    assert not glue_binaries.kernels_in_place({"glue_binaries": glue_binaries.GLUE_BINARIES})
+    assert glue_binaries.kernels_in_place({"glue_binaries": None})

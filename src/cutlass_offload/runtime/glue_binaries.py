@@ -20,9 +20,19 @@ Where the new process's wrapper source and flags hash alike (the same torch,
 include paths and kernel paths) the compile finds them; elsewhere the names differ
 and it compiles as before. A wrapper's optimized.o (C++ kernels: CPU glue only; a GPU
 glue's kernels are Triton) is not carried: it is rebuilt, and the link is not.
+
+A GPU wrapper also loads its Triton kernels' binaries at run time by absolute path
+(``loadKernel("<cache>/<xx>/<hash>.cubin", ...)``, written by
+``codecache.CudaKernelParamCache.set``), and an FX graph cache hit served from
+GLUE_CACHE does not write them: in a new cache dir the first call failed with "CUDA
+driver error: file not found" (sd-unet on the H200, session 47). So the tar carries
+those binaries too (``kernel_files``), the manifest lists their absolute paths, and a
+load hands GLUE_CACHE to Inductor only when every one of them is in place after
+``install`` (``kernels_in_place``); otherwise the first call compiles the glue.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tarfile
@@ -33,8 +43,11 @@ import torch
 
 GLUE_CACHE = "glue_cache.bin"
 GLUE_BINARIES = "glue_binaries.tar"
-# a member's name: "<key[1:3]>/<key>.main.o" or ".main.so" (Inductor's code_hash keys)
-_MEMBER = re.compile(r"^([a-z0-9]{2})/(c[a-z0-9]{20,80})\.main\.(o|so)$")
+# a member's name: "<key[1:3]>/<key>.main.o", ".main.so" (a wrapper) or ".cubin",
+# ".fatbin", ".hsaco" (a kernel it loads); Inductor's code_hash keys
+_MEMBER = re.compile(r"^([a-z0-9]{2})/(c[a-z0-9]{20,80})\.(main\.o|main\.so|cubin|fatbin|hsaco)$")
+# a kernel binary's path as a GPU wrapper's source names it: loadKernel("<path>", ...)
+_KERNEL_FILE = re.compile(r'"([^"\n]+\.(?:cubin|fatbin|hsaco))"')
 
 
 def _valid(name: str) -> bool:
@@ -89,21 +102,59 @@ def save_cache_artifacts(compiled, tmp: Path) -> str | None:
     return GLUE_CACHE
 
 
+def _wrapper_keys(compiled) -> set:
+    return getattr(_compiled_glue(compiled), "cpp_wrapper_keys", None) or set()
+
+
 def save_for(compiled, dest: Path) -> str | None:
     """``save`` of the C++ wrappers a compiled model's Inductor glue compiled, when it
     compiled with one; the file's name or None."""
-    ind = _compiled_glue(compiled)
-    keys = getattr(ind, "cpp_wrapper_keys", None)
+    keys = _wrapper_keys(compiled)
     return save(keys, dest) if keys else None
+
+
+def kernel_files_for(compiled) -> list:
+    """``kernel_files`` of the C++ wrappers a compiled model's Inductor glue compiled
+    (an empty list without any)."""
+    return kernel_files(_wrapper_keys(compiled))
+
+
+def kernel_files(keys) -> list:
+    """The absolute paths of the kernel binaries that the C++ wrappers ``keys`` load at
+    run time, read from their sources (``<cache>/<key[1:3]>/<key>.main.cpp``); sorted,
+    each once. A wrapper whose source is gone contributes none."""
+    root = inductor_cache_dir()
+    found = set()
+    for k in keys:
+        try:
+            found.update(_KERNEL_FILE.findall((root / f"{k[1:3]}/{k}.main.cpp").read_text()))
+        except (OSError, UnicodeDecodeError):
+            continue
+    return sorted(found)
+
+
+def kernels_in_place(manifest: dict) -> bool:
+    """Whether a folder's GLUE_CACHE may be handed to Inductor: every kernel binary its
+    C++ wrappers load (the manifest's "glue_kernel_files") exists. A folder saved with
+    GLUE_BINARIES before that list was kept (sessions 44-46) does not say which files
+    its wrappers load, so its cache is not used either."""
+    files = manifest.get("glue_kernel_files")
+    if files is None:
+        return not manifest.get("glue_binaries")
+    return all(isinstance(f, str) and os.path.isfile(f) for f in files)
 
 
 def save(keys, dest: Path) -> str | None:
     """Write the binaries of the C++ wrappers ``keys`` (``cpp_wrapper_keys()`` added
-    by the glue's compile) to ``dest / GLUE_BINARIES``; its name, or None when none of
+    by the glue's compile) and of the kernels they load from Inductor's cache dir
+    (``kernel_files``) to ``dest / GLUE_BINARIES``; its name, or None when none of
     them exists on disk."""
     root = inductor_cache_dir()
-    names = [m for k in sorted(keys) for m in (_member(k, "o"), _member(k, "so"))
-             if _valid(m) and (root / m).is_file()]
+    names = [m for k in sorted(keys) for m in (_member(k, "o"), _member(k, "so"))]
+    for f in kernel_files(keys):
+        with contextlib.suppress(ValueError):        # a kernel elsewhere: not carried
+            names.append(Path(f).relative_to(root).as_posix())
+    names = [m for m in names if _valid(m) and (root / m).is_file()]
     if not names:
         return None
     with tarfile.open(dest / GLUE_BINARIES, "w", format=tarfile.PAX_FORMAT) as tar:
