@@ -20,6 +20,10 @@
 #   5. issue 16 / 17: sd-unet's default-mode forward with Inductor's Python against its C++
 #      wrapper (now at -O0), interleaved rounds (with the region ops' C shims on by default,
 #      see gpu_c_shims_check.sh, add ours_cpp_dispatcher: the C++ wrapper without them).
+# STEPS (default "4 5 1 2 3") names the steps to run, in that order: steps 1-3 ran on the
+# H200 in session 47 (docs/measured.md), and step 4's load with the glue cache failed there
+# ("CUDA driver error: file not found", fixed after the run), so it and step 5 come first.
+# Each step's command runs under `timeout` of the time left, so a call ends by LIMIT.
 # The machine has no network: carry the wheels (../shared/device.md), e.g. here
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux2014_x86_64 -d .whl nvidia-cutlass==4.2.0.0 diffusers importlib_metadata
@@ -39,50 +43,61 @@ case "$gpu" in
   *) echo "not an H200 ($gpu): the figures these steps make are the H200's"; [ -n "${ANY_GPU:-}" ] || exit 2 ;;
 esac
 
-if [ ! -e "$STATE/1.done" ]; then
-  mkdir -p "$STATE/rt"
-  OUT="$STATE/rt" BUDGET_S=$(( $(left) - 15 )) MAX_AUTOTUNE=none \
-    RUNTIME_ARGS="--no-eager-glue --paired-only --paired-rounds 5" \
-    bash benchmarks/gpu_runtime_table.sh sd-unet && touch "$STATE/1.done"
-  cp "$STATE/rt/runtime.json" "$OUT/runtime_sdunet.json" 2>/dev/null
-  cp "$STATE/rt/runtime.log" "$OUT/runtime_sdunet.log" 2>/dev/null
-  [ -e "$STATE/1.done" ] || exit 3
-fi
-if [ ! -e "$STATE/2.done" ]; then
-  [ "$(left)" -gt 200 ] || exit 3
-  cp src/cutlass_offload/select/tables/sm90a_h200_pytorch_faster.json "$STATE/pytorch_faster.json"
-  timeout $(( $(left) - 5 )) $PY benchmarks/kernels_bench.py --kinds attention --dtypes fp16,bf16 \
-    --search heuristic --json "$STATE/attention.json" \
-    --write-pytorch-faster "$STATE/pytorch_faster.json" --merge-pytorch-faster \
-    > "$STATE/attention.log" 2>&1 && touch "$STATE/2.done"
-  cp "$STATE/attention.json" "$STATE/attention.log" "$STATE/pytorch_faster.json" "$OUT/" 2>/dev/null
-  tail -n 30 "$STATE/attention.log"
-  [ -e "$STATE/2.done" ] || exit 3
-fi
-if [ ! -e "$STATE/3.done" ]; then
-  [ "$(left)" -gt 200 ] || exit 3
-  timeout $(( $(left) - 5 )) $PY benchmarks/kernels_bench.py --kinds gemm --dtypes fp16 --search heuristic \
-    --no-grid --gemm-shapes 512x3840x1280,512x1280x1280,6000x768x768 \
-    --json "$STATE/gemm_minima.json" > "$STATE/gemm_minima.log" 2>&1 && touch "$STATE/3.done"
-  cp "$STATE/gemm_minima.json" "$STATE/gemm_minima.log" "$OUT/" 2>/dev/null
-  tail -n 20 "$STATE/gemm_minima.log"
-  [ -e "$STATE/3.done" ] || exit 3
-fi
-if [ ! -e "$STATE/4.done" ]; then
-  [ "$(left)" -gt 480 ] || exit 3
-  timeout $(( $(left) - 5 )) $PY benchmarks/glue_cache_first_call.py > "$STATE/first_call.jsonl" 2>&1 \
-    && ! grep -q '"error"' "$STATE/first_call.jsonl" && touch "$STATE/4.done"
-  cp "$STATE/first_call.jsonl" "$OUT/" 2>/dev/null; cat "$STATE/first_call.jsonl"
-  [ -e "$STATE/4.done" ] || exit 3
-fi
-if [ ! -e "$STATE/5.done" ]; then
-  [ "$(left)" -gt 300 ] || exit 3
-  timeout $(( $(left) - 5 )) $PY benchmarks/glue_profile.py sd-unet --mode default \
-    --variants torch_compile,ours_python_wrapper,ours_cpp_wrapper --reps 20 --profile-reps 3 \
-    --rounds 5 --top 6 --json "$STATE/cpp_wrapper_ab.json" > "$STATE/cpp_wrapper_ab.log" 2>&1 \
-    && touch "$STATE/5.done"
-  cp "$STATE/cpp_wrapper_ab.json" "$STATE/cpp_wrapper_ab.log" "$OUT/" 2>/dev/null
-  grep -E " / |interleaved|ratio" "$STATE/cpp_wrapper_ab.log" | head -20
-  [ -e "$STATE/5.done" ] || exit 3
-fi
+step1() {
+  if [ ! -e "$STATE/1.done" ]; then
+    mkdir -p "$STATE/rt"
+    OUT="$STATE/rt" BUDGET_S=$(( $(left) - 15 )) MAX_AUTOTUNE=none \
+      RUNTIME_ARGS="--no-eager-glue --paired-only --paired-rounds 5" \
+      timeout $(( $(left) - 5 )) bash benchmarks/gpu_runtime_table.sh sd-unet && touch "$STATE/1.done"
+    cp "$STATE/rt/runtime.json" "$OUT/runtime_sdunet.json" 2>/dev/null
+    cp "$STATE/rt/runtime.log" "$OUT/runtime_sdunet.log" 2>/dev/null
+    [ -e "$STATE/1.done" ] || exit 3
+  fi
+}
+step2() {
+  if [ ! -e "$STATE/2.done" ]; then
+    [ "$(left)" -gt 200 ] || exit 3
+    cp src/cutlass_offload/select/tables/sm90a_h200_pytorch_faster.json "$STATE/pytorch_faster.json"
+    timeout $(( $(left) - 5 )) $PY benchmarks/kernels_bench.py --kinds attention --dtypes fp16,bf16 \
+      --search heuristic --json "$STATE/attention.json" \
+      --write-pytorch-faster "$STATE/pytorch_faster.json" --merge-pytorch-faster \
+      > "$STATE/attention.log" 2>&1 && touch "$STATE/2.done"
+    cp "$STATE/attention.json" "$STATE/attention.log" "$STATE/pytorch_faster.json" "$OUT/" 2>/dev/null
+    tail -n 30 "$STATE/attention.log"
+    [ -e "$STATE/2.done" ] || exit 3
+  fi
+}
+step3() {
+  if [ ! -e "$STATE/3.done" ]; then
+    [ "$(left)" -gt 200 ] || exit 3
+    timeout $(( $(left) - 5 )) $PY benchmarks/kernels_bench.py --kinds gemm --dtypes fp16 --search heuristic \
+      --no-grid --gemm-shapes 512x3840x1280,512x1280x1280,6000x768x768 \
+      --json "$STATE/gemm_minima.json" > "$STATE/gemm_minima.log" 2>&1 && touch "$STATE/3.done"
+    cp "$STATE/gemm_minima.json" "$STATE/gemm_minima.log" "$OUT/" 2>/dev/null
+    tail -n 20 "$STATE/gemm_minima.log"
+    [ -e "$STATE/3.done" ] || exit 3
+  fi
+}
+step4() {
+  if [ ! -e "$STATE/4.done" ]; then
+    [ "$(left)" -gt 480 ] || exit 3
+    timeout $(( $(left) - 5 )) $PY benchmarks/glue_cache_first_call.py > "$STATE/first_call.jsonl" 2>&1 \
+      && ! grep -q '"error"' "$STATE/first_call.jsonl" && touch "$STATE/4.done"
+    cp "$STATE/first_call.jsonl" "$OUT/" 2>/dev/null; cat "$STATE/first_call.jsonl"
+    [ -e "$STATE/4.done" ] || exit 3
+  fi
+}
+step5() {
+  if [ ! -e "$STATE/5.done" ]; then
+    [ "$(left)" -gt 300 ] || exit 3
+    timeout $(( $(left) - 5 )) $PY benchmarks/glue_profile.py sd-unet --mode default \
+      --variants torch_compile,ours_python_wrapper,ours_cpp_wrapper --reps 20 --profile-reps 3 \
+      --rounds 5 --top 6 --json "$STATE/cpp_wrapper_ab.json" > "$STATE/cpp_wrapper_ab.log" 2>&1 \
+      && touch "$STATE/5.done"
+    cp "$STATE/cpp_wrapper_ab.json" "$STATE/cpp_wrapper_ab.log" "$OUT/" 2>/dev/null
+    grep -E " / |interleaved|ratio" "$STATE/cpp_wrapper_ab.log" | head -20
+    [ -e "$STATE/5.done" ] || exit 3
+  fi
+}
+for n in ${STEPS:-4 5 1 2 3}; do "step$n"; done
 echo "all steps done in $STATE ($(( $(date +%s) - t0 )) s this call)"
