@@ -184,3 +184,32 @@ def test_the_glue_cache_is_used_only_with_every_kernel_file_in_place(tmp_path):
     # folders of sessions 44-46: binaries without the list may load kernels we cannot name
     assert not glue_binaries.kernels_in_place({"glue_binaries": glue_binaries.GLUE_BINARIES})
     assert glue_binaries.kernels_in_place({"glue_binaries": None})
+
+
+def test_the_folder_carries_the_kernels_of_every_wrapper_the_process_compiled(tmp_path, monkeypatch):
+    # glue_cache.bin holds all the process compiled, so any of its graphs may be a cache hit
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(glue_binaries, "inductor_cache_dir", lambda: cache)
+    other = "c" + "b3" * 20
+    cubins = []
+    for k in ("cq1", "cq2"):
+        c = cache / k[1:3] / (k + "y" * 30 + ".cubin")
+        c.parent.mkdir(parents=True, exist_ok=True)
+        c.write_bytes(k.encode())
+        cubins.append(c)
+    _wrapper_source(cache, KEY, [cubins[0]])                      # the glue's wrapper
+    _wrapper_source(cache, other, [cubins[1]])                    # another graph's, same process
+    monkeypatch.setattr(glue_binaries, "cpp_wrapper_keys", lambda: {KEY, other})
+
+    class Ind:
+        first_call_s, failed, cpp_wrapper_keys = 1.0, None, {KEY}
+
+    class Compiled:
+        inductor = Ind()
+
+    assert glue_binaries.kernel_files_for(Compiled()) == sorted(map(str, cubins))
+    assert glue_binaries.save_for(Compiled(), tmp_path) == glue_binaries.GLUE_BINARIES
+    names = glue_binaries.member_names(tmp_path / glue_binaries.GLUE_BINARIES)
+    assert sorted(names) == sorted([f"{KEY[1:3]}/{KEY}.main.so", *(c.relative_to(cache).as_posix() for c in cubins)])
+    Ind.failed = "boom"                                           # a glue that did not compile
+    assert glue_binaries.kernel_files_for(Compiled()) == []

@@ -102,21 +102,23 @@ def save_cache_artifacts(compiled, tmp: Path) -> str | None:
     return GLUE_CACHE
 
 
-def _wrapper_keys(compiled) -> set:
-    return getattr(_compiled_glue(compiled), "cpp_wrapper_keys", None) or set()
-
-
 def save_for(compiled, dest: Path) -> str | None:
-    """``save`` of the C++ wrappers a compiled model's Inductor glue compiled, when it
-    compiled with one; the file's name or None."""
-    keys = _wrapper_keys(compiled)
-    return save(keys, dest) if keys else None
+    """``save`` of what a compiled model's Inductor glue needs from the host compiler,
+    when it has compiled: the binaries of the C++ wrappers it compiled, and the kernel
+    binaries that every C++ wrapper of this process loads (``kernel_files_for``); the
+    file's name or None."""
+    ind = _compiled_glue(compiled)
+    if ind is None:
+        return None
+    return save(getattr(ind, "cpp_wrapper_keys", None) or set(), dest, kernel_files_for(compiled))
 
 
 def kernel_files_for(compiled) -> list:
-    """``kernel_files`` of the C++ wrappers a compiled model's Inductor glue compiled
-    (an empty list without any)."""
-    return kernel_files(_wrapper_keys(compiled))
+    """``kernel_files`` of every C++ wrapper this process has compiled or loaded, when
+    the compiled model's Inductor glue has compiled (else an empty list): GLUE_CACHE
+    holds whatever the process compiled (``save_cache_artifacts``), not only the glue,
+    and a cache hit on any of those graphs loads its wrapper's kernels by path."""
+    return [] if _compiled_glue(compiled) is None else kernel_files(cpp_wrapper_keys())
 
 
 def kernel_files(keys) -> list:
@@ -144,14 +146,14 @@ def kernels_in_place(manifest: dict) -> bool:
     return all(isinstance(f, str) and os.path.isfile(f) for f in files)
 
 
-def save(keys, dest: Path) -> str | None:
+def save(keys, dest: Path, kernels=None) -> str | None:
     """Write the binaries of the C++ wrappers ``keys`` (``cpp_wrapper_keys()`` added
-    by the glue's compile) and of the kernels they load from Inductor's cache dir
-    (``kernel_files``) to ``dest / GLUE_BINARIES``; its name, or None when none of
-    them exists on disk."""
+    by the glue's compile) and the kernel binaries ``kernels`` (absolute paths; by
+    default ``kernel_files(keys)``) that lie in Inductor's cache dir to
+    ``dest / GLUE_BINARIES``; its name, or None when none of them exists on disk."""
     root = inductor_cache_dir()
     names = [m for k in sorted(keys) for m in (_member(k, "o"), _member(k, "so"))]
-    for f in kernel_files(keys):
+    for f in (kernel_files(keys) if kernels is None else kernels):
         with contextlib.suppress(ValueError):        # a kernel elsewhere: not carried
             names.append(Path(f).relative_to(root).as_posix())
     names = [m for m in names if _valid(m) and (root / m).is_file()]
