@@ -443,6 +443,10 @@ def no_folder_message(out: Path) -> str:
     """What to tell a user whose ``out`` holds no output folder."""
     if not out.exists():
         return f"{out} does not exist: run `cutlass-offload compile MODEL --out {out}` first"
+    inside = sorted(str(m.parent) for m in out.glob(f"*/{MANIFEST}"))[:5] if out.is_dir() else []
+    if inside:       # a parent of output folders, e.g. "out" for "out/mlp"
+        return (f"{out} is not an output folder itself (no manifest.json), but holds "
+                f"{', '.join(inside)}: pass one of them")
     return (f"{out} is not a complete cutlass-offload output folder (no manifest.json): "
             "run `cutlass-offload compile` first")
 

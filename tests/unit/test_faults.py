@@ -237,3 +237,15 @@ def test_a_missing_folder_is_named_as_missing(tmp_path):
         co.check_folder(tmp_path / "nowhere")
     with pytest.raises(CutlassOffloadError, match="not a complete cutlass-offload output folder"):
         co.load(tmp_path)
+
+
+def test_a_parent_of_output_folders_names_them(tmp_path):
+    """``cutlass-offload run out`` for out/mlp: the error names the folders inside."""
+    import cutlass_offload as co
+    from cutlass_offload.errors import CutlassOffloadError
+    (tmp_path / "mlp").mkdir()
+    (tmp_path / "mlp" / "manifest.json").write_text("{}")
+    (tmp_path / "other").mkdir()                                 # no manifest: not named
+    with pytest.raises(CutlassOffloadError, match=r"not an output folder itself .* holds .*mlp: pass one") as e:
+        co.load(tmp_path)
+    assert "other" not in str(e.value)
