@@ -4,13 +4,14 @@
 # resumes from STATE (outside $OUT, which a device call empties) and exits 3 while steps
 # remain, 0 when all are done. Copies logs and JSON to $OUT after every step.
 #   1. issue 16: sd-unet's row (ours with Inductor glue, plain and reduce-overhead, against
-#      torch.compile's, paired rounds; benchmarks/gpu_runtime_table.sh); the other eight
-#      models met 0.90x on the H200 before.
+#      torch.compile's, paired rounds; benchmarks/gpu_runtime_table.sh): met in session 47
+#      (0.312 / 0.883); the other eight met 0.90x on the H200 before, in other runs.
 #   2. issue 15: the attention corpus in fp16 and bf16 (the learned table, the VAE's
 #      attention as two GEMMs) against every SDPA backend; writes the measured-faster list
 #      merged with the packaged one to $OUT/pytorch_faster.json (copy it over
 #      src/cutlass_offload/select/tables/sm90a_h200_pytorch_faster.json if the UNet's
-#      head-dim-40 problem now runs ours faster than cuDNN's 158.1 us of session 17).
+#      head-dim-40 problem now runs ours faster than cuDNN's: 159.1 against 158.2 us in
+#      session 47).
 #   3. issue 15: the plain-GEMM minima (sd-unet's 512x3840x1280 and 512x1280x1280, the two
 #      below 0.90x cuBLAS in session 26) and whisper's 6000x768x768, fp16.
 #   4. issue 17: sd-unet's compile on the GPU machine against torch.compile's, and the first
@@ -19,7 +20,10 @@
 #      calls 76.4 / 87.8 s before the binaries were carried).
 #   5. issue 16 / 17: sd-unet's default-mode forward with Inductor's Python against its C++
 #      wrapper (now at -O0), interleaved rounds (with the region ops' C shims on by default,
-#      see gpu_c_shims_check.sh, add ours_cpp_dispatcher: the C++ wrapper without them).
+#      see gpu_c_shims_check.sh; ours_cpp_dispatcher is the C++ wrapper without them).
+#   6. issue 16's done-when run: the nine models in one runtime.json (gpu_runtime_table.sh
+#      with its default model list, paired rounds; resumed over about five calls on one warm
+#      machine: STATE/rt9 holds it). Not in the default STEPS: pass STEPS=6.
 # STEPS (default "4 5 1 2 3") names the steps to run, in that order: steps 1-3 ran on the
 # H200 in session 47 (docs/measured.md), and step 4's load with the glue cache failed there
 # ("CUDA driver error: file not found", fixed after the run), so it and step 5 come first.
@@ -91,12 +95,23 @@ step5() {
   if [ ! -e "$STATE/5.done" ]; then
     [ "$(left)" -gt 300 ] || exit 3
     timeout $(( $(left) - 5 )) $PY benchmarks/glue_profile.py sd-unet --mode default \
-      --variants torch_compile,ours_python_wrapper,ours_cpp_wrapper --reps 20 --profile-reps 3 \
+      --variants torch_compile,ours_python_wrapper,ours_cpp_wrapper,ours_cpp_dispatcher --reps 20 --profile-reps 3 \
       --rounds 5 --top 6 --json "$STATE/cpp_wrapper_ab.json" > "$STATE/cpp_wrapper_ab.log" 2>&1 \
       && touch "$STATE/5.done"
     cp "$STATE/cpp_wrapper_ab.json" "$STATE/cpp_wrapper_ab.log" "$OUT/" 2>/dev/null
     grep -E " / |interleaved|ratio" "$STATE/cpp_wrapper_ab.log" | head -20
     [ -e "$STATE/5.done" ] || exit 3
+  fi
+}
+step6() {
+  if [ ! -e "$STATE/6.done" ]; then
+    mkdir -p "$STATE/rt9"
+    OUT="$STATE/rt9" BUDGET_S=$(( $(left) - 15 )) MAX_AUTOTUNE=none \
+      RUNTIME_ARGS="--no-eager-glue --paired-only --paired-rounds 5" \
+      timeout $(( $(left) - 5 )) bash benchmarks/gpu_runtime_table.sh && touch "$STATE/6.done"
+    cp "$STATE/rt9/runtime.json" "$OUT/runtime_nine.json" 2>/dev/null
+    cp "$STATE/rt9/runtime.log" "$OUT/runtime_nine.log" 2>/dev/null
+    [ -e "$STATE/6.done" ] || exit 3
   fi
 }
 for n in ${STEPS:-4 5 1 2 3}; do "step$n"; done
