@@ -162,8 +162,8 @@ def test_a_gpu_wrappers_kernel_binaries_travel_with_it(tmp_path, monkeypatch):
     elsewhere = tmp_path / "aot" / "kernel.cubin"                 # not under the cache: not carried
     _wrapper_source(cache, KEY, [cubin, elsewhere, cubin])
     assert glue_binaries.kernel_files({KEY}) == sorted({str(cubin), str(elsewhere)})
-    assert glue_binaries.kernel_files({"c" + "zz" * 20}) == []    # its source is gone
-    assert glue_binaries.save({KEY}, tmp_path) == glue_binaries.GLUE_BINARIES
+    assert glue_binaries.kernel_files({KEY, "c" + "zz" * 20}) is None   # a source is gone: unknown
+    assert glue_binaries.save({KEY}, tmp_path, glue_binaries.kernel_files({KEY})) == glue_binaries.GLUE_BINARIES
     names = glue_binaries.member_names(tmp_path / glue_binaries.GLUE_BINARIES)
     assert sorted(names) == sorted([f"{KEY[1:3]}/{KEY}.main.so", cubin.relative_to(cache).as_posix()])
     fresh = tmp_path / "fresh"
@@ -181,6 +181,7 @@ def test_the_glue_cache_is_used_only_with_every_kernel_file_in_place(tmp_path):
     assert glue_binaries.kernels_in_place({"glue_kernel_files": []})
     assert not glue_binaries.kernels_in_place({"glue_kernel_files": [str(present), missing]})
     assert not glue_binaries.kernels_in_place({"glue_kernel_files": [7]})           # not a path
+    assert not glue_binaries.kernels_in_place({"glue_kernel_files": None})          # unknown at the save
     # folders of sessions 44-46: binaries without the list may load kernels we cannot name
     assert not glue_binaries.kernels_in_place({"glue_binaries": glue_binaries.GLUE_BINARIES})
     assert glue_binaries.kernels_in_place({"glue_binaries": None})

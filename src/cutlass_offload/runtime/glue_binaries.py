@@ -110,10 +110,10 @@ def save_for(compiled, dest: Path) -> str | None:
     ind = _compiled_glue(compiled)
     if ind is None:
         return None
-    return save(getattr(ind, "cpp_wrapper_keys", None) or set(), dest, kernel_files_for(compiled))
+    return save(getattr(ind, "cpp_wrapper_keys", None) or set(), dest, kernel_files_for(compiled) or ())
 
 
-def kernel_files_for(compiled) -> list:
+def kernel_files_for(compiled) -> list | None:
     """``kernel_files`` of every C++ wrapper this process has compiled or loaded, when
     the compiled model's Inductor glue has compiled (else an empty list): GLUE_CACHE
     holds whatever the process compiled (``save_cache_artifacts``), not only the glue,
@@ -121,17 +121,18 @@ def kernel_files_for(compiled) -> list:
     return [] if _compiled_glue(compiled) is None else kernel_files(cpp_wrapper_keys())
 
 
-def kernel_files(keys) -> list:
+def kernel_files(keys) -> list | None:
     """The absolute paths of the kernel binaries that the C++ wrappers ``keys`` load at
     run time, read from their sources (``<cache>/<key[1:3]>/<key>.main.cpp``); sorted,
-    each once. A wrapper whose source is gone contributes none."""
+    each once. None when a wrapper's source cannot be read: which files it loads is
+    then unknown, and a folder saying so does not use its GLUE_CACHE."""
     root = inductor_cache_dir()
     found = set()
     for k in keys:
         try:
             found.update(_KERNEL_FILE.findall((root / f"{k[1:3]}/{k}.main.cpp").read_text()))
         except (OSError, UnicodeDecodeError):
-            continue
+            return None
     return sorted(found)
 
 
@@ -139,21 +140,22 @@ def kernels_in_place(manifest: dict) -> bool:
     """Whether a folder's GLUE_CACHE may be handed to Inductor: every kernel binary its
     C++ wrappers load (the manifest's "glue_kernel_files") exists. A folder saved with
     GLUE_BINARIES before that list was kept (sessions 44-46) does not say which files
-    its wrappers load, so its cache is not used either."""
-    files = manifest.get("glue_kernel_files")
-    if files is None:
+    its wrappers load, so its cache is not used either; nor is one whose list is null
+    (a wrapper's source was unreadable at the save)."""
+    if "glue_kernel_files" not in manifest:
         return not manifest.get("glue_binaries")
-    return all(isinstance(f, str) and os.path.isfile(f) for f in files)
+    files = manifest["glue_kernel_files"]
+    return isinstance(files, list) and all(isinstance(f, str) and os.path.isfile(f) for f in files)
 
 
-def save(keys, dest: Path, kernels=None) -> str | None:
+def save(keys, dest: Path, kernels=()) -> str | None:
     """Write the binaries of the C++ wrappers ``keys`` (``cpp_wrapper_keys()`` added
-    by the glue's compile) and the kernel binaries ``kernels`` (absolute paths; by
-    default ``kernel_files(keys)``) that lie in Inductor's cache dir to
-    ``dest / GLUE_BINARIES``; its name, or None when none of them exists on disk."""
+    by the glue's compile) and the kernel binaries ``kernels`` (absolute paths,
+    ``kernel_files``) that lie in Inductor's cache dir to ``dest / GLUE_BINARIES``;
+    its name, or None when none of them exists on disk."""
     root = inductor_cache_dir()
     names = [m for k in sorted(keys) for m in (_member(k, "o"), _member(k, "so"))]
-    for f in (kernel_files(keys) if kernels is None else kernels):
+    for f in kernels:
         with contextlib.suppress(ValueError):        # a kernel elsewhere: not carried
             names.append(Path(f).relative_to(root).as_posix())
     names = [m for m in names if _valid(m) and (root / m).is_file()]
