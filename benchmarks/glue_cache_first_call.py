@@ -84,5 +84,13 @@ else:
         compiled, _, inputs = co.load(folder, device="cuda", reference=False)
         load_s = round(time.perf_counter() - t, 2)
         first = sync_call(compiled, inputs)
+        from torch._dynamo.utils import counters
+        from cutlass_offload.runtime import glue_binaries
+        manifest = json.loads(open(f"{folder}/manifest.json").read())
+        # whether the load used the folder's glue cache, and whether Inductor hit it
         print(json.dumps({"import_s": round(t_imp, 2), "load_s": load_s, "first_call_s": first,
-                          "second_call_s": sync_call(compiled, inputs)}))
+                          "second_call_s": sync_call(compiled, inputs),
+                          "kernel_files": len(manifest.get("glue_kernel_files") or []),
+                          "kernels_in_place": glue_binaries.kernels_in_place(manifest),
+                          "fxgraph_cache_hit": counters["inductor"].get("fxgraph_cache_hit", 0),
+                          "fxgraph_cache_miss": counters["inductor"].get("fxgraph_cache_miss", 0)}))
