@@ -372,7 +372,8 @@ def _write_folder(pending: PendingSave, compiled, example_inputs, options, glue,
     pending.wait()
     torch.save(tuple(example_inputs), tmp / "inputs.pt")
     glue_cache = glue_binaries.save_cache_artifacts(compiled, tmp)
-    glue_bin = glue_binaries.save_for(compiled, tmp)      # the C++ wrapper Inductor compiled
+    kernel_files = glue_binaries.kernel_files_for(compiled)   # read once: the tar and the manifest
+    glue_bin = glue_binaries.save_for(compiled, tmp, kernel_files)  # the C++ wrapper Inductor compiled
     if compiled.library_path:
         shutil.copy2(compiled.library_path, tmp / build_stage.LIB_NAME)
         (tmp / "src").mkdir()
@@ -393,7 +394,7 @@ def _write_folder(pending: PendingSave, compiled, example_inputs, options, glue,
                 "torch": torch.__version__, "glue": (glue or GlueSpec()).to_json(),
                 "weights": weights.INDEX if pending.weighted else None,
                 "glue_cache": glue_cache, "glue_binaries": glue_bin,
-                "glue_kernel_files": glue_binaries.kernel_files_for(compiled)}
+                "glue_kernel_files": kernel_files}
     manifest["save_id"] = uuid.uuid4().hex     # tells a loader that the folder changed
     manifest["files"] = dict(sorted(files.items()))
     manifest["checksum"] = _manifest_checksum(manifest)

@@ -102,15 +102,18 @@ def save_cache_artifacts(compiled, tmp: Path) -> str | None:
     return GLUE_CACHE
 
 
-def save_for(compiled, dest: Path) -> str | None:
+def save_for(compiled, dest: Path, kernels=None) -> str | None:
     """``save`` of what a compiled model's Inductor glue needs from the host compiler,
     when it has compiled: the binaries of the C++ wrappers it compiled, and the kernel
-    binaries that every C++ wrapper of this process loads (``kernel_files_for``); the
-    file's name or None."""
+    binaries that every C++ wrapper of this process loads (``kernels``, by default
+    ``kernel_files_for(compiled)``: a caller that has it passes it, as reading the
+    wrappers' sources costs); the file's name or None."""
     ind = _compiled_glue(compiled)
     if ind is None:
         return None
-    return save(getattr(ind, "cpp_wrapper_keys", None) or set(), dest, kernel_files_for(compiled) or ())
+    if kernels is None:
+        kernels = kernel_files_for(compiled)
+    return save(getattr(ind, "cpp_wrapper_keys", None) or set(), dest, kernels or ())
 
 
 def kernel_files_for(compiled) -> list | None:
