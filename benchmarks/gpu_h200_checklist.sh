@@ -23,7 +23,10 @@
 #      see gpu_c_shims_check.sh; ours_cpp_dispatcher is the C++ wrapper without them).
 #   6. issue 16's done-when run: the nine models in one runtime.json (gpu_runtime_table.sh
 #      with its default model list, paired rounds; resumed over about five calls on one warm
-#      machine: STATE/rt9 holds it). Not in the default STEPS: pass STEPS=6.
+#      machine: STATE/rt9 holds it). Not in the default STEPS: pass STEPS=6. RESUME_JSON names
+#      a runtime_nine.json an earlier machine left in $OUT (carried back in, e.g. under .whl):
+#      it seeds STATE/rt9 when that holds none, so the run goes on where it stopped (the
+#      kernels are prebuilt again on the new machine).
 # STEPS (default "4 5 1 2 3") names the steps to run, in that order: steps 1-3 ran on the
 # H200 in session 47 (docs/measured.md), and step 4's load with the glue cache failed there
 # ("CUDA driver error: file not found", fixed after the run), so it and step 5 come first.
@@ -106,6 +109,9 @@ step5() {
 step6() {
   if [ ! -e "$STATE/6.done" ]; then
     mkdir -p "$STATE/rt9"
+    if [ -n "${RESUME_JSON:-}" ] && [ ! -e "$STATE/rt9/runtime.json" ]; then
+      cp "$RESUME_JSON" "$STATE/rt9/runtime.json" || exit 1
+    fi
     OUT="$STATE/rt9" BUDGET_S=$(( $(left) - 15 )) MAX_AUTOTUNE=none \
       RUNTIME_ARGS="--no-eager-glue --paired-only --paired-rounds 5" \
       timeout $(( $(left) - 5 )) bash benchmarks/gpu_runtime_table.sh && touch "$STATE/6.done"
