@@ -19,3 +19,12 @@ def staged_forms_built(cache_dir):
     test_glu_staged_build.py)."""
     import staged_forms
     return staged_forms.build(cache_dir)
+
+
+@pytest.fixture(scope="session")
+def hopper_fmha_built(cache_dir):
+    """(plan, BuildResult) of hopper_fmha.py's one build of the Hopper FMHA kernels
+    (test_attention_staged_epilogue_build.py's, and those that test_attention_lpt_build.py
+    and test_attention_sm90_build.py compile, which then find theirs in the cache)."""
+    import hopper_fmha
+    return hopper_fmha.build(cache_dir)

@@ -1,8 +1,10 @@
 """Build tier: a causal attention of several query tiles compiled for sm_90a takes the
 Hopper kernel with its query tiles heaviest first (tile order "lpt":
 emit/templates/fmha_lpt_scheduler.h under the example's collectives) and builds with
-nvcc (no GPU needed; one 3.x sm_90a unit, 1-2 minutes on 2 cores). Its host side runs:
-``workspace_size`` and ``run``'s refusals."""
+nvcc (no GPU needed). Its host side runs: ``workspace_size`` and ``run``'s refusals.
+The kernel is compiled once for the tier, in the unit of hopper_fmha.py's build
+(``hopper_fmha_built``), which this compile links (the kernel index) beside its own
+launchers."""
 import ctypes
 
 import pytest
@@ -39,7 +41,7 @@ def _args(**kw) -> CoAttentionArgs:
     return a
 
 
-def test_causal_attention_builds_heaviest_first(tmp_path, cache_dir):
+def test_causal_attention_builds_heaviest_first(tmp_path, cache_dir, hopper_fmha_built):
     x = [torch.randn(B, N, S, E, dtype=torch.float16) for _ in range(3)]
     out = tmp_path / "lpt"
     compiled = co.compile(CausalAttention(), tuple(x), arch="sm_90a", out_dir=out)

@@ -1,8 +1,10 @@
 """Build tier: an SD-UNet-like self-attention (head dim 40, a BSNH view) compiled for
 sm_90a takes the Hopper kernel (emit/attention_sm90.py) and builds with nvcc (no GPU
-needed). ONE kernel, one module-scoped build (a 3.x sm_90a TU: 1-3 minutes on 2
-cores). Its host-side entry points run without a GPU: ``workspace_size`` and
-``run``'s refusals read every CoAttentionArgs field the kernel uses."""
+needed). ONE kernel, one module-scoped build; the kernel is compiled once for the
+tier, in the unit of hopper_fmha.py's build (``hopper_fmha_built``), which this build
+links (the kernel index). Its host-side entry points run without a GPU:
+``workspace_size`` and ``run``'s refusals read every CoAttentionArgs field the kernel
+uses."""
 import ctypes
 
 import pytest
@@ -33,7 +35,7 @@ class SelfAttention(nn.Module):
 
 
 @pytest.fixture(scope="module")
-def hopper_attention(tmp_path_factory, cache_dir):
+def hopper_attention(tmp_path_factory, cache_dir, hopper_fmha_built):
     import os
     os.environ["CUTLASS_OFFLOAD_CACHE_DIR"] = str(cache_dir)
     out = tmp_path_factory.mktemp("out") / "attention_sm90"
