@@ -27,8 +27,8 @@ def _conv(name, iterator, **kw):
     return ConvRegion(name=name, nodes=(name,), x="x", w="w", bias="b", problem=problem), kernel
 
 
-@pytest.fixture(scope="module")
-def built(cache_dir):
+def build_lowered(cache_dir):
+    """(plan, BuildResult) of the two lowered convs and the GEMM."""
     stem = _conv("stem", "im2col", c=3, k=64, h=32, w=32, r=7, s=7, pad=(3, 3, 3, 3),
                  stride=(2, 2), align_a=1, align_b=1, align_c=8)
     pointwise = _conv("pointwise", "direct", c=64, k=64, h=16, w=16, r=1, s=1, align_a=8,
@@ -41,6 +41,11 @@ def built(cache_dir):
     pairs = (stem, pointwise, linear)
     plan = Plan("sm90a", tuple(r for r, _ in pairs), tuple(k for _, k in pairs), ())
     return plan, build_one_job(cache_dir, plan)
+
+
+@pytest.fixture(scope="module")
+def built(cache_dir):
+    return build_lowered(cache_dir)
 
 
 def test_lowered_convs_compile_with_the_gemm_in_one_unit(built):

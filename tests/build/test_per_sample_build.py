@@ -26,13 +26,19 @@ class TimeEmbeddingConv(nn.Module):
         return self.conv(x) + temb[:, :, None, None]
 
 
-def test_per_sample_add_builds_and_reloads(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUTLASS_OFFLOAD_PER_SAMPLE_ADD", "1")
-    out = tmp_path / "temb"
+def compile_time_embedding(out_dir=None):
+    """The model compiled for sm_90a with CUTLASS_OFFLOAD_PER_SAMPLE_ADD=1."""
     x = torch.randn(2, 32, 10, 12, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     temb = torch.randn(2, 64, dtype=torch.float16)
-    compiled = co.compile(TimeEmbeddingConv().half().eval(), (x, temb), arch="sm_90a", out_dir=out,
-                          glue="eager")
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("CUTLASS_OFFLOAD_PER_SAMPLE_ADD", "1")
+        return co.compile(TimeEmbeddingConv().half().eval(), (x, temb), arch="sm_90a",
+                          out_dir=out_dir, glue="eager")
+
+
+def test_per_sample_add_builds_and_reloads(tmp_path, monkeypatch):
+    out = tmp_path / "temb"
+    compiled = compile_time_embedding(out)
     assert not compiled.plan.fallbacks and not compiled.report.build["failures"]
     (r, kern), = compiled.plan.pairs
     assert kern.epilogue.residual_per_sample and kern.iterator == "", kern.name

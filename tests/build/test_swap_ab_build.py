@@ -4,6 +4,9 @@ is also a skinny one (K tile 32, select/sm90.py skinny_configs) on a wgmma outsi
 default N shapes (160), with a bias and GELU epilogue on the column broadcast, so the
 one kernel compiles every part those configs change. The GPU tier
 (tests/gpu/test_swap_ab_tiles.py) checks their results."""
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,16 +32,17 @@ class Projection(nn.Module):
         return F.gelu(self.lin(x))
 
 
-@pytest.fixture
-def swap_table(tmp_path):
-    with gemm_table(tmp_path / "table.json", M, K, [(N, CONFIG)], gpu="build test",
-                    num_sms=DEFAULT_NUM_SMS["sm90a"]):
-        yield
+def compile_projection(out_dir=None):
+    """The model compiled for sm_90a with a table whose entry for its GEMM is CONFIG."""
+    with tempfile.TemporaryDirectory() as d:
+        with gemm_table(Path(d) / "table.json", M, K, [(N, CONFIG)], gpu="build test",
+                        num_sms=DEFAULT_NUM_SMS["sm90a"]):
+            return co.compile(Projection().half(), (torch.randn(M, K).half(),), arch="sm_90a",
+                              out_dir=out_dir)
 
 
-def test_a_swapped_kernel_compiles_and_exports_its_region(swap_table, tmp_path):
-    model = Projection().half()
-    compiled = co.compile(model, (torch.randn(M, K).half(),), arch="sm_90a", out_dir=tmp_path / "out")
+def test_a_swapped_kernel_compiles_and_exports_its_region(tmp_path):
+    compiled = compile_projection(tmp_path / "out")
     (kernel,) = compiled.plan.distinct_kernels
     assert kernel.config == CONFIG and kernel.name.endswith("64x160x32_c1x1x1_pingpong_swapab_align888_bias_gelu")
     assert not compiled.plan.fallbacks

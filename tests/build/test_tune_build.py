@@ -44,10 +44,15 @@ def _plan(names, extra=(), glu=()):
     return Plan("sm90a", regions, tuple(k for _, k in kernels), ())
 
 
-@pytest.fixture(scope="module")
-def candidates_built(cache_dir):
+def build_candidates(cache_dir):
+    """(plan, BuildResult) of the candidates' build."""
     plan = _plan(NEW_KINDS, extra=(FITTED_176,), glu=(FITTED_176_C2,))
     return plan, build_one_job(cache_dir, plan)
+
+
+@pytest.fixture(scope="module")
+def candidates_built(cache_dir):
+    return build_candidates(cache_dir)
 
 
 def test_new_config_kinds_compile_in_one_unit(candidates_built):
