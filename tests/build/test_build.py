@@ -159,14 +159,16 @@ class TransposedLinear(nn.Module):
 
 
 def compile_sm90a():
-    """The sm_90a compile of test_sm90a_kernel_compiles_to_wgmma."""
+    """The sm_90a compile of test_sm90a_kernel_compiles_to_wgmma (also run ahead:
+    build_ahead.py)."""
     return co.compile(TransposedLinear().half(), (torch.randn(128, 64).half(),), arch="sm_90a")
 
 
-def test_sm90a_kernel_compiles_to_wgmma():
+def test_sm90a_kernel_compiles_to_wgmma(build_ahead):
     """One CUTLASS 3.x TMA warp-specialized kernel for sm_90a (about a minute on 2
     cores), reading a column-major A (TMA + wgmma, MN-major), its EVT applying one
     of our activations (emit/templates/activations.h)."""
+    build_ahead.wait("sm90a_wgmma")
     compiled = compile_sm90a()
     (k,) = compiled.plan.distinct_kernels
     assert k.config.family == "cutlass3x_sm90" and k.epilogue.tag == "bias_qgelu"

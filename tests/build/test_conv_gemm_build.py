@@ -28,7 +28,8 @@ def _conv(name, iterator, **kw):
 
 
 def build_lowered(cache_dir):
-    """(plan, BuildResult) of the two lowered convs and the GEMM."""
+    """(plan, BuildResult) of the two lowered convs and the GEMM (also run ahead:
+    build_ahead.py)."""
     stem = _conv("stem", "im2col", c=3, k=64, h=32, w=32, r=7, s=7, pad=(3, 3, 3, 3),
                  stride=(2, 2), align_a=1, align_b=1, align_c=8)
     pointwise = _conv("pointwise", "direct", c=64, k=64, h=16, w=16, r=1, s=1, align_a=8,
@@ -44,7 +45,8 @@ def build_lowered(cache_dir):
 
 
 @pytest.fixture(scope="module")
-def built(cache_dir):
+def built(cache_dir, build_ahead):
+    build_ahead.wait("conv_gemm")
     return build_lowered(cache_dir)
 
 

@@ -33,7 +33,8 @@ class Projection(nn.Module):
 
 
 def compile_projection(out_dir=None):
-    """The model compiled for sm_90a with a table whose entry for its GEMM is CONFIG."""
+    """The model compiled for sm_90a with a table whose entry for its GEMM is CONFIG
+    (also run ahead: build_ahead.py)."""
     with tempfile.TemporaryDirectory() as d:
         with gemm_table(Path(d) / "table.json", M, K, [(N, CONFIG)], gpu="build test",
                         num_sms=DEFAULT_NUM_SMS["sm90a"]):
@@ -41,7 +42,8 @@ def compile_projection(out_dir=None):
                               out_dir=out_dir)
 
 
-def test_a_swapped_kernel_compiles_and_exports_its_region(tmp_path):
+def test_a_swapped_kernel_compiles_and_exports_its_region(build_ahead, tmp_path):
+    build_ahead.wait("swap_ab")
     compiled = compile_projection(tmp_path / "out")
     (kernel,) = compiled.plan.distinct_kernels
     assert kernel.config == CONFIG and kernel.name.endswith("64x160x32_c1x1x1_pingpong_swapab_align888_bias_gelu")

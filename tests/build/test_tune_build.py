@@ -45,13 +45,14 @@ def _plan(names, extra=(), glu=()):
 
 
 def build_candidates(cache_dir):
-    """(plan, BuildResult) of the candidates' build."""
+    """(plan, BuildResult) of the candidates' build (also run ahead: build_ahead.py)."""
     plan = _plan(NEW_KINDS, extra=(FITTED_176,), glu=(FITTED_176_C2,))
     return plan, build_one_job(cache_dir, plan)
 
 
 @pytest.fixture(scope="module")
-def candidates_built(cache_dir):
+def candidates_built(cache_dir, build_ahead):
+    build_ahead.wait("tune_candidates")
     return build_candidates(cache_dir)
 
 
