@@ -67,6 +67,14 @@ def extra_cases() -> list:
         _case(b=b, s=24, s_kv=32, n=n, h=64, h_v=64, mask=[1, 1, 24, 32], causal="none"),
         # one K/V head shared by every query head (enable_gqa)
         _case(b=b, s=24, s_kv=40, n=n, h=64, h_v=64, kv_heads=1),
+        # ... with 65 queries: the sm80 kernel's last query block holds one query, where
+        # its shortcut for zero K/V head strides would drop the causal mask and read the
+        # bias per query instead of per head (emit/attention.py); a bias or fp32 keeps
+        # these on the sm80 kernel on sm_90a too
+        _case(form="hand", b=b, s=65, s_kv=100, n=n, h=64, h_v=64, kv_heads=1,
+              causal="top_left", bias=[1, n, 65, 100]),
+        _case(b=b, s=65, s_kv=100, n=n, h=64, h_v=64, kv_heads=1, causal="top_left",
+              dtype="fp32"),
         # hand-written: 4-D with a boolean padding mask, 3-D bmm (head_to_batch_dim style)
         _case(form="hand", b=b, s=24, s_kv=40, n=n, h=64, h_v=64, mask=[b, 1, 1, 40],
               layout="bsnh"),

@@ -184,9 +184,9 @@ def test_emitted_template_arguments(dtype, element, head_dim, bias):
     assert f"namespace {k.name} {{" in src.code
     assert "int64_t workspace_size(const CoAttentionArgs& args)" in src.code
     assert "int run(const CoAttentionArgs& args, cudaStream_t stream)" in src.code
-    assert "attention_kernel_batched_impl<Attention>" in src.code
+    assert "co_attention_kernel<Attention><<<" in src.code
     assert "Attention::check_supported(p)" in src.code
-    assert "co_opt_in_smem(attention_kernel_batched_impl<Attention>, kSmemBytes, done)" in src.code
+    assert "co_opt_in_smem(co_attention_kernel<Attention>, kSmemBytes, done)" in src.code
     assert (f"kSingleValueIteration == {'true' if k.single_value_iteration else 'false'}"
             in src.code)
     assert "$" not in src.code

@@ -67,15 +67,21 @@ emitted ``run`` (CO_CANNOT_IMPLEMENT) and, where static, by ``choose``:
   int32; batch and heads <= 65535 (grid z / y).
 * Bottom-right causal computes ``num_keys - num_queries`` in uint32: seq_q must
   not exceed seq_kv (rows would see no key).
-* seq_q == 1 with K and V head strides 0 (one K/V head for all query heads)
-  takes a kernel shortcut that treats heads as queries: it drops the mask
-  (wrong for top-left causal, where the single query sees key 0 only), keeps
-  the bias query stride (wrong for a per-head bias; fixed upstream later) and
-  processes kQueriesPerBlock heads per block from a block start with
-  ``num_queries = num_heads`` (reads / writes past the last head when heads > kQueriesPerBlock
-  and not a multiple of it). ``run`` does that remapping itself, correctly,
-  before launching (and top-left causal with one query becomes seq_kv = 1), so
-  the kernel never takes its shortcut with more than one head.
+* K and V head strides 0 (one K/V head for all query heads) make
+  advance_to_block take a shortcut that treats heads as queries in every block
+  left with one query: not only for seq_q == 1 but in the last query block when
+  seq_q % kQueriesPerBlock == 1 (seq_q = 33, 65, ...), since it tests the block's
+  remaining queries. The shortcut drops the mask (wrong for top-left causal
+  with seq_kv > seq_q), keeps the bias query stride (wrong for a bias that
+  varies by query or head; fixed upstream later) and processes kQueriesPerBlock
+  heads per block from a block start with ``num_queries = num_heads`` (reads /
+  writes past the last head when heads > kQueriesPerBlock and not a multiple of
+  it). So the kernel is launched through ``co_attention_kernel`` (in the
+  emitted code), which gives advance_to_block a nonzero stand-in K head stride
+  where the real K and V head strides are both 0 and removes the stand-in's
+  offset after it: the shortcut never fires. ``run`` remaps seq_q == 1 itself,
+  correctly, before launching (top-left causal with one query becomes
+  seq_kv = 1).
 * Scale: the kernel multiplies the logits by the scale (before the bias when it
   supports one) and tracks the row maximum with ``atomicMaxFloat``, which uses
   integer atomicMax for ``value >= 0`` and unsigned atomicMin otherwise. -0.0
@@ -299,6 +305,23 @@ static bool supported(const CoAttentionArgs& a) {
   return true;
 }
 
+// kernel_forward.h's attention_kernel_batched_impl with the K / V head offsets
+// taken from the real head strides after advance_to_block, which added
+// head * k_strideH / v_strideH: k_strideH may be a stand-in (make_params) that keeps
+// its one-query shortcut from firing (see emit/attention.py).
+template <typename AK>
+__global__ void __launch_bounds__(AK::kNumThreads, AK::kMinBlocksPerSm)
+    co_attention_kernel(typename AK::Params p, int64_t k_head_stride, int64_t v_head_stride) {
+  const int64_t k_added = p.k_strideH, v_added = p.v_strideH;
+  if (!p.advance_to_block()) {
+    return;
+  }
+  const int64_t head = blockIdx.y;
+  p.key_ptr += head * (k_head_stride - k_added);
+  p.value_ptr += head * (v_head_stride - v_added);
+  AK::attention_kernel(p);
+}
+
 static typename Attention::Params make_params(const CoAttentionArgs& a) {
   typename Attention::Params p;
   p.query_ptr = static_cast<Element*>(const_cast<void*>(a.q));
@@ -348,13 +371,18 @@ static typename Attention::Params make_params(const CoAttentionArgs& a) {
       p.bias_strideH = 0;
     }
   }
+  // Zero K and V head strides would let advance_to_block treat a block with one query
+  // left as heads (its shortcut, which also drops the causal mask; see
+  // emit/attention.py): a nonzero stand-in keeps it off, co_attention_kernel removes
+  // its offset again.
+  if (p.k_strideH == 0 && p.v_strideH == 0) p.k_strideH = int32_t(kAlignQK);
   return p;
 }
 
 // Raise the kernel's dynamic shared memory limit once per device (prelude.h).
 static int prepare_smem() {
   static std::atomic<int> done[kCoMaxDevices];
-  return co_opt_in_smem(attention_kernel_batched_impl<Attention>, kSmemBytes, done);
+  return co_opt_in_smem(co_attention_kernel<Attention>, kSmemBytes, done);
 }
 
 int64_t workspace_size(const CoAttentionArgs& args) {
@@ -376,8 +404,8 @@ int run(const CoAttentionArgs& args, cudaStream_t stream) {
   if (!Attention::check_supported(p)) return CO_CANNOT_IMPLEMENT;
   const int status = prepare_smem();
   if (status != CO_OK) return status;
-  attention_kernel_batched_impl<Attention>
-      <<<p.getBlocksGrid(), p.getThreadsGrid(), kSmemBytes, stream>>>(p);
+  co_attention_kernel<Attention><<<p.getBlocksGrid(), p.getThreadsGrid(), kSmemBytes, stream>>>(
+      p, args.k_stride_head, args.v_stride_head);
   if (cudaGetLastError() != cudaSuccess) return CO_LAUNCH_FAILED;
   return CO_OK;
 }
