@@ -19,7 +19,19 @@ def test_call_kinds_and_levels():
 
 
 def test_row_sums_per_kind_largest_first():
-    r = {"model": "bert-base", "device": "cpu", "build_separate": True, "first_call_s": 18.44,
+    r = {"model": "bert-base", "device": "cpu", "variant": "separate", "first_call_s": 18.44,
          "compiler_calls": [{"kind": "main", "opt": "1", "s": 2.0}, {"kind": "main", "opt": "1", "s": 0.5},
-                            {"kind": "optimized", "opt": "3", "s": 3.0}]}
-    assert cwc._row(r) == "| bert-base | cpu | True | 18.4 | 5.5 | optimized -O3 3.0 s, main -O1 2.5 s |"
+                            {"kind": "optimized", "opt": "3", "s": 3.0}],
+         "isa_checks": [{"isa": "avx512", "s": 1.25}, {"isa": "avx2", "s": 1.0}]}
+    assert cwc._row(r) == ("| bert-base | cpu | separate | 18.4 | 5.5 | 2.2 | "
+                           "optimized -O3 3.0 s, main -O1 2.5 s |")
+
+
+def test_variants_name_their_options():
+    from cutlass_offload.runtime import glue
+    assert cwc.variant_options("o3") == {"cpp_wrapper": True, "cpp_wrapper_build_separate": False}
+    assert cwc.variant_options("ours") == {"cpp_wrapper": True, **glue.CPP_WRAPPER_EXTRA_OPTIONS}
+    assert cwc.variant_options("ours_no_isa_check")["cpp.vec_isa_ok"] is False
+    import pytest
+    with pytest.raises(ValueError, match="unknown variant"):
+        cwc.variant_options("fast")

@@ -201,7 +201,7 @@ def test_glue_spec_rejects_unsaveable_options():
 
 
 CPP = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True,
-       "aot_inductor.compile_wrapper_opt_level": "O0", "cpp.vec_isa_ok": False}
+       "aot_inductor.compile_wrapper_opt_level": "O0"}
 
 
 def test_our_cpp_wrapper_is_compiled_at_o0(monkeypatch):
@@ -213,8 +213,7 @@ def test_our_cpp_wrapper_is_compiled_at_o0(monkeypatch):
     assert "cpp_wrapper_build_separate" in glue._inductor_config_keys()
     mine = glue.InductorGlue(gm, options={"cpp_wrapper_build_separate": False})
     assert mine.compile_options(True) == {"cpp_wrapper": True, "cpp_wrapper_build_separate": False,
-                                          "aot_inductor.compile_wrapper_opt_level": "O0",
-                                          "cpp.vec_isa_ok": False}
+                                          "aot_inductor.compile_wrapper_opt_level": "O0"}
     mine = glue.InductorGlue(gm, options={"aot_inductor.compile_wrapper_opt_level": "O2"})
     assert mine.compile_options(True)["aot_inductor.compile_wrapper_opt_level"] == "O2"
     monkeypatch.setattr(glue, "_inductor_config_keys", lambda: {"cpp_wrapper"})

@@ -58,16 +58,16 @@ CPP_WRAPPER_IN_DEFAULT_MODE = True
 # Python wrapper: 18.8 s), its forward 6.2 against 7.1-7.3 ms (one round set each, not
 # interleaved); bert-base's wrapper on 2 cores 1.4 s against 4.4 s. The wrapper only calls
 # shims and launches: its own instructions are a small part of a call's host time.
-# cpp.vec_isa_ok False (since session 49): torch 2.11 picks the host CPU's vector ISA for
-# the wrapper's compile flags even when the graph has no C++ kernels, compiling a test
-# program per ISA and loading each in a subprocess: 10.3 of bert-base's 47.5 s cold first
-# call on an H100 host (session 46's profile, wrapper_first_call_profile_bert_*_s46.txt);
-# 9.5 s on 2 cores. Only the wrapper is C++ on CUDA (its kernels are Triton), so no ISA
-# is needed; torch 2.13 asks for one only when the source uses it (_resolve_needs_vec_isa).
+# Not among them: cpp.vec_isa_ok False, which would skip torch 2.11's check of the host
+# CPU's vector ISAs for the wrapper's flags (a test program compiled and loaded per ISA:
+# 10.3 of bert-base's 47.5 s cold first call on an H100 host in session 46; about 1 s once
+# Inductor's cache holds them). Tried in session 49: a glue graph with C++ kernels then
+# fails to compile (kernels generated for the ISA picked earlier in the process, the
+# wrapper built without it: "at::vec has not been declared"), and torch 2.13 skips the
+# check by itself where the source does not need it (_resolve_needs_vec_isa).
 SHIM_OPTION = "aot_inductor.custom_ops_to_c_shims"
 CPP_WRAPPER_EXTRA_OPTIONS = {"cpp_wrapper_build_separate": True,
-                             "aot_inductor.compile_wrapper_opt_level": "O0",
-                             "cpp.vec_isa_ok": False}
+                             "aot_inductor.compile_wrapper_opt_level": "O0"}
 # True: a C++ wrapper calls the region ops through their C shims (ops.c_shims, Inductor's
 # aot_inductor.custom_ops_to_c_shims: a direct call into the C++ call path) instead of
 # the dispatcher (aoti_torch_call_dispatcher: an op lookup by name, the arguments boxed
