@@ -6,7 +6,10 @@ wrapper that loads its Triton kernels' cubins by absolute path, and nothing had 
 them back. The folder now carries them (runtime/glue_binaries.py). Checked: the first
 call after the load is right (fresh inputs, poisoned outputs, float32 reference),
 served by the folder's artifacts (an FX graph cache hit), and a folder whose listed
-kernel files are missing loads without its glue cache and still runs right."""
+kernel files are missing loads without its glue cache and still runs right. The model's
+``sin`` stays in the glue, so the wrapper has a Triton kernel whose cubin the folder must
+carry (its two linears and GELU alone are all regions: a glue without Triton kernels, which
+is what session 49's H100 run of an earlier form of this test had)."""
 import json
 import os
 import shutil
@@ -23,8 +26,15 @@ SAVE = textwrap.dedent("""
     import sys, torch
     import torch.nn as nn
     import cutlass_offload as co
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.f = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))
+
+        def forward(self, x):
+            return self.f(torch.sin(x) * 2)   # sin: a Triton kernel in the glue
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).half().cuda().eval()
+    model = M().half().cuda().eval()
     x = torch.randn(64, 256, dtype=torch.float16, device="cuda")
     compiled = co.compile(model, (x,), out_dir=sys.argv[1], glue="inductor")
     with torch.no_grad():
@@ -40,8 +50,15 @@ LOAD = textwrap.dedent("""
     from torch._dynamo.utils import counters
     sys.path.insert(0, sys.argv[3])
     from helpers import poison_allocator, rel_err
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.f = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))
+
+        def forward(self, x):
+            return self.f(torch.sin(x) * 2)   # sin: a Triton kernel in the glue
     compiled, _, inputs = co.load(sys.argv[1], device="cuda")
-    ref = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).cuda()
+    ref = M().cuda()
     ref.load_state_dict({k: v.float() for k, v in torch.load(sys.argv[2]).items()})
     x = torch.randn(64, 256, dtype=torch.float16, device="cuda")
     poison_allocator()
