@@ -290,6 +290,15 @@ class InductorGlue:
         self.cpp_wrapper_failed = None   # why the C++ wrapper we chose failed to compile, if it did
         self.shims_failed = None    # why the C++ wrapper with the region ops' C shims failed, if it did
         self.rewrites = {}          # glue_passes.rewrite_for_sdpa's counts of the compiled copy
+        if self._may_use_cpp_wrapper() and torch.cuda.is_available():
+            from . import isa_prefetch
+            isa_prefetch.start()    # torch 2.11's CPU-ISA check, long before the wrapper's compile
+
+    def _may_use_cpp_wrapper(self) -> bool:
+        """Whether a compile on CUDA may use Inductor's C++ wrapper (compile_options)."""
+        if "cpp_wrapper" in self.options:
+            return bool(self.options["cpp_wrapper"])
+        return cpp_wrapper_in_default_mode() and not self.cuda_graphs and self.mode in (None, "default")
 
     @property
     def inlined(self) -> list:
