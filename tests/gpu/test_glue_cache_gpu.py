@@ -22,10 +22,12 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-SAVE = textwrap.dedent("""
-    import sys, torch
+# the model, in both scripts after their imports
+MODEL = textwrap.dedent("""
+    import torch
     import torch.nn as nn
-    import cutlass_offload as co
+
+
     class M(nn.Module):
         def __init__(self):
             super().__init__()
@@ -33,6 +35,12 @@ SAVE = textwrap.dedent("""
 
         def forward(self, x):
             return self.f(torch.sin(x) * 2)   # sin: a Triton kernel in the glue
+""")
+
+SAVE = MODEL + textwrap.dedent("""
+    import sys, torch
+    import torch.nn as nn
+    import cutlass_offload as co
     torch.manual_seed(0)
     model = M().half().cuda().eval()
     x = torch.randn(64, 256, dtype=torch.float16, device="cuda")
@@ -43,20 +51,13 @@ SAVE = textwrap.dedent("""
     torch.save(model.state_dict(), sys.argv[2])
 """)
 
-LOAD = textwrap.dedent("""
+LOAD = MODEL + textwrap.dedent("""
     import json, sys, torch
     import torch.nn as nn
     import cutlass_offload as co
     from torch._dynamo.utils import counters
     sys.path.insert(0, sys.argv[3])
     from helpers import poison_allocator, rel_err
-    class M(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.f = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))
-
-        def forward(self, x):
-            return self.f(torch.sin(x) * 2)   # sin: a Triton kernel in the glue
     compiled, _, inputs = co.load(sys.argv[1], device="cuda")
     ref = M().cuda()
     ref.load_state_dict({k: v.float() for k, v in torch.load(sys.argv[2]).items()})
