@@ -294,11 +294,15 @@ class InductorGlue:
             from . import isa_prefetch
             isa_prefetch.start()    # torch 2.11's CPU-ISA check, long before the wrapper's compile
 
+    def _chooses_cpp_wrapper(self) -> bool:
+        """Whether we choose Inductor's C++ wrapper for a compile on CUDA: the caller did
+        not set ``cpp_wrapper``, and default mode without CUDA graphs."""
+        return ("cpp_wrapper" not in self.options and cpp_wrapper_in_default_mode()
+                and not self.cuda_graphs and self.mode in (None, "default"))
+
     def _may_use_cpp_wrapper(self) -> bool:
         """Whether a compile on CUDA may use Inductor's C++ wrapper (compile_options)."""
-        if "cpp_wrapper" in self.options:
-            return bool(self.options["cpp_wrapper"])
-        return cpp_wrapper_in_default_mode() and not self.cuda_graphs and self.mode in (None, "default")
+        return bool(self.options.get("cpp_wrapper")) or self._chooses_cpp_wrapper()
 
     @property
     def inlined(self) -> list:
@@ -323,9 +327,7 @@ class InductorGlue:
         C shims for ``arities`` ((T, I) pairs of the graph's region ops) unless the caller
         set ``aot_inductor.custom_ops_to_c_shims``."""
         options = dict(self.options)
-        if (on_cuda and cpp_wrapper_in_default_mode() and not self.cuda_graphs
-                and "cpp_wrapper" not in options and self.mode in (None, "default")
-                and self.cpp_wrapper_failed is None):
+        if on_cuda and self._chooses_cpp_wrapper() and self.cpp_wrapper_failed is None:
             options["cpp_wrapper"] = True
             known = _inductor_config_keys()
             options.update({k: v for k, v in CPP_WRAPPER_EXTRA_OPTIONS.items()
