@@ -1,13 +1,14 @@
 """What sd-unet's first call after co.load costs with Inductor's C++ wrapper at -O1,
 at -O0 (AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL=O0) and with the Python wrapper
-(CUTLASS_OFFLOAD_CPP_WRAPPER=0), issue 17: each variant in one fresh process with empty
+(CUTLASS_OFFLOAD_CPP_WRAPPER=0), and at -O1 without ``runtime/isa_prefetch.py``'s early
+CPU-ISA check (cpp_O1_no_isa_prefetch), issue 17: each variant in one fresh process with empty
 Inductor / Triton caches, in that order (not interleaved), with its default-mode forward
 time (CUDA events, 3 rounds of 20 forwards) and Dynamo's heaviest compile timers. The
 folder is compiled first with the CLI (kernels only, no glue). Needs a CUDA GPU and nvcc;
 prints one JSON line per step (seconds, ms).
 
 Environment: ``MODEL`` (a built-in name, default sd-unet), ``VARIANTS`` (comma-separated
-subset of the three, default all), ``PROFILE_TOP=N``: run each first call under cProfile
+subset of the four, default all), ``PROFILE_TOP=N``: run each first call under cProfile
 and write its N heaviest functions by cumulative and by own time to
 ``$OUT/first_call_profile_<variant>.txt`` (where the wrapper's compile goes).
 
@@ -17,7 +18,9 @@ import json, os, subprocess, sys, time
 W = "/tmp/ow"
 MODEL = os.environ.get("MODEL", "sd-unet")
 VARIANTS = {"cpp_O1": {}, "cpp_O0": {"AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL": "O0"},
-            "python_wrapper": {"CUTLASS_OFFLOAD_CPP_WRAPPER": "0"}}
+            "python_wrapper": {"CUTLASS_OFFLOAD_CPP_WRAPPER": "0"},
+            # the C++ wrapper without runtime/isa_prefetch.py's early CPU-ISA check (session 49)
+            "cpp_O1_no_isa_prefetch": {"WRAPPER_FIRST_CALL_NO_ISA_PREFETCH": "1"}}
 if os.environ.get("VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["VARIANTS"].split(",")}
 if len(sys.argv) == 1:
@@ -39,6 +42,9 @@ if len(sys.argv) == 1:
 
 import torch
 import cutlass_offload as co
+if os.environ.get("WRAPPER_FIRST_CALL_NO_ISA_PREFETCH") == "1":
+    from cutlass_offload.runtime import isa_prefetch
+    isa_prefetch.start = lambda: []   # Inductor checks the ISAs itself, in the wrapper's compile
 t = time.perf_counter()
 compiled, _, inputs = co.load(f"{W}/folder", device="cuda", glue="inductor", reference=False)
 load_s = time.perf_counter() - t
