@@ -150,6 +150,22 @@ def test_first_eta_on_few_cores_is_near_the_2core_builds(monkeypatch):
     assert eta == pytest.approx(estimate)                      # many cores: the rows as they are
 
 
+def test_first_eta_counts_units_side_by_side_on_few_cores(monkeypatch):
+    """Two units compiling at once on 2 cores each run slower than alone
+    (shards.concurrency_efficiency): the first ETA divides by it, and only when more
+    than one unit with kernels can run at once."""
+    from cutlass_offload.build import jobs as jobs_mod
+    from cutlass_offload.build import shards
+    from cutlass_offload.build.jobs import Progress
+    monkeypatch.setattr(jobs_mod.os, "cpu_count", lambda: 2)
+    four = [Job(f"u{i}", [], (f"k{i}",), estimate=10.0) for i in range(4)]
+    alone = 2 * 10.0 * Progress.FEW_CORES_FACTOR                # 4 units on 2 slots
+    assert Progress(four, 2, "x", mode="off").eta() == pytest.approx(alone / shards.concurrency_efficiency(2))
+    assert Progress(four, 1, "x", mode="off").eta() == pytest.approx(2 * alone)
+    one = [Job("u", [], ("k",), estimate=10.0), Job("launchers", [], (), estimate=1.0)]
+    assert Progress(one, 2, "x", mode="off").eta() == pytest.approx(10.0 * Progress.FEW_CORES_FACTOR)
+
+
 def test_cuda_include_dir_from_nvcc_dryrun_or_beside_it(tmp_path):
     """The launchers' host compile finds cuda_runtime.h through nvcc (a wrapper script
     included) or beside it; a stand-in without headers gives None (nvcc then compiles)."""

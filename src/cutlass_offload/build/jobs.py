@@ -199,7 +199,8 @@ class Progress:
     line when it starts, one per finished unit and one a minute while none
     finishes. Both name the unit running longest and an ETA: the jobs' estimates
     (build/shards.py's cost model, seconds on a 16-core host; ``FEW_CORES_FACTOR``
-    times that on fewer than 8 cores until a unit has finished here, then scaled by
+    times that on fewer than 8 cores, over ``shards.concurrency_efficiency`` where units
+    compile side by side, until a unit has finished here, then scaled by
     the measured seconds per estimated second) placed on the worker slots longest
     first. Silent when no job compiles a kernel (the launchers alone take seconds).
     """
@@ -232,6 +233,14 @@ class Progress:
         self._measured = [0.0, 0.0]   # seconds, estimate of units compiled here
         self._lock = threading.Lock()
         self.factor = 1.0 if (os.cpu_count() or 1) >= 8 else self.FEW_CORES_FACTOR
+        # the rows are a unit compiled alone; units side by side on few cores each take
+        # longer (shards.concurrency_efficiency: 0.675 on 2 slots). Without it the first
+        # ETA of the nine issue-16 models' prebuild on 2 cores said 4 min 12 s for 9 min
+        # 26 s (session 50, prebuild_nine_2core_2026-12-07_s50.txt).
+        at_once = min(self.workers, sum(1 for j in jobs if j.kernels))
+        if at_once > 1:
+            from .shards import concurrency_efficiency
+            self.factor /= concurrency_efficiency(at_once)
         self.tick_seconds = 1.0 if self.mode == "bar" else 5.0
         self.bar = None
         if self.mode == "bar":
