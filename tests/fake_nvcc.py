@@ -12,8 +12,9 @@ Each output is written into place in chunks with pauses (as a compiler writes
 its output), so a kill lands in the middle of a write. Environment:
 FAKE_NVCC_DELAY (seconds per call, default 0.2), FAKE_NVCC_LOG (a file each call
 appends "compile <sha256 of SRC>" or "link <OUT name>" to), FAKE_NVCC_ENOSPC=1
-(fail as nvcc does when the disk is full), FAKE_NVCC_FAIL=1 (a compile error on -c),
-CXX (default c++).
+(fail as nvcc does when the disk is full), FAKE_NVCC_FAIL=1 (a compile error on -c:
+a front-end diagnostic on the source), FAKE_NVCC_BROKEN=1 (every -c and -shared fails
+as with a host compiler that cannot run: no diagnostic), CXX (default c++).
 """
 import hashlib
 import os
@@ -51,7 +52,11 @@ def main(args) -> int:
         print(f"{out}: fatal error: can't write to {out}: No space left on device")
         return 1
     if os.environ.get("FAKE_NVCC_FAIL") and "-c" in args:
-        print(f"{out}: error: FAKE_NVCC_FAIL is set")
+        src = next((a for a in args if a.endswith((".cu", ".cpp"))), "unit.cu")
+        print(f"{src}(1): error: FAKE_NVCC_FAIL is set")
+        return 1
+    if os.environ.get("FAKE_NVCC_BROKEN"):
+        print("gcc: broken toolchain (FAKE_NVCC_BROKEN)")
         return 1
     delay = float(os.environ.get("FAKE_NVCC_DELAY", "0.2"))
     time.sleep(delay / 2)

@@ -364,3 +364,35 @@ def test_an_interrupted_units_leftovers_go_once_it_compiles(fake, monkeypatch):
     compiled = co.compile(model, x, arch="sm_80")
     assert not compiled.plan.fallbacks
     assert not shard[0].exists()
+
+
+def test_a_broken_toolchain_is_not_cached_as_the_units_failure(fake, monkeypatch):
+    """A compile that fails with no compiler diagnostic (a host compiler that cannot run,
+    an nvcc wrapper that exits 1) is the toolchain's failure, not the source's: its unit
+    is kept in failed/ with its log, never made a cache entry, so once the toolchain is
+    fixed the next compile builds every kernel (a fresh-user trial, session 50, got
+    every kernel "failed to compile" from the cache after fixing gcc). A front-end
+    diagnostic on the source is cached as before."""
+    model, x = small_model()
+    with monkeypatch.context() as mp:
+        mp.setenv("FAKE_NVCC_BROKEN", "1")
+        with pytest.raises(CutlassOffloadError, match="failed on the launchers"):
+            co.compile(model, x, arch="sm_80")
+    failed = fake / "cache" / "failed"
+    kept = sorted(d.name.split(".")[0] for d in failed.iterdir())
+    assert any(k.startswith("shard_") for k in kept), kept
+    log = next(d for d in failed.iterdir() if d.name.startswith("shard_")) / "nvcc.log"
+    assert "broken toolchain" in log.read_text() and "not cached" in log.read_text()
+    assert not [d for d, meta, _ in committed_entries(fake / "cache") if not meta.get("ok", True)]
+    compiled = co.compile(model, x, arch="sm_80")             # the toolchain works again
+    assert not compiled.plan.fallbacks and len(compiled.plan.regions) == 2
+    assert not any(d.name.startswith("shard_") for d in failed.iterdir())
+
+    other, y = small_model(36)                               # alignment 4: other kernels
+    with monkeypatch.context() as mp:
+        mp.setenv("FAKE_NVCC_FAIL", "1")                      # a diagnostic: cached
+        try:
+            co.compile(other, y, arch="sm_80")                # its kernels fall back
+        except CutlassOffloadError:
+            pass
+    assert [d for d, meta, _ in committed_entries(fake / "cache") if not meta.get("ok", True)]

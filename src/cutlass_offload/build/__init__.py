@@ -39,7 +39,7 @@ from ..ir import Plan
 from . import toolchain
 from .cache import DISK_FULL_HINT, BuildCache, cache_key
 from .executor import CompileTask, LocalExecutor, ToolchainId, make_executor
-from .jobs import Job, JobResult, interrupted_failure, run_job, run_jobs
+from .jobs import Job, JobResult, interrupted_failure, run_job, run_jobs, toolchain_failure
 from .result import BuildResult, UnitReport
 from .shards import choose_shards, estimate, header_compatible_groups, peak_memory
 
@@ -177,7 +177,8 @@ class _Builder:
                     res, job.cmd = self.executor.compile(task, staging)
                 _raise_if_disk_full(res, staging)
                 keep = self.cache.root / "failed" / f"{prefix}.{key[:16]}"
-                if interrupted_failure(res):   # transient: report, but never cache as a failure
+                # transient, or the toolchain's fault: report, but never cache as a failure
+                if interrupted_failure(res) or toolchain_failure(res):
                     shutil.rmtree(keep, ignore_errors=True)
                     keep.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(staging, keep)
@@ -373,6 +374,13 @@ class _Builder:
                     raise CompileError(f"nvcc was killed: {res.log.strip().splitlines()[-1]}",
                                        command=job.cmd, log_path=job.log_path,
                                        source_path=staging / SOURCE_NAME, kernels=src.kernels)
+                if toolchain_failure(res):     # not the source's failure: kept, not cached
+                    keep = self.cache.root / "failed" / f"{prefix}.{key[:16]}"
+                    shutil.rmtree(keep, ignore_errors=True)
+                    keep.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(staging, keep)
+                    (keep / "nvcc.log").write_text(res.log)
+                    raise _failure(src, self.plan, keep, job.cmd, res.log)
                 meta = {"ok": res.ok, "command": job.cmd, "seconds": res.seconds,
                         "peak_rss_mb": res.peak_rss / 2**20, "kernels": list(src.kernels)}
                 d = self.cache.publish("lib", prefix, key, staging, LIB_NAME if res.ok else None, meta)
@@ -398,8 +406,9 @@ class _Builder:
         if report is None:
             report = self._run([job], f"compiling {name}")[0]
         if not report.ok:
-            raise CompileError(f"nvcc failed on the {name}", command=[], log_path=report.log,
-                               source_path=report.source)
+            what = "the host compiler" if "host compiler" in report.executor else "nvcc"
+            raise CompileError(f"{what} failed on the {name}", command=getattr(job, "cmd", None) or [],
+                               log_path=report.log, source_path=report.source)
         return report
 
     def _finish(self, units, plan, failures, strategy) -> BuildResult:

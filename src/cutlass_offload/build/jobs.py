@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -94,6 +95,28 @@ def interrupted_failure(result: JobResult, wait: float = 0.5) -> bool:
         return result.killed
     result.killed = True
     result.log += "\n[cutlass_offload] the build was interrupted while this unit compiled: not a result\n"
+    return True
+
+
+# A compiler's own diagnostic on the unit (its source, or CUTLASS's headers instantiated
+# from it): the same source and toolchain fail the same way again, so the failure may be
+# cached. EDG's front end (cudafe++, cicc): "file(line): error"; the host compiler:
+# "file:line:col: error:"; ptxas on the unit's PTX.
+_DIAGNOSTIC = re.compile(r"\(\d+\): (catastrophic )?error"
+                         r"|:\d+(:\d+)?: (fatal )?error:"
+                         r"|^ptxas (error|fatal)\s*:", re.M)
+
+
+def toolchain_failure(result: JobResult) -> bool:
+    """Whether ``result`` failed without a compiler diagnostic on the unit: the toolchain
+    broke (a host compiler that cannot run, an nvcc wrapper that exits 1, cicc killed
+    for memory), not the source, so it must not be cached as the unit's failure (a
+    fresh-user trial, session 50: a broken gcc on PATH left every kernel "failed to
+    compile" after gcc was fixed). Adds a line saying so to its log."""
+    if result.ok or result.killed or _DIAGNOSTIC.search(result.log or ""):
+        return False
+    result.log += ("\n[cutlass_offload] no compiler diagnostic on the unit in this log: the "
+                   "toolchain failed, not the source; not cached, the next build tries again\n")
     return True
 
 
