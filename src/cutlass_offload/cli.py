@@ -232,8 +232,10 @@ def _cmd_cache(a) -> int:
     if a.action in ("export", "import") and not a.file:
         raise ValueError(f"cache {a.action} needs a FILE (.tar, .tar.gz, .tgz, .tar.xz, .tar.bz2)")
     if a.action == "clear":
-        cache.clear()
-        print(f"cleared {cache.root}")
+        removed = cache.clear()
+        left = cache.root.is_dir()
+        print(f"cleared {cache.root}: removed {', '.join(p.name for p in removed) or 'nothing'}"
+              + (" (other files there were left alone)" if left and any(cache.root.iterdir()) else ""))
     elif a.action == "export":
         print(cache_transfer.export(a.file, cache).line("exported", a.file))
     elif a.action == "import":

@@ -67,6 +67,35 @@ def test_info_and_clear(tmp_path):
     assert info["entries"] == 2 and info["bytes"] > 0
     cache.clear()
     assert cache.info()["entries"] == 0
+    assert not cache.root.exists()                  # nothing else was there: the root goes too
+
+
+def test_clear_removes_only_what_the_cache_wrote(tmp_path, monkeypatch, capsys):
+    """CUTLASS_OFFLOAD_CACHE_DIR may name any folder: clear removes the cache's own
+    folders and leaves the user's files (and a symlink's target) alone."""
+    from cutlass_offload import cli
+    from cutlass_offload.build.cache import PARTS
+    root = tmp_path / "precious"
+    cache = BuildCache(root)
+    _publish(cache, cache_key("a"))
+    for part in PARTS:
+        (root / part).mkdir(exist_ok=True)
+        (root / part / "x").write_text("x")
+    (root / "thesis.txt").write_text("mine")
+    (root / "notes").mkdir()
+    (root / "notes" / "n.txt").write_text("mine too")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("k")
+    (root / "failed").rename(tmp_path / "failed_real")
+    (root / "failed").symlink_to(elsewhere)          # a link is not followed
+    monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(root))
+    assert cli.main(["cache", "clear"]) == 0
+    out = capsys.readouterr().out
+    assert "other files there were left alone" in out and "obj" in out
+    assert (root / "thesis.txt").read_text() == "mine" and (root / "notes" / "n.txt").exists()
+    assert (elsewhere / "keep").exists()
+    assert not any((root / p).is_dir() and not (root / p).is_symlink() for p in PARTS)
 
 
 def test_nvcc_thread_count_is_not_part_of_the_key_but_flags_are():

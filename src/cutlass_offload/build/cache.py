@@ -39,6 +39,10 @@ DISK_FULL_HINT = ("free space there, or point CUTLASS_OFFLOAD_CACHE_DIR at a dis
                   "(`cutlass-offload cache clear` empties the cache); nothing was cached")
 
 
+# The folders cutlass_offload writes under a cache root (build/, tune/cache.py,
+# runtime/fast_call.py, recent_folders.py): all that ``BuildCache.clear`` removes.
+PARTS = ("obj", "lib", "index", "failed", "tuning", "fast_call", "weights")
+
 # a staging folder untouched this long belongs to a killed process (no compile runs a day)
 STALE_SECONDS = 24 * 3600
 
@@ -170,6 +174,22 @@ class BuildCache:
                 size += sum(f.stat().st_size for f in meta.parent.iterdir() if f.is_file())
         return {"root": str(self.root), "entries": entries, "bytes": size}
 
-    def clear(self) -> None:
-        if self.root.exists():
-            shutil.rmtree(self.root)
+    def clear(self) -> list:
+        """Remove what cutlass_offload writes under the root (``PARTS``) and nothing else:
+        the root may be any folder a user named in CUTLASS_OFFLOAD_CACHE_DIR, even one
+        holding their own files (a fresh-user trial, session 50, pointed it at a folder of
+        documents, which the old ``rmtree`` of the root deleted). The root itself goes
+        only when that leaves it empty. Returns the removed paths."""
+        removed = []
+        if not self.root.is_dir():
+            return removed
+        for name in PARTS:
+            p = self.root / name
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+                removed.append(p)
+        try:
+            self.root.rmdir()           # only if nothing else is in it
+        except OSError:
+            pass
+        return removed
