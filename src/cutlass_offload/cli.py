@@ -359,7 +359,8 @@ def main(argv=None) -> int:
     b.add_argument("-q", "--quiet", action="store_true", help="no build progress")
     b.set_defaults(fn=_cmd_prebuild)
     k = sub.add_parser("cache", help="inspect, clear, export or import the build cache",
-                       description="info: where the cache is and its size; clear: empty it; "
+                       description="info: where the cache is and its size; clear: remove the folders "
+                       "the cache writes there (other files stay); "
                        "export FILE: pack its compiled units and kernel index into a tar file "
                        "(.tar, .tar.gz, .tgz, .tar.xz, .tar.bz2) for a machine that shares no "
                        "cache folder (linked libraries are not carried: relinked in a moment); "
