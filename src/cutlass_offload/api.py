@@ -18,7 +18,7 @@ from . import build as build_stage
 from . import target, weights
 from .capture import Captured, Reference, capture, from_exported
 from .config import CompileOptions, knobs, options_for_glue
-from .errors import CutlassOffloadError, DamagedFileError, DeviceError
+from .errors import CaptureError, CutlassOffloadError, DamagedFileError, DeviceError
 # the output folder's format (folder.py); check_folder is re-exported for the CLI
 from .folder import MANIFEST, _checked_later, _fingerprint, begin_save, check_folder, check_out_dir, load_exported, no_folder_message, save  # noqa: F401
 from .ir import Plan
@@ -125,7 +125,9 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     compile of the glue) runs on the example inputs; its regions wait for the
     library. Otherwise the glue is compiled on the model's first call.
     Returns a CompiledModel; its regions run on a GPU of ``arch``.
-    Raises DeviceError, ToolchainError, CompileError (nvcc failed: names the
+    Raises CaptureError when torch.export cannot capture the model (its forward
+    raised on the example inputs, or the export refused it; the original error is its
+    ``__cause__``), DeviceError, ToolchainError, CompileError (nvcc failed: names the
     regions and kernels, keeps the source), CutlassOffloadError when ``strict`` and
     an offloadable op falls back or ``out_dir`` may not be written, DiskFullError
     when the cache's or out_dir's disk is full, ValueError for an unknown glue,
@@ -146,8 +148,12 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     phases = _Phases()
     phases.seconds.update(phases_before or {})
     with phases("capture"):
-        cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
-                      dynamic_shapes=dynamic_shapes)
+        try:
+            cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
+                          dynamic_shapes=dynamic_shapes)
+        except Exception as e:  # noqa: BLE001 - the model's own error, or torch.export's refusal
+            raise CaptureError(f"torch.export could not capture the model on its example inputs: "
+                               f"{type(e).__name__}: {e}".rstrip()) from e
     # the weights are final once captured: weights.bin is written while the rest runs
     pending = begin_save(cap, example_inputs, out_dir) if out_dir is not None else None
     try:

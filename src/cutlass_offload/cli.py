@@ -20,8 +20,11 @@ def _cmd_compile(a) -> int:
     from .models import load_model
     check_out_dir(a.out)            # before building the model (sd-unet, llama take a while)
     t0 = time.perf_counter()
-    model, inputs = load_model(a.model, a.dtype, a.batch, a.seq)
+    notes = []
+    model, inputs = load_model(a.model, a.dtype, a.batch, a.seq, notes=notes)
     t_model = time.perf_counter() - t0
+    for line in notes:
+        print(f"note: {line}", file=sys.stderr)
     if a.quiet:
         os.environ["CUTLASS_OFFLOAD_PROGRESS"] = "off"
     compiled = co_compile(model, inputs, arch=a.arch, allow_tf32=a.tf32, dynamic_batch=a.dynamic_batch,
@@ -284,10 +287,11 @@ def main(argv=None) -> int:
     c.add_argument("--out", required=True, help="output folder")
     c.add_argument("--arch", default=None, help="sm_90a (also sm_90, sm90a, sm90) or sm_80 (also "
                    "sm80) (default: the visible GPU)")
-    c.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
+    c.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"],
+                   help="the model's parameters and floating inputs are cast to it (default: fp16)")
     batches = "; ".join(f"{m}: {b}" for m, (b, q) in DEFAULT_SIZES.items())
     seqs = "; ".join(f"{m}: {q}" for m, (b, q) in DEFAULT_SIZES.items())
-    c.add_argument("--batch", type=_positive_int, default=None, help=f"default: 8 ({batches})")
+    c.add_argument("--batch", type=_positive_int, default=None, help=f"default: 8 ({batches}); built-in models only")
     c.add_argument("--seq", type=_positive_int, default=None,
                    help=f"default: 128 ({seqs}); tokens, mel frames (whisper-encoder), image side "
                         "(resnet50, convnext-tiny, efficientnet-b0) or latent side (vae-decoder)")

@@ -56,6 +56,11 @@ class CompileError(CutlassOffloadError):
         return _rebuilt, (type(self), (self.message,), kw, dict(self.__dict__))
 
 
+class CaptureError(CutlassOffloadError):
+    """torch.export could not capture the model on its example inputs (its forward
+    raised, or the export refused it); the original exception is the ``__cause__``."""
+
+
 class DeviceError(CutlassOffloadError):
     """No CUDA device, or a device of another architecture than the library targets."""
 

@@ -305,20 +305,22 @@ DEFAULT_SIZES = {"sd-unet": (2, 77), "resnet50": (8, 224), "llama": (4, 512),
 
 
 def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: int | None = None,
-               **config):
+               notes: list | None = None, **config):
     """(model, example_inputs) for a built-in name or ``package.module:factory``.
 
     A factory is called with no arguments and returns (model, example_inputs).
-    batch / seq: None = the model's default: 8 x 128 tokens; sd-unet 2 x 77 text
-    tokens; resnet50 8 x 224 pixels; llama 4 x 512 tokens; whisper-encoder 4 x 3000
+    batch / seq: None = the model's default (a factory takes neither): 8 x 128
+    tokens; sd-unet 2 x 77 text tokens; resnet50 8 x 224 pixels; llama 4 x 512 tokens; whisper-encoder 4 x 3000
     mel frames; convnext-tiny and efficientnet-b0 32 x 224 pixels; vae-decoder 1 x 64
     (latent side). config: overrides of a zoo model's config (CONFIGURABLE; e.g.
     num_hidden_layers=1 for llama), for small test builds.
-    Floating inputs and parameters are cast to ``dtype``; the convolutional built-ins
-    (CHANNELS_LAST) and their 4-D inputs are put in channels_last memory format.
-    Raises ValueError for an unknown name or config given to a model without
-    overrides, ImportError when a model's package (transformers, diffusers, timm
-    with torchvision) is missing.
+    Floating inputs and parameters are cast to ``dtype`` (a factory's of another
+    dtype: a line saying so appended to ``notes`` when given); the convolutional
+    built-ins (CHANNELS_LAST) and their 4-D inputs are put in channels_last format.
+    Raises ValueError for an unknown name, config given to a model without
+    overrides, batch / seq given with a factory, or a factory that raises or returns
+    something else; ImportError when a model's package (transformers, diffusers,
+    timm with torchvision) is missing.
     """
     torch.manual_seed(0)
     if config and name not in CONFIGURABLE:
@@ -327,6 +329,9 @@ def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: in
         b, s = DEFAULT_SIZES.get(name, (8, 128))
         model, inputs = BUILTIN[name](batch=batch or b, seq=seq or s, **config)
     elif ":" in name:
+        if batch is not None or seq is not None:
+            raise ValueError(f"batch / seq size the built-in models only; the factory {name!r} makes "
+                             "its own example inputs (change them there)")
         mod, fn = name.split(":", 1)
         try:
             factory = getattr(importlib.import_module(mod), fn)
@@ -337,10 +342,25 @@ def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: in
             raise ValueError(f"cannot load model factory {name!r}: {e}{hint}") from e
         except (ImportError, AttributeError) as e:
             raise ValueError(f"cannot load model factory {name!r}: {e}") from e
-        model, inputs = factory()
+        try:
+            made = factory()
+        except Exception as e:  # noqa: BLE001 - the user's factory: one line naming it
+            raise ValueError(f"model factory {name!r} raised {type(e).__name__}: {e} (call it in "
+                             "Python for the traceback)") from e
+        if not (isinstance(made, (tuple, list)) and len(made) == 2
+                and isinstance(made[0], torch.nn.Module) and isinstance(made[1], (tuple, list))):
+            raise ValueError(f"model factory {name!r} must return (model, example_inputs): an "
+                             f"nn.Module and a tuple of its forward's arguments; it returned "
+                             f"{type(made).__name__}")
+        model, inputs = made
     else:
         raise ValueError(f"unknown model {name!r}: use one of {sorted(BUILTIN)} or package.module:factory")
     dt = DTYPES[dtype]
+    other = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()
+                    if p.is_floating_point() and p.dtype != dt})
+    if other and notes is not None and name not in BUILTIN:
+        notes.append(f"the model's {' / '.join(other)} parameters and floating inputs were cast "
+                     f"to {dtype} (--dtype)")
     model = model.to(dt).eval()
     inputs = tuple(x.to(dt) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                    for x in inputs)

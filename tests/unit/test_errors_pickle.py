@@ -18,6 +18,7 @@ CASES = [
     errors.DiskFullError("/out/model.pt2", "free space there"),
     errors.ToolchainError("nvcc not found"),
     errors.DeviceError("no CUDA device"),
+    errors.CaptureError("torch.export could not capture the model"),
     errors.KernelLaunchError("launch failed"),
     errors.CutlassOffloadError("strict mode: ops left in PyTorch"),
     ToolchainMismatch("worker w1 has nvcc 12.8"),

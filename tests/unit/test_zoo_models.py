@@ -184,6 +184,75 @@ def test_a_factory_that_cannot_be_imported_says_how_to_fix_it():
     assert "PYTHONPATH" not in str(e.value)          # the module imported: the path is not why
 
 
+def _factories():
+    """Factories of a module made for the test: bare (returns a model alone), boom
+    (raises), fp64 (a float64 model), bad_forward (a forward that raises)."""
+    import types
+    mod = types.ModuleType("co_test_factories")
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return self.a(x)
+
+    class Bad(Block):
+        def forward(self, x):
+            raise TypeError("forward broke")
+
+    def boom():
+        raise RuntimeError("no weights here")
+    mod.bare = Block
+    mod.boom = boom
+    mod.fp64 = lambda: (Block().double(), (torch.randn(2, 16, dtype=torch.float64),))
+    mod.bad_forward = lambda: (Bad(), (torch.randn(2, 16),))
+    return mod
+
+
+def test_a_factory_that_fails_or_returns_something_else_is_one_clear_error(monkeypatch):
+    """A fresh-user trial (session 50) got a 137-line traceback ending in "cannot unpack
+    non-iterable Block object" from a factory returning the model alone."""
+    import sys
+    monkeypatch.setitem(sys.modules, "co_test_factories", _factories())
+    with pytest.raises(ValueError, match=r"must return \(model, example_inputs\).*returned Block"):
+        models.load_model("co_test_factories:bare", "fp16")
+    with pytest.raises(ValueError, match="raised RuntimeError: no weights here"):
+        models.load_model("co_test_factories:boom", "fp16")
+    with pytest.raises(ValueError, match="built-in models only"):
+        models.load_model("co_test_factories:fp64", "fp16", batch=2)
+    notes = []
+    model, (x,) = models.load_model("co_test_factories:fp64", "fp16", notes=notes)
+    assert model.a.weight.dtype == x.dtype == torch.float16
+    assert notes == ["the model's float64 parameters and floating inputs were cast to fp16 (--dtype)"]
+    notes = []
+    models.load_model("mlp", "fp16", 2, 4, notes=notes)            # built-ins: cast as documented
+    assert notes == []
+
+
+def test_a_forward_that_raises_is_a_capture_error(monkeypatch, capsys, tmp_path):
+    """co.compile turns torch.export's failure into CaptureError (its cause kept), and the
+    CLI prints it as one line with exit status 2."""
+    import sys
+
+    import cutlass_offload as co
+    from cutlass_offload import cli
+    from cutlass_offload.errors import CaptureError
+    monkeypatch.setitem(sys.modules, "co_test_factories", _factories())
+    model, x = models.load_model("co_test_factories:bad_forward", "fp16")
+    with pytest.raises(CaptureError, match="TypeError: forward broke") as e:
+        co.compile(model, x, arch="sm_90a")
+    assert isinstance(e.value.__cause__, TypeError)
+    capsys.readouterr()
+    assert cli.main(["compile", "co_test_factories:bad_forward", "--arch", "sm_90a",
+                     "--out", str(tmp_path / "out"), "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: torch.export could not capture") and "forward broke" in err[-1]
+    assert not any("Traceback" in line for line in err)
+    assert not (tmp_path / "out").exists()                         # nothing half-written
+
+
 def test_zoo_defaults_and_layouts():
     for name in SMALL:
         assert name in models.BUILTIN and name in models.DEFAULT_SIZES
