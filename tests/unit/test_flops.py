@@ -44,6 +44,25 @@ def test_flops_match_torch_flop_counter():
     assert len(counts) == 7                    # linear, 3 convs, sdpa, bmm, matmul
 
 
+def test_transposed_convs_count_like_torch_flop_counter():
+    """A transposed conv stays in PyTorch (partition/unanchored.py); its FLOPs must still
+    enter the share's denominator (a fresh-user trial, session 50, read 98.5% offloaded
+    with one left out)."""
+    class Up(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up2 = torch.nn.ConvTranspose2d(8, 6, 4, stride=2, padding=1, groups=2)
+            self.up1 = torch.nn.ConvTranspose1d(5, 3, 3, stride=2)
+
+        def forward(self, img, seq):
+            return self.up2(img), self.up1(seq)
+    m, xs = Up().eval(), (torch.randn(2, 8, 5, 7), torch.randn(3, 5, 11))
+    counts = node_flops(capture(m, xs).graph_module)
+    with FlopCounterMode(display=False) as fc, torch.no_grad():
+        m(*xs)
+    assert len(counts) == 2 and sum(counts.values()) == fc.get_total_flops() > 0
+
+
 def test_sdpa_backend_ops_count_like_sdpa():
     """Below SDPA's dispatch (AOTAutograd's graphs) the backend op returns a tuple;
     its first output is the attention's."""

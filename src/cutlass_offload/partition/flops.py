@@ -5,7 +5,8 @@ measure: "100% of GEMM / conv / attention FLOPs").
 One row per ATen op: which argument gives the reduction size. A multiply-add counts
 as 2 FLOPs, as in ``torch.utils.flop_counter``: a GEMM or batched GEMM
 2 * numel(out) * K; a convolution 2 * numel(out) * (C / groups) * prod(filter
-window), i.e. 2 * numel(out) * numel(w) / K; an attention 2 * numel(out) / Dv * Lk *
+window), i.e. 2 * numel(out) * numel(w) / K, a transposed one 2 * numel(x) * numel(w) /
+C_in; an attention 2 * numel(out) / Dv * Lk *
 (D + Dv) (q k^T, then p v). Symbolic sizes count at their example value (the
 capture's hint). An op whose sizes are not recorded counts 0. Norms are memory-bound
 and not counted.
@@ -35,8 +36,18 @@ def _gemm(a_index):
 
 
 def _conv(node, out):
+    if node.target == aten.convolution.default and len(node.args) > 6 and node.args[6]:
+        return _conv_transpose(node, out)
     w = val(node.args[1])
     return 2 * _numel(out) * _numel(w) // max(hint_int(w.shape[0]), 1)
+
+
+def _conv_transpose(node, out):
+    """A transposed conv is the fprop's data gradient: every input element meets the
+    (C_out / groups) x window weights of its channel, 2 * numel(x) * numel(w) / C_in
+    (w is (C_in, C_out / groups, window...); torch.utils.flop_counter's conv_flop)."""
+    x, w = val(node.args[0]), val(node.args[1])
+    return 2 * _numel(x) * _numel(w) // max(hint_int(w.shape[0]), 1)
 
 
 def _attention(node, out):
@@ -53,6 +64,8 @@ FLOPS = {
     aten.convolution.default: _conv, aten.conv1d.default: _conv, aten.conv2d.default: _conv,
     aten.conv3d.default: _conv, aten.conv1d.padding: _conv, aten.conv2d.padding: _conv,
     aten.conv3d.padding: _conv,
+    aten.conv_transpose1d.default: _conv_transpose, aten.conv_transpose2d.input: _conv_transpose,
+    aten.conv_transpose3d.input: _conv_transpose,
     aten.scaled_dot_product_attention.default: _attention,
 }
 # SDPA's backend ops (graphs traced below its dispatch, e.g. AOTAutograd's for the
