@@ -79,7 +79,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     """Offload ``model``'s GEMM, conv2d, attention and norm regions to CUTLASS kernels
     in one shared library.
 
-    example_inputs: a tuple of tensors as the model takes them (any device).
+    example_inputs: a tuple of tensors as the model takes them (any device); a single
+      tensor stands for a tuple of one.
     arch: "sm_90a" or "sm_80"; None = from the visible GPU.
     build_strategy: "sharded" (default), "single" or "per-region" (see build/).
     executor: "local" (default) or "ray": each object compiled as a Ray task on the
@@ -133,6 +134,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     when the cache's or out_dir's disk is full, ValueError for an unknown glue,
     mode or option.
     """
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
     inductor_options = options
     glue_spec = GlueSpec(glue, mode, inductor_options)        # ValueError before any work
     options = options_for_glue(CompileOptions(

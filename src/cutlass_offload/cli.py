@@ -234,6 +234,9 @@ def _cmd_cache(a) -> int:
     cache = BuildCache()
     if a.action in ("export", "import") and not a.file:
         raise ValueError(f"cache {a.action} needs a FILE (.tar, .tar.gz, .tgz, .tar.xz, .tar.bz2)")
+    if a.action in ("info", "clear") and a.file:
+        raise ValueError(f"cache {a.action} takes no FILE (the cache is CUTLASS_OFFLOAD_CACHE_DIR, "
+                         f"or its default); got {a.file!r}")
     if a.action == "clear":
         removed = cache.clear()
         left = cache.root.is_dir()

@@ -152,3 +152,7 @@ def test_cli_exports_and_imports(source, tmp_path, monkeypatch, capsys):
     assert main(["cache", "import", str(tmp_path / "notes.txt")]) == 2     # one line, no traceback
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    for action in ("info", "clear"):                    # a FILE there is a mistake, not ignored
+        assert main(["cache", action, str(tmp_path / "x")]) == 2
+        assert f"cache {action} takes no FILE" in capsys.readouterr().err
+    assert (tmp_path / "b").is_dir()                     # clear with a FILE removed nothing

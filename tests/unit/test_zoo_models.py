@@ -244,6 +244,8 @@ def test_a_forward_that_raises_is_a_capture_error(monkeypatch, capsys, tmp_path)
     with pytest.raises(CaptureError, match="TypeError: forward broke") as e:
         co.compile(model, x, arch="sm_90a")
     assert isinstance(e.value.__cause__, TypeError)
+    with pytest.raises(CaptureError, match="TypeError: forward broke"):   # one tensor, not a tuple:
+        co.compile(model, x[0], arch="sm_90a")                           # taken as (x,)
     capsys.readouterr()
     assert cli.main(["compile", "co_test_factories:bad_forward", "--arch", "sm_90a",
                      "--out", str(tmp_path / "out"), "-q"]) == 2
