@@ -9,11 +9,11 @@ from .folder import check_folder
 from .capture import capture
 from .config import CompileOptions
 from .backend import backend, make_backend
-from .errors import (CompileError, CutlassOffloadError, DamagedFileError, DeviceError,
+from .errors import (CaptureError, CompileError, CutlassOffloadError, DamagedFileError, DeviceError,
                      DiskFullError, KernelLaunchError, ToolchainError, UnsupportedRegion)
 
 __version__ = "0.1.0"
 __all__ = ["compile", "compile_captured", "capture", "CompileOptions", "load", "check_folder",
-           "resolve_arch", "backend", "make_backend", "CompileError", "CutlassOffloadError",
+           "resolve_arch", "backend", "make_backend", "CaptureError", "CompileError", "CutlassOffloadError",
            "DamagedFileError", "DeviceError", "DiskFullError", "KernelLaunchError", "ToolchainError",
            "UnsupportedRegion"]

@@ -185,12 +185,15 @@ def _cmd_prebuild(a) -> int:
     if bad:
         raise ValueError(f"unknown dtype {bad[0]!r}: prebuild takes {', '.join(_DTYPES)}")
     dtypes = [_DTYPES[d] for d in a.dtype.split(",")]
+    if (a.batch or a.seq) and not a.models:
+        raise ValueError("--batch / --seq size the models of --models; without it there are none")
     plan, skipped = None, {}
     if a.models:
         from .prebuild import model_plan
         # a model whose package is missing here is named and left out; the rest build
         plan = model_plan([m for m in a.models.split(",") if m], arch, dtypes, skipped=skipped,
-                          progress=None if a.quiet else (lambda line: print(line, file=sys.stderr)))
+                          progress=None if a.quiet else (lambda line: print(line, file=sys.stderr)),
+                          batch=a.batch, seq=a.seq)
         for name, why in skipped.items():
             print(f"prebuild: skipped model {name}: {why}", file=sys.stderr)
         kernels = []
@@ -358,6 +361,10 @@ def main(argv=None) -> int:
                         "compile the kernels `compile MODEL` selects for them (every kind, every "
                         "norm offloaded) instead of the generic GEMM set; --attention / --convs "
                         "still add theirs")
+    b.add_argument("--batch", type=_positive_int, default=None,
+                   help="with --models: the built-in models' batch, as compile's (default: theirs)")
+    b.add_argument("--seq", type=_positive_int, default=None,
+                   help="with --models: the built-in models' --seq, as compile's (default: theirs)")
     b.add_argument("--list", action="store_true", help="print the kernels and build nothing")
     b.add_argument("--jobs", type=_positive_int, default=0,
                    help="parallel nvcc processes (default: by cores and memory)")

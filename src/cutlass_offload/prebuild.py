@@ -185,7 +185,7 @@ def stand_in_plan(arch: str, kernels) -> Plan:
 
 
 def model_plan(names, arch: str, dtypes=("f16",), skipped: dict | None = None,
-               progress=None) -> Plan:
+               progress=None, batch: int | None = None, seq: int | None = None) -> Plan:
     """One Plan holding the regions and kernels that ``cutlass-offload compile NAME
     --arch ARCH --dtype D`` selects for each model name (built-ins or
     ``package.module:factory``, models.load_model) and dtype, with every norm
@@ -195,12 +195,13 @@ def model_plan(names, arch: str, dtypes=("f16",), skipped: dict | None = None,
     that with a ``skipped`` dict a model whose package is missing (ImportError) is
     left out and recorded there (name -> the error's text), so the others still
     build. ``progress``: called with a line per model and dtype as its capture starts
-    (each takes seconds: the CLI prints them)."""
+    (each takes seconds: the CLI prints them). batch / seq: the built-in models' sizes
+    (``compile --batch / --seq``; None: their defaults); a factory keeps its own."""
     from dataclasses import replace as _replace
 
     from .capture import capture
     from .config import CompileOptions, options_for_glue
-    from .models import load_model
+    from .models import BUILTIN, load_model
     from .partition import partition
     from .select import select
     regions, kernels = [], []
@@ -210,7 +211,8 @@ def model_plan(names, arch: str, dtypes=("f16",), skipped: dict | None = None,
         if progress is not None:
             progress(f"prebuild: capturing {name} ({dtype}) and selecting its kernels")
         try:
-            model, inputs = load_model(name, _CLI[dtype])
+            sizes = (batch, seq) if name in BUILTIN else (None, None)
+            model, inputs = load_model(name, _CLI[dtype], *sizes)
         except ImportError as e:
             if skipped is None:
                 raise

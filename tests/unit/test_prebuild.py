@@ -150,6 +150,33 @@ def test_model_plan_renames_regions_apart():
     assert {k.dtype for k in plan.kernels} == {"f16", "bf16"}
 
 
+def test_model_plan_takes_the_built_ins_sizes(monkeypatch):
+    """prebuild --models --batch / --seq capture the built-ins at those sizes, as
+    compile does (a fresh-user trial, session 50: only the defaults could be prebuilt)."""
+    from cutlass_offload import models
+    from cutlass_offload.prebuild import model_plan
+    seen = []
+    real = models.BUILTIN["mlp"]
+
+    def mlp(batch, seq, **kw):
+        seen.append((batch, seq))
+        return real(batch=batch, seq=seq, **kw)
+    monkeypatch.setitem(models.BUILTIN, "mlp", mlp)
+    model_plan(["mlp"], "sm80", batch=3, seq=40)
+    model_plan(["mlp"], "sm80")
+    assert seen == [(3, 40), (8, 128)]
+    with pytest.raises(ValueError, match="size the models of --models"):
+        cli._cmd_prebuild(cli_args(batch=2))
+
+
+def cli_args(**kw):
+    import argparse
+    base = dict(arch="sm_80", dtype="fp16", models="", batch=None, seq=None, epilogues="plain",
+                layouts="col", attention=False, convs=False, list=True, jobs=0, executor="local",
+                ray_address=None, quiet=True)
+    return argparse.Namespace(**{**base, **kw})
+
+
 def test_a_model_whose_package_is_missing_is_named_and_the_others_build(tmp_path, monkeypatch, capsys):
     """prebuild --models with one model whose package this machine lacks (sd-unet
     without diffusers): that model is named with the import error, every other
