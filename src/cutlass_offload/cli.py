@@ -250,7 +250,11 @@ def _cmd_cache(a) -> int:
     elif a.action == "import":
         print(cache_transfer.import_(a.file, cache).line("imported", a.file))
     else:
-        print(json.dumps(cache.info(), indent=1))
+        i = cache.info()
+        print(f"build cache {i['root']}: {i['compiled_units']} compiled units, {i['libraries']} "
+              f"linked libraries, {i['failed']} failed units, {i['index_records']} kernel index "
+              f"records; {i['disk_bytes'] / 2**20:.1f} MiB on disk (tuning and the C++ call "
+              "path's builds included)")
     return 0
 
 

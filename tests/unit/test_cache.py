@@ -65,6 +65,7 @@ def test_info_and_clear(tmp_path):
     _publish(cache, cache_key("b"))
     info = cache.info()
     assert info["entries"] == 2 and info["bytes"] > 0
+    assert info["failed"] == 0 and info["disk_bytes"] >= info["bytes"]
     cache.clear()
     assert cache.info()["entries"] == 0
     assert not cache.root.exists()                  # nothing else was there: the root goes too

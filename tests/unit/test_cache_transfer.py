@@ -156,3 +156,6 @@ def test_cli_exports_and_imports(source, tmp_path, monkeypatch, capsys):
         assert main(["cache", action, str(tmp_path / "x")]) == 2
         assert f"cache {action} takes no FILE" in capsys.readouterr().err
     assert (tmp_path / "b").is_dir()                     # clear with a FILE removed nothing
+    assert main(["cache", "info"]) == 0                  # the imported cache, in words
+    out = capsys.readouterr().out
+    assert "2 compiled units" in out and "2 kernel index records" in out and "MiB on disk" in out

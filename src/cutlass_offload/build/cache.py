@@ -167,12 +167,35 @@ class BuildCache:
         return Path(tempfile.mkdtemp(prefix=".staging-", dir=d))
 
     def info(self) -> dict:
-        entries, size = 0, 0
-        if self.root.exists():
-            for meta in self.root.glob("*/*/" + META):
-                entries += 1
-                size += sum(f.stat().st_size for f in meta.parent.iterdir() if f.is_file())
-        return {"root": str(self.root), "entries": entries, "bytes": size}
+        """root; entries (committed obj + lib entries, failures included) and their
+        bytes; by kind: compiled units (obj, built), libraries (lib), failed (entries of
+        units that failed to compile), index records; disk_bytes: every file under the
+        cache's folders (PARTS: tuning, the C++ call path's builds, kept failures too)."""
+        out = {"root": str(self.root), "entries": 0, "bytes": 0, "compiled_units": 0,
+               "libraries": 0, "failed": 0, "index_records": 0, "disk_bytes": 0}
+        if not self.root.is_dir():
+            return out
+        for meta in self.root.glob("*/*/" + META):
+            out["entries"] += 1
+            out["bytes"] += sum(f.stat().st_size for f in meta.parent.iterdir() if f.is_file())
+            try:
+                ok = json.loads(meta.read_text()).get("ok", True)
+            except (OSError, ValueError):
+                ok = False
+            kind = meta.parent.parent.name
+            if not ok:
+                out["failed"] += 1
+            elif kind in ("obj", "lib"):
+                out["compiled_units" if kind == "obj" else "libraries"] += 1
+        out["index_records"] = sum(1 for _ in (self.root / "index").glob("*.json"))
+        for part in PARTS:
+            for f in (self.root / part).rglob("*"):
+                try:
+                    if f.is_file() and not f.is_symlink():
+                        out["disk_bytes"] += f.stat().st_size
+                except OSError:
+                    pass
+        return out
 
     def clear(self) -> list:
         """Remove what cutlass_offload writes under the root (``PARTS``) and nothing else:
