@@ -110,7 +110,9 @@ class Report:
         # leave the node names out; a report saved before summaries shows its texts
         notes = collections.Counter(n for r in self.regions for n in r.get("note_summaries", r["notes"]))
         for note, count in notes.most_common():
-            out.append(f"  {_n(count, 'region')}: {note}")
+            names = [r["name"] for r in self.regions if note in r.get("note_summaries", r["notes"])]
+            which = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            out.append(f"  {_n(count, 'region')} ({which}): {note}")
         out.append("kernels:")
         for k in self.kernels:
             n = len(k["regions"])

@@ -21,7 +21,7 @@ def test_str_is_the_readable_report():
     first = str(rep).splitlines()[0]
     assert first == ("target sm_80: 1 region offloaded, 0 offloadable ops left in PyTorch, "
                      "1 distinct kernel")
-    assert "  1 region: causal mask folded into the kernel (top-left aligned)" in str(rep)
+    assert "  1 region (region0_sdpa): causal mask folded into the kernel (top-left aligned)" in str(rep)
     assert "x1:" not in str(rep)
 
 
@@ -30,7 +30,7 @@ def test_counts_and_targets_read_as_typed():
                   fallbacks=[{"node": "n", "op": "aten.mm", "reason": "r"}] * 2)
     text = str(rep)
     assert text.startswith("target sm_90a: 12 regions offloaded, 2 offloadable ops left in PyTorch")
-    assert "  12 regions: causal mask folded" in text
+    assert "  12 regions (region0_sdpa, region0_sdpa, region0_sdpa and 9 more): causal mask folded" in text
 
 
 def test_notes_keep_their_meaning_without_node_names():
@@ -50,7 +50,7 @@ def test_notes_keep_their_meaning_without_node_names():
 def test_a_report_saved_before_summaries_shows_its_note_texts():
     rep = Report(arch="sm80", regions=[{"name": "r", "form": "sdpa", "epilogue": "none",
                                         "notes": ["attn_mask mask_1 folded: top_left"]}])
-    assert "  1 region: attn_mask mask_1 folded: top_left" in str(rep)
+    assert "  1 region (r): attn_mask mask_1 folded: top_left" in str(rep)
 
 
 def test_a_build_with_the_staged_epilogues_says_so(monkeypatch):
