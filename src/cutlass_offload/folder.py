@@ -185,7 +185,8 @@ def begin_save(cap: Captured, example_inputs, out_dir) -> PendingSave:
     except (FileExistsError, NotADirectoryError):
         raise CutlassOffloadError(f"cannot create {out}: a part of {out.parent} is a file, not a "
                                   "folder; pass another out_dir (--out)") from None
-    need = _bytes_to_save(cap, example_inputs) + _MARGIN
+    size = _bytes_to_save(cap, example_inputs)
+    need = size + _MARGIN
     st = os.statvfs(out.parent)
     why = ("on a read-only file system" if st.f_flag & os.ST_RDONLY else  # no free space, not "disk full"
            "not on a disk file system (it reports no blocks)" if st.f_blocks == 0 else
@@ -193,7 +194,9 @@ def begin_save(cap: Captured, example_inputs, out_dir) -> PendingSave:
     if why:
         raise CutlassOffloadError(f"cannot write {out}: {out.parent} is {why}; pass another out_dir (--out)")
     if st.f_bavail * st.f_frsize < need:
-        raise DiskFullError(out, f"the folder needs about {need / 2**20:.0f} MiB and "
+        raise DiskFullError(out, f"the folder needs about {size / 2**20:.1f} MiB, plus "
+                                 f"{_MARGIN / 2**20:.0f} MiB kept free for the library and the "
+                                 f"program, and "
                                  f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB are free; {_hint(out)}")
     # temporary folders of saves killed before they swapped in (an hour untouched: no save is that long)
     remove_stale(out.parent, f".{glob.escape(out.name)}.tmp-*", 3600)
