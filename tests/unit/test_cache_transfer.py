@@ -159,3 +159,19 @@ def test_cli_exports_and_imports(source, tmp_path, monkeypatch, capsys):
     assert main(["cache", "info"]) == 0                  # the imported cache, in words
     out = capsys.readouterr().out
     assert "2 compiled units" in out and "2 kernel index records" in out and "MiB on disk" in out
+
+
+def test_an_export_into_a_folder_it_cannot_write_names_that_file(source, tmp_path, monkeypatch, capsys):
+    """A read-only folder (a fresh-user trial, session 50, was told about the temporary
+    file beside the export instead): the error names the file asked for."""
+    import tempfile
+    cache, _ = source
+    monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(cache.root))
+
+    def read_only(prefix="", dir=None, **kw):
+        raise PermissionError(13, "Read-only file system", f"{dir}/{prefix}x7r1w2jib")
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    target = tmp_path / "k.tar.xz"
+    assert main(["cache", "export", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot use {target}: Read-only file system" in err and "x7r1w2jib" not in err

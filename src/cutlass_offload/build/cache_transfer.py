@@ -78,7 +78,10 @@ def export(path, cache: BuildCache | None = None) -> Transfer:
     mode, out = _mode(path), Transfer()
     kept = set()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as e:       # name the file asked for, not the temporary one beside it
+        raise OSError(e.errno, e.strerror, str(path)) from e
     os.close(fd)
     try:
         with tarfile.open(tmp, mode) as tar:
