@@ -14,6 +14,13 @@ import torch
 from .errors import CutlassOffloadError
 
 
+def _folder(text: str) -> str:
+    """argparse type of --out: a path, not the empty string (which would name '.')."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: name the output folder")
+    return text
+
+
 def _cmd_compile(a) -> int:
     from .api import check_out_dir
     from .api import compile as co_compile
@@ -294,7 +301,7 @@ def main(argv=None) -> int:
     from .models import BUILTIN, DEFAULT_SIZES
     c.add_argument("model", help=", ".join(BUILTIN) + ", or package.module:factory (a function "
                    "returning (model, example_inputs))")
-    c.add_argument("--out", required=True, help="output folder")
+    c.add_argument("--out", required=True, type=_folder, help="output folder")
     c.add_argument("--arch", default=None, help="sm_90a (also sm_90, sm90a, sm90) or sm_80 (also "
                    "sm80) (default: the visible GPU)")
     c.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"],

@@ -87,3 +87,13 @@ def test_jobs_reach_the_build_without_the_environment(tmp_path, monkeypatch):
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="jobs must be a positive int"):
             co.compile(model, inputs, arch="sm_80", jobs=bad)
+
+
+@pytest.mark.parametrize("out", ["", "  "])
+def test_compile_refuses_an_empty_out(capsys, monkeypatch, out):
+    """--out "" would name the current folder ('.'): one argparse error line instead."""
+    monkeypatch.setattr(cli, "_cmd_compile", lambda a: (_ for _ in ()).throw(AssertionError("ran")))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["compile", "mlp", "--out", out, "--arch", "sm_80"])
+    assert e.value.code == 2
+    assert "argument --out: an empty path" in capsys.readouterr().err
