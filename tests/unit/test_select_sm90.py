@@ -383,3 +383,23 @@ def test_skinny_tiles_fit_a_narrow_n_or_short_k_of_many_rows():
     # not for few rows, nor for a problem wide and deep enough for the fixed tiles
     assert sm90.skinny_configs(_problem(4096, 16, 32), SMS) == ()
     assert sm90.skinny_configs(_problem(401408, 96, 96), SMS) == ()
+
+
+def test_a_gemm_left_to_the_2x_kernels_on_sm90a_says_why():
+    """An sm_90a build whose GEMM cannot take a TMA kernel runs a CUTLASS 2.x one; the
+    region's note says which operand's alignment decided it (a fresh-user trial,
+    session 50: a width of 1020 moved to sm80 kernels with no word in the report)."""
+    import torch
+    import torch.nn as nn
+
+    from cutlass_offload.capture import capture
+    from cutlass_offload.config import CompileOptions
+    from cutlass_offload.partition import partition
+    from cutlass_offload.select import select
+    m = nn.Sequential(nn.Linear(64, 36), nn.ReLU(), nn.Linear(36, 64), nn.Linear(64, 64)).half()
+    opts = CompileOptions(arch="sm90a")
+    plan = select(partition(capture(m, (torch.randn(8, 64).half(),)).graph_module, opts), "sm90a", opts)
+    notes = {k.config.family: [n for n in r.notes if "2.x" in n] for r, k in plan.pairs}
+    assert [n for n in notes["cutlass2x_sm80"]] and all("aligned to" in n for n in notes["cutlass2x_sm80"])
+    assert notes["cutlass3x_sm90"] == []                 # the aligned GEMM: no such note
+    assert sm90.refusal(plan.pairs[-1][0].problem) is None

@@ -19,6 +19,7 @@ from ..ir import (
     GroupNormRegion,
     KernelConfig,
     NormRegion,
+    Note,
     PartitionResult,
     Plan,
     anchor_node,
@@ -147,7 +148,11 @@ def _defer_measured(r) -> bool:
 # (region, kernel); the region comes back changed where the choice changes what it
 # runs (a conv's zero-padded channels). ValueError: no kernel, the region falls back.
 def _gemm(r, arch, num_sms, options, tuned):
-    return r, choose_kernel(r.problem, arch, options.num_sms, tuned)
+    kernel = choose_kernel(r.problem, arch, options.num_sms, tuned)
+    why = sm90.refusal(r.problem) if arch == "sm90a" else None
+    if why:         # said in the report: an sm_90a build running a 2.x kernel is not obvious
+        r = replace(r, notes=r.notes + (Note(f"a CUTLASS 2.x (sm80) kernel: {why}"),))
+    return r, kernel
 
 
 def _conv(r, arch, num_sms, options, tuned):

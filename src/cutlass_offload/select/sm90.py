@@ -165,6 +165,20 @@ def supports(problem: GemmProblem) -> bool:
             and not problem.a_batch_broadcast)
 
 
+def refusal(problem: GemmProblem) -> str | None:
+    """Why ``supports`` refuses the problem (None when it does not), in words for the
+    report: the region then runs a CUTLASS 2.x (sm80) kernel on sm_90a."""
+    if problem.dtype not in ("f16", "bf16"):
+        return f"{problem.dtype} operands (the TMA kernels take f16 / bf16)"
+    aligns = (problem.align_a, problem.align_b, problem.align_c)
+    if aligns != (8, 8, 8):
+        return (f"A / B / C aligned to {'/'.join(map(str, aligns))} elements (the TMA kernels "
+                "need 16-byte rows: sizes and strides multiples of 8)")
+    if problem.a_batch_broadcast:
+        return "A broadcast over the batch (stride 0)"
+    return None
+
+
 def gemm_mnk(problem: GemmProblem) -> tuple:
     """(M, N, K) the tiles cover: the example's rows, times the batch for a batched
     GEMM (every batch entry is tiled on its own)."""
