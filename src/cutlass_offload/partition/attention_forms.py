@@ -35,6 +35,10 @@ _MAX_FOLD_ELEMENTS = 1 << 26
 # -------------------------------------------------------------- compile-time masks
 
 _FOLDS = weakref.WeakKeyDictionary()      # graph -> {mask node: (value, symbolic) | None}
+# graph -> {(mask node, kind, seq_q, seq_kv): mask_pattern's answer}: one mask serves
+# every layer (llama's 16 SDPAs read one causal mask; checking it took 1.07 of the
+# 1.08 s of its partition on 2 cores, session 50)
+_PATTERNS = weakref.WeakKeyDictionary()
 
 
 # ops whose value is not a function of their arguments (uninitialized memory)
@@ -124,10 +128,14 @@ def _fold_mask(mask: fx.Node, kind: str, seq_q, seq_kv):
     lq, lk = hint_int(seq_q, -1), hint_int(seq_kv, -1)
     if lq < 1 or lk < 1:
         return None
-    try:
-        found = mask_pattern(value, kind, lq, lk)
-    except RuntimeError:
-        return None
+    memo = _PATTERNS.setdefault(mask.graph, {})
+    key = (mask, kind, lq, lk)
+    if key not in memo:
+        try:
+            memo[key] = mask_pattern(value, kind, lq, lk)
+        except RuntimeError:
+            memo[key] = None
+    found = memo[key]
     if found is None:
         return None
     pattern, soft = found
