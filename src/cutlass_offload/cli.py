@@ -308,7 +308,8 @@ def main(argv=None) -> int:
                    help="the model's parameters and floating inputs are cast to it (default: fp16)")
     batches = "; ".join(f"{m}: {b}" for m, (b, q) in DEFAULT_SIZES.items())
     seqs = "; ".join(f"{m}: {q}" for m, (b, q) in DEFAULT_SIZES.items())
-    c.add_argument("--batch", type=_positive_int, default=None, help=f"default: 8 ({batches}); built-in models only")
+    c.add_argument("--batch", type=_positive_int, default=None,
+                   help=f"default: 8 ({batches}); built-in models only")
     c.add_argument("--seq", type=_positive_int, default=None,
                    help=f"default: 128 ({seqs}); tokens, mel frames (whisper-encoder), image side "
                         "(resnet50, convnext-tiny, efficientnet-b0) or latent side (vae-decoder)")
