@@ -311,8 +311,8 @@ def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: in
     A factory is called with no arguments and returns (model, example_inputs).
     batch / seq: None = the model's default (a factory takes neither): 8 x 128
     tokens; sd-unet 2 x 77 text tokens; resnet50 8 x 224 pixels; llama 4 x 512
-    tokens; whisper-encoder 4 x 3000 mel frames; convnext-tiny and efficientnet-b0 32 x 224 pixels; vae-decoder 1 x 64
-    (latent side). config: overrides of a zoo model's config (CONFIGURABLE; e.g.
+    tokens; whisper-encoder 4 x 3000 mel frames; convnext-tiny and efficientnet-b0
+    32 x 224 pixels; vae-decoder 1 x 64 (latent side). config: overrides of a zoo model's config (CONFIGURABLE; e.g.
     num_hidden_layers=1 for llama), for small test builds.
     Floating inputs and parameters are cast to ``dtype`` (a factory's of another
     dtype: a line saying so appended to ``notes`` when given); the convolutional

@@ -179,11 +179,7 @@ class _Builder:
                 keep = self.cache.root / "failed" / f"{prefix}.{key[:16]}"
                 # transient, or the toolchain's fault: report, but never cache as a failure
                 if interrupted_failure(res) or toolchain_failure(res):
-                    shutil.rmtree(keep, ignore_errors=True)
-                    keep.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(staging, keep)
-                    job.entry = keep
-                    (keep / "nvcc.log").write_text(res.log)
+                    job.entry = _keep_failed(staging, keep, res.log)
                     return res
                 meta = {"ok": res.ok, "kernels": list(tu.kernels), "seconds": res.seconds,
                         "peak_rss_mb": res.peak_rss / 2**20, "command": job.cmd,
@@ -375,11 +371,8 @@ class _Builder:
                                        command=job.cmd, log_path=job.log_path,
                                        source_path=staging / SOURCE_NAME, kernels=src.kernels)
                 if toolchain_failure(res):     # not the source's failure: kept, not cached
-                    keep = self.cache.root / "failed" / f"{prefix}.{key[:16]}"
-                    shutil.rmtree(keep, ignore_errors=True)
-                    keep.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(staging, keep)
-                    (keep / "nvcc.log").write_text(res.log)
+                    keep = _keep_failed(staging, self.cache.root / "failed" / f"{prefix}.{key[:16]}",
+                                        res.log)
                     raise _failure(src, self.plan, keep, job.cmd, res.log)
                 meta = {"ok": res.ok, "command": job.cmd, "seconds": res.seconds,
                         "peak_rss_mb": res.peak_rss / 2**20, "kernels": list(src.kernels)}
@@ -496,6 +489,17 @@ def _raise_if_disk_full(res: JobResult, staging: Path) -> None:
 
 
 _LINE = re.compile(rf"{re.escape(SOURCE_NAME)}\((\d+)\)|line (\d+) of \S*{re.escape(SOURCE_NAME)}")
+
+
+def _keep_failed(staging: Path, keep: Path, log: str) -> Path:
+    """Move a failed compile's staging folder (its source) to ``keep`` under the cache's
+    failed/ folder, never an entry, with its log: a failure not to cache (interrupted,
+    or the toolchain's). Returns ``keep``."""
+    shutil.rmtree(keep, ignore_errors=True)
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(staging, keep)
+    (keep / "nvcc.log").write_text(log)
+    return keep
 
 
 def _failure(src, plan, folder: Path, cmd, log) -> CompileError:

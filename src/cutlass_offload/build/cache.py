@@ -36,7 +36,7 @@ class DamagedCacheEntryWarning(UserWarning):
 
 
 DISK_FULL_HINT = ("free space there, or point CUTLASS_OFFLOAD_CACHE_DIR at a disk with room "
-                  "(`cutlass-offload cache clear` empties the cache); nothing was cached")
+                  "(`cutlass-offload cache clear` removes its entries); nothing was cached")
 
 
 # The folders cutlass_offload writes under a cache root (build/, tune/cache.py,

@@ -159,14 +159,13 @@ TABLES = Path(__file__).parent / "tables"
 
 
 def supports(problem: GemmProblem) -> bool:
-    """True when a 3.x TMA kernel can run this problem class at all."""
-    return (problem.dtype in ("f16", "bf16")
-            and (problem.align_a, problem.align_b, problem.align_c) == (8, 8, 8)
-            and not problem.a_batch_broadcast)
+    """True when a 3.x TMA kernel can run this problem class at all (``refusal`` says
+    why not)."""
+    return refusal(problem) is None
 
 
 def refusal(problem: GemmProblem) -> str | None:
-    """Why ``supports`` refuses the problem (None when it does not), in words for the
+    """Why no 3.x TMA kernel can run the problem (None when one can), in words for the
     report: the region then runs a CUTLASS 2.x (sm80) kernel on sm_90a."""
     if problem.dtype not in ("f16", "bf16"):
         return f"{problem.dtype} operands (the TMA kernels take f16 / bf16)"
