@@ -60,6 +60,11 @@ def _swap_ab(cache_dir):
     test_swap_ab_build.compile_projection()
 
 
+def _cluster_gemm(cache_dir):
+    import test_cluster_gemm_build
+    test_cluster_gemm_build.compile_projection()
+
+
 def _tune_candidates(cache_dir):
     import test_tune_build
     test_tune_build.build_candidates(cache_dir)
@@ -78,6 +83,7 @@ ITEMS = {
     "conv_gemm": (("test_conv_gemm_build",), _conv_gemm),
     "per_sample": (("test_per_sample_build",), _per_sample),
     "swap_ab": (("test_swap_ab_build",), _swap_ab),
+    "cluster_gemm": (("test_cluster_gemm_build",), _cluster_gemm),
     "tune_candidates": (("test_tune_build",), _tune_candidates),
 }
 

@@ -226,9 +226,10 @@ def test_fitted_tiles_fill_the_waves_and_emit(shape, tile):
     p = _problem(*shape)
     fitted = sm90.fitted_configs(p, SMS)
     assert tile in {c.tile for c in fitted}
-    assert not set(fitted) & set(sm90.SPACE)
+    multicast = set(sm90.multicast_configs(p, SMS))
+    assert not (set(fitted) - multicast) & set(sm90.SPACE)
     for c in fitted:
-        if c.n_split:              # 192-row tiles: tests/unit/test_n_split_gemm.py
+        if c.n_split or c in multicast:     # tests/unit/test_n_split_gemm.py, below
             continue
         assert c.tile[1] % 16 == 0 and c.tile[1] not in sm90._FIXED_N[c.tile[0]]
         est = sm90.tile_estimate(shape[0], shape[1], c.tile[0], c.tile[1], SMS)
@@ -285,6 +286,34 @@ def test_the_wgmma_selector_follows_dtype_and_operand_majors():
     with pytest.raises(ValueError, match="f16 / bf16"):
         sm90_parts.wgmma_selector(SimpleNamespace(config=cfg, dtype="f32", layout_a="row",
                                                   layout_b="col"))
+
+
+def test_multicast_clusters_for_few_tiles_and_a_long_k():
+    """The UNet's 512 x 3840 x 1280 (4 x 30 tiles of 128x128, K 20 tiles deep) gets
+    clusters of 4 and 8 CTAs that divide its tile grid, among the fitted configs;
+    a problem of many waves or a short K gets none, nor does a batched one."""
+    p = _problem(512, 3840, 1280)
+    mc = sm90.multicast_configs(p, SMS)
+    assert ((128, 128, 64), (4, 2, 1)) in {(c.tile, c.cluster) for c in mc}
+    assert set(mc) <= set(sm90.fitted_configs(p, SMS))
+    for c in mc:
+        m_tiles, n_tiles = -(-512 // c.tile[0]), -(-3840 // c.tile[1])
+        assert m_tiles % c.cluster[0] == 0 and n_tiles % c.cluster[1] == 0
+        assert c.cluster[0] * c.cluster[1] in (2, 4, 8) and sm90.plausible(p, c, SMS)
+        source = gemm_sm90.emit(_kernel(c))
+        assert f"cute::Shape<cute::_{c.cluster[0]}, cute::_{c.cluster[1]}, cute::_1>" in source.code
+        # the persistent grid from the clusters the device holds (cluster_occupancy.h)
+        assert f"dim3({c.cluster[0]}, {c.cluster[1]}, 1), co_clusters_known" in source.code
+        assert gemm_sm90.CLUSTER_OCCUPANCY in source.preamble
+    assert sm90.multicast_configs(_problem(8192, 8192, 8192), SMS) == ()     # 16 waves
+    assert sm90.multicast_configs(_problem(512, 3840, 768), SMS) == ()       # short K
+    assert sm90.multicast_configs(replace(p, batch=4), SMS) == ()
+    with pytest.raises(ValueError, match="at most 8 CTAs"):
+        gemm_sm90.emit(_kernel(replace(mc[0], cluster=(4, 4, 1))))
+    # a 1x1 kernel's source is as before: no occupancy query, so its cache key holds
+    plain = gemm_sm90.emit(_kernel(replace(mc[0], cluster=(1, 1, 1))))
+    assert "co_max_active_clusters" not in plain.code
+    assert gemm_sm90.CLUSTER_OCCUPANCY not in plain.preamble
 
 
 def test_no_fitted_tiles_where_fixed_ones_fill_or_cannot_apply():

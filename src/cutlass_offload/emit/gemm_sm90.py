@@ -167,7 +167,7 @@ ${fusion_args}
   arguments.scheduler.max_swizzle_size = args.swizzle > 0 ? args.swizzle : 1;
   arguments.scheduler.raster_order =
       static_cast<cutlass::gemm::kernel::detail::RasterOrderOptions>(args.raster_order);
-${scheduler_args}
+${scheduler_args}${cluster_occupancy}
   return arguments;
 }
 
@@ -210,6 +210,21 @@ int64_t workspace_size(const CoGemmArgs& args) {
   }
 """ + sm90_parts.run_tail("Gemm", "GemmKernel"))
 TEMPLATE = string.Template(_TEXT)
+
+# A clustered kernel's persistent grid from the clusters the device holds at once
+# (templates/cluster_occupancy.h says why); 1x1 kernels' source stays as it was.
+CLUSTER_OCCUPANCY = (Path(__file__).parent / "templates" / "cluster_occupancy.h").read_text()
+_CLUSTER_OCCUPANCY = """
+  static std::atomic<int> co_clusters_known[kCoMaxDevices];
+  arguments.hw_info.max_active_clusters = co_max_active_clusters(
+      reinterpret_cast<const void*>(cutlass::device_kernel<GemmKernel>),
+      static_cast<int>(GemmKernel::SharedStorageSize), static_cast<int>(GemmKernel::MaxThreadsPerBlock),
+      dim3(@CLUSTER@, 1), co_clusters_known);"""
+
+
+def clustered(config) -> bool:
+    """Whether ``config`` launches clusters of more than one CTA."""
+    return config.cluster[0] * config.cluster[1] * config.cluster[2] > 1
 
 # A GLU epilogue (ir.GemmEpilogue.glu): glu_sm90's in place of the collective builder's
 # TMA epilogue; the rest of the kernel's text is TEMPLATE's.
@@ -367,8 +382,9 @@ def validate(kernel: GemmKernel) -> None:
     if tk <= 0 or tk % k_atom:
         raise ValueError(f"tile K must be a positive multiple of {k_atom}, got {tk}")
     cm, cn, ck = cfg.cluster
-    if ck != 1 or cm not in (1, 2, 4) or cn not in (1, 2, 4) or cm * cn > 4:
-        raise ValueError(f"cluster must be (1|2|4, 1|2|4, 1) with at most 4 CTAs, got {cfg.cluster}")
+    # 8 CTAs: the portable cluster size limit (CUDA programming guide, thread block clusters)
+    if ck != 1 or cm not in (1, 2, 4) or cn not in (1, 2, 4) or cm * cn > 8:
+        raise ValueError(f"cluster must be (1|2|4, 1|2|4, 1) with at most 8 CTAs, got {cfg.cluster}")
     if cfg.kernel_schedule not in _KERNEL_SCHEDULES:
         raise ValueError(f"kernel_schedule must be one of {_KERNEL_SCHEDULES}, "
                          f"got {cfg.kernel_schedule!r}")
@@ -507,6 +523,8 @@ def values(kernel: GemmKernel) -> dict:
         "tile_scheduler": (",\n    cutlass::gemm::StreamKScheduler"
                            if stream_k else ""),
         "scheduler_args": _STREAM_K_ARGS if stream_k else "",
+        "cluster_occupancy": (_CLUSTER_OCCUPANCY.replace("@CLUSTER@", f"{cfg.cluster[0]}, {cfg.cluster[1]}")
+                              if clustered(cfg) else ""),
         "split_knobs_ok": ("args.splits >= 0 && args.splits <= 64 && "
                            "args.decomposition >= 0 && args.decomposition <= 3"
                            if stream_k else "args.splits <= 1 && args.decomposition == 0"),
@@ -533,7 +551,9 @@ def emit(kernel: GemmKernel) -> KernelSource:
     code = (code_headers(kernel) + sm90_parts.wgmma_selector(kernel)
             + template_for(kernel).substitute(values(kernel)))
     return KernelSource(name=kernel.name, includes=includes(kernel), code=code, defines=defines(kernel),
-                        preamble=(sm90_parts.TMA_DRIVER,) + activations.preamble(kernel.epilogue.activation))
+                        preamble=((sm90_parts.TMA_DRIVER,)
+                                  + ((CLUSTER_OCCUPANCY,) if clustered(kernel.config) else ())
+                                  + activations.preamble(kernel.epilogue.activation)))
 
 
 def code_headers(kernel: GemmKernel) -> str:

@@ -411,7 +411,8 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
     the ``FIT_PER_M`` tile Ns of ``FIT_TILE_N`` outside SPACE with the smallest
     ``tile_estimate``, each only when it beats the best of SPACE's tile Ns for
     that M by ``FIT_MIN_GAIN``; then the 192-row N-split tiles (``_n_split_configs``),
-    the swap_ab ones (``swap_configs``) and the skinny ones (``skinny_configs``). None
+    the swap_ab ones (``swap_configs``), the skinny ones (``skinny_configs``) and the
+    multicast ones (``multicast_configs``). None
     of the first, second and fourth kind for M <= 128 rows (one tile row: the fixed
     small tiles cover it) or an N-contiguous B (its shared-memory swizzle needs N
     in multiples of 64 for full width). Returns a tuple of KernelConfig.
@@ -431,8 +432,49 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
             tiles_m = math.ceil(m / tm)
             out += [_config((tm, tn, 64), c, sched) for c in clusters if c[0] <= tiles_m]
     n_split = _n_split_configs(m, n, num_sms)
+    multicast = tuple(c for c in multicast_configs(problem, num_sms) if c not in out)
     return (tuple(out) + tuple(c for c in n_split if takes(problem, c)) + swapped
-            + skinny_configs(problem, num_sms))
+            + skinny_configs(problem, num_sms) + multicast)
+
+
+# Multicast clusters: a problem of few output tiles and a long K (the UNet's 512 x 3840 x
+# 1280) is bound by what its CTAs load from L2, as each reads its own A and B panels;
+# in a cluster of cm x cn CTAs a B panel is loaded once for the cm CTAs along M (TMA
+# multicast) and an A panel once for the cn along N. cuBLAS ran that problem on
+# 128x128 tiles in a 2x4 cluster on the H200 (nvjet_sm90_hsh_128x128_64x6_2x4, 9.3 us
+# against our 10.4-11.4 on 128x64 in 1x1; cublas_kernel_names_2026-12-04_h200_s29.log).
+# Session 29 measured ours in such clusters at 12.2-17.9 us: then CUTLASS sized their
+# persistent grid for GPCs of 18 SMs (112 CTAs for clusters of 8 on 132 SMs, two waves
+# for 120 tiles); they now launch as many clusters as the device holds
+# (emit/templates/cluster_occupancy.h).
+MULTICAST_MIN_K = 1024     # K from which the search proposes them
+MULTICAST_MAX_WAVES = 2    # at most this many waves of 128x128 tiles
+MULTICAST_CLUSTERS = ((4, 2, 1), (4, 1, 1), (2, 4, 1), (2, 2, 1))
+
+
+def multicast_configs(problem: GemmProblem, num_sms: int) -> tuple:
+    """Configs in clusters of 4 and 8 CTAs for a problem of at most
+    ``MULTICAST_MAX_WAVES`` waves of 128x128 tiles and K >= ``MULTICAST_MIN_K``:
+    cooperative 128x128 and 128x64 tiles in each of ``MULTICAST_CLUSTERS``, and 64-row
+    ping-pong tiles (tile N 64, 80 or 128) in 2x1 and 4x1, each only where its
+    cluster divides the tile grid (no CTA of a cluster left without a tile) and
+    ``plausible`` holds; f16 / bf16, K-contiguous A and B, one batch entry. Else ()."""
+    m, n, k = gemm_mnk(problem)
+    if (k < MULTICAST_MIN_K or problem.batch != 1 or problem.dtype not in ("f16", "bf16")
+            or (problem.layout_a, problem.layout_b) != ("row", "col")
+            or math.ceil(m / 128) * math.ceil(n / 128) > MULTICAST_MAX_WAVES * num_sms):
+        return ()
+    shapes = [((128, tn, 64), COOP, c) for tn in (128, 64) for c in MULTICAST_CLUSTERS]
+    shapes += [((64, tn, 64), PINGPONG, c) for tn in (64, 80, 128) for c in ((2, 1, 1), (4, 1, 1))]
+    out = []
+    for tile, sched, cluster in shapes:
+        tiles_m, tiles_n = math.ceil(m / tile[0]), math.ceil(n / tile[1])
+        if tiles_m % cluster[0] or tiles_n % cluster[1]:
+            continue
+        c = _config(tile, cluster, sched)
+        if plausible(problem, c, num_sms):
+            out.append(c)
+    return tuple(out)
 
 
 # Skinny tiles: memory-bound GEMMs of many rows and a narrow N or a short K (the 1x1
