@@ -3,7 +3,8 @@ at -O0 (AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL=O0) and with the Python wrapper
 (CUTLASS_OFFLOAD_CPP_WRAPPER=0), and at -O1 without ``runtime/isa_prefetch.py``'s early
 CPU-ISA check (cpp_O1_no_isa_prefetch), issue 17: each variant in one fresh process with empty
 Inductor / Triton caches, in that order (not interleaved), with its default-mode forward
-time (CUDA events, 3 rounds of 20 forwards) and Dynamo's heaviest compile timers. The
+time (CUDA events, ROUNDS (default 3) rounds of 20 forwards, a 5 s pause before
+the fourth) and Dynamo's heaviest compile timers. The
 folder is compiled first with the CLI (kernels only, no glue). Needs a CUDA GPU and nvcc;
 prints one JSON line per step (seconds, ms).
 
@@ -66,9 +67,20 @@ if top_n:
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, f"first_call_profile_{sys.argv[1]}.txt"), "w") as f:
         f.write(buf.getvalue())
+# why forwards after the first call differed with / without the ISA threads (session 50:
+# 0.87-0.97 against 1.44-1.51 ms on bert-base): which threads still run, which ISA is picked
+from cutlass_offload.runtime import isa_prefetch
+alive = [t.name for t in isa_prefetch._threads if t.is_alive()]
+try:
+    from torch._inductor import cpu_vec_isa
+    picked = str(cpu_vec_isa.pick_vec_isa())
+except Exception as e:  # noqa: BLE001
+    picked = f"error: {e}"
 ms = []
 with torch.no_grad():
-    for _ in range(3):
+    for r in range(int(os.environ.get("ROUNDS", "3"))):
+        if r == 3:
+            time.sleep(5)   # rounds 4.. after a pause: does a background job slow rounds 1-3?
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         for _ in range(20):
@@ -78,5 +90,5 @@ with torch.no_grad():
 from torch._dynamo.utils import compile_times
 ct = compile_times(repr="csv", aggregate=True)
 top = sorted(zip(ct[0], ct[1]), key=lambda kv: -float(kv[1] or 0))[:8] if isinstance(ct, tuple) else str(ct)[:800]
-print(json.dumps({"load_s": round(load_s, 2), "first_call_s": round(first, 2), "ms_per_forward": [round(x, 3) for x in ms],
+print(json.dumps({"isa_threads_alive": alive, "isa_picked": picked, "load_s": round(load_s, 2), "first_call_s": round(first, 2), "ms_per_forward": [round(x, 3) for x in ms],
                   "report_glue": str(getattr(compiled, "report", ""))[-0:][:0] or None, "compile_times_top": top}, default=str))

@@ -306,7 +306,7 @@ def test_multicast_clusters_for_few_tiles_and_a_long_k():
         assert f"dim3({c.cluster[0]}, {c.cluster[1]}, 1), co_clusters_known" in source.code
         assert gemm_sm90.CLUSTER_OCCUPANCY in source.preamble
     assert sm90.multicast_configs(_problem(8192, 8192, 8192), SMS) == ()     # 16 waves
-    assert sm90.multicast_configs(_problem(512, 3840, 768), SMS) == ()       # short K
+    assert sm90.multicast_configs(_problem(512, 3840, 512), SMS) == ()       # short K
     assert sm90.multicast_configs(replace(p, batch=4), SMS) == ()
     with pytest.raises(ValueError, match="at most 8 CTAs"):
         gemm_sm90.emit(_kernel(replace(mc[0], cluster=(4, 4, 1))))

@@ -447,25 +447,27 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
 # persistent grid for GPCs of 18 SMs (112 CTAs for clusters of 8 on 132 SMs, two waves
 # for 120 tiles); they now launch as many clusters as the device holds
 # (emit/templates/cluster_occupancy.h).
-MULTICAST_MIN_K = 1024     # K from which the search proposes them
+MULTICAST_MIN_K = 768      # K from which the search proposes them
 MULTICAST_MAX_WAVES = 2    # at most this many waves of 128x128 tiles
-MULTICAST_CLUSTERS = ((4, 2, 1), (4, 1, 1), (2, 4, 1), (2, 2, 1))
+# (cluster along M, along N): a cluster along N shares A panels, along M B panels
+COOP_CLUSTERS = ((4, 2, 1), (4, 1, 1), (2, 4, 1), (2, 2, 1), (1, 2, 1), (1, 4, 1))
+PINGPONG_CLUSTERS = ((2, 1, 1), (4, 1, 1), (1, 2, 1))
 
 
 def multicast_configs(problem: GemmProblem, num_sms: int) -> tuple:
-    """Configs in clusters of 4 and 8 CTAs for a problem of at most
+    """Configs in clusters of 2 to 8 CTAs for a problem of at most
     ``MULTICAST_MAX_WAVES`` waves of 128x128 tiles and K >= ``MULTICAST_MIN_K``:
-    cooperative 128x128 and 128x64 tiles in each of ``MULTICAST_CLUSTERS``, and 64-row
-    ping-pong tiles (tile N 64, 80 or 128) in 2x1 and 4x1, each only where its
-    cluster divides the tile grid (no CTA of a cluster left without a tile) and
-    ``plausible`` holds; f16 / bf16, K-contiguous A and B, one batch entry. Else ()."""
+    cooperative 128x128 and 128x64 tiles in each of ``COOP_CLUSTERS``, and 64-row
+    ping-pong tiles (tile N 64, 80 or 128) in each of ``PINGPONG_CLUSTERS``, each only
+    where its cluster divides the tile grid (no CTA of a cluster left without a tile)
+    and ``plausible`` holds; f16 / bf16, K-contiguous A and B, one batch entry. Else ()."""
     m, n, k = gemm_mnk(problem)
     if (k < MULTICAST_MIN_K or problem.batch != 1 or problem.dtype not in ("f16", "bf16")
             or (problem.layout_a, problem.layout_b) != ("row", "col")
             or math.ceil(m / 128) * math.ceil(n / 128) > MULTICAST_MAX_WAVES * num_sms):
         return ()
-    shapes = [((128, tn, 64), COOP, c) for tn in (128, 64) for c in MULTICAST_CLUSTERS]
-    shapes += [((64, tn, 64), PINGPONG, c) for tn in (64, 80, 128) for c in ((2, 1, 1), (4, 1, 1))]
+    shapes = [((128, tn, 64), COOP, c) for tn in (128, 64) for c in COOP_CLUSTERS]
+    shapes += [((64, tn, 64), PINGPONG, c) for tn in (64, 80, 128) for c in PINGPONG_CLUSTERS]
     out = []
     for tile, sched, cluster in shapes:
         tiles_m, tiles_n = math.ceil(m / tile[0]), math.ceil(n / tile[1])
