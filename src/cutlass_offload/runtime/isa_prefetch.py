@@ -15,7 +15,14 @@ or waits on the check's own file lock. ``start`` returns at once and runs the
 threads once per process; a failure in a thread is left to Inductor's own check.
 Measured (session 50, H100 host, torch 2.11, ``benchmarks/wrapper_first_call.py``):
 bert-base's first call after ``co.load`` 26.2 s with the threads against 80.3 s
-without (``wrapper_first_call_isa_prefetch_bert_2026-12-07_h100_s50.jsonl``).
+without (``wrapper_first_call_isa_prefetch_bert_2026-12-07_h100_s50.jsonl``); in
+session 51, run in the other order, 27.8 against 44.0 s, the same ISA picked either
+way and no thread alive after the first call. The first round of 20 forwards after
+the first call ran 1.10-1.11 ms in both processes; with the threads two more rounds
+stayed at 1.03-1.08 ms, then (after a 5 s pause) 0.74-0.80 ms, as without them from
+the second round on (``wrapper_first_call_isa_rounds_bert_2026-12-07_h100_s51.jsonl``):
+session 50's slower forwards with the threads were a settling time after a shorter
+first call, not a slower steady state.
 """
 from __future__ import annotations
 

@@ -82,6 +82,14 @@ swap_ab won the UNet's 154x24960x768 (14.7 us on 64x160, 17.7 on the table's 64x
 cuBLAS 15.0) and 16x11264x2048 and lost on the other 13 small-M shapes; skinny tiles
 won five of EfficientNet's seven 1x1-conv GEMMs (401408x16x32: 16.7 us on 256x16x32,
 30.3 on 128x64; cuBLAS 16.0). The rules never choose either: only table entries do.
+
+Since session 51 they include, for few tiles and a long K, clusters of 2 to 8 CTAs
+(``multicast_configs``: TMA multicast of the A and B panels), whose persistent grid
+is now sized from the clusters the device holds (emit/templates/cluster_occupancy.h;
+CUTLASS's own estimate cost clusters of 4 and 8 a second wave). On an H100
+(kernels_multicast*_2026-12-07_h100_s51.json) they won the UNet's 512x3840x1280
+(128x128 in 4x2: 10.5 us against 12.0 on 128x64; cuBLAS 10.4) and BERT's
+1024x768x3072 (64x128 ping-pong in 4x1: 12.1 against 14.2) and lost elsewhere.
 """
 from __future__ import annotations
 
