@@ -121,6 +121,19 @@ def test_emitted_source(iterator):
     assert "${" not in code
 
 
+@pytest.mark.parametrize("cluster", [(1, 1, 1), (2, 1, 1)])
+def test_a_clustered_gemm_brings_its_occupancy_query(cluster):
+    """A lowered conv on a clustered GEMM config carries the GEMM's cluster occupancy
+    query and the preamble that defines it (session 51: the unit failed to compile,
+    "co_max_active_clusters is undefined", when only the GEMM family added it)."""
+    k = _kernel("direct", config=dataclasses.replace(sm90.CONFIGS["big"], cluster=cluster))
+    src = emit_kernel(k)
+    queries = "co_max_active_clusters(" in src.code
+    assert queries == (cluster != (1, 1, 1))
+    assert (emitter.gemm_sm90.CLUSTER_OCCUPANCY in src.preamble) == queries
+    assert src.preamble == emitter.gemm_sm90.preamble(emitter.gemm_kernel(k))
+
+
 def test_stream_k_config_is_a_stream_k_unit():
     k = _kernel("im2col", config=sm90.CONFIGS["stream_k"])
     src = emit_kernel(k)

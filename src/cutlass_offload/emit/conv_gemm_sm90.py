@@ -43,7 +43,7 @@ from ..families.conv_gemm_sm90 import CHUNK_ROW_MULTIPLE, IM2COL_CHUNK_BYTES, IT
 from ..ir import DECOMPOSITIONS, RASTER_ORDERS, ConvKernel, GemmKernel, GemmLaunch, KernelSource
 from . import gemm_sm90
 from .evt_sm90 import ELEMENT, semantics
-from . import activations, sm90_parts
+from . import sm90_parts
 from .sm90_parts import CONV_EXTENTS_OK
 
 # templates/im2col.cuh, inlined once per TU (include guard)
@@ -286,5 +286,5 @@ def emit(kernel: ConvKernel) -> KernelSource:
                         code=(gemm_sm90.code_headers(gk) + sm90_parts.wgmma_selector(gk) + _PACK
                               + "\n" + code),
                         args_type="CoConvArgs", defines=gemm_sm90.defines(gk),
-                        preamble=(sm90_parts.TMA_DRIVER,) + activations.preamble(gk.epilogue.activation))
+                        preamble=gemm_sm90.preamble(gk))
 

@@ -551,9 +551,16 @@ def emit(kernel: GemmKernel) -> KernelSource:
     code = (code_headers(kernel) + sm90_parts.wgmma_selector(kernel)
             + template_for(kernel).substitute(values(kernel)))
     return KernelSource(name=kernel.name, includes=includes(kernel), code=code, defines=defines(kernel),
-                        preamble=((sm90_parts.TMA_DRIVER,)
-                                  + ((CLUSTER_OCCUPANCY,) if clustered(kernel.config) else ())
-                                  + activations.preamble(kernel.epilogue.activation)))
+                        preamble=preamble(kernel))
+
+
+def preamble(kernel: GemmKernel) -> tuple:
+    """The preamble blocks ``kernel``'s code needs (emit_unit puts each once ahead of
+    a unit's includes): the TMA driver lookup, the cluster occupancy query of a
+    clustered kernel, the epilogue's activation functors. Also for the GEMMs that
+    other families wrap (conv_gemm_sm90.py)."""
+    return ((sm90_parts.TMA_DRIVER,) + ((CLUSTER_OCCUPANCY,) if clustered(kernel.config) else ())
+            + activations.preamble(kernel.epilogue.activation))
 
 
 def code_headers(kernel: GemmKernel) -> str:
