@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -77,7 +79,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
             phases_before: dict | None = None,
             decompose_wide_attention: bool = True) -> CompiledModel:
     """Offload ``model``'s GEMM, conv2d, attention and norm regions to CUTLASS kernels
-    in one shared library.
+    in one shared library. ``model`` is put in eval mode (``model.eval()``, in place,
+    as for inference: dropout off, batch norm on its running statistics).
 
     example_inputs: a tuple of tensors as the model takes them (any device); a single
       tensor stands for a tuple of one.
@@ -107,7 +110,9 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
       the forward in Inductor's CUDA graphs; "max-autotune").
     offload_norms: which norms become regions ("all", "group", "none"); "auto"
       (the default) leaves layer / RMS norms to Inductor when the glue is Inductor
-      (it fuses them with their neighbours; see CompileOptions), else "all".
+      (it fuses them with their neighbours; see CompileOptions), else "all". With
+      glue "auto" on a machine without a GPU (a compile for a GPU host) that is the
+      Inductor choice: the folder's load on a GPU with Triton runs Inductor glue.
     combine_gemms: run sibling linears on one input with nothing fused but a bias
       (attention's q / k / v projections) as one GEMM over their concatenated
       weights, and on sm_90a a gate and an up linear multiplied after an activation
@@ -144,19 +149,26 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
         offload_norms=offload_norms, combine_gemms=combine_gemms, jobs=jobs,
         grouped_conv=knobs().grouped_conv, per_sample_add=knobs().per_sample_add,
         decompose_wide_attention=decompose_wide_attention),
-        glue_spec.resolved())
+        glue_spec.resolved(), glue_spec.planned())
     _executor(options)      # a missing Ray extra fails now, not after the capture
     if out_dir is not None:
         check_out_dir(out_dir)      # and a path we must not replace, before any work
     phases = _Phases()
     phases.seconds.update(phases_before or {})
     with phases("capture"):
+        printed = io.StringIO()
         try:
-            cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
-                          dynamic_shapes=dynamic_shapes)
+            # what torch prints while exporting (a failed export prints the graph it
+            # traced, twice) is the error's, not the user's console's: kept on it
+            with _stderr_into(printed):
+                cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
+                              dynamic_shapes=dynamic_shapes)
         except Exception as e:  # noqa: BLE001 - the model's own error, or torch.export's refusal
-            raise CaptureError(f"torch.export could not capture the model on its example inputs: "
-                               f"{type(e).__name__}: {e}".rstrip()) from e
+            error = CaptureError(f"torch.export could not capture the model on its example inputs: "
+                                 f"{type(e).__name__}: {e}".rstrip())
+            error.torch_output = printed.getvalue()
+            raise error from e
+        sys.stderr.write(printed.getvalue())     # a successful export's warnings, as they were
     # the weights are final once captured: weights.bin is written while the rest runs
     pending = begin_save(cap, example_inputs, out_dir) if out_dir is not None else None
     try:
@@ -171,6 +183,25 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
         if pending is not None:
             pending.discard()        # a failed compile leaves no temporary folder
     return compiled
+
+
+@contextlib.contextmanager
+def _stderr_into(buffer):
+    """sys.stderr, and the stream of torch's logging handlers that write to it (they
+    keep the stream they were made with), into ``buffer`` meanwhile."""
+    import logging
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name == "torch" or name.startswith("torch.")]
+    handlers = {h for lg in loggers for h in lg.handlers
+                if isinstance(h, logging.StreamHandler) and h.stream is sys.stderr}
+    for h in handlers:
+        h.setStream(buffer)
+    try:
+        with contextlib.redirect_stderr(buffer):
+            yield
+    finally:
+        for h in handlers:
+            h.setStream(sys.stderr)
 
 
 def _warm_inputs(example_inputs, options: CompileOptions, glue: GlueSpec):

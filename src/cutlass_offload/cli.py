@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from .errors import CutlassOffloadError
+from .errors import CaptureError, CutlassOffloadError
 
 
 def _folder(text: str) -> str:
@@ -293,6 +293,8 @@ def main(argv=None) -> int:
     env = knobs_doc[knobs_doc.index("Environment variables:"):]
     p = _Parser(prog="cutlass-offload", description=__doc__, epilog=env,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    from . import __version__
+    p.add_argument("--version", action="version", version=f"cutlass-offload {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="offload a model's GEMMs, convs, attention and norms and build the library (no GPU needed)",
                        epilog="environment variables that change what is offloaded or how it builds "
@@ -403,6 +405,13 @@ def main(argv=None) -> int:
             raise CutlassOffloadError(f"the build cache {cache} (CUTLASS_OFFLOAD_CACHE_DIR, or its "
                                       "default) is a file, not a folder")
         return a.fn(a)
+    except CaptureError as e:
+        # torch.export's message runs to dozens of lines (hints, links, the failing
+        # frame); its first line names the problem
+        first = str(e).splitlines()[0]
+        print(f"error: {first} (torch.export's whole message: co.compile from Python raises "
+              "CaptureError with it as its __cause__)", file=sys.stderr)
+        return 2
     except (CutlassOffloadError, ValueError, ImportError) as e:   # one clear line for the user
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -280,14 +280,16 @@ class CompileOptions:
 NORM_CHOICES = ("auto", "all", "group", "none")
 
 
-def options_for_glue(options: CompileOptions, glue: str) -> CompileOptions:
+def options_for_glue(options: CompileOptions, glue: str, planned: str | None = None) -> CompileOptions:
     """``options`` for ``glue`` (the resolved glue, "inductor" or "eager"): its
-    ``glue`` set, and ``offload_norms`` "auto" made concrete: "group" with Inductor
-    glue unless strict, else "all" (other values stay)."""
+    ``glue`` set, and ``offload_norms`` "auto" made concrete for ``planned`` (the glue
+    the model is meant to run with, default ``glue``; runtime/glue.GlueSpec.planned):
+    "group" with Inductor glue unless strict, else "all" (other values stay)."""
     options = replace(options, glue=glue)
     if options.offload_norms != "auto":
         return options
-    return replace(options, offload_norms="group" if glue == "inductor" and not options.strict else "all")
+    planned = planned or glue
+    return replace(options, offload_norms="group" if planned == "inductor" and not options.strict else "all")
 
 
 @functools.lru_cache(maxsize=None)

@@ -58,7 +58,11 @@ class CompileError(CutlassOffloadError):
 
 class CaptureError(CutlassOffloadError):
     """torch.export could not capture the model on its example inputs (its forward
-    raised, or the export refused it); the original exception is the ``__cause__``."""
+    raised, or the export refused it); the original exception is the ``__cause__``,
+    what torch printed to stderr meanwhile (e.g. the graph it traced) is
+    ``torch_output``."""
+
+    torch_output = ""
 
 
 class DeviceError(CutlassOffloadError):

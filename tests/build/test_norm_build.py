@@ -27,7 +27,7 @@ class Norms(nn.Module):
 def test_layer_norm_and_rms_norm_build_into_one_library(tmp_path):
     out = tmp_path / "norms"
     compiled = co.compile(Norms().half(), (torch.randn(2, 8, 64, dtype=torch.float16),),
-                          arch="sm_80", out_dir=out)
+                          arch="sm_80", out_dir=out, offload_norms="all")
     assert [r.problem.kind for r in compiled.plan.regions] == ["layer_norm", "rms_norm"]
     assert not compiled.plan.fallbacks and not compiled.report.build["failures"]
     assert sorted(k.name for k in compiled.plan.distinct_kernels) == [

@@ -66,6 +66,17 @@ def test_a_damaged_entry_is_not_exported(source, tmp_path):
     assert (out.entries, out.damaged, out.indexes) == (1, 1, 1)
 
 
+def test_an_export_is_shareable_and_makes_no_folders(source, tmp_path):
+    """A fresh-user trial (session 51): exports were 0600 (mkstemp's mode), and a
+    mistyped folder was created."""
+    cache, _ = source
+    cache_transfer.export(tmp_path / "k.tar", cache)
+    assert (tmp_path / "k.tar").stat().st_mode & 0o777 == 0o666 & ~cache_transfer._umask()
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        cache_transfer.export(tmp_path / "missing" / "k.tar", cache)
+    assert not (tmp_path / "missing").exists()
+
+
 def _rewrite(src, dst, change):
     """Copy the tar ``src`` to ``dst``, each member's bytes through change(name, data)."""
     with tarfile.open(src) as a, tarfile.open(dst, "w") as b:

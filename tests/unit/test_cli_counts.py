@@ -97,3 +97,13 @@ def test_compile_refuses_an_empty_out(capsys, monkeypatch, out):
         cli.main(["compile", "mlp", "--out", out, "--arch", "sm_80"])
     assert e.value.code == 2
     assert "argument --out: an empty path" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    """``cutlass-offload --version`` prints the package's version (a fresh-user trial,
+    session 51: it asked for a subcommand)."""
+    import cutlass_offload
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"cutlass-offload {cutlass_offload.__version__}"

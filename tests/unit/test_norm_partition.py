@@ -319,6 +319,32 @@ def test_options_for_glue_by_glue():
     assert options_for_glue(CompileOptions(arch="sm90a", offload_norms="none"), "eager").offload_norms == "none"
     with pytest.raises(ValueError, match="offload_norms"):
         CompileOptions(arch="sm90a", offload_norms="some")
+    # the norm choice follows the glue the model is planned to run with
+    assert options_for_glue(auto, "eager", "inductor").offload_norms == "group"
+    assert options_for_glue(auto, "eager", "inductor").glue == "eager"
+
+
+def test_a_gpu_less_compile_with_auto_glue_plans_for_inductor(tmp_path, monkeypatch):
+    """A folder compiled on a machine without a GPU (glue "auto": eager here) loads
+    with Inductor glue on a GPU host with Triton, so its norms are planned for that
+    glue: layer norms stay in the graph (found by a fresh-user trial: such folders
+    ran every layer norm as a region under Inductor, the slower setup). An explicit
+    eager glue keeps them offloaded."""
+    import json
+
+    import cutlass_offload as co
+    from cutlass_offload.runtime import glue as glue_mod
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert glue_mod.GlueSpec("auto").planned() == "inductor"
+    assert glue_mod.GlueSpec("eager").planned() == "eager"
+    m = _Norms().to(torch.float16).eval()
+    xs = (torch.randn(2, 8, 64, dtype=torch.float16), torch.randn(2, 64, 4, 4, dtype=torch.float16))
+    for glue, norms in (("auto", "group"), ("eager", "all")):
+        out = tmp_path / glue
+        compiled = co.compile(m, xs, arch="sm_80", glue=glue, out_dir=out, offload_norms="auto")
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["options"]["offload_norms"] == norms
+        assert ("layer_norm" in {r.form for r in compiled.plan.regions}) == (norms == "all")
 
 
 def test_norm_header_matches_the_emitter():

@@ -202,12 +202,18 @@ def _factories():
         def forward(self, x):
             raise TypeError("forward broke")
 
+    class DataDependent(Block):
+        def forward(self, x):
+            y = self.a(x)
+            return y * 2 if y.sum() > 0 else y       # torch.export cannot guard on data
+
     def boom():
         raise RuntimeError("no weights here")
     mod.bare = Block
     mod.boom = boom
     mod.fp64 = lambda: (Block().double(), (torch.randn(2, 16, dtype=torch.float64),))
     mod.bad_forward = lambda: (Bad(), (torch.randn(2, 16),))
+    mod.data_dependent = lambda: (DataDependent(), (torch.randn(2, 16),))
     return mod
 
 
@@ -253,6 +259,43 @@ def test_a_forward_that_raises_is_a_capture_error(monkeypatch, capsys, tmp_path)
     assert err[-1].startswith("error: torch.export could not capture") and "forward broke" in err[-1]
     assert not any("Traceback" in line for line in err)
     assert not (tmp_path / "out").exists()                         # nothing half-written
+
+
+def test_torch_exports_own_output_stays_with_the_capture_error(monkeypatch, capsys, tmp_path):
+    """A failed export prints the graph it traced (twice) and logs warnings: none of it
+    reaches the console; the CaptureError keeps it (``torch_output``) and the CLI
+    prints one line (a fresh-user trial, session 51: 45 lines before)."""
+    import sys
+
+    import cutlass_offload as co
+    from cutlass_offload import cli
+    from cutlass_offload.errors import CaptureError
+    monkeypatch.setitem(sys.modules, "co_test_factories", _factories())
+    model, x = models.load_model("co_test_factories:data_dependent", "fp16")
+    capsys.readouterr()
+    with pytest.raises(CaptureError, match="data-dependent") as e:
+        co.compile(model, x, arch="sm_90a")
+    assert "def forward" in e.value.torch_output
+    assert capsys.readouterr().err == ""
+    assert cli.main(["compile", "co_test_factories:data_dependent", "--arch", "sm_90a",
+                     "--out", str(tmp_path / "out"), "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line for line in err if not line.startswith("note:")] == err[-1:], err    # the cast's note, then one line
+    assert err[-1].startswith("error: torch.export could not capture"), err
+    # an export that succeeds passes on what was printed meanwhile, after it
+    from cutlass_offload import api
+
+    class Loud(torch.nn.Module):
+        def forward(self, x):
+            print("said while traced", file=sys.stderr)
+            return x * 2
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("stop after the capture")
+    monkeypatch.setattr(api, "_compile_graph", stop)
+    with pytest.raises(RuntimeError, match="stop after the capture"):
+        co.compile(Loud(), (torch.randn(2, 16),), arch="sm_80")
+    assert "said while traced" in capsys.readouterr().err
 
 
 def test_zoo_defaults_and_layouts():

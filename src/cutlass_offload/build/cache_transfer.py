@@ -22,6 +22,7 @@ fails its check is skipped and counted, one already in the cache is kept.
 """
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -73,11 +74,14 @@ def _mode(path: Path) -> str:
 def export(path, cache: BuildCache | None = None) -> Transfer:
     """Write the cache's intact, successful objects and their index records to the tar
     file ``path`` (compression from its suffix), atomically: a temporary file renamed
-    into place. Raises ValueError for an unknown suffix."""
+    into place, readable as the umask allows (it is made to be shared). Raises
+    ValueError for an unknown suffix, FileNotFoundError naming the folder when it
+    does not exist (a mistyped path makes no folders)."""
     path, cache = Path(path), cache or BuildCache()
     mode, out = _mode(path), Transfer()
     kept = set()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no such folder", str(path.parent))
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     except OSError as e:       # name the file asked for, not the temporary one beside it
@@ -116,11 +120,24 @@ def export(path, cache: BuildCache | None = None) -> Transfer:
             info = tarfile.TarInfo(MANIFEST)
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
+        os.chmod(tmp, 0o666 & ~_umask())     # mkstemp's file is the owner's alone
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return out
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask sets it for every
+    thread meanwhile): /proc/self/status on Linux, else the common 0o022."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _check_members(tar: tarfile.TarFile, path) -> list:

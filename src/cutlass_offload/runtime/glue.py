@@ -474,11 +474,24 @@ class GlueSpec:
     def resolved(self) -> str:
         return resolve_glue(self.glue)
 
+    def planned(self) -> str:
+        """The glue the compiled model is meant to run with, which sets the "auto"
+        norm choice (config.options_for_glue): ``resolved()`` where a GPU is visible;
+        without one, "inductor" for "auto", the glue a GPU host with Triton resolves
+        it to when it loads the folder (a CPU compile's own model cannot call its
+        regions, so its eager glue here says nothing about how the folder runs)."""
+        if self.glue == "auto" and not torch.cuda.is_available():
+            return "inductor"
+        return self.resolved()
+
     def apply(self, compiled):
         compiled.set_glue(self.glue, self.mode, self.options)
         if compiled.report is not None:
             compiled.report.glue = {"requested": self.glue, "glue": compiled.glue, "mode": self.mode,
                                     "options": self.options}
+            if self.planned() != compiled.glue:
+                compiled.report.glue["note"] = (f"no GPU here: a GPU host with Triton runs the saved "
+                                                f"folder with {self.planned()} glue")
         return compiled
 
     def to_json(self) -> dict:
