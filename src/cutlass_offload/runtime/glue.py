@@ -490,8 +490,8 @@ class GlueSpec:
             compiled.report.glue = {"requested": self.glue, "glue": compiled.glue, "mode": self.mode,
                                     "options": self.options}
             if self.planned() != compiled.glue:
-                compiled.report.glue["note"] = (f"no GPU here: a GPU host with Triton runs the saved "
-                                                f"folder with {self.planned()} glue")
+                compiled.report.glue["note"] = (f"no GPU here: on a GPU host with Triton the model "
+                                                f"runs with {self.planned()} glue")
         return compiled
 
     def to_json(self) -> dict:
