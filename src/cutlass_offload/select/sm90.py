@@ -455,29 +455,29 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
 # persistent grid for GPCs of 18 SMs (112 CTAs for clusters of 8 on 132 SMs, two waves
 # for 120 tiles); they now launch as many clusters as the device holds
 # (emit/templates/cluster_occupancy.h).
-MULTICAST_MIN_K = 768      # K from which the search proposes them
+MULTICAST_MIN_K = 1024     # K from which the search proposes them
 MULTICAST_MAX_WAVES = 2    # at most this many waves of 128x128 tiles
-# (cluster along M, along N): a cluster along N shares A panels, along M B panels
-COOP_CLUSTERS = ((4, 2, 1), (4, 1, 1), (2, 4, 1), (2, 2, 1), (1, 2, 1), (1, 4, 1))
-PINGPONG_CLUSTERS = ((2, 1, 1), (4, 1, 1), (1, 2, 1))
+# (tile, schedule, cluster): the ones that won or came within 10% on an H100 in session 51
+# (kernels_multicast*_2026-12-07_h100_s51.json); 64x64 / 64x80 ping-pong in clusters and
+# 1x2 / 1x4 clusters won nowhere, and each candidate is a compile in every --tune
+MULTICAST_CONFIGS = (((128, 128, 64), COOP, (4, 2, 1)), ((128, 128, 64), COOP, (2, 2, 1)),
+                     ((128, 128, 64), COOP, (4, 1, 1)), ((128, 64, 64), COOP, (2, 4, 1)),
+                     ((64, 128, 64), PINGPONG, (4, 1, 1)), ((64, 128, 64), PINGPONG, (2, 1, 1)))
 
 
 def multicast_configs(problem: GemmProblem, num_sms: int) -> tuple:
-    """Configs in clusters of 2 to 8 CTAs for a problem of at most
-    ``MULTICAST_MAX_WAVES`` waves of 128x128 tiles and K >= ``MULTICAST_MIN_K``:
-    cooperative 128x128 and 128x64 tiles in each of ``COOP_CLUSTERS``, and 64-row
-    ping-pong tiles (tile N 64, 80 or 128) in each of ``PINGPONG_CLUSTERS``, each only
-    where its cluster divides the tile grid (no CTA of a cluster left without a tile)
-    and ``plausible`` holds; f16 / bf16, K-contiguous A and B, one batch entry. Else ()."""
+    """``MULTICAST_CONFIGS`` (clusters of 2 to 8 CTAs: TMA multicast of the A and B
+    panels) for a problem of at most ``MULTICAST_MAX_WAVES`` waves of 128x128 tiles
+    and K >= ``MULTICAST_MIN_K``, each only where its cluster divides the tile grid
+    (no CTA of a cluster left without a tile) and ``plausible`` holds; f16 / bf16,
+    K-contiguous A and B, one batch entry. Else ()."""
     m, n, k = gemm_mnk(problem)
     if (k < MULTICAST_MIN_K or problem.batch != 1 or problem.dtype not in ("f16", "bf16")
             or (problem.layout_a, problem.layout_b) != ("row", "col")
             or math.ceil(m / 128) * math.ceil(n / 128) > MULTICAST_MAX_WAVES * num_sms):
         return ()
-    shapes = [((128, tn, 64), COOP, c) for tn in (128, 64) for c in COOP_CLUSTERS]
-    shapes += [((64, tn, 64), PINGPONG, c) for tn in (64, 80, 128) for c in PINGPONG_CLUSTERS]
     out = []
-    for tile, sched, cluster in shapes:
+    for tile, sched, cluster in MULTICAST_CONFIGS:
         tiles_m, tiles_n = math.ceil(m / tile[0]), math.ceil(n / tile[1])
         if tiles_m % cluster[0] or tiles_n % cluster[1]:
             continue
