@@ -354,7 +354,10 @@ def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: in
                              f"{type(made).__name__}")
         model, inputs = made
     else:
-        raise ValueError(f"unknown model {name!r}: use one of {sorted(BUILTIN)} or package.module:factory")
+        import difflib
+        near = difflib.get_close_matches(name, sorted(BUILTIN), n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise ValueError(f"unknown model {name!r}: {hint}use one of {sorted(BUILTIN)} or package.module:factory")
     dt = DTYPES[dtype]
     other = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()
                     if p.is_floating_point() and p.dtype != dt})

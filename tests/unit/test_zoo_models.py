@@ -320,3 +320,11 @@ def test_batch_norm_calibration_normalizes_eval_activations():
     per_channel = y.transpose(0, 1).flatten(1)
     assert per_channel.mean(1).abs().max() < 0.2
     assert (per_channel.std(1) - 1).abs().max() < 0.2
+
+
+def test_a_mistyped_model_name_gets_a_suggestion():
+    """A fresh-user trial (session 51) typed ``mpl``: the error names the nearest built-in."""
+    with pytest.raises(ValueError, match=r"unknown model 'mpl': did you mean 'mlp'\?"):
+        models.load_model("mpl", "fp16")
+    with pytest.raises(ValueError, match=r"unknown model 'zzzz': use one of"):
+        models.load_model("zzzz", "fp16")
