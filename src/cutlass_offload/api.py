@@ -133,14 +133,21 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     Returns a CompiledModel; its regions run on a GPU of ``arch``.
     Raises CaptureError when torch.export cannot capture the model (its forward
     raised on the example inputs, or the export refused it; the original error is its
-    ``__cause__``), DeviceError, ToolchainError, CompileError (nvcc failed: names the
+    ``__cause__``), TypeError for a model that is not an nn.Module or example inputs
+    that are not a tuple (or one tensor), DeviceError, ToolchainError, CompileError (nvcc failed: names the
     regions and kernels, keeps the source), CutlassOffloadError when ``strict`` and
     an offloadable op falls back or ``out_dir`` may not be written, DiskFullError
     when the cache's or out_dir's disk is full, ValueError for an unknown glue,
     mode or option.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__} "
+                        "(wrap a function in a Module whose forward calls it)")
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, (tuple, list)):
+        raise TypeError(f"example_inputs must be a tuple of the forward's positional arguments "
+                        f"(or one tensor), got {type(example_inputs).__name__}")
     inductor_options = options
     glue_spec = GlueSpec(glue, mode, inductor_options)        # ValueError before any work
     options = options_for_glue(CompileOptions(

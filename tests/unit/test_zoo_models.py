@@ -328,3 +328,13 @@ def test_a_mistyped_model_name_gets_a_suggestion():
         models.load_model("mpl", "fp16")
     with pytest.raises(ValueError, match=r"unknown model 'zzzz': use one of"):
         models.load_model("zzzz", "fp16")
+
+
+def test_compile_names_a_wrong_model_or_inputs_type():
+    """A fresh-user trial (session 51): a lambda gave "'function' object has no attribute
+    'eval'" and a dict of inputs "must be Tensor, not str", both as capture errors."""
+    import cutlass_offload as co
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got function"):
+        co.compile(lambda x: x * 2, (torch.randn(2, 16),), arch="sm_80")
+    with pytest.raises(TypeError, match="example_inputs must be a tuple .* got dict"):
+        co.compile(torch.nn.Linear(16, 16), {"x": torch.randn(2, 16)}, arch="sm_80")
