@@ -269,7 +269,8 @@ class CompileOptions:
                                       or self.jobs < 1):
             raise ValueError(f"jobs must be a positive int (or None), got {self.jobs!r}")
         if self.ray_address is not None and self.executor != "ray":
-            raise ValueError("ray_address is only used with executor='ray'")
+            raise ValueError("a Ray address (--ray-address / ray_address=) is only used with the "
+                             "ray executor (--executor ray / executor='ray')")
         if self.glue not in ("eager", "inductor"):
             raise ValueError(f"glue must be eager or inductor, got {self.glue!r}")
         if self.offload_norms not in NORM_CHOICES:

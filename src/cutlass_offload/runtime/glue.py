@@ -455,7 +455,8 @@ def check_glue_args(glue: str | None, mode: str | None, options: dict | None) ->
     if glue is not None and glue not in GLUES:
         raise ValueError(f"glue must be one of {', '.join(GLUES)}, got {glue!r}")
     if (mode not in (None, "default") or options) and glue == "eager":
-        raise ValueError("mode and options configure Inductor: they need glue='inductor' or 'auto'")
+        raise ValueError("a torch.compile mode or options configure the Inductor glue: they need the "
+                         "inductor or auto glue, not eager (--glue / glue=)")
     mode_options(mode, options)
 
 
