@@ -27,8 +27,8 @@ import os
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-PACKAGED = HERE.parent / "src" / "cutlass_offload" / "select" / "tables" / "sm90a_h200.json"
+from cutlass_offload.ir import GemmLaunch, config_from_dict
+from cutlass_offload.select.sm90 import TABLE_FILE as PACKAGED
 MIN_GAIN = 1.02      # a few percent is what these kernels move between runs (docs/status.md)
 
 
@@ -37,23 +37,12 @@ def shape_key(e: dict) -> tuple:
     return (e["m"], e["n"], e["k"], e.get("batch", 1) or 1, e["layout_b"], e.get("layout_a", "row"))
 
 
-def _choice(e: dict) -> tuple:
-    return (e["config"], e.get("launch", {}), e.get("residual"))
-
-
-def _same_config(a: dict, b: dict) -> bool:
-    # the writer adds fields with defaults over time (e.g. "swap_ab": false)
-    keys = set(a) | set(b)
-    return all(a.get(k, False) == b.get(k, False) for k in keys)
-
-
-def _same_choice(a: dict, b: dict) -> bool:
-    (ca, la, ra), (cb, lb, rb) = _choice(a), _choice(b)
-    if not (_same_config(ca, cb) and la == lb):
-        return False
-    if (ra is None) != (rb is None):
-        return False
-    return ra is None or (_same_config(ra["config"], rb["config"]) and ra.get("launch", {}) == rb.get("launch", {}))
+def _choice(e: dict):
+    """An entry's winner (and its source-C winner) as select/sm90.py's Table reads them:
+    the config classes fill the fields a newer writer adds (e.g. ``swap_ab``)."""
+    def one(w):
+        return None if w is None else (config_from_dict(w["config"]), GemmLaunch(**w.get("launch", {})))
+    return one(e), one(e.get("residual"))
 
 
 def merge(table: dict, run: dict, run_table: dict, min_gain: float = MIN_GAIN, source: str = "") -> tuple:
@@ -77,7 +66,7 @@ def merge(table: dict, run: dict, run_table: dict, min_gain: float = MIN_GAIN, s
         gains = [(r["epilogue"], r["old_heuristic_us"] / r["table_heuristic_us"], r.get("old_heuristic"),
                   r.get("table_heuristic")) for r in rows.get(key, [])]
         old = out["entries"][index[key]] if key in index else None
-        if old is not None and _same_choice(old, entry):
+        if old is not None and _choice(old) == _choice(entry):
             verdicts.append((key, "same choice", gains))
             continue
         if not gains or min(g for _, g, _, _ in gains) < min_gain:

@@ -490,9 +490,10 @@ class GlueSpec:
         if compiled.report is not None:
             compiled.report.glue = {"requested": self.glue, "glue": compiled.glue, "mode": self.mode,
                                     "options": self.options}
-            if self.planned() != compiled.glue:
+            planned = self.planned()
+            if planned != compiled.glue:
                 compiled.report.glue["note"] = (f"no GPU here: on a GPU host with Triton the model "
-                                                f"runs with {self.planned()} glue")
+                                                f"runs with {planned} glue")
         return compiled
 
     def to_json(self) -> dict:
