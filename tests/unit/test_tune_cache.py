@@ -165,7 +165,8 @@ class FakeBuild:
 class FakeProfiler:
     """Stands in for runner.profile_candidates: a time per candidate tag (or a
     status) from ``outcome(tag, spec, launch)``; with a knob search, every variant of
-    the ``top`` fastest jobs, as the profiling process would."""
+    the ``top`` fastest jobs and of those marked always_variants, as the profiling
+    process would."""
 
     def __init__(self, outcome):
         self.outcome, self.calls, self.searches = outcome, [], []
@@ -185,7 +186,10 @@ class FakeProfiler:
             for pid in specs:
                 ok = sorted((res[j["id"]].us, j["id"]) for j in jobs
                             if j["problem"] == pid and res[j["id"]].status == "ok")
-                for _, jid in ok[:knob_search["top"]]:
+                top = [jid for _, jid in ok[:knob_search["top"]]]
+                top += [jid for _, jid in ok[knob_search["top"]:]
+                        if next(j for j in jobs if j["id"] == jid).get("always_variants")]
+                for jid in top:
                     job = next(j for j in jobs if j["id"] == jid)
                     for v in job.get("variants", []):
                         tag = f"{tags[jid]}+{GemmLaunch(**v).tag}"
@@ -214,7 +218,14 @@ def test_tune_ranks_proxies_then_builds_the_best_with_each_epilogue(tmp_path):
     n_rank = sum(len(sm90.search_space(replace(p, epilogue=GemmEpilogue()), 132)) for p in (p1, p2))
     assert len(fb.plans[0].regions) == n_rank
     assert all(k.epilogue == GemmEpilogue() for k in fb.plans[0].kernels)
-    assert fp.searches == [None, {"top": 2, "pdl": True}]
+    assert fp.searches == [{"top": 0, "pdl": False}, {"top": 2, "pdl": True}]
+    # in the rank step only stream-K configs carry variants: their decompositions
+    ranked = [j for j in fp.calls[0] if "variants" in j]
+    assert ranked and all(j["always_variants"] for j in ranked)
+    assert all(j["kernel"] in {k.name for k in fb.plans[0].kernels
+                               if k.config.tile_scheduler == "stream_k"} for j in ranked)
+    assert all(v.get("decomposition") in ("data_parallel", "stream_k", "split_k")
+               for j in ranked for v in j["variants"])
     # final: the heuristic's kernel first, then the best-ranked configs, own epilogue
     final = fb.plans[1]
     by_problem = {}
@@ -251,6 +262,28 @@ def test_a_launch_variant_can_win_and_select_launches_with_it(tmp_path):
     assert k.config == config and k.launch == launch
     again = tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=None, profiler=None)
     assert again.problems[0].cached and again.winners == rep.winners
+
+
+def test_a_stream_k_config_is_ranked_and_kept_by_its_best_decomposition(tmp_path):
+    # under a wave of 128x128 tiles (78 on 132 SMs), CUTLASS's heuristic launch runs a
+    # stream-K kernel data-parallel: slow here; split-K 3 is the fastest of everything
+    p = _problem(1568, 768, 3072)
+
+    def outcome(tag, spec, launch):
+        if "streamk" in tag.split("+")[0]:
+            return 4.0 if launch.get("splits") == 3 else 9.0
+        return 6.0
+
+    fp = FakeProfiler(outcome)
+    rep = tune(_plan(p), OPTIONS, cache=TuningCache(tmp_path), gpu=GPU, builder=FakeBuild(),
+               profiler=fp)
+    proxy = tuning_id(replace(p, epilogue=GemmEpilogue()))
+    best = min((r for r in rep.ranking[proxy] if r["status"] == "ok"), key=lambda r: r["us"])
+    assert best["us"] == 4.0 and best["launch"]["splits"] == 3
+    (tp,) = rep.problems
+    assert "streamk" in tp.winner and tp.winner_launch["decomposition"] == "split_k"
+    config, launch = rep.winners[tuning_id(p)]
+    assert config.tile_scheduler == "stream_k" and launch == GemmLaunch(decomposition="split_k", splits=3)
 
 
 def _partition_of(plan):
@@ -545,6 +578,13 @@ def test_the_profiling_process_knob_search_retimes_the_fastest_then_tries_pdl(mo
                                         "a@along_n_pdl"]
     assert done[-1]["launch"] == {"raster": "along_n", "pdl": True} and done[-1]["us"] == 3.5
     assert all(e["base"] == e["job"].split("@")[0] for e in done)
+    # a job marked always_variants is retimed with its variants whatever its time
+    jobs[2]["always_variants"] = True
+    timed = [(fake_job(None, j, None, None)["us"], j, {}) for j in jobs]
+    events.clear()
+    assert profile._knob_search(None, {"top": 0, "pdl": False}, timed, None, None,
+                                lambda **e: events.append(e))
+    assert [e["job"] for e in events if e["event"] == "done"] == ["c@along_n", "c@along_m"]
 
 
 def test_big_problems_are_timed_with_fewer_launches():

@@ -153,6 +153,7 @@ SPACE = tuple(dict.fromkeys([
     _config((128, 128, 64), _C21, PINGPONG),
     # stream-K scheduler (cooperative only): splits / decomposition are launch knobs
     _config((128, 64, 64), _C11, COOP, "stream_k"),
+    _config((128, 192, 64), _C11, COOP, "stream_k"),
     _config((128, 256, 64), _C11, COOP, "stream_k"),
 ]))
 
@@ -570,8 +571,17 @@ def launch_variants(config: KernelConfig, problem: GemmProblem, num_sms: int) ->
         for raster in ("along_m", "along_n"):
             for swz in (1, 2, 4, 8):
                 out.append(GemmLaunch(raster=raster, swizzle=swz))
-    if config.tile_scheduler == "stream_k":
-        out += [GemmLaunch(decomposition="data_parallel"), GemmLaunch(decomposition="stream_k")]
-        out += [GemmLaunch(decomposition="split_k", splits=s) for s in (2, 3, 4)
-                if problem.k // s >= 2 * config.tile[2]]
-    return tuple(dict.fromkeys(out))
+    return tuple(dict.fromkeys(out + list(decomposition_variants(config, problem))))
+
+
+def decomposition_variants(config: KernelConfig, problem: GemmProblem) -> tuple:
+    """A stream-K kernel's explicit decompositions (data-parallel, stream-K, split-K
+    2 / 3 / 4 with at least two K tiles per split); () for other kernels. CUTLASS's
+    "heuristic" runs under-one-wave grids with more than half a wave of tiles
+    data-parallel (tile_scheduler_params.h get_num_sk_tiles), so a stream-K kernel
+    is ranked on these too (tune._rank), not on its default launch alone."""
+    if config.tile_scheduler != "stream_k":
+        return ()
+    out = [GemmLaunch(decomposition="data_parallel"), GemmLaunch(decomposition="stream_k")]
+    return tuple(out + [GemmLaunch(decomposition="split_k", splits=s) for s in (2, 3, 4)
+                        if problem.k // s >= 2 * config.tile[2]])

@@ -10,10 +10,11 @@ sizes, dtypes, layouts, alignments, epilogue) not in the tuning cache:
    sm90 search space (select/sm90.py SPACE) on a proxy of the problem, the same
    shape with a plain epilogue in fp16 (the mainloop decides the ranking; proxies
    of bf16 and fused problems share kernels, so the search compiles each config
-   once per B layout and alignment, not once per epilogue and dtype);
+   once per B layout and alignment, not once per epilogue and dtype); a stream-K
+   config by the best of its decompositions (sm90.decomposition_variants);
 2. final: the heuristic's kernel and the ``TOP`` best-ranked configs, built with
    the problem's own epilogue and dtype, each timed with its launch knobs; the
-   ``KNOB_TOP`` fastest are retimed with every launch variant
+   ``KNOB_TOP`` fastest and every stream-K kernel are retimed with every launch variant
    (sm90.launch_variants: raster order, swizzle, split-K / stream-K
    decomposition: no recompile), then the fastest of all with PDL on. CUTLASS
    2.x problems profile their (at most four) candidates in this step only;
@@ -191,15 +192,21 @@ def _rank(todo, ctx, search="full") -> dict:
         space = (sm90.search_space(proxy, ctx.num_sms) if search == "full" else
                  (sm90.choose(proxy, ctx.num_sms)[0],) + sm90.fitted_configs(proxy, ctx.num_sms))
         for config in dict.fromkeys(space):
-            jobs.append((str(pid), proxy, _kernel(proxy, ctx.arch, config), False))
-    results, _, _ = _build_and_profile(jobs, {str(i): p for i, p in enumerate(proxies.values())},
-                                       ctx, knob_search=None, phase="rank")
+            jobs.append((str(pid), proxy, _kernel(proxy, ctx.arch, config), "decompositions"))
+    # stream-K kernels are ranked on their best decomposition (sm90.decomposition_variants)
+    results, _, extra = _build_and_profile(jobs, {str(i): p for i, p in enumerate(proxies.values())},
+                                           ctx, knob_search={"top": 0, "pdl": False}, phase="rank")
     ranking = {}
     for pid, ptid in enumerate(proxies):
         rows = [(c, k) for (p, _, k, _), c in zip(jobs, results) if p == str(pid)]
+        by_name = {k.name: k for _, k in rows}
+        rows += [(c, by_name[c.kernel]) for c in extra.get(str(pid), []) if c.kernel in by_name]
         ctx.report.ranking[ptid] = [asdict(c) for c, _ in rows]
-        ok = sorted((c.us, i) for i, (c, _) in enumerate(rows) if c.status == "ok" and c.us)
-        ranking[ptid] = [rows[i][1].config for _, i in ok]
+        best = {}
+        for c, k in rows:
+            if c.status == "ok" and c.us and c.us < best.get(k.name, (float("inf"),))[0]:
+                best[k.name] = (c.us, k.config)
+        ranking[ptid] = [config for _, config in sorted(best.values(), key=lambda t: t[0])]
     return ranking
 
 
@@ -247,8 +254,10 @@ def _kernel(problem, arch, config) -> GemmKernel:
 
 
 def _build_and_profile(jobs, specs, ctx, knob_search, phase) -> tuple:
-    """Build one profiling plan of ``jobs`` ((problem id, problem, kernel, search
-    knobs?) each) and profile it. Returns ([CandidateResult per job, in order],
+    """Build one profiling plan of ``jobs`` ((problem id, problem, kernel, knobs)
+    each; knobs: False, True (sm90.launch_variants) or "decompositions"
+    (sm90.decomposition_variants); a stream-K kernel's variants are timed whatever
+    its default launch's time) and profile it. Returns ([CandidateResult per job, in order],
     {problem id: PyTorch us}, {problem id: [CandidateResult of its launch-knob
     variants]})."""
     regions, kernels, tags, owner = [], [], {}, {}
@@ -273,8 +282,14 @@ def _build_and_profile(jobs, specs, ctx, knob_search, phase) -> tuple:
             pid, problem, _, knobs = jobs[owner[r.name]]
             job = {"id": r.name, "problem": pid, "symbol": region_symbol(r.name), "kernel": k.name,
                    "launch": asdict(k.launch)}
-            if knobs:
-                job["variants"] = [asdict(v) for v in sm90.launch_variants(k.config, problem, ctx.num_sms)]
+            variants = (() if not knobs else
+                        sm90.decomposition_variants(k.config, problem) if knobs == "decompositions"
+                        else sm90.launch_variants(k.config, problem, ctx.num_sms))
+            if variants:
+                job["variants"] = [asdict(v) for v in variants]
+            if variants and k.config.tile_scheduler == "stream_k":
+                job["always_variants"] = True    # its default launch may not be its best
+                                                 # decomposition: retimed whatever its time
             prof_jobs.append(job)
         if prof_jobs:
             got, torch_us = ctx.profiler(built.library, {p: problem_spec(s) for p, s in specs.items()},

@@ -9,7 +9,8 @@ candidates. REQUEST is JSON::
                         "a_batch_broadcast", "epilogue": {GemmEpilogue fields}}},
      "jobs": [{"id": "tune0_1", "problem": "0", "symbol": "co_tune0_1",
                "launch": {GemmLaunch fields} (optional: CUTLASS's defaults),
-               "variants": [{GemmLaunch fields}, ...] (optional)}],
+               "variants": [{GemmLaunch fields}, ...] (optional),
+               "always_variants": true (optional)}],
      "knob_search": {"top": 2, "pdl": true} (optional)}
 
 Each job is one candidate kernel behind the library's ordinary region launcher
@@ -28,8 +29,9 @@ can tell which job was running when the process died:
 
 Knob search (``knob_search``): once every job of a problem is timed, the ``top``
 fastest correct ones are run again with each of their ``variants`` (run-time
-launch knobs: no other kernel), then, with ``pdl``, the fastest of all with PDL
-switched on. Each such run is its own event pair, ``{"event": "start", "job":
+launch knobs: no other kernel), and so are the jobs marked ``"always_variants":
+true`` whatever their time (a stream-K kernel whose default launch is not its best
+decomposition), then, with ``pdl``, the fastest of all with PDL switched on. Each such run is its own event pair, ``{"event": "start", "job":
 "tune0_1@along_n_swz2"}`` / ``{"event": "done", "job": ..., "base": "tune0_1",
 "launch": {...}, ...}``.
 
@@ -399,7 +401,9 @@ def _knob_search(lib, search: dict, timed: list, copies, ref, log) -> bool:
             timed.append((rec["us"], job, launch))
         return not fatal
 
-    for _, job, base in list(timed[:int(search.get("top", 2))]):
+    top = int(search.get("top", 2))
+    retime = list(timed[:top]) + [t for t in timed[top:] if t[1].get("always_variants")]
+    for _, job, base in retime:
         for launch in job.get("variants", []):
             if GemmLaunch(**launch) != GemmLaunch(**base) and not variant(job, launch):
                 return False

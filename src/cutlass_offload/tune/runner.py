@@ -73,7 +73,7 @@ def profile_candidates(library, problems: dict, jobs: list, tags: dict, *, devic
 
     library: path of the built profiling library. problems: {problem id: spec}
     (tune/profile.py). jobs: [{"id", "problem", "symbol", "kernel"}, optionally
-    "launch" and "variants" (GemmLaunch fields)]. tags: {job id: config tag} for the
+    "launch" and "variants" (GemmLaunch fields), "always_variants"]. tags: {job id: config tag} for the
     results. knob_search: tune/profile.py's (None: none); each variant it runs adds
     a result under "<job id>@<launch tag>" tagged "<config tag>+<launch tag>".
     launch: how to run one process (tests pass a fake). Never raises for a failing
@@ -108,7 +108,8 @@ def _profile_locked(library, problems, jobs, tags, device, launch, knob_search) 
             req.write_text(json.dumps({"library": str(library), "device": device,
                                        "problems": {p: s for p, s in problems.items() if p in used},
                                        "jobs": [{k: j[k] for k in ("id", "problem", "symbol",
-                                                                   "launch", "variants") if k in j}
+                                                                   "launch", "variants", "always_variants")
+                                                  if k in j}
                                                 for j in remaining],
                                        "knob_search": knob_search}))
             rc, stderr = launch(req, res, TIMEOUT_BASE_S + TIMEOUT_PER_JOB_S * len(remaining))
