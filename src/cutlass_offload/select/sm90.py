@@ -50,46 +50,19 @@ no compile. What each config costs to build shows in the build report (seconds p
 unit and the kernels it holds).
 
 To ``SPACE`` the search adds tiles fitted to the problem's waves
-(``fitted_configs``): a tile N of a multiple of 16 from 64 to 256 whose grid
-fills the SMs' waves better than the fixed tiles do. cuBLAS does this: it ran
-llama's 2048x5632x2048 with 176x128 tiles (512 or 528 CTAs, as the 176 lies
-along N or M: four waves on 132 SMs) at 65 us, where our best fixed tile (128x128,
-704 CTAs: 5.3 waves) took 71 us (glue_profile_2026-12-01_h200.log,
-kernels_2026-12-01_h200.log). Until session 22 a tile N outside CuTe's default
-wgmma shapes (64, 96, 128, 192, 256) ran on narrower wgmmas (128x176 as eleven
-64x16: 137 us on that GEMM; kernels_fitted_2026-12-01_h200.*), so fitted tiles won
-nowhere. On the 64 x N wgmma (emit/sm90_parts.wgmma_selector) 128x176 runs it
-in 68.8 us (128x128 ping-pong: 67.6, cuBLAS 65.4), and fitted tiles became the
-table's winner on 11 of 18 corpus shapes (``--search fitted``,
-kernels_fitted_2026-12-03_h200.*): e.g. 2048x1920x640 64x240 ping-pong 11.4 us
-against 15.6 in 128x192, 1568x3072x768
-128x160 20.7 against 24.1, 6000x3072x768 128x224 65.3 against 69.6; the 25 problems
-of those shapes went from 1.06x to 1.11x the anchor (geomean).
-
-Since session 24 the fitted tiles include 192-row N-split ones (``_n_split_configs``:
-the two consumer warp groups side by side along N, KernelConfig.n_split), cuBLAS's
-shape for whisper's 6000 x 768 outputs (128 CTAs of 192x192, one wave). On the H200
-(kernels_n_split_*_2026-12-03_h200.json) they won convnext-tiny's 6272x1536x384 GELU
-GEMM (26.7 us against 31.5 for 128x256 2x1) and tied or lost elsewhere: whisper's
-6000x768x768 15.5 against 15.7 us for 64x192 ping-pong (its knob search kept
-ping-pong), llama's LM head 384 against 363, the UNet's 2048x1920x640 12.8 against 12.6.
-
-Since session 28 they also include, for problems of few rows, swap_ab configs
-(``swap_configs``: the kernel computes D^T, its tile N fitted to M) and, for many
-rows with a narrow N or short K, skinny tiles (``skinny_configs``: tile N and K fitted
-to N and K). On the H200 (kernels_swap_ab_* / kernels_skinny_2026-12-04_h200_s28.json)
-swap_ab won the UNet's 154x24960x768 (14.7 us on 64x160, 17.7 on the table's 64x192;
-cuBLAS 15.0) and 16x11264x2048 and lost on the other 13 small-M shapes; skinny tiles
-won five of EfficientNet's seven 1x1-conv GEMMs (401408x16x32: 16.7 us on 256x16x32,
-30.3 on 128x64; cuBLAS 16.0). The rules never choose either: only table entries do.
-
-Since session 51 they include, for few tiles and a long K, clusters of 2 to 8 CTAs
-(``multicast_configs``: TMA multicast of the A and B panels), whose persistent grid
-is now sized from the clusters the device holds (emit/templates/cluster_occupancy.h;
-CUTLASS's own estimate cost clusters of 4 and 8 a second wave). On an H100
-(kernels_multicast*_2026-12-07_h100_s51.json) they won the UNet's 512x3840x1280
-(128x128 in 4x2: 10.5 us against 12.0 on 128x64; cuBLAS 10.4) and BERT's
-1024x768x3072 (64x128 ping-pong in 4x1: 12.1 against 14.2) and lost elsewhere.
+(``fitted_configs``), as cuBLAS fits its tiles (llama's 2048x5632x2048 on 176x128,
+four waves on 132 SMs): a tile N of a multiple of 16 from 64 to 256 on a wgmma as
+wide as the tile (emit/sm90_parts.wgmma_selector; since session 22); 192-row N-split
+tiles (``_n_split_configs``, session 24: cuBLAS's shape for whisper's 6000 x 768);
+swap_ab configs (the kernel computes D^T) with the tile N fitted to few rows
+(``swap_configs``, session 28: the UNet's 154x24960x768) or, for many rows, to M
+(``_swap_fitted_configs``, session 52: cuBLAS runs convnext-tiny's 1568x768x3072 on
+128-wide tiles along N and 80 along M); skinny tiles for many rows with a narrow N or
+short K (``skinny_configs``, session 28: EfficientNet's 1x1 convs); clusters of 2 to 8
+CTAs for few tiles and a long K (``multicast_configs``, session 51: TMA multicast, the
+persistent grid sized from the clusters the device holds,
+emit/templates/cluster_occupancy.h). The rules never choose these: only table entries
+do. What each won and lost, with the runs: docs/measured.md, the sessions named.
 """
 from __future__ import annotations
 
@@ -153,7 +126,6 @@ SPACE = tuple(dict.fromkeys([
     _config((128, 128, 64), _C21, PINGPONG),
     # stream-K scheduler (cooperative only): splits / decomposition are launch knobs
     _config((128, 64, 64), _C11, COOP, "stream_k"),
-    _config((128, 192, 64), _C11, COOP, "stream_k"),
     _config((128, 256, 64), _C11, COOP, "stream_k"),
 ]))
 
@@ -443,7 +415,8 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
     n_split = _n_split_configs(m, n, num_sms)
     multicast = tuple(c for c in multicast_configs(problem, num_sms) if c not in out)
     return (tuple(out) + tuple(c for c in n_split if takes(problem, c)) + swapped
-            + skinny_configs(problem, num_sms) + multicast)
+            + _swap_fitted_configs(problem, num_sms) + skinny_configs(problem, num_sms)
+            + multicast)
 
 
 # Multicast clusters: a problem of few output tiles and a long K (the UNet's 512 x 3840 x
@@ -535,6 +508,27 @@ def swap_configs(problem: GemmProblem, num_sms: int) -> tuple:
     configs = (_config((tm, tn, 64), _C11, sched, swap_ab=True)
                for tn in dict.fromkeys(widths) for tm, sched in ((64, PINGPONG), (128, COOP)))
     return tuple(c for c in configs if takes(problem, c) and plausible(problem, c, num_sms))
+
+
+def _swap_fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
+    """swap_ab configs for problems of more than ``SWAP_MAX_M`` rows: tile M (64
+    ping-pong, 128 cooperative; cluster 1x1) along the problem's N, the ``FIT_PER_M``
+    tile Ns of ``FIT_TILE_N`` with the smallest ``tile_estimate`` along its M, each only
+    when it beats every fixed tile of SPACE by ``FIT_MIN_GAIN``. cuBLAS ran convnext-
+    tiny's 1568x768x3072 on such tiles (nvjet 128x80 in its column-major view: 6 x 20 =
+    120 CTAs, 12.4 us on an H100, where our best unswapped tile, 64x192 ping-pong with 100
+    CTAs, took 16.2; benchmarks/results/cublas_kernels_2026-12-07_h100_s52.json)."""
+    m, n, _ = gemm_mnk(problem)
+    if m <= SWAP_MAX_M or problem.batch != 1:
+        return ()
+    best_fixed = min(tile_estimate(m, n, tm, tn, num_sms) for tm in _FIXED_N for tn in _FIXED_N[tm])
+    out = []
+    for tm, sched in ((64, PINGPONG), (128, COOP)):
+        ranked = sorted((tile_estimate(n, m, tm, tn, num_sms), tn) for tn in FIT_TILE_N
+                        if not tn >= 2 * m)
+        out += [_config((tm, tn, 64), _C11, sched, swap_ab=True)
+                for est, tn in ranked[:FIT_PER_M] if est * FIT_MIN_GAIN <= best_fixed]
+    return tuple(c for c in out if takes(problem, c) and plausible(problem, c, num_sms))
 
 
 # N-split tiles (KernelConfig.n_split): 192 rows, the two warp groups side by side
