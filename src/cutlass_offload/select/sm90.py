@@ -514,11 +514,14 @@ def _swap_fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
     """swap_ab configs for problems of more than ``SWAP_MAX_M`` rows: tile M (64
     ping-pong, 128 cooperative; cluster 1x1) along the problem's N, the ``FIT_PER_M``
     tile Ns of ``FIT_TILE_N`` with the smallest ``tile_estimate`` along its M, each only
-    when it beats every fixed tile of SPACE by ``FIT_MIN_GAIN``. cuBLAS ran convnext-
-    tiny's 1568x768x3072 on such tiles (nvjet 128x80 in its column-major view: 6 x 20 =
-    120 CTAs, 12.4 us on an H100, where our best unswapped tile, 64x192 ping-pong with 100
-    CTAs, took 16.2; benchmarks/results/cublas_kernels_2026-12-07_h100_s52.json)."""
-    m, n, _ = gemm_mnk(problem)
+    when it beats every fixed tile of SPACE by ``FIT_MIN_GAIN``; for K >=
+    ``MULTICAST_MIN_K`` the 128-row ones in 2x4 and 2x2 clusters too, where the
+    cluster divides the tile grid. cuBLAS ran
+    convnext-tiny's 1568x768x3072 on such tiles (nvjet 128x80 in its column-major view,
+    2x4 clusters: 6 x 20 = 120 CTAs, 13.5 us on an H100, where our best unswapped tile,
+    64x192 ping-pong with 100 CTAs, took 16.2; 128x80 swapped in 2x4 with PDL 13.9;
+    benchmarks/results/*_2026-12-07_h100_s52.json)."""
+    m, n, k = gemm_mnk(problem)
     if m <= SWAP_MAX_M or problem.batch != 1:
         return ()
     best_fixed = min(tile_estimate(m, n, tm, tn, num_sms) for tm in _FIXED_N for tn in _FIXED_N[tm])
@@ -526,8 +529,13 @@ def _swap_fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
     for tm, sched in ((64, PINGPONG), (128, COOP)):
         ranked = sorted((tile_estimate(n, m, tm, tn, num_sms), tn) for tn in FIT_TILE_N
                         if not tn >= 2 * m)
-        out += [_config((tm, tn, 64), _C11, sched, swap_ab=True)
-                for est, tn in ranked[:FIT_PER_M] if est * FIT_MIN_GAIN <= best_fixed]
+        for est, tn in ranked[:FIT_PER_M]:
+            if est * FIT_MIN_GAIN <= best_fixed:
+                # with a long K also in the clusters cuBLAS's kernel used (2 x 4 there: 13.9
+                # against 16.0 us in 1x1, session 52) and 2 x 2
+                clusters = (_C11,) + (((2, 4, 1), _C22) if tm == 128 and k >= MULTICAST_MIN_K else ())
+                out += [_config((tm, tn, 64), c, sched, swap_ab=True) for c in clusters
+                        if not (math.ceil(n / tm) % c[0] or math.ceil(m / tn) % c[1])]
     return tuple(c for c in out if takes(problem, c) and plausible(problem, c, num_sms))
 
 
