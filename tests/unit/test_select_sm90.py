@@ -316,6 +316,30 @@ def test_multicast_clusters_for_few_tiles_and_a_long_k():
     assert gemm_sm90.CLUSTER_OCCUPANCY not in plain.preamble
 
 
+def test_swap_ab_tiles_fitted_to_m_for_many_rows():
+    """convnext-tiny's 1568 x 768 x 3072: cuBLAS's shape, 128 along N (6 tiles) and 80
+    along M (20 tiles), in 1x1 and in 2x4 / 2x2 clusters that divide that grid (K >=
+    1024), among the fitted configs; each emits a swap_ab kernel with its cluster."""
+    p = _problem(1568, 768, 3072)
+    sw = sm90._swap_fitted_configs(p, SMS)
+    assert sw and all(c.swap_ab for c in sw) and set(sw) <= set(sm90.fitted_configs(p, SMS))
+    assert {((128, 80, 64), c) for c in ((1, 1, 1), (2, 4, 1), (2, 2, 1))} <= {(c.tile, c.cluster) for c in sw}
+    for c in sw:
+        assert sm90.plausible(p, c, SMS) and sm90.takes(p, c)
+        assert -(-768 // c.tile[0]) % c.cluster[0] == 0 and -(-1568 // c.tile[1]) % c.cluster[1] == 0
+        source = gemm_sm90.emit(_kernel(c))
+        assert f"cute::Shape<cute::_{c.cluster[0]}, cute::_{c.cluster[1]}, cute::_1>" in source.code
+    # a short K: no clusters; few rows: the skinny-M swap_configs' job; bf16 alike; not for
+    # a row-major B (swap_ab needs K-contiguous operands) nor a batch
+    assert all(c.cluster == (1, 1, 1) for c in sm90._swap_fitted_configs(_problem(1568, 768, 768), SMS))
+    assert sm90._swap_fitted_configs(_problem(200, 768, 3072), SMS) == ()
+    assert sm90._swap_fitted_configs(replace(p, layout_b="row"), SMS) == ()
+    assert sm90._swap_fitted_configs(replace(p, batch=4), SMS) == ()
+    assert sm90._swap_fitted_configs(_problem(1568, 768, 3072, dtype="bf16"), SMS) == sw
+    # where the fixed tiles fill the waves already, none
+    assert sm90._swap_fitted_configs(_problem(4096, 4096, 4096), SMS) == ()
+
+
 def test_no_fitted_tiles_where_fixed_ones_fill_or_cannot_apply():
     assert sm90.fitted_configs(_problem(4096, 4096, 4096), SMS) == ()      # 256 CTAs of 128x256
     # one row of tiles: no fitted tile of the problem's orientation, only swap_ab ones
