@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ from torch.export.passes import move_to_device_pass
 
 from . import build as build_stage
 from . import target, weights
-from .capture import Captured, Reference, capture, from_exported
+from .capture import Captured, Reference, capture, dtype_mismatch, from_exported
 from .config import CompileOptions, knobs, options_for_glue
 from .errors import CaptureError, CutlassOffloadError, DamagedFileError, DeviceError
 # the output folder's format (folder.py); check_folder is re-exported for the CLI
@@ -160,6 +161,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     _executor(options)      # a missing Ray extra fails now, not after the capture
     if out_dir is not None:
         check_out_dir(out_dir)      # and a path we must not replace, before any work
+    if (mismatch := dtype_mismatch(model, example_inputs)) is not None:
+        warnings.warn(mismatch, stacklevel=2)
     phases = _Phases()
     phases.seconds.update(phases_before or {})
     with phases("capture"):

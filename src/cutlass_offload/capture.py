@@ -47,6 +47,23 @@ def capture(model: torch.nn.Module, example_inputs: tuple, *, dynamic_batch: boo
     return Captured(ep, from_exported(ep))
 
 
+def dtype_mismatch(model: torch.nn.Module, example_inputs) -> str | None:
+    """A warning's text when the floating example inputs have another dtype than the
+    one floating dtype of ``model``'s parameters (``model.half()`` forgotten: unless
+    the model casts its inputs itself, PyTorch's matmuls refuse the mixed operands,
+    and no GEMM on them is offloaded); None otherwise."""
+    params = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    inputs = {t.dtype for t in example_inputs if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    if len(params) != 1 or not inputs - params:
+        return None
+    name = lambda d: str(d).replace("torch.", "")  # noqa: E731
+    (param,) = params
+    return (f"the example inputs are {', '.join(sorted(map(name, inputs - params)))} but the model's "
+            f"parameters are {name(param)}: unless the model casts its inputs, PyTorch's own "
+            f"matmuls refuse such mixed operands (those stay in PyTorch); cast one to "
+            f"the other (e.g. model.to(torch.{name(next(iter(inputs - params)))}))")
+
+
 def _batch_two(args) -> tuple | None:
     """``args`` with every tensor's dim 0 repeated to 2, when every tensor input has
     dim 0 of size 1 (a batch of one); None otherwise."""

@@ -103,6 +103,8 @@ class Report:
         if by_form:
             out.append("offloaded (op:epilogue x count): " +
                        ", ".join(f"{k} x{v}" for k, v in sorted(by_form.items())))
+        if not self.regions and self.fallbacks:
+            out.append("nothing offloaded: every op below stays in PyTorch, for the reason beside it")
         for f in self.fallbacks:
             work = f", {_flop_text(f['flops'], 2)}" if f.get("flops") else ""
             out.append(f"  fallback {f['node']} ({f['op']}{work}): {f['reason']}")

@@ -55,3 +55,22 @@ def test_static_when_asked_and_doubled_only_for_a_batch_of_one():
 def test_a_model_that_needs_batch_one_keeps_the_static_export():
     cap = capture(OnlyBatchOne(), (torch.randn(1, 4, 6, 6),), dynamic_batch=True)
     assert _batch_dim(cap) == 1
+
+
+def test_inputs_of_another_dtype_than_the_parameters_warn_and_say_why():
+    """model.half() forgotten: co.compile warns before the capture, the mixed GEMM's
+    fallback says PyTorch refuses it too, and the report says nothing was offloaded."""
+    import pytest
+
+    import cutlass_offload as co
+    from cutlass_offload.capture import dtype_mismatch
+    lin = torch.nn.Linear(16, 8)
+    half = torch.randn(4, 16, dtype=torch.float16)
+    assert "float16 but the model's parameters are float32" in dtype_mismatch(lin, (half,))
+    assert dtype_mismatch(lin, (half.float(),)) is None
+    assert dtype_mismatch(lin.half(), (half, torch.arange(3))) is None   # ints do not count
+    assert dtype_mismatch(torch.nn.ReLU(), (half,)) is None              # no parameters
+    with pytest.warns(UserWarning, match=r"model.to\(torch.float16\)"):
+        compiled = co.compile(torch.nn.Linear(16, 8), (half,), arch="sm_90a")
+    text = compiled.report.format()
+    assert "nothing offloaded" in text and "PyTorch's own matmul refuses them" in text

@@ -58,7 +58,8 @@ class EpilogueState:
 def _common_dtype(a, b, options) -> str:
     da, db = tensor_dtype(a, "A"), tensor_dtype(b, "B")
     if da != db:
-        raise UnsupportedRegion(f"mixed input dtypes {da} x {db}")
+        raise UnsupportedRegion(f"mixed input dtypes {da} x {db} (PyTorch's own matmul refuses "
+                                "them: cast the model or its inputs to one dtype)")
     if da == "f32" and not options.allow_tf32:
         raise UnsupportedRegion("fp32 GEMM: TF32 not allowed (pass allow_tf32=True / --tf32)")
     return da
