@@ -245,7 +245,8 @@ def _alignment(values, dtype: str) -> int:
 def _dtype(node, what) -> str:
     v = _tensor(node, what)
     if v.dtype not in DTYPE_NAMES:
-        raise UnsupportedRegion(f"{what} has unsupported dtype {v.dtype}")
+        raise UnsupportedRegion(f"{what} has dtype {str(v.dtype).replace('torch.', '')}; the kernels "
+                                "take float16, bfloat16 and float32 (as TF32)")
     return DTYPE_NAMES[v.dtype]
 
 

@@ -61,7 +61,8 @@ def tensor_dtype(node, what) -> str:
     if not isinstance(v, torch.Tensor):
         raise UnsupportedRegion(f"{what} is not a tensor")
     if v.dtype not in DTYPE_NAMES:
-        raise UnsupportedRegion(f"{what} has unsupported dtype {v.dtype}")
+        raise UnsupportedRegion(f"{what} has dtype {str(v.dtype).replace('torch.', '')}; the kernels "
+                                "take float16, bfloat16 and float32 (as TF32)")
     return DTYPE_NAMES[v.dtype]
 
 
