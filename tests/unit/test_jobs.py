@@ -1,4 +1,5 @@
 """Parallel job runner (no nvcc): results, order, killed processes."""
+import json
 import sys
 
 import pytest
@@ -164,6 +165,41 @@ def test_first_eta_counts_units_side_by_side_on_few_cores(monkeypatch):
     assert Progress(four, 1, "x", mode="off").eta() == pytest.approx(2 * alone)
     one = [Job("u", [], ("k",), estimate=10.0), Job("launchers", [], (), estimate=1.0)]
     assert Progress(one, 2, "x", mode="off").eta() == pytest.approx(10.0 * Progress.FEW_CORES_FACTOR)
+
+
+def test_the_first_eta_starts_from_this_machines_measured_speed(tmp_path, monkeypatch):
+    """A build keeps its seconds per estimated second (per unit compiled alone) in the
+    cache's speed file for this host and core count; the next build's first ETA starts
+    from it. A damaged or out-of-range file is not used; another machine's entry is kept."""
+    from cutlass_offload.build import jobs as jobs_mod
+    from cutlass_offload.build import shards
+    from cutlass_offload.build.jobs import JobResult, Progress, read_speed, write_speed
+    monkeypatch.setattr(jobs_mod.os, "cpu_count", lambda: 2)
+    speed = tmp_path / "build_speed.json"
+    four = [Job(f"u{i}", [], (f"k{i}",), estimate=10.0) for i in range(4)]
+    eff = shards.concurrency_efficiency(2)
+    p = Progress(four, 2, "x", mode="off", speed_file=speed)
+    assert p.eta() == pytest.approx(2 * 10.0 * Progress.FEW_CORES_FACTOR / eff)   # nothing kept yet
+    for i in range(4):
+        p.started(i)
+        p.finished(i, JobResult(f"u{i}", True, 50.0, 0, "", (f"k{i}",)))      # 5 s per estimated s
+    p.close()
+    assert read_speed(speed) == pytest.approx(5.0 * eff, rel=1e-3)
+    again = Progress(four, 2, "x", mode="off", speed_file=speed)
+    assert again.eta() == pytest.approx(2 * 10.0 * 5.0, rel=1e-3)            # this machine's speed
+    write_speed(speed, 1.0 * eff)                                             # one fast build: halfway
+    assert read_speed(speed) == pytest.approx(3.0 * eff, rel=1e-3)
+    data = json.loads(speed.read_text())
+    speed.write_text(json.dumps({**data, "otherhost:64": 0.5}))
+    write_speed(speed, 3.0 * eff)
+    assert json.loads(speed.read_text())["otherhost:64"] == 0.5
+    for bad in ("{not json", '["a list"]', json.dumps({k: 1e6 for k in data})):
+        speed.write_text(bad)
+        assert read_speed(speed) is None
+        assert Progress(four, 2, "x", mode="off", speed_file=speed).eta() == pytest.approx(
+            2 * 10.0 * Progress.FEW_CORES_FACTOR / eff)
+    write_speed(speed, 2.0)                                                   # replaces the damaged file
+    assert read_speed(speed) == pytest.approx(2.0)
 
 
 def test_cuda_include_dir_from_nvcc_dryrun_or_beside_it(tmp_path):

@@ -47,6 +47,7 @@ LIB_NAME = "libcutlass_offload.so"
 SOURCE_NAME = "kernels.cu"
 OBJ_NAME = "unit.o"
 UNIT_NAME = "unit.cu"
+SPEED_FILE = "build_speed.json"     # this machine's measured build speed, for ETAs (jobs.Progress)
 
 
 def build(plan: Plan, strategy: str = "sharded", cache: BuildCache | None = None,
@@ -241,8 +242,10 @@ class _Builder:
             # device passes side by side, as the single strategy's -t0 does
             heavy = sum(1 for j in pending if j.unit[3])
             self._threads = knobs().nvcc_threads or max(1, _cores() // max(1, min(heavy, workers)))
+        local = isinstance(self.executor, LocalExecutor)     # Ray's hosts are elsewhere
         results = run_jobs(pending, workers, desc, runner=self._compile_object,
-                           heavy=lambda j: j.unit[3], heavy_limit=heavy_limit or workers)
+                           heavy=lambda j: j.unit[3], heavy_limit=heavy_limit or workers,
+                           speed_file=self.cache.root / SPEED_FILE if local else None)
         return [UnitReport(j.name, j.unit[2].kernels, r.seconds, r.seconds == 0.0, r.ok,
                            r.peak_rss / 2**20, str(j.entry / UNIT_NAME), str(j.entry / "nvcc.log"),
                            "" if r.seconds == 0.0 else r.executor)

@@ -2,9 +2,12 @@
 (a bar on a terminal, lines otherwise) and per-job wall time and peak memory."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
+import tempfile
 import subprocess
 import sys
 import threading
@@ -121,7 +124,7 @@ def toolchain_failure(result: JobResult) -> bool:
 
 
 def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None,
-             heavy=None, heavy_limit: int | None = None) -> list:
+             heavy=None, heavy_limit: int | None = None, speed_file: Path | None = None) -> list:
     """Run jobs, longest estimate first, at most ``workers`` at once, and of those
     for which ``heavy(job)`` holds at most ``heavy_limit`` (None: ``workers``).
 
@@ -133,7 +136,8 @@ def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None,
     Progress (``Progress``) counts kernels: a job weighs as many kernels as it
     compiles (the launchers, none). An exception of ``runner``, or a
     KeyboardInterrupt, is raised after the jobs already running end; queued jobs
-    are not started.
+    are not started. speed_file: where this machine's measured build speed is kept
+    for the next ETA (``Progress``; None: not kept).
     """
     if not jobs:
         return []
@@ -148,7 +152,7 @@ def run_jobs(jobs: list, workers: int, desc: str = "compiling", runner=None,
     order = sorted(range(len(jobs)), key=lambda i: (heavy(jobs[i]), -jobs[i].estimate))
     results = [None] * len(jobs)
     heavy_slots = max(1, min(workers, heavy_limit or workers))
-    progress = Progress(jobs, heavy_slots, desc)
+    progress = Progress(jobs, heavy_slots, desc, speed_file=speed_file)
     run = runner or run_job
     limit = threading.BoundedSemaphore(heavy_slots)
 
@@ -226,6 +230,11 @@ class Progress:
     compile side by side, until a unit has finished here, then scaled by
     the measured seconds per estimated second) placed on the worker slots longest
     first. Silent when no job compiles a kernel (the launchers alone take seconds).
+    With a ``speed_file`` (the build cache's), the seconds per estimated second that
+    earlier builds on this machine (host name and core count) measured, per unit
+    compiled alone, stand in for ``FEW_CORES_FACTOR`` / 1.0, and ``close`` stores this
+    build's: the rows are an idle 2-core machine's, and on a slower or busier one the
+    first ETA was 2-2.7x short (session 52's fresh-user trial).
     """
 
     HEARTBEAT = 60.0
@@ -243,8 +252,10 @@ class Progress:
     # towards nothing while the unit goes on.
     OVERDUE_SHARE = 0.25
 
-    def __init__(self, jobs: list, workers: int, desc: str, mode: str | None = None, stream=None):
+    def __init__(self, jobs: list, workers: int, desc: str, mode: str | None = None, stream=None,
+                 speed_file: Path | None = None):
         self.jobs, self.workers, self.desc = jobs, max(1, workers), desc
+        self.speed_file = speed_file
         self.total = sum(len(j.kernels) for j in jobs)
         self.mode = "off" if self.total == 0 else (mode or progress_mode())
         self.stream = stream or sys.stderr
@@ -255,15 +266,18 @@ class Progress:
         self._finished = set()
         self._measured = [0.0, 0.0]   # seconds, estimate of units compiled here
         self._lock = threading.Lock()
-        self.factor = 1.0 if (os.cpu_count() or 1) >= 8 else self.FEW_CORES_FACTOR
+        self.factor = read_speed(speed_file) or (1.0 if (os.cpu_count() or 1) >= 8
+                                                 else self.FEW_CORES_FACTOR)
         # the rows are a unit compiled alone; units side by side on few cores each take
         # longer (shards.concurrency_efficiency: 0.675 on 2 slots). Without it the first
         # ETA of the nine issue-16 models' prebuild on 2 cores said 4 min 12 s for 9 min
         # 26 s (session 50, prebuild_nine_2core_2026-12-07_s50.txt).
         at_once = min(self.workers, sum(1 for j in jobs if j.kernels))
+        self.efficiency = 1.0
         if at_once > 1:
             from .shards import concurrency_efficiency
-            self.factor /= concurrency_efficiency(at_once)
+            self.efficiency = concurrency_efficiency(at_once)
+            self.factor /= self.efficiency
         self.tick_seconds = 1.0 if self.mode == "bar" else 5.0
         self.bar = None
         if self.mode == "bar":
@@ -369,3 +383,47 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        if self.speed_file is not None and self._measured[1] > 0:
+            write_speed(self.speed_file, self._measured[0] / self._measured[1] * self.efficiency)
+
+
+SPEED_RANGE = (0.05, 20.0)     # seconds per estimated second taken as a measurement
+
+
+def _machine() -> str:
+    return f"{socket.gethostname()}:{os.cpu_count() or 1}"
+
+
+def read_speed(path: Path | None) -> float | None:
+    """This machine's seconds per estimated second of a unit compiled alone, as
+    ``write_speed`` kept it in ``path``; None when there is none or the file is not
+    one ``write_speed`` wrote (a damaged file is not used)."""
+    if path is None:
+        return None
+    try:
+        v = json.loads(path.read_text()).get(_machine())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(v) if isinstance(v, (int, float)) and SPEED_RANGE[0] <= v <= SPEED_RANGE[1] else None
+
+
+def write_speed(path: Path, measured: float) -> None:
+    """Keep ``measured`` for this machine in ``path`` (the mean with the value kept
+    before, so one busy build moves it halfway), atomically; never raises."""
+    if not SPEED_RANGE[0] <= measured <= SPEED_RANGE[1]:
+        return
+    try:
+        data = json.loads(path.read_text()) if path.exists() else {}
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    old = read_speed(path)
+    data[_machine()] = round(measured if old is None else (old + measured) / 2, 4)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
