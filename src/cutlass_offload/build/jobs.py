@@ -7,9 +7,9 @@ import os
 import re
 import signal
 import socket
-import tempfile
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
