@@ -295,7 +295,7 @@ def main(argv=None) -> int:
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     from . import __version__
     p.add_argument("--version", action="version", version=f"cutlass-offload {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{compile,run,prebuild,cache}")
     c = sub.add_parser("compile", help="offload a model's GEMMs, convs, attention and norms and build the library (no GPU needed)",
                        epilog="environment variables that change what is offloaded or how it builds "
                               "(CUTLASS_OFFLOAD_GROUPED_CONV, CUTLASS_OFFLOAD_PER_SAMPLE_ADD, ...): "

@@ -107,3 +107,13 @@ def test_version(capsys):
         cli.main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"cutlass-offload {cutlass_offload.__version__}"
+
+
+def test_no_command_names_the_commands(capsys):
+    """A bare ``cutlass-offload`` lists the commands it takes, not argparse's internal
+    name for them (a fresh-user trial, session 52: "required: cmd")."""
+    with pytest.raises(SystemExit) as e:
+        cli.main([])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "{compile,run,prebuild,cache}" in err and "cmd" not in err.replace("command", "")
