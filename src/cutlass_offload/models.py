@@ -355,8 +355,15 @@ def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: in
         model, inputs = made
     else:
         import difflib
+        import importlib.util
         near = difflib.get_close_matches(name, sorted(BUILTIN), n=1)
         hint = f"did you mean {near[0]!r}? " if near else ""
+        try:
+            module = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            module = False
+        if module and not near:
+            hint = f"{name!r} is a module: name its factory, {name}:FACTORY; "
         raise ValueError(f"unknown model {name!r}: {hint}use one of {sorted(BUILTIN)} or package.module:factory")
     dt = DTYPES[dtype]
     other = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()

@@ -328,6 +328,9 @@ def test_a_mistyped_model_name_gets_a_suggestion():
         models.load_model("mpl", "fp16")
     with pytest.raises(ValueError, match=r"unknown model 'zzzz': use one of"):
         models.load_model("zzzz", "fp16")
+    # a module named without its factory (session 52's trial: ``compile mine``)
+    with pytest.raises(ValueError, match=r"'json' is a module: name its factory, json:FACTORY"):
+        models.load_model("json", "fp16")
 
 
 def test_compile_names_a_wrong_model_or_inputs_type():
