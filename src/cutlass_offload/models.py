@@ -355,11 +355,12 @@ def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: in
         model, inputs = made
     else:
         import difflib
-        import importlib.util
+        # (not "import importlib.util": that local name would shadow the module above)
+        from importlib.util import find_spec
         near = difflib.get_close_matches(name, sorted(BUILTIN), n=1)
         hint = f"did you mean {near[0]!r}? " if near else ""
         try:
-            module = importlib.util.find_spec(name) is not None
+            module = find_spec(name) is not None
         except (ImportError, ValueError):
             module = False
         if module and not near:
