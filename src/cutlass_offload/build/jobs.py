@@ -398,12 +398,21 @@ def read_speed(path: Path | None) -> float | None:
     """This machine's seconds per estimated second of a unit compiled alone, as
     ``write_speed`` kept it in ``path``; None when there is none or the file is not
     one ``write_speed`` wrote (a damaged file is not used)."""
-    if path is None:
-        return None
+    return _speed_of(_speeds(path)) if path is not None else None
+
+
+def _speeds(path: Path) -> dict:
+    """The speed file's {machine: seconds per estimated second}; {} when it is
+    missing or not such a JSON object."""
     try:
-        v = json.loads(path.read_text()).get(_machine())
-    except (OSError, ValueError, AttributeError):
-        return None
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _speed_of(data: dict) -> float | None:
+    v = data.get(_machine())
     return float(v) if isinstance(v, (int, float)) and SPEED_RANGE[0] <= v <= SPEED_RANGE[1] else None
 
 
@@ -412,13 +421,8 @@ def write_speed(path: Path, measured: float) -> None:
     before, so one busy build moves it halfway), atomically; never raises."""
     if not SPEED_RANGE[0] <= measured <= SPEED_RANGE[1]:
         return
-    try:
-        data = json.loads(path.read_text()) if path.exists() else {}
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
-        data = {}
-    old = read_speed(path)
+    data = _speeds(path)
+    old = _speed_of(data)
     data[_machine()] = round(measured if old is None else (old + measured) / 2, 4)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")

@@ -385,6 +385,19 @@ def tile_estimate(m: int, n: int, tm: int, tn: int, num_sms: int) -> float:
     return waves * tm * tn * (intensity + FIT_I0) / intensity
 
 
+def _fitted_ns(m: int, n: int, tm: int, tile_ns, bound: float, num_sms: int) -> list:
+    """Of ``tile_ns`` (none of 2n or more), the ``FIT_PER_M`` with the smallest
+    ``tile_estimate`` of an (m, n) output in tm-row tiles, kept where that estimate
+    beats ``bound`` by ``FIT_MIN_GAIN``; smallest estimate first."""
+    ranked = sorted((tile_estimate(m, n, tm, tn, num_sms), tn) for tn in tile_ns if not tn >= 2 * n)
+    return [tn for est, tn in ranked[:FIT_PER_M] if est * FIT_MIN_GAIN <= bound]
+
+
+def _best_fixed(m: int, n: int, num_sms: int) -> float:
+    """The smallest ``tile_estimate`` of SPACE's fixed tiles (64 and 128 rows)."""
+    return min(tile_estimate(m, n, tm, tn, num_sms) for tm in _FIXED_N for tn in _FIXED_N[tm])
+
+
 def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
     """Configs whose tile N is fitted to ``problem``'s waves on ``num_sms`` SMs.
 
@@ -405,11 +418,8 @@ def fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
     out = []
     for tm, sched, clusters in ((128, COOP, (_C11, _C21)), (64, PINGPONG, (_C11,))):
         best_fixed = min(tile_estimate(m, n, tm, tn, num_sms) for tn in _FIXED_N[tm])
-        ranked = sorted((tile_estimate(m, n, tm, tn, num_sms), tn) for tn in FIT_TILE_N
-                        if tn not in _FIXED_N[tm] and not (tn >= 2 * n))
-        for est, tn in ranked[:FIT_PER_M]:
-            if est * FIT_MIN_GAIN > best_fixed:
-                continue
+        for tn in _fitted_ns(m, n, tm, [t for t in FIT_TILE_N if t not in _FIXED_N[tm]],
+                             best_fixed, num_sms):
             tiles_m = math.ceil(m / tm)
             out += [_config((tm, tn, 64), c, sched) for c in clusters if c[0] <= tiles_m]
     n_split = _n_split_configs(m, n, num_sms)
@@ -524,18 +534,15 @@ def _swap_fitted_configs(problem: GemmProblem, num_sms: int) -> tuple:
     m, n, k = gemm_mnk(problem)
     if m <= SWAP_MAX_M or problem.batch != 1:
         return ()
-    best_fixed = min(tile_estimate(m, n, tm, tn, num_sms) for tm in _FIXED_N for tn in _FIXED_N[tm])
+    best_fixed = _best_fixed(m, n, num_sms)
     out = []
     for tm, sched in ((64, PINGPONG), (128, COOP)):
-        ranked = sorted((tile_estimate(n, m, tm, tn, num_sms), tn) for tn in FIT_TILE_N
-                        if not tn >= 2 * m)
-        for est, tn in ranked[:FIT_PER_M]:
-            if est * FIT_MIN_GAIN <= best_fixed:
-                # with a long K also in the clusters cuBLAS's kernel used (2 x 4 there: 13.9
-                # against 16.0 us in 1x1, session 52) and 2 x 2
-                clusters = (_C11,) + (((2, 4, 1), _C22) if tm == 128 and k >= MULTICAST_MIN_K else ())
-                out += [_config((tm, tn, 64), c, sched, swap_ab=True) for c in clusters
-                        if not (math.ceil(n / tm) % c[0] or math.ceil(m / tn) % c[1])]
+        # with a long K the 128-row tiles also in the clusters cuBLAS's kernel used (2 x 4
+        # there: 13.9 against 16.0 us in 1x1, session 52) and 2 x 2
+        clusters = (_C11,) + (((2, 4, 1), _C22) if tm == 128 and k >= MULTICAST_MIN_K else ())
+        for tn in _fitted_ns(n, m, tm, FIT_TILE_N, best_fixed, num_sms):   # the kernel's D^T
+            out += [_config((tm, tn, 64), c, sched, swap_ab=True) for c in clusters
+                    if not (math.ceil(n / tm) % c[0] or math.ceil(m / tn) % c[1])]
     return tuple(c for c in out if takes(problem, c) and plausible(problem, c, num_sms))
 
 
@@ -553,11 +560,8 @@ def _n_split_configs(m: int, n: int, num_sms: int) -> tuple:
     wave on 132 SMs; cuBLAS runs it on 192x192 tiles split along N)."""
     if m < 2 * N_SPLIT_M:
         return ()
-    best_fixed = min(tile_estimate(m, n, tm, tn, num_sms) for tm in _FIXED_N for tn in _FIXED_N[tm])
-    ranked = sorted((tile_estimate(m, n, N_SPLIT_M, tn, num_sms), tn) for tn in N_SPLIT_TILE_N
-                    if not tn >= 2 * n)
     return tuple(_config((N_SPLIT_M, tn, 64), c, COOP, n_split=True)
-                 for est, tn in ranked[:FIT_PER_M] if est * FIT_MIN_GAIN <= best_fixed
+                 for tn in _fitted_ns(m, n, N_SPLIT_M, N_SPLIT_TILE_N, _best_fixed(m, n, num_sms), num_sms)
                  for c in (_C11, _C21))
 
 
