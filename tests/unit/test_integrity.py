@@ -353,7 +353,7 @@ def test_an_interrupted_units_leftovers_go_once_it_compiles(fake, monkeypatch):
     failed = fake / "cache" / "failed"
     with monkeypatch.context() as mp:
         mp.setenv("FAKE_NVCC_FAIL", "1")
-        mp.setattr(build_stage, "interrupted_failure", lambda res: not res.ok)   # as under Ctrl-C
+        mp.setattr(build_stage, "mark_interrupted", lambda res: not res.ok)   # as under Ctrl-C
         with pytest.raises(CutlassOffloadError):
             co.compile(model, x, arch="sm_80")
     shard = [d for d in failed.iterdir() if d.name.startswith("shard_")]

@@ -269,14 +269,14 @@ def test_a_compile_error_during_an_interrupt_is_not_a_result(tmp_path, python_si
     import _thread
     import time
 
-    from cutlass_offload.build.jobs import interrupted_failure
+    from cutlass_offload.build.jobs import mark_interrupted
     seen = []
 
     def runner(job):
         _thread.interrupt_main()                     # the main thread's share of Ctrl-C
         time.sleep(0.1)                              # the tool's exit after its own
         res = JobResult(job.name, False, 0.0, 0, "[cudafe] exit 4\nCompilation terminated.\n", job.kernels)
-        seen.append(interrupted_failure(res))
+        seen.append(mark_interrupted(res))
         return res
     with pytest.raises(KeyboardInterrupt):
         run_jobs([Job("u", ["true"], ("k",), log_path=tmp_path / "u.log")], workers=1, runner=runner)
@@ -290,8 +290,8 @@ def test_a_compile_error_during_an_interrupt_is_not_a_result(tmp_path, python_si
     # the next build starts clean: a real compile error is one again, and a success never changes
     (ok,) = run_jobs([Job("ok", [sys.executable, "-c", "pass"], log_path=tmp_path / "ok.log")], workers=1)
     error = JobResult("e", False, 0.0, 0, "error: expected a ';'", ())
-    assert not interrupted_failure(error, wait=0.0) and not error.killed
-    assert not interrupted_failure(ok, wait=0.0) and ok.ok
+    assert not mark_interrupted(error, wait=0.0) and not error.killed
+    assert not mark_interrupted(ok, wait=0.0) and ok.ok
 
 
 def test_the_cli_says_an_interrupt_left_nothing_half_built(monkeypatch, capsys):

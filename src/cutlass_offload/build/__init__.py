@@ -39,7 +39,7 @@ from ..ir import Plan
 from . import toolchain
 from .cache import DISK_FULL_HINT, BuildCache, cache_key
 from .executor import CompileTask, LocalExecutor, ToolchainId, make_executor
-from .jobs import Job, JobResult, interrupted_failure, run_job, run_jobs, toolchain_failure
+from .jobs import Job, JobResult, mark_interrupted, mark_toolchain_failure, run_job, run_jobs
 from .result import BuildResult, UnitReport
 from .shards import choose_shards, estimate, header_compatible_groups, peak_memory
 
@@ -179,7 +179,7 @@ class _Builder:
                 _raise_if_disk_full(res, staging)
                 keep = self.cache.root / "failed" / f"{prefix}.{key[:16]}"
                 # transient, or the toolchain's fault: report, but never cache as a failure
-                if interrupted_failure(res) or toolchain_failure(res):
+                if mark_interrupted(res) or mark_toolchain_failure(res):
                     job.entry = _keep_failed(staging, keep, res.log)
                     return res
                 meta = {"ok": res.ok, "kernels": list(tu.kernels), "seconds": res.seconds,
@@ -369,11 +369,11 @@ class _Builder:
                     src.kernels, log_path=staging / "nvcc.log")
                 res = run_jobs([job], 1, "compiling one unit")[0]
                 _raise_if_disk_full(res, staging)
-                if interrupted_failure(res):
+                if mark_interrupted(res):
                     raise CompileError(f"nvcc was killed: {res.log.strip().splitlines()[-1]}",
                                        command=job.cmd, log_path=job.log_path,
                                        source_path=staging / SOURCE_NAME, kernels=src.kernels)
-                if toolchain_failure(res):     # not the source's failure: kept, not cached
+                if mark_toolchain_failure(res):     # not the source's failure: kept, not cached
                     keep = _keep_failed(staging, self.cache.root / "failed" / f"{prefix}.{key[:16]}",
                                         res.log)
                     raise _failure(src, self.plan, keep, job.cmd, res.log)

@@ -89,11 +89,12 @@ def _flagging(previous):
     return handler
 
 
-def interrupted_failure(result: JobResult, wait: float = 0.5) -> bool:
-    """Whether ``result`` is a failure of a compile the build's interrupt ended: the
-    result failed and a run_jobs call is being interrupted, or is within ``wait``
-    seconds (the interrupt reaches the main thread's handler after the children see
-    it). Marks it killed (transient, never cached as a failure) with a line in its log."""
+def mark_interrupted(result: JobResult, wait: float = 0.5) -> bool:
+    """Mark ``result`` killed (transient, never cached as a failure; a line in its log
+    says why) if it is a failure of a compile the build's interrupt ended: the result
+    failed and a run_jobs call is being interrupted, or is within ``wait`` seconds (the
+    interrupt reaches the main thread's handler after the children see it). Returns
+    whether the result is killed now. Mutates ``result``: hence ``mark_``."""
     if result.ok or result.killed or not _INTERRUPTED.wait(wait):
         return result.killed
     result.killed = True
@@ -110,12 +111,12 @@ _DIAGNOSTIC = re.compile(r"\(\d+\): (catastrophic )?error"
                          r"|^ptxas (error|fatal)\s*:", re.M)
 
 
-def toolchain_failure(result: JobResult) -> bool:
-    """Whether ``result`` failed without a compiler diagnostic on the unit: the toolchain
+def mark_toolchain_failure(result: JobResult) -> bool:
+    """Mark and return whether ``result`` failed without a compiler diagnostic on the unit: the toolchain
     broke (a host compiler that cannot run, an nvcc wrapper that exits 1, cicc killed
     for memory), not the source, so it must not be cached as the unit's failure (a
     fresh-user trial, session 50: a broken gcc on PATH left every kernel "failed to
-    compile" after gcc was fixed). Adds a line saying so to its log."""
+    compile" after gcc was fixed). Mutates ``result``: a line saying so goes to its log."""
     if result.ok or result.killed or _DIAGNOSTIC.search(result.log or ""):
         return False
     result.log += ("\n[cutlass_offload] no compiler diagnostic on the unit in this log: the "
