@@ -19,7 +19,7 @@ from torch.export.passes import move_to_device_pass
 
 from . import build as build_stage
 from . import target, weights
-from .capture import Captured, Reference, capture, dtype_mismatch, from_exported
+from .capture import Captured, Reference, capture, capture_hint, dtype_mismatch, from_exported
 from .config import CompileOptions, knobs, options_for_glue
 from .errors import CaptureError, CutlassOffloadError, DamagedFileError, DeviceError
 # the output folder's format (folder.py); check_folder is re-exported for the CLI
@@ -174,8 +174,9 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
                 cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
                               dynamic_shapes=dynamic_shapes)
         except Exception as e:  # noqa: BLE001 - the model's own error, or torch.export's refusal
+            hint = capture_hint(e)
             error = CaptureError(f"torch.export could not capture the model on its example inputs: "
-                                 f"{type(e).__name__}: {e}".rstrip())
+                                 f"{hint + '. ' if hint else ''}{type(e).__name__}: {e}".rstrip())
             error.torch_output = printed.getvalue()
             raise error from e
         sys.stderr.write(printed.getvalue())     # a successful export's warnings, as they were

@@ -64,6 +64,30 @@ def dtype_mismatch(model: torch.nn.Module, example_inputs) -> str | None:
             f"the other (e.g. model.to(torch.{name(next(iter(inputs - params)))}))")
 
 
+# What to do about torch.export's refusals a user meets most, by the exception's class
+# name (torch's own text follows the hint: it names the user's line that raised).
+_CAPTURE_HINTS = {
+    "GuardOnDataDependentSymNode": (
+        "the forward branches on, sizes a tensor by, or reads into Python (.item(), int(t)) "
+        "a tensor's values, which torch.export cannot trace: decide it outside forward (a "
+        "Python argument), use torch.cond, or compile the submodules around it "
+        "(co.compile(model.block, ...))"),
+}
+
+
+def capture_hint(error: BaseException) -> str | None:
+    """What to do about ``error``, an exception torch.export raised for a model it
+    cannot capture, when its class (or that of one it was raised from) is a known
+    refusal; None otherwise."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if (hint := _CAPTURE_HINTS.get(type(error).__name__)) is not None:
+            return hint
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def _batch_two(args) -> tuple | None:
     """``args`` with every tensor's dim 0 repeated to 2, when every tensor input has
     dim 0 of size 1 (a batch of one); None otherwise."""

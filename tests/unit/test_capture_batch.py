@@ -74,3 +74,37 @@ def test_inputs_of_another_dtype_than_the_parameters_warn_and_say_why():
         compiled = co.compile(torch.nn.Linear(16, 8), (half,), arch="sm_90a")
     text = compiled.report.format()
     assert "nothing offloaded" in text and "PyTorch's own matmul refuses them" in text
+
+
+def test_a_data_dependent_forward_gets_what_to_do_and_its_line():
+    """A forward that branches on a tensor's value, or reads one into Python, cannot be
+    exported: the CaptureError says what to do first, then torch's text naming the line."""
+    import pytest
+
+    import cutlass_offload as co
+    from cutlass_offload.capture import capture_hint
+
+    class Branch(torch.nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:
+                return x * 2
+            return x
+
+    class Item(torch.nn.Module):
+        def forward(self, x):
+            return x * float(x.max().item())
+
+    for model in (Branch(), Item()):
+        with pytest.raises(co.CaptureError) as info:
+            co.compile(model, (torch.randn(8, 4),), arch="sm_80")
+        text = str(info.value)
+        assert text.startswith("torch.export could not capture the model on its example inputs: "
+                               "the forward branches on, sizes a tensor by, or reads into Python")
+        assert "torch.cond" in text and "GuardOnDataDependentSymNode" in text
+        assert "test_capture_batch.py" in text          # torch's text: the user's line
+    assert capture_hint(ValueError("x")) is None
+    # found through the chain torch raises it in
+    inner = type("GuardOnDataDependentSymNode", (RuntimeError,), {})("u0")
+    outer = RuntimeError("wrapped")
+    outer.__cause__ = inner
+    assert capture_hint(outer).startswith("the forward branches on")
