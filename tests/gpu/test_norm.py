@@ -26,6 +26,9 @@ CASES = [
     ("layer_norm_2x128x64_f16", lambda: nn.LayerNorm(64), (2, 128, 64), torch.float16, 1.0),
     ("layer_norm_128x30_f32", lambda: nn.LayerNorm(30), (128, 30), torch.float32, 1.0),
     ("rms_norm_1x1x4096_f16", lambda: nn.RMSNorm(4096, eps=1e-6), (1, 1, 4096), torch.float16, 1.0),
+    # eps=None: PyTorch's default, float32's epsilon (1.2e-7), which dominates a mean
+    # square of 1e-8 here; fp16's (9.8e-4) would make the output ~90x too small
+    ("rms_norm_default_eps_4x256_f16", lambda: nn.RMSNorm(256), (4, 256), torch.float16, 1e-4),
     ("llama_rms_1x1x4096_f16", lambda: LlamaRMSNorm(4096, eps=1e-6), (1, 1, 4096), torch.float16, 1.0),
     ("bert_layer_norm_eps1e-12", lambda: nn.LayerNorm(768, eps=1e-12), (8, 128, 768), torch.float16, 1e-3),
     ("llama_rms_3x7x256_bf16", lambda: LlamaRMSNorm(256, eps=1e-5), (3, 7, 256), torch.bfloat16, 1.0),

@@ -129,9 +129,18 @@ def test_rms_norm_without_weight_and_eps_from_the_constant():
     assert plan.kernels[0].name == "rowwise_rms_norm_bf16_vec8_noaffine"
 
 
-def test_aten_rms_norm_without_eps_stays_in_pytorch():
+def test_aten_rms_norm_without_eps_takes_pytorchs_default():
+    """nn.RMSNorm's eps=None is the computation type's epsilon: float32's for fp16, bf16
+    and fp32 inputs (checked against torch's own rms_norm on tiny inputs, where eps
+    dominates the mean square)."""
+    f32_eps = torch.finfo(torch.float32).eps
     _, part, _ = parts(nn.RMSNorm(64).half(), torch.randn(2, 64, dtype=H))
-    assert not part.regions and "explicit eps" in part.fallbacks[0].reason
+    assert only_region(part).problem.eps == f32_eps
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(4, 64, dtype=dtype) * 1e-4
+        default = torch.rms_norm(x, [64], None, None)
+        assert torch.equal(default, torch.rms_norm(x, [64], None, f32_eps))
+        assert not torch.allclose(default, torch.rms_norm(x, [64], None, torch.finfo(dtype).eps * 4))
 
 
 def test_fp32_layer_norm_128x30():

@@ -6,7 +6,7 @@ Forms matched (fp16 / bf16 / fp32, affine weight and bias optional):
 * ``aten.layer_norm(x, [C], weight, bias, eps)``: normalized_shape = the last dim;
   ``aten.native_layer_norm`` alike when only its normalized output is used
   (the torch.compile backend's AOTAutograd graphs).
-* ``aten.rms_norm(x, [C], weight, eps)`` with an explicit eps.
+* ``aten.rms_norm(x, [C], weight, eps)``, eps given or PyTorch's default.
 * the RMS norm written out, as transformers writes it (LlamaRMSNorm, T5LayerNorm,
   and the like), anchored at its ``rsqrt``::
 
@@ -25,8 +25,8 @@ Forms matched (fp16 / bf16 / fp32, affine weight and bias optional):
 
 eps is read from the graph: the op's argument (or its schema default for
 layer_norm), the constant added in the written-out form. ``aten.rms_norm``
-without an eps stays in PyTorch: its default is the epsilon of the computation
-type, which the graph does not state.
+without an eps takes PyTorch's default, the epsilon of the computation type
+(float32's for every input dtype offloaded).
 """
 from __future__ import annotations
 
@@ -140,8 +140,11 @@ def rms_norm_operands(node, options) -> NormOperands:
     weight = _vector(_arg(node, 2, "weight"), "weight", dtype, cols)
     eps = _arg(node, 3, "eps")
     if eps is None:
-        raise UnsupportedRegion("rms_norm without an explicit eps (PyTorch's default is the "
-                                "epsilon of the computation type, not stated in the graph)")
+        # PyTorch's default (nn.RMSNorm's eps=None): the epsilon of the computation type,
+        # float32 for fp16 / bf16 / fp32 inputs (ATen's rms_norm:
+        # numeric_limits<opmath_type<T>>::epsilon(); torch/_decomp/decompositions.py
+        # _fused_rms_norm); the dtypes that reach here are those
+        eps = torch.finfo(torch.float32).eps
     return NormOperands("rms_norm", "rms_norm", x, cols, dtype, _eps(eps, "rms_norm"), [node], weight)
 
 
