@@ -111,3 +111,38 @@ def test_a_toy_models_work_reads_in_mflop():
     text = Report.from_plan(plan, {"linear": 3_000_000, "conv2d": 6_000_000}).format()
     assert "work offloaded: 0.0% of the 9.0 MFLOP" in text
     assert "fallback conv2d (conv2d, 6.00 MFLOP): no kernel" in text
+
+
+def test_einsum_mv_and_dot_count_like_torch_flop_counter():
+    """einsum (kept whole by torch.export), mv and dot stay in PyTorch; their FLOPs must
+    enter the share's denominator (a fresh-user trial, session 53, read 100% offloaded
+    with two attention einsums left out)."""
+    class Ein(torch.nn.Module):
+        def forward(self, q, k, x, w, m, vec):
+            s = torch.einsum("bhqd,bhkd->bhqk", q, k)
+            o = torch.einsum("bhqk,bhkd->bhqd", s, k)
+            bc = torch.einsum("...ij,jk->...ik", x, w)       # ellipsis, broadcast
+            implicit = torch.einsum("ij,jk", m, w)           # output "ik" implied
+            return s, o, bc, implicit, torch.mv(m, vec), torch.dot(vec, vec)
+    xs = (torch.randn(2, 3, 9, 16), torch.randn(2, 3, 11, 16), torch.randn(4, 5, 6, 7),
+          torch.randn(7, 8), torch.randn(10, 7), torch.randn(7))
+    m = Ein().eval()
+    counts = node_flops(capture(m, xs).graph_module)
+    with FlopCounterMode(display=False) as fc, torch.no_grad():
+        m(*xs)
+    # torch's counter has no rule for mv and dot: 2 * M * K and 2 * K here
+    assert counts["mv"] == 2 * 10 * 7 and counts["dot"] == 2 * 7
+    assert sum(counts.values()) - counts["mv"] - counts["dot"] == fc.get_total_flops() > 0
+    assert len(counts) == 6
+    ein = sorted(v for k, v in counts.items() if k.startswith("einsum"))
+    assert ein == sorted([2 * 2 * 3 * 9 * 11 * 16] * 2 + [2 * 4 * 5 * 6 * 7 * 8, 2 * 10 * 7 * 8])
+
+
+def test_einsum_of_three_operands_counts_each_contraction():
+    class Chain(torch.nn.Module):
+        def forward(self, a, b, c):
+            return torch.einsum("ij,jk,kl->il", a, b, c), torch.einsum("ij->ji", a)
+    xs = (torch.randn(3, 4), torch.randn(4, 5), torch.randn(5, 6))
+    counts = node_flops(capture(Chain().eval(), xs).graph_module)
+    # (ij,jk -> ik: 2*3*4*5) then (ik,kl -> il: 2*3*5*6); a permute counts 0
+    assert sorted(counts.values()) == [0, 2 * 3 * 4 * 5 + 2 * 3 * 5 * 6]

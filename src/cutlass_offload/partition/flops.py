@@ -7,7 +7,7 @@ as 2 FLOPs, as in ``torch.utils.flop_counter``: a GEMM or batched GEMM
 2 * numel(out) * K; a convolution 2 * numel(out) * (C / groups) * prod(filter
 window), i.e. 2 * numel(out) * numel(w) / K, a transposed one 2 * numel(x) * numel(w) /
 C_in; an attention 2 * numel(out) / Dv * Lk *
-(D + Dv) (q k^T, then p v). Symbolic sizes count at their example value (the
+(D + Dv) (q k^T, then p v); an einsum by its contractions (``_einsum``). Symbolic sizes count at their example value (the
 capture's hint). An op whose sizes are not recorded counts 0. Norms are memory-bound
 and not counted.
 """
@@ -56,11 +56,54 @@ def _attention(node, out):
     return 2 * (_numel(out) // max(dv, 1)) * lk * (d + dv)
 
 
+def _einsum_terms(term: str, ndim: int, ell_max: int) -> list:
+    """The index names of one einsum operand (or of its output): a letter per named dim,
+    and for ``...`` its dims named from the right ("#0" the last), as broadcasting
+    aligns them."""
+    if "..." not in term:
+        return list(term)
+    pre, post = term.split("...")
+    n = ell_max if ndim < 0 else ndim - len(pre) - len(post)
+    return list(pre) + [f"#{i}" for i in reversed(range(n))] + list(post)
+
+
+def _einsum(node, out):
+    """aten.einsum(equation, operands): 2 * the product of the sizes of every index the
+    two operands of a step hold, the operands contracted left to right (torch's order
+    without opt_einsum), so "bhqd,bhkd->bhqk" counts as the batched GEMM it is:
+    2 * b*h*q*k*d. One operand (a permute or a sum) is not matmul-like: 0."""
+    equation, operands = node.args[0].replace(" ", ""), [val(t) for t in node.args[1]]
+    lhs, arrow, rhs = equation.partition("->")
+    terms = lhs.split(",")
+    if len(operands) < 2 or len(terms) != len(operands):
+        return 0
+    ell_max = max((t.dim() - len(term.replace("...", "")) for term, t in zip(terms, operands)
+                   if "..." in term), default=0)
+    names = [_einsum_terms(term, t.dim(), ell_max) for term, t in zip(terms, operands)]
+    sizes = {}
+    for ns, t in zip(names, operands):
+        for name, size in zip(ns, t.shape):
+            sizes[name] = max(sizes.get(name, 1), hint_int(size))
+    if arrow:
+        kept_out = set(_einsum_terms(rhs, -1, ell_max))
+    else:       # implicit output: the letters seen once, and the ellipsis
+        seen = [n for ns in names for n in ns]
+        kept_out = {n for n in seen if seen.count(n) == 1 or n.startswith("#")}
+    flops, held = 0, set(names[0])
+    for i, ns in enumerate(names[1:], start=1):
+        joint = held | set(ns)
+        flops += 2 * math.prod(sizes[n] for n in joint)
+        later = {n for rest in names[i + 1:] for n in rest}
+        held = {n for n in joint if n in kept_out or n in later}
+    return flops
+
+
 # ATen op -> FLOPs of one call (node, its output FakeTensor)
 FLOPS = {
     aten.mm.default: _gemm(0), aten.bmm.default: _gemm(0), aten.matmul.default: _gemm(0),
     aten.linear.default: _gemm(0), aten.addmm.default: _gemm(1), aten.baddbmm.default: _gemm(1),
-    aten.addbmm.default: _gemm(1),
+    aten.addbmm.default: _gemm(1), aten.mv.default: _gemm(0), aten.dot.default: _gemm(0),
+    aten.einsum.default: _einsum,
     aten.convolution.default: _conv, aten.conv1d.default: _conv, aten.conv2d.default: _conv,
     aten.conv3d.default: _conv, aten.conv1d.padding: _conv, aten.conv2d.padding: _conv,
     aten.conv3d.padding: _conv,
