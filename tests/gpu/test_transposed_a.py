@@ -56,3 +56,46 @@ def test_transposed_input_linears_match_float32(arch, dtype):
     calls = {mod.region.name: (mod.calls, mod.fallback_calls) for mod in m.region_modules()
              if isinstance(mod.region, GemmRegion)}
     assert calls and all(c > 0 and f == 0 for c, f in calls.values()), calls   # the kernel ran
+
+
+class Matmuls(nn.Module):
+    """mm / bmm / matmul / addmm on transposed views, B row-major or itself a
+    transposed view, in each batch mode: fold, B shared (b_broadcast), batched, A
+    broadcast and a partial broadcast (expanded)."""
+
+    def forward(self, x2, w, bias, x3, w3, x4, w4):
+        a2 = x2.t()                                          # (64, 48), M contiguous
+        return (torch.mm(a2, w), torch.mm(a2, w.t().contiguous().t()),
+                torch.addmm(bias, a2, w), torch.matmul(x3.transpose(-1, -2), w),
+                torch.bmm(x3.transpose(1, 2), w3), torch.matmul(a2, w3),
+                torch.matmul(x4.transpose(-1, -2), w4))
+
+
+def _matmul_inputs(seed, dtype):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = [(48, 64), (48, 40), (40,), (3, 48, 64), (3, 48, 40), (2, 1, 48, 64), (2, 3, 48, 40)]
+    return tuple(torch.randn(s, generator=g, device="cuda").to(dtype) for s in shapes)
+
+
+@pytest.mark.parametrize("arch, dtype", [("sm_90a", torch.float16), ("sm_90a", torch.bfloat16),
+                                         ("sm_80", torch.float16)])
+def test_transposed_a_matmuls_match_float32(arch, dtype):
+    from cutlass_offload.target import ALIASES, TARGETS
+    if not torch.cuda.is_available() or not TARGETS[ALIASES[arch]].runs_on(
+            torch.cuda.get_device_capability()):
+        pytest.skip(f"needs a GPU that runs {arch} kernels (an sm_80 library refuses an H200)")
+    m = co.compile(Matmuls(), _matmul_inputs(0, dtype), arch=arch)
+    gemms = [r for r in m.plan.regions if isinstance(r, GemmRegion)]
+    assert len(gemms) == 7 and all(r.problem.layout_a == "col" for r in gemms), m.report
+    assert {r.batch_mode for r in gemms} == {"fold", "b_broadcast", "batched", "a_broadcast", "expand"}
+    with torch.no_grad():
+        for seed in (1, 2):
+            xs = _matmul_inputs(seed, dtype)
+            poison_allocator()
+            outs = m(*xs)
+            refs = Matmuls()(*(x.float() for x in xs))
+            for i, (out, ref) in enumerate(zip(outs, refs)):
+                assert rel_err(out, ref) < TOLERANCE[dtype], (arch, seed, i, rel_err(out, ref))
+    calls = [(mod.calls, mod.fallback_calls) for mod in m.region_modules()
+             if isinstance(mod.region, GemmRegion)]
+    assert calls and all(c > 0 and f == 0 for c, f in calls), calls   # the kernels ran

@@ -190,6 +190,54 @@ def test_linear_on_a_transposed_view_reads_a_column_major_in_place(shape):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("op, xa, wb, mode", [
+    ("mm", (48, 64), (48, 40), "fold"),                  # x.t() @ w, w (K, N) row-major
+    ("mm_bt", (48, 64), (40, 48), "fold"),               # x.t() @ w.t(): both transposed views
+    ("matmul", (2, 3, 48, 64), (48, 40), "b_broadcast"),  # B shared by every batch entry
+    ("bmm", (3, 48, 64), (3, 48, 40), "batched"),
+    ("matmul", (48, 64), (3, 48, 40), "a_broadcast"),
+    ("matmul", (2, 1, 48, 64), (2, 3, 48, 40), "expand"),
+])
+def test_matmuls_on_a_transposed_view_read_a_column_major(op, xa, wb, mode):
+    """mm / bmm / matmul whose A is ``x.transpose(-1, -2)`` run a column-major-A kernel
+    (a fresh-user trial, session 53: they stayed in PyTorch, only a Linear did this),
+    in every batch mode; the kernel's view of memory computes torch.matmul's product
+    (float32 emulation from the args)."""
+    def fn(x, w):
+        a = x.transpose(-1, -2)
+        if op == "mm":
+            return torch.mm(a, w)
+        if op == "mm_bt":
+            return torch.mm(a, w.t())
+        return torch.bmm(a, w) if op == "bmm" else torch.matmul(a, w)
+    mod = region_module(fn, torch.randn(*xa, dtype=H), torch.randn(*wb, dtype=H))
+    assert mod.region.problem.layout_a == "col" and mod.kernel.layout_a == "col"
+    assert mod.region.batch_mode == mode
+    assert mod.region.problem.layout_b == ("col" if op == "mm_bt" else "row")
+    # fresh values, as the region's inputs (the views are the graph's, outside it)
+    a = torch.randn(*xa, dtype=H).transpose(-1, -2)
+    b = torch.randn(*wb, dtype=H)
+    b = b.t() if op == "mm_bt" else b
+    out, args, keep = mod._map((a, b))
+    want = a.float() @ b.float()
+    assert out.shape == want.shape
+    if mode != "expand":
+        assert args.a == a.data_ptr()                    # read in place
+    got = emulate_gemm(mod, args, keep, (a, b)).reshape(want.shape)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fp32_matmul_on_a_transposed_view_stays_with_a_reason():
+    from cutlass_offload.config import CompileOptions
+
+    class M(torch.nn.Module):
+        def forward(self, x, w):
+            return x.t() @ w
+    part = partition(capture(M(), (torch.randn(48, 64), torch.randn(48, 40))).graph_module,
+                     CompileOptions(allow_tf32=True))
+    assert not part.regions and "K-contiguous" in part.fallbacks[0].reason
+
+
 def test_transposed_view_whose_batch_cannot_merge_is_copied_column_major():
     def fn(x, w):
         return torch.nn.functional.linear(x.transpose(-1, -2), w)

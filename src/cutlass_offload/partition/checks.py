@@ -34,7 +34,7 @@ class Operands:
     batch_dims: tuple = ()     # sizes of L when batched
     bias: Optional[fx.Node] = None
     c: Optional[fx.Node] = None  # addmm input of full output shape: residual add
-    layout_a: str = "row"        # "col": M contiguous (a transposed view; Linear only)
+    layout_a: str = "row"        # "col": M contiguous (a transposed view)
 
 
 @dataclass
@@ -83,12 +83,6 @@ def _a_layout(a) -> str:
     raise UnsupportedRegion("A has neither K nor M contiguous (copy it with .contiguous())")
 
 
-def _check_a_row_major(a):
-    if _a_layout(a) != "row":
-        raise UnsupportedRegion("A is not row-major (K not contiguous): only a Linear reads "
-                                "an M-contiguous A in place")
-
-
 def _b_layout_ok(b):
     """B must have a unit stride along K (col) or N (row) in its last two dims."""
     v = val(b)
@@ -133,18 +127,27 @@ def _batched(form, a, b, options) -> Operands:
     if not same_dim(bv.shape[-2], av.shape[-1]):
         raise UnsupportedRegion("K of A and B differ")
     n = _static(bv.shape[-1], "N")
-    _check_a_row_major(a)
+    layout_a = _a_layout(a)
     _b_layout_ok(b)
     ab = _strip_ones(av.shape[:-2])
     bb = _strip_ones(bv.shape[:-2])
+    if layout_a == "col":
+        if dtype == "f32":
+            raise UnsupportedRegion("an fp32 (TF32) GEMM needs A K-contiguous (wgmma reads "
+                                    "32-bit operands K-major only): copy it with .contiguous()")
+        if not bb:    # B shared: one column-major (M, K) matrix per leading index of A
+            lead = tuple(av.shape[:-2])
+            return Operands(form, a, b, False, (av.shape[-2],), n, k, dtype,
+                            batch_mode="b_broadcast" if lead else "fold", batch_dims=lead,
+                            layout_a="col")
     if not bb:        # B shared by every batch entry: fold A's batch into M
         return Operands(form, a, b, False, tuple(av.shape[:-1]), n, k, dtype)
     if not ab:
         return Operands(form, a, b, False, (av.shape[-2],), n, k, dtype,
-                        batch_mode="a_broadcast", batch_dims=tuple(bv.shape[:-2]))
+                        batch_mode="a_broadcast", batch_dims=tuple(bv.shape[:-2]), layout_a=layout_a)
     if same_shape(ab, bb):      # equal batch dims once leading 1s are dropped
         return Operands(form, a, b, False, (av.shape[-2],), n, k, dtype,
-                        batch_mode="batched", batch_dims=tuple(av.shape[:-2]))
+                        batch_mode="batched", batch_dims=tuple(av.shape[:-2]), layout_a=layout_a)
     batch = _broadcast_dims(ab, bb)
     if batch is None:
         raise UnsupportedRegion(
@@ -152,7 +155,7 @@ def _batched(form, a, b, options) -> Operands:
     # a partial broadcast ((3, 1) x (3, 2)): the repeated operand is expanded (a copy
     # of it per call), since one batch stride cannot walk it
     return Operands(form, a, b, False, (av.shape[-2],), n, k, dtype,
-                    batch_mode="expand", batch_dims=batch)
+                    batch_mode="expand", batch_dims=batch, layout_a=layout_a)
 
 
 def _broadcast_dims(da, db):
