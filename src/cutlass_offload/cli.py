@@ -6,8 +6,10 @@ import argparse
 import collections
 import json
 import os
+import re
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -409,8 +411,11 @@ def main(argv=None) -> int:
         # torch.export's message runs to dozens of lines (hints, links, the failing
         # frame); its first line names the problem
         first = str(e).splitlines()[0]
-        print(f"error: {first} (torch.export's whole message: co.compile from Python raises "
-              "CaptureError with it as its __cause__)", file=sys.stderr)
+        frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(\S[^\n]*)', str(e))
+        where = (f"at {Path(frames[-1][0]).name}:{frames[-1][1]} in {frames[-1][2]}: "
+                 f"{frames[-1][3].strip()}; " if frames else "")
+        print(f"error: {first} ({where}torch.export's whole message: co.compile from Python "
+              "raises CaptureError with it as its __cause__)", file=sys.stderr)
         return 2
     except (CutlassOffloadError, ValueError, ImportError) as e:   # one clear line for the user
         print(f"error: {e}", file=sys.stderr)

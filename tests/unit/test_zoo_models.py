@@ -282,6 +282,8 @@ def test_torch_exports_own_output_stays_with_the_capture_error(monkeypatch, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert [line for line in err if not line.startswith("note:")] == err[-1:], err    # the cast's note, then one line
     assert err[-1].startswith("error: torch.export could not capture"), err
+    # what to do, and the user's line that did it (from torch's text)
+    assert "torch.cond" in err[-1] and "test_zoo_models.py:" in err[-1] and " in forward: " in err[-1]
     # an export that succeeds passes on what was printed meanwhile, after it
     from cutlass_offload import api
 
