@@ -43,10 +43,11 @@ def resolve_arch(arch: str | None) -> str:
     unknown name.
     """
     if arch is not None:
-        if arch not in ARCH_ALIASES:
-            raise ValueError(f"unknown arch {arch!r}: use sm_90a (Hopper; sm_90 means the same) "
-                             "or sm_80 (Ampere)")
-        return ARCH_ALIASES[arch]
+        if not isinstance(arch, str) or arch.lower() not in ARCH_ALIASES:
+            raise ValueError(f"unknown arch {arch!r}: use sm_90a (Hopper: H100 / H200; sm_90 means "
+                             "the same) or sm_80 (any compute capability 8.x GPU: A100, A10, L4, "
+                             "RTX 30 / 40; sm_86 and sm_89 mean the same)")
+        return ARCH_ALIASES[arch.lower()]
     if not torch.cuda.is_available():
         raise DeviceError("no GPU visible to pick the target from: pass --arch sm_90a or sm_80 "
                           "(arch='sm_90a' from Python)")

@@ -307,7 +307,7 @@ def main(argv=None) -> int:
                    "returning (model, example_inputs))")
     c.add_argument("--out", required=True, type=_folder, help="output folder")
     c.add_argument("--arch", default=None, help="sm_90a (also sm_90, sm90a, sm90) or sm_80 (also "
-                   "sm80) (default: the visible GPU)")
+                   "sm80, and sm_86 / sm_89: any 8.x GPU runs it) (default: the visible GPU)")
     c.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"],
                    help="the model's parameters and floating inputs are cast to it (default: fp16)")
     batches = "; ".join(f"{m}: {b}" for m, (b, q) in DEFAULT_SIZES.items())

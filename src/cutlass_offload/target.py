@@ -26,7 +26,8 @@ TARGETS = {
     # sm_90 is accepted for sm_90a: on Hopper only the arch-specific target has wgmma/TMA
     "sm90a": Target("sm90a", "sm_90a", ("sm90a", "sm_90a", "sm90", "sm_90"),
                     "-gencode=arch=compute_90a,code=sm_90a", 132, lambda cc: tuple(cc) == (9, 0)),
-    "sm80": Target("sm80", "sm_80", ("sm80", "sm_80"),
+    # sm_86 / sm_87 / sm_89 (A10, L4, RTX 30 / 40, Orin) run the sm_80 SASS: accepted as it
+    "sm80": Target("sm80", "sm_80", ("sm80", "sm_80", "sm86", "sm_86", "sm87", "sm_87", "sm89", "sm_89"),
                    "-gencode=arch=compute_80,code=sm_80", 108, lambda cc: cc[0] == 8),
 }
 

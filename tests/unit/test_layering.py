@@ -88,6 +88,11 @@ def test_targets_are_one_row_each():
 
     assert set(GENCODE) == set(DEFAULT_NUM_SMS) == set(ARCHS) == set(target.TARGETS)
     assert resolve_arch("sm_90") == "sm90a" and resolve_arch("sm_80") == "sm80"
+    # any 8.x GPU runs sm_80's SASS: its own name is taken for it; case does not matter
+    assert resolve_arch("sm_86") == resolve_arch("SM_89") == resolve_arch("sm87") == "sm80"
+    import pytest
+    with pytest.raises(ValueError, match="any compute capability 8.x GPU"):
+        resolve_arch("sm_75")
     assert arch_name("sm90a") == "sm_90a"
     assert target.for_capability((9, 0)) == "sm90a" and target.for_capability((8, 6)) == "sm80"
     assert target.for_capability((10, 0)) is None
