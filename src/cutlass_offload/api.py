@@ -87,6 +87,9 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     example_inputs: a tuple of tensors as the model takes them (any device); a single
       tensor stands for a tuple of one.
     arch: "sm_90a" or "sm_80"; None = from the visible GPU.
+    dynamic_batch: dim 0 of every tensor input dynamic (capture.py); dynamic_shapes:
+      torch.export's own, taken as given. ValueError with both: mark the batch in
+      dynamic_shapes ({0: torch.export.Dim.AUTO}).
     build_strategy: "sharded" (default), "single" or "per-region" (see build/).
     executor: "local" (default) or "ray": each object compiled as a Ray task on the
       cluster at ``ray_address`` (None = RAY_ADDRESS / a local one; needs
@@ -150,6 +153,10 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     if not isinstance(example_inputs, (tuple, list)):
         raise TypeError(f"example_inputs must be a tuple of the forward's positional arguments "
                         f"(or one tensor), got {type(example_inputs).__name__}")
+    if dynamic_batch and dynamic_shapes is not None:
+        # torch.export takes dynamic_shapes as given: the batch would stay static unsaid
+        raise ValueError("dynamic_batch=True with dynamic_shapes: mark the batch in "
+                         "dynamic_shapes instead ({0: torch.export.Dim.AUTO} for each input)")
     inductor_options = options
     glue_spec = GlueSpec(glue, mode, inductor_options)        # ValueError before any work
     options = options_for_glue(CompileOptions(

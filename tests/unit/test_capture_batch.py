@@ -108,3 +108,15 @@ def test_a_data_dependent_forward_gets_what_to_do_and_its_line():
     outer = RuntimeError("wrapped")
     outer.__cause__ = inner
     assert capture_hint(outer).startswith("the forward branches on")
+
+
+def test_dynamic_batch_with_dynamic_shapes_is_refused_before_any_work():
+    """torch.export takes dynamic_shapes as given: with dynamic_batch too the batch would
+    have stayed static without a word (a fresh-user trial, session 53)."""
+    import pytest
+
+    import cutlass_offload as co
+    seq = torch.export.Dim("seq", min=2, max=64)
+    with pytest.raises(ValueError, match=r"mark the batch in dynamic_shapes"):
+        co.compile(torch.nn.Linear(8, 8), (torch.randn(4, 6, 8),), arch="sm_80",
+                   dynamic_batch=True, dynamic_shapes=({1: seq},))
