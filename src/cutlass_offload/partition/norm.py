@@ -326,8 +326,10 @@ def left_to_glue(group: bool, options) -> str | None:
     ``group``: a group norm (kept as a region under "group")."""
     norms = options.offload_norms
     if norms == "none" or (norms == "group" and not group):
-        return (f"left to the glue by choice (offload_norms={norms!r}): Inductor fuses it with "
-                "its neighbours, which a region would prevent")
+        why = ("the default 'auto' with Inductor glue, unless set so" if norms == "group"
+               else "as set")
+        return (f"left to the glue by choice (offload_norms={norms!r}: {why}; 'all' / --norms all "
+                "offloads it): Inductor fuses it with its neighbours, which a region would prevent")
     return None
 
 
