@@ -264,6 +264,9 @@ def _cmd_cache(a) -> int:
               f"linked libraries, {i['failed']} failed units, {i['index_records']} kernel index "
               f"records; {i['disk_bytes'] / 2**20:.1f} MiB on disk (tuning and the C++ call "
               "path's builds included)")
+        if i["kept_failures"]:
+            print(f"  {i['kept_failures']} interrupted or toolchain-failed builds kept in "
+                  f"{cache.root / 'failed'} (source and log; not cached: the next build tries again)")
     return 0
 
 

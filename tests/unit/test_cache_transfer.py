@@ -170,6 +170,12 @@ def test_cli_exports_and_imports(source, tmp_path, monkeypatch, capsys):
     assert main(["cache", "info"]) == 0                  # the imported cache, in words
     out = capsys.readouterr().out
     assert "2 compiled units" in out and "2 kernel index records" in out and "MiB on disk" in out
+    assert "interrupted" not in out
+    # an interrupted build's kept source is counted (a fresh-user trial, session 53, read
+    # "0 failed units" with one kept)
+    (tmp_path / "b" / "failed" / "shard_sm80_gemm_f16_3k.0123").mkdir(parents=True)
+    assert main(["cache", "info"]) == 0
+    assert "1 interrupted or toolchain-failed builds kept in" in capsys.readouterr().out
 
 
 def test_an_export_into_a_folder_it_cannot_write_names_that_file(source, tmp_path, monkeypatch, capsys):

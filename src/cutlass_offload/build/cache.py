@@ -169,10 +169,12 @@ class BuildCache:
     def info(self) -> dict:
         """root; entries (committed obj + lib entries, failures included) and their
         bytes; by kind: compiled units (obj, built), libraries (lib), failed (entries of
-        units that failed to compile), index records; disk_bytes: every file under the
+        units that failed to compile, cached), index records; kept_failures (folders under
+        failed/: interrupted or toolchain-failed builds, kept for a look, not cached);
+        disk_bytes: every file under the
         cache's folders (PARTS: tuning, the C++ call path's builds, kept failures too)."""
         out = {"root": str(self.root), "entries": 0, "bytes": 0, "compiled_units": 0,
-               "libraries": 0, "failed": 0, "index_records": 0, "disk_bytes": 0}
+               "libraries": 0, "failed": 0, "index_records": 0, "kept_failures": 0, "disk_bytes": 0}
         if not self.root.is_dir():
             return out
         for meta in self.root.glob("*/*/" + META):
@@ -188,6 +190,10 @@ class BuildCache:
             elif kind in ("obj", "lib"):
                 out["compiled_units" if kind == "obj" else "libraries"] += 1
         out["index_records"] = sum(1 for _ in (self.root / "index").glob("*.json"))
+        # sources and logs of builds that were interrupted or that the toolchain failed:
+        # kept under failed/, not cached as failures (the next build compiles them again)
+        kept = self.root / "failed"
+        out["kept_failures"] = sum(1 for d in kept.iterdir() if d.is_dir()) if kept.is_dir() else 0
         for part in PARTS:
             for f in (self.root / part).rglob("*"):
                 try:
