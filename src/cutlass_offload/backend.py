@@ -42,6 +42,7 @@ import warnings
 import torch
 
 from .config import CompileOptions, options_for_glue
+from .errors import DeviceError
 
 
 def _keep_for_partition() -> tuple:
@@ -88,6 +89,10 @@ def make_backend(arch: str | None = None, allow_tf32: bool = False, strict: bool
         from .api import resolve_arch
         from .runtime.glue import check_glue_args, resolve_glue
         check_glue_args(glue, mode, options)
+        if arch is None and not torch.cuda.is_available():    # resolve_arch's advice is the CLI's
+            raise DeviceError("no GPU visible to pick the target from: pass it to the backend, "
+                              "torch.compile(model, backend=cutlass_offload.make_backend("
+                              "arch='sm_90a'))")
         copts = CompileOptions(arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict)
         if resolve_glue(glue) == "eager":
             if mode not in (None, "default") or options:

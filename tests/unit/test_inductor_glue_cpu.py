@@ -294,3 +294,15 @@ def test_backend_offloads_aot_forms_and_restores_the_rest(monkeypatch):
     g = compiled.report.glue
     assert g["restored"] == 1 and sum(g["composite_forms"].values()) == 4
     assert len(calls) >= 2 * 6
+
+
+def test_the_backend_without_a_gpu_says_how_to_give_it_the_target(monkeypatch):
+    """torch.compile(backend=...) has no --arch: the advice names make_backend (a
+    fresh-user trial, session 53, was told to pass --arch)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    try:
+        with pytest.raises(Exception, match=r"make_backend\(arch='sm_90a'\)") as info:
+            torch.compile(torch.nn.Linear(8, 8), backend=co.make_backend())(torch.randn(2, 8))
+        assert "--arch" not in str(info.value)
+    finally:
+        torch._dynamo.reset()
