@@ -270,6 +270,10 @@ def _cmd_cache(a) -> int:
     return 0
 
 
+EXECUTOR_HELP = ("who compiles the shards: this machine (default) or a Ray cluster "
+                 "(pip install 'cutlass_offload[ray]')")
+RAY_ADDRESS_HELP = ("Ray cluster for --executor ray, as ray.init takes it (default: RAY_ADDRESS "
+                    "or a local cluster)")
 GLUE_HELP = ("how the ops that are not offloaded run: inductor (torch.compile's Inductor fuses them "
              "around the regions, which stay opaque custom ops), eager (one PyTorch kernel per op), "
              "auto (inductor when a GPU and Triton are present, else eager)")
@@ -326,12 +330,8 @@ def main(argv=None) -> int:
     c.add_argument("--build", default="sharded", choices=["sharded", "single", "per-region"],
                    help="build strategy (default: sharded)")
     c.add_argument("--jobs", type=_positive_int, default=0, help="parallel nvcc processes (default: by cores and memory)")
-    c.add_argument("--executor", default="local", choices=["local", "ray"],
-                   help="who compiles the shards: this machine (default) or a Ray cluster "
-                        "(pip install 'cutlass_offload[ray]')")
-    c.add_argument("--ray-address", default=None,
-                   help="Ray cluster for --executor ray, as ray.init takes it (default: RAY_ADDRESS "
-                        "or a local cluster)")
+    c.add_argument("--executor", default="local", choices=["local", "ray"], help=EXECUTOR_HELP)
+    c.add_argument("--ray-address", default=None, help=RAY_ADDRESS_HELP)
     c.add_argument("-q", "--quiet", action="store_true",
                    help="no build progress (by default: a bar on a terminal, one line per "
                         "finished unit otherwise, on stderr)")
@@ -387,8 +387,8 @@ def main(argv=None) -> int:
     b.add_argument("--list", action="store_true", help="print the kernels and build nothing")
     b.add_argument("--jobs", type=_positive_int, default=0,
                    help="parallel nvcc processes (default: by cores and memory)")
-    b.add_argument("--executor", default="local", choices=["local", "ray"])
-    b.add_argument("--ray-address", default=None)
+    b.add_argument("--executor", default="local", choices=["local", "ray"], help=EXECUTOR_HELP)
+    b.add_argument("--ray-address", default=None, help=RAY_ADDRESS_HELP)
     b.add_argument("-q", "--quiet", action="store_true", help="no build progress")
     b.set_defaults(fn=_cmd_prebuild)
     k = sub.add_parser("cache", help="inspect, clear, export or import the build cache",
