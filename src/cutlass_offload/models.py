@@ -349,9 +349,13 @@ def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: in
                              "Python for the traceback)") from e
         if not (isinstance(made, (tuple, list)) and len(made) == 2
                 and isinstance(made[0], torch.nn.Module) and isinstance(made[1], (tuple, list))):
+            got = (f"a {type(made).__name__} of {len(made)}: "
+                   f"({', '.join(type(m).__name__ for m in made)})"
+                   if isinstance(made, (tuple, list)) else type(made).__name__)
             raise ValueError(f"model factory {name!r} must return (model, example_inputs): an "
-                             f"nn.Module and a tuple of its forward's arguments; it returned "
-                             f"{type(made).__name__}")
+                             f"nn.Module and a tuple of its forward's positional arguments "
+                             f"(keyword arguments are not taken: pass them positionally, or "
+                             f"wrap the model); it returned {got}")
         model, inputs = made
     else:
         import difflib

@@ -214,6 +214,7 @@ def _factories():
     mod.fp64 = lambda: (Block().double(), (torch.randn(2, 16, dtype=torch.float64),))
     mod.bad_forward = lambda: (Bad(), (torch.randn(2, 16),))
     mod.data_dependent = lambda: (DataDependent(), (torch.randn(2, 16),))
+    mod.with_kwargs = lambda: (Block(), (torch.randn(2, 16),), {"scale": 2.0})
     return mod
 
 
@@ -224,6 +225,10 @@ def test_a_factory_that_fails_or_returns_something_else_is_one_clear_error(monke
     monkeypatch.setitem(sys.modules, "co_test_factories", _factories())
     with pytest.raises(ValueError, match=r"must return \(model, example_inputs\).*returned Block"):
         models.load_model("co_test_factories:bare", "fp16")
+    # a third item (keyword arguments): the count and kinds, and that kwargs are not taken
+    with pytest.raises(ValueError, match=r"keyword arguments are not taken.*a tuple of 3: "
+                                         r"\(Block, tuple, dict\)"):
+        models.load_model("co_test_factories:with_kwargs", "fp16")
     with pytest.raises(ValueError, match="raised RuntimeError: no weights here"):
         models.load_model("co_test_factories:boom", "fp16")
     with pytest.raises(ValueError, match="built-in models only"):
