@@ -88,8 +88,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
       tensor stands for a tuple of one.
     arch: "sm_90a" or "sm_80"; None = from the visible GPU.
     dynamic_batch: dim 0 of every tensor input dynamic (capture.py); dynamic_shapes:
-      torch.export's own, taken as given. ValueError with both: mark the batch in
-      dynamic_shapes ({0: torch.export.Dim.AUTO}).
+      torch.export's, taken as given (ValueError with dynamic_batch too).
     build_strategy: "sharded" (default), "single" or "per-region" (see build/).
     executor: "local" (default) or "ray": each object compiled as a Ray task on the
       cluster at ``ray_address`` (None = RAY_ADDRESS / a local one; needs
@@ -153,8 +152,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     if not isinstance(example_inputs, (tuple, list)):
         raise TypeError(f"example_inputs must be a tuple of the forward's positional arguments "
                         f"(or one tensor), got {type(example_inputs).__name__}")
-    if dynamic_batch and dynamic_shapes is not None:
-        # torch.export takes dynamic_shapes as given: the batch would stay static unsaid
+    if dynamic_batch and dynamic_shapes is not None:      # torch.export takes the latter as given
         raise ValueError("dynamic_batch=True with dynamic_shapes: mark the batch in "
                          "dynamic_shapes instead ({0: torch.export.Dim.AUTO} for each input)")
     inductor_options = options
