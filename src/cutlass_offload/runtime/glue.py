@@ -75,7 +75,7 @@ CPP_WRAPPER_EXTRA_OPTIONS = {"cpp_wrapper_build_separate": True,
 # On since session 46 ($CUTLASS_OFFLOAD_C_SHIMS=0 turns it off): bert-base's default-mode
 # forward 1.067x faster than through the dispatcher on an H100; the session-45 segfaults
 # most likely came from the extension exporting inline c10 symbols, now kept local by
-# csrc/fast_call.map (README "Glue" has the figures).
+# csrc/fast_call.map (docs/design_notes.md, "Glue", has the figures).
 REGION_C_SHIMS = True
 # True: the glue copy drops layout copies that feed only SDPA and folds a query's
 # constant factor into SDPA's scale before Inductor compiles it (glue_passes.py:
