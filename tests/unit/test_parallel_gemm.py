@@ -135,5 +135,5 @@ def test_members_that_fill_the_gpu_alone_stay_apart():
 def test_compile_options_refuse_an_unknown_arch():
     # partition reads the target's SM count from the arch: a typo must not pass silently
     with pytest.raises(ValueError, match="arch must be one of"):
-        CompileOptions(arch="sm_86")
+        CompileOptions(arch="sm_75")
     assert CompileOptions(arch="sm_90a").arch == "sm_90a"      # aliases as given
