@@ -4,6 +4,8 @@
   (``relu_`` -> ``relu``, ``add_`` -> ``add``), so they fuse like them;
 * a batched conv1d becomes a conv2d over a height of 1, a 3-D group_norm a 4-D one
   (partition/lift_1d.py);
+* a two-operand einsum becomes the permutes, reshapes and bmm ATen runs for it
+  (partition/einsum.py), so it partitions like a written bmm;
 * drop eval-mode dropout (identity);
 * turn the hand-written tanh GELU (GPT-2's ``NewGELUActivation``) into
   ``aten.gelu(approximate="tanh")``;
@@ -30,6 +32,7 @@ import torch
 import torch.fx as fx
 
 from ..runtime.glue_passes import fold_sdpa_query_scale
+from .einsum import einsum_as_bmm
 from .lift_1d import conv1d_as_conv2d, group_norm_3d_as_4d
 from .window_bias import merge_window_bias
 from .graph_utils import aten, attr_tensor, fake_like, fake_value, users, val
@@ -45,6 +48,7 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     _functionalize_inplace(gm.graph)
     conv1d_as_conv2d(gm)
     group_norm_3d_as_4d(gm)
+    einsum_as_bmm(gm)
     _drop_eval_dropout(gm.graph)
     _fold_batch_norm(gm)
     _drop_identity_scaling(gm.graph)

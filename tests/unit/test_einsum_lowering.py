@@ -1,0 +1,73 @@
+"""partition/einsum.py: a two-operand einsum with static sizes becomes ATen's own
+permutes, reshapes and one bmm, which partition into a GEMM region; the lowered graph
+computes what einsum does (float64 on fresh inputs, also strided ones the example did
+not have); what is not lowered stays an einsum, listed among the fallbacks."""
+import pytest
+import torch
+
+from cutlass_offload.capture import capture
+from cutlass_offload.partition import partition
+from cutlass_offload.partition.einsum import einsum_as_bmm
+
+H = torch.float16
+CASES = [   # (equation, A, B, the lowered bmm's batch mode)
+    ("bhqd,bhkd->bhqk", (2, 3, 9, 16), (2, 3, 11, 16), "batched"),
+    ("bhqk,bhkd->bhqd", (2, 3, 9, 11), (2, 3, 11, 16), "batched"),
+    ("...ij,jk->...ik", (4, 5, 6, 8), (8, 16), None),
+    ("ij,jk", (10, 8), (8, 16), None),
+    ("bnd,nde->bne", (4, 5, 8), (5, 8, 16), "batched"),
+    ("bqd,kd->bqk", (2, 9, 16), (11, 16), None),
+]
+
+
+class Ein(torch.nn.Module):
+    def __init__(self, equation):
+        super().__init__()
+        self.equation = equation
+
+    def forward(self, a, b):
+        return torch.einsum(self.equation, a, b)
+
+
+@pytest.mark.parametrize("equation, sa, sb, mode", CASES)
+def test_two_operand_einsum_becomes_one_gemm_region(equation, sa, sb, mode):
+    m = Ein(equation)
+    cap = capture(m, (torch.randn(sa, dtype=H), torch.randn(sb, dtype=H)))
+    targets = [n.target for n in cap.graph_module.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.einsum.default not in targets and torch.ops.aten.bmm.default in targets
+    part = partition(cap.graph_module)
+    assert len(part.regions) == 1 and not part.fallbacks, part.fallbacks
+    if mode is not None:
+        assert part.regions[0].batch_mode == mode
+    for a, b in ((torch.randn(sa), torch.randn(sb)),
+                 # other strides than the example's: the lowered reshapes copy where einsum would
+                 (torch.randn(tuple(reversed(sa))).permute(*reversed(range(len(sa)))),
+                  torch.randn(tuple(reversed(sb))).permute(*reversed(range(len(sb)))))):
+        a, b = a.double(), b.double()
+        torch.testing.assert_close(cap.graph_module(a, b), torch.einsum(equation, a, b))
+
+
+def test_what_is_not_lowered_stays_an_einsum_with_a_reason():
+    class Rest(torch.nn.Module):
+        def forward(self, a, b, c, v, w):
+            return (torch.einsum("ij,jk,kl->il", a, b, c),      # three operands
+                    torch.einsum("i,j->ij", v, w),              # an outer product: no GEMM
+                    torch.einsum("ij->ji", a))                  # one operand
+    xs = (torch.randn(3, 4, dtype=H), torch.randn(4, 5, dtype=H), torch.randn(5, 6, dtype=H),
+          torch.randn(3, dtype=H), torch.randn(4, dtype=H))
+    gm = capture(Rest(), xs).graph_module
+    einsums = [n for n in gm.graph.nodes if n.target is torch.ops.aten.einsum.default]
+    assert len(einsums) == 3
+    part = partition(gm)
+    assert not part.regions
+    reasons = {f.op: f.reason for f in part.fallbacks}
+    assert "einsum" in reasons
+
+
+def test_a_dynamic_batch_einsum_is_left_as_it_is():
+    """The traced reshapes would fix the batch: left to PyTorch (its FLOPs still counted)."""
+    batch = torch.export.Dim("batch", min=2, max=64)
+    cap = capture(Ein("bqd,bkd->bqk"), (torch.randn(4, 9, 16, dtype=H), torch.randn(4, 11, 16, dtype=H)),
+                  dynamic_shapes=({0: batch}, {0: batch}))
+    assert any(n.target is torch.ops.aten.einsum.default for n in cap.graph_module.graph.nodes)
+    assert not einsum_as_bmm(cap.graph_module)
