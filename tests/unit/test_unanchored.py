@@ -23,7 +23,7 @@ class Heavy(nn.Module):
 
     def forward(self, a, b, v, x5, x4, y):
         g = torch.baddbmm(a, a, b)
-        e = torch.einsum("bij,bjk->bik", a, b)
+        e = torch.einsum("bij,bjk,bkl->bil", a, b, b)     # two operands would be a bmm region
         m = torch.mv(a[0], v)
         z = self.ct(self.inorm(x4))
         w = self.bn2(self.conv(x4))          # folded into the conv: not reported
