@@ -63,7 +63,7 @@ import torch.fx as fx
 
 from ..errors import UnsupportedRegion
 from ..ir import AttentionProblem, AttentionRegion
-from .graph_utils import DTYPE_NAMES, aten, hint_int, same_dim, static_int, val
+from .graph_utils import DTYPE_NAMES, aten, hint_int, same_dim, static_int, tensor_dtype, val
 # shared graph helpers, under this module's names (attention_forms imports them from here)
 from .graph_utils import aten_arg as _arg, is_call as _call, metadata_checks as _checks, users as _users
 
@@ -243,11 +243,8 @@ def _alignment(values, dtype: str) -> int:
 # ---------------------------------------------------------------------- the region
 
 def _dtype(node, what) -> str:
-    v = _tensor(node, what)
-    if v.dtype not in DTYPE_NAMES:
-        raise UnsupportedRegion(f"{what} has dtype {str(v.dtype).replace('torch.', '')}; the kernels "
-                                "take float16, bfloat16 and float32 (as TF32)")
-    return DTYPE_NAMES[v.dtype]
+    _tensor(node, what)                  # a graph node's tensor, not a constant
+    return tensor_dtype(node, what)
 
 
 def _leading(shape, rank):
