@@ -24,17 +24,18 @@ def poison_allocator(device="cuda", mb=256):
 
 
 def check_fresh_outputs(compiled, model, shape, dtype, names, rounds=2):
-    """Call ``compiled`` on ``rounds`` fresh random inputs of ``shape`` (CUDA, ``dtype``)
-    with the allocator poisoned first, and check each of its outputs (named by
-    ``names``, in order) against ``model`` run in float32: same shape, no NaN, norm-wise
-    error under TOLERANCE."""
+    """Call ``compiled`` on ``rounds`` fresh random inputs with the allocator poisoned
+    first, and check each of its outputs (named by ``names``, in order) against
+    ``model`` run in float32: same shape, no NaN, norm-wise error under TOLERANCE.
+    ``shape``: the one input's shape (CUDA, ``dtype``), or a function of the round
+    (0, 1, ...) returning the tuple of inputs."""
     ref_model = copy.deepcopy(model).float()
-    for _ in range(rounds):
-        x = torch.randn(*shape, device="cuda", dtype=dtype)
+    for r in range(rounds):
+        xs = shape(r) if callable(shape) else (torch.randn(*shape, device="cuda", dtype=dtype),)
         poison_allocator()
         with torch.no_grad():
-            outs = compiled(x)
-            refs = ref_model(x.float())
+            outs = compiled(*xs)
+            refs = ref_model(*(x.float() for x in xs))
         torch.cuda.synchronize()
         assert len(outs) == len(refs) == len(names)
         for name, out, ref in zip(names, outs, refs):
