@@ -27,18 +27,24 @@ class Projections(nn.Module):
         return torch.cat([self.q(t), self.k(t), self.v(t)], dim=-1)
 
 
+ARCH_DTYPES = [("sm_90a", torch.float16), ("sm_90a", torch.bfloat16), ("sm_80", torch.float16)]
+
+
+def _skip_unless_gpu_runs(arch):
+    from cutlass_offload.target import ALIASES, TARGETS
+    if not torch.cuda.is_available() or not TARGETS[ALIASES[arch]].runs_on(
+            torch.cuda.get_device_capability()):
+        pytest.skip(f"needs a GPU that runs {arch} kernels (an sm_80 library refuses an H200)")
+
+
 def _input(batch, seed, dtype):
     g = torch.Generator(device="cuda").manual_seed(seed)
     return torch.randn(batch, 128, 16, 24, generator=g, device="cuda").to(dtype)
 
 
-@pytest.mark.parametrize("arch, dtype", [("sm_90a", torch.float16), ("sm_90a", torch.bfloat16),
-                                         ("sm_80", torch.float16)])
+@pytest.mark.parametrize("arch, dtype", ARCH_DTYPES)
 def test_transposed_input_linears_match_float32(arch, dtype):
-    from cutlass_offload.target import ALIASES, TARGETS
-    if not torch.cuda.is_available() or not TARGETS[ALIASES[arch]].runs_on(
-            torch.cuda.get_device_capability()):
-        pytest.skip(f"needs a GPU that runs {arch} kernels (an sm_80 library refuses an H200)")
+    _skip_unless_gpu_runs(arch)
     torch.manual_seed(0)
     eager = Projections().to("cuda", dtype).eval()
     ref = copy.deepcopy(eager).float()
@@ -77,13 +83,9 @@ def _matmul_inputs(seed, dtype):
     return tuple(torch.randn(s, generator=g, device="cuda").to(dtype) for s in shapes)
 
 
-@pytest.mark.parametrize("arch, dtype", [("sm_90a", torch.float16), ("sm_90a", torch.bfloat16),
-                                         ("sm_80", torch.float16)])
+@pytest.mark.parametrize("arch, dtype", ARCH_DTYPES)
 def test_transposed_a_matmuls_match_float32(arch, dtype):
-    from cutlass_offload.target import ALIASES, TARGETS
-    if not torch.cuda.is_available() or not TARGETS[ALIASES[arch]].runs_on(
-            torch.cuda.get_device_capability()):
-        pytest.skip(f"needs a GPU that runs {arch} kernels (an sm_80 library refuses an H200)")
+    _skip_unless_gpu_runs(arch)
     m = co.compile(Matmuls(), _matmul_inputs(0, dtype), arch=arch)
     gemms = [r for r in m.plan.regions if isinstance(r, GemmRegion)]
     assert len(gemms) == 7 and all(r.problem.layout_a == "col" for r in gemms), m.report
