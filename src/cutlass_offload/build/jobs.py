@@ -112,11 +112,12 @@ _DIAGNOSTIC = re.compile(r"\(\d+\): (catastrophic )?error"
 
 
 def mark_toolchain_failure(result: JobResult) -> bool:
-    """Mark and return whether ``result`` failed without a compiler diagnostic on the unit: the toolchain
-    broke (a host compiler that cannot run, an nvcc wrapper that exits 1, cicc killed
-    for memory), not the source, so it must not be cached as the unit's failure (a
-    fresh-user trial, session 50: a broken gcc on PATH left every kernel "failed to
-    compile" after gcc was fixed). Mutates ``result``: a line saying so goes to its log."""
+    """Mark and return whether ``result`` failed without a compiler diagnostic on the
+    unit: the toolchain broke (a host compiler that cannot run, an nvcc wrapper that
+    exits 1, cicc killed for memory), not the source, so it must not be cached as the
+    unit's failure (a fresh-user trial, session 50: a broken gcc on PATH left every
+    kernel "failed to compile" after gcc was fixed). Mutates ``result``: a line saying
+    so goes to its log."""
     if result.ok or result.killed or _DIAGNOSTIC.search(result.log or ""):
         return False
     result.log += ("\n[cutlass_offload] no compiler diagnostic on the unit in this log: the "
