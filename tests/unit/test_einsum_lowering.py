@@ -1,5 +1,6 @@
-"""partition/einsum.py: a two-operand einsum with static sizes becomes ATen's own
-permutes, reshapes and one bmm, which partition into a GEMM region; the lowered graph
+"""partition/einsum.py: a two-operand einsum becomes matmul on permuted views (a
+batched-matmul form) or ATen's own permutes, reshapes and one bmm (static sizes), which
+partition into a GEMM region; the lowered graph
 computes what einsum does (float64 on fresh inputs, also strided ones the example did
 not have); what is not lowered stays an einsum, listed among the fallbacks."""
 import pytest
@@ -34,7 +35,8 @@ def test_two_operand_einsum_becomes_one_gemm_region(equation, sa, sb, mode):
     m = Ein(equation)
     cap = capture(m, (torch.randn(sa, dtype=H), torch.randn(sb, dtype=H)))
     targets = [n.target for n in cap.graph_module.graph.nodes if n.op == "call_function"]
-    assert torch.ops.aten.einsum.default not in targets and torch.ops.aten.bmm.default in targets
+    assert torch.ops.aten.einsum.default not in targets
+    assert {torch.ops.aten.bmm.default, torch.ops.aten.matmul.default} & set(targets)
     part = partition(cap.graph_module)
     assert len(part.regions) == 1 and not part.fallbacks, part.fallbacks
     if mode is not None:
@@ -64,10 +66,33 @@ def test_what_is_not_lowered_stays_an_einsum_with_a_reason():
     assert "einsum" in reasons
 
 
-def test_a_dynamic_batch_einsum_is_left_as_it_is():
-    """The traced reshapes would fix the batch: left to PyTorch (its FLOPs still counted)."""
+def test_a_dynamic_batch_einsum_is_lowered_only_in_the_matmul_form():
+    """A batched-matmul einsum becomes matmul on permuted views, any size dynamic; other
+    forms would get traced reshapes fixing the batch: left to PyTorch (FLOPs counted)."""
     batch = torch.export.Dim("batch", min=2, max=64)
     cap = capture(Ein("bqd,bkd->bqk"), (torch.randn(4, 9, 16, dtype=H), torch.randn(4, 11, 16, dtype=H)),
                   dynamic_shapes=({0: batch}, {0: batch}))
+    targets = [n.target for n in cap.graph_module.graph.nodes]
+    assert torch.ops.aten.einsum.default not in targets and torch.ops.aten.matmul.default in targets
+    a, b = torch.randn(7, 9, 16).double(), torch.randn(7, 11, 16).double()      # another batch
+    torch.testing.assert_close(cap.graph_module(a, b), torch.einsum("bqd,bkd->bqk", a, b))
+    cap = capture(Ein("bqd,kd->bqk"), (torch.randn(4, 9, 16, dtype=H), torch.randn(11, 16, dtype=H)),
+                  dynamic_shapes=({0: batch}, None))
     assert any(n.target is torch.ops.aten.einsum.default for n in cap.graph_module.graph.nodes)
     assert not einsum_as_bmm(cap.graph_module)
+
+
+def test_attention_written_with_einsums_is_one_attention_region():
+    """softmax(einsum(q, k) * s) then einsum(p, v): the matmul form the attention matcher
+    reads (a fresh-user trial, session 53: it became two GEMMs and the softmax's round
+    trip)."""
+    class Att(torch.nn.Module):
+        def forward(self, q, k, v):
+            s = torch.einsum("bhqd,bhkd->bhqk", q, k) * 0.125
+            return torch.einsum("bhqk,bhkd->bhqd", s.softmax(-1), v)
+    xs = tuple(torch.randn(2, 4, 32, 64, dtype=H) for _ in range(3))
+    cap = capture(Att(), xs)
+    part = partition(cap.graph_module)
+    assert [type(r).__name__ for r in part.regions] == ["AttentionRegion"], part.regions
+    xs = tuple(x.double() for x in xs)
+    torch.testing.assert_close(cap.graph_module(*xs), Att()(*xs))

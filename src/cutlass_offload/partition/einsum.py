@@ -4,7 +4,10 @@ like a written ``bmm``.
 torch.export keeps ``aten.einsum`` whole (a composite op), and no row of the pattern
 table anchors on it. ATen's own einsum (CompositeImplicitAutograd) contracts two
 operands as permutes and reshapes into one ``bmm`` and a reshape and permute back
-(``sumproduct_pair``); tracing that decomposition on the node's sizes
+(``sumproduct_pair``). A batched-matmul einsum (one row, one column, one contracted
+index, the rest batch) becomes ``matmul`` on permuted views instead (``_matmul_form``:
+any dynamic size kept, and attention written with einsums reaches the attention
+matcher); for the others, tracing that decomposition on the node's sizes
 (``make_fx`` on meta tensors with the operands' strides) and splicing it in place of
 the node gives the same arithmetic as a graph the partitioner reads: attention
 written as ``einsum("bhqd,bhkd->bhqk", q, k)`` becomes a bmm whose B is k read
@@ -13,8 +16,9 @@ column-major, in place. The views of the decomposition are spliced as ``reshape`
 with other strides than the example's stays correct.
 
 Left as they are (the report lists them among the fallbacks): einsums of one
-operand or of three and more, an explicit contraction path, operands whose sizes
-are dynamic (the traced reshapes would fix them) or of two dtypes, and a
+operand or of three and more, an explicit contraction path, operands of two dtypes,
+ones other than the matmul form whose sizes are dynamic (the traced reshapes would
+fix them), and a
 decomposition without exactly one ``bmm`` (an outer product is a broadcast multiply,
 not a GEMM).
 """
@@ -41,7 +45,13 @@ def einsum_as_bmm(gm: fx.GraphModule) -> bool:
     node."""
     graph, changed = gm.graph, False
     for n in list(graph.nodes):
-        if not is_call(n, aten.einsum.default) or (sub := _decomposition(n)) is None:
+        if not is_call(n, aten.einsum.default):
+            continue
+        if (perms := _matmul_form(n)) is not None:
+            _splice_matmul(graph, n, perms)
+            changed = True
+            continue
+        if (sub := _decomposition(n)) is None:
             continue
         inputs = iter(n.args[1])
         env = {}
@@ -61,6 +71,49 @@ def einsum_as_bmm(gm: fx.GraphModule) -> bool:
     if changed:
         graph.eliminate_dead_code()
     return changed
+
+
+def _matmul_form(n) -> tuple | None:
+    """(A's, B's and the output's permutations) when einsum node ``n`` is a batched
+    matmul: every index once per term, one row index (A and the output), one column
+    index (B and the output), one contracted index (A and B), the others in all three
+    (batch); None otherwise. As ``matmul(A.permute(pa), B.permute(pb)).permute(po)`` it
+    keeps any dynamic size, and attention written with einsums
+    (``softmax(einsum("bhqd,bhkd->bhqk") * s)``, then ``einsum("bhqk,bhkd->bhqd")``)
+    is the matmul form the attention matcher reads."""
+    equation, operands = n.args[0], n.args[1]
+    if not isinstance(equation, str) or not isinstance(operands, (list, tuple)) or len(operands) != 2:
+        return None
+    lhs, arrow, out = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    vals = [val(o) for o in operands]
+    if (not arrow or "." in equation or len(terms) != 2 or n.kwargs.get("path") is not None
+            or not all(isinstance(v, torch.Tensor) for v in vals)
+            or any(len(t) != v.dim() or len(set(t)) != len(t) for t, v in zip(terms, vals))
+            or len(set(out)) != len(out)):
+        return None
+    a, b = terms
+    batch = [c for c in out if c in a and c in b]
+    rows, cols = [c for c in a if c not in b], [c for c in b if c not in a]
+    red = [c for c in a if c in b and c not in out]
+    if (len(rows) != 1 or len(cols) != 1 or len(red) != 1 or set(out) != set(batch + rows + cols)
+            or set(a) != set(batch + rows + red) or set(b) != set(batch + red + cols)):
+        return None
+    order = batch + rows + cols
+    return ([a.index(c) for c in batch + rows + red], [b.index(c) for c in batch + red + cols],
+            [order.index(c) for c in out])
+
+
+def _splice_matmul(graph: fx.Graph, n, perms) -> None:
+    """Replace einsum node ``n`` by its matmul form (``_matmul_form``)."""
+    def permuted(x, perm):
+        return x if perm == sorted(perm) else _call(graph, aten.permute.default, (x, perm))
+    pa, pb, po = perms
+    with graph.inserting_before(n):
+        a, b = n.args[1]
+        out = permuted(_call(graph, aten.matmul.default, (permuted(a, pa), permuted(b, pb))), po)
+    n.replace_all_uses_with(out)
+    graph.erase_node(n)
 
 
 def _decomposition(n) -> fx.GraphModule | None:

@@ -21,10 +21,10 @@ _TABLE = {
     "baddbmm.default": ("baddbmm", "no anchor for baddbmm (beta * input + alpha * batch1 @ batch2); "
                         "torch.bmm followed by the add is offloaded"),
     "addbmm.default": ("addbmm", "no anchor for addbmm (a batch-reduced GEMM)"),
-    "einsum.default": ("einsum", "an einsum of two operands with static sizes is lowered to bmm "
-                       "(partition/einsum.py); this one (one or three and more operands, dynamic "
-                       "sizes, an outer product) is not: written as torch.matmul / torch.bmm it is "
-                       "offloaded"),
+    "einsum.default": ("einsum", "a two-operand einsum is lowered to matmul / bmm "
+                       "(partition/einsum.py); this one (one or three and more operands, an outer "
+                       "product, dynamic sizes outside the batched-matmul form) is not: written as "
+                       "torch.matmul / torch.bmm it is offloaded"),
     "mv.default": ("mv", "matrix-vector product: no GEMV kernel is built"),
     "addmv.default": ("addmv", "matrix-vector product: no GEMV kernel is built"),
     "dot.default": ("dot", "vector dot product: no kernel is built"),
