@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import io
 import json
 import os
-import sys
 import threading
 import time
 import warnings
@@ -19,11 +17,12 @@ from torch.export.passes import move_to_device_pass
 
 from . import build as build_stage
 from . import target, weights
-from .capture import Captured, Reference, capture, capture_hint, dtype_mismatch, from_exported
-from .config import CompileOptions, knobs, options_for_glue
-from .errors import CaptureError, CutlassOffloadError, DamagedFileError, DeviceError
+from .capture import Captured, Reference, capture, dtype_mismatch, from_exported
+from .config import CompileOptions, options_for_glue
+from .errors import CutlassOffloadError, DamagedFileError, DeviceError
 # the output folder's format (folder.py); check_folder is re-exported for the CLI
 from .folder import MANIFEST, _checked_later, _fingerprint, begin_save, check_folder, check_out_dir, load_exported, no_folder_message, save  # noqa: F401
+from .front import capture_errors, checked_inputs, compile_options
 from .ir import Plan
 from .partition import partition
 from .partition.flops import node_flops
@@ -144,26 +143,13 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     when the cache's or out_dir's disk is full, ValueError for an unknown glue,
     mode or option.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__} "
-                        "(wrap a function in a Module whose forward calls it)")
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    if not isinstance(example_inputs, (tuple, list)):
-        raise TypeError(f"example_inputs must be a tuple of the forward's positional arguments "
-                        f"(or one tensor), got {type(example_inputs).__name__}")
-    if dynamic_batch and dynamic_shapes is not None:      # torch.export takes the latter as given
-        raise ValueError("dynamic_batch=True with dynamic_shapes: mark the batch in "
-                         "dynamic_shapes instead ({0: torch.export.Dim.AUTO} for each input)")
-    inductor_options = options
-    glue_spec = GlueSpec(glue, mode, inductor_options)        # ValueError before any work
-    options = options_for_glue(CompileOptions(
-        arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict, num_sms=num_sms,
+    example_inputs = checked_inputs(model, example_inputs, dynamic_batch, dynamic_shapes)
+    glue_spec = GlueSpec(glue, mode, options)        # ValueError before any work
+    options = compile_options(
+        glue_spec, arch=resolve_arch(arch), allow_tf32=allow_tf32, strict=strict, num_sms=num_sms,
         build_strategy=build_strategy, executor=executor, ray_address=ray_address, tune=tune,
         offload_norms=offload_norms, combine_gemms=combine_gemms, jobs=jobs,
-        grouped_conv=knobs().grouped_conv, per_sample_add=knobs().per_sample_add,
-        decompose_wide_attention=decompose_wide_attention),
-        glue_spec.resolved(), glue_spec.planned())
+        decompose_wide_attention=decompose_wide_attention)
     _executor(options)      # a missing Ray extra fails now, not after the capture
     if out_dir is not None:
         check_out_dir(out_dir)      # and a path we must not replace, before any work
@@ -171,21 +157,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
         warnings.warn(mismatch, stacklevel=2)
     phases = _Phases()
     phases.seconds.update(phases_before or {})
-    with phases("capture"):
-        printed = io.StringIO()
-        try:
-            # what torch prints while exporting (a failed export prints the graph it
-            # traced, twice) is the error's, not the user's console's: kept on it
-            with _stderr_into(printed):
-                cap = capture(model, example_inputs, dynamic_batch=dynamic_batch,
-                              dynamic_shapes=dynamic_shapes)
-        except Exception as e:  # noqa: BLE001 - the model's own error, or torch.export's refusal
-            hint = capture_hint(e)
-            error = CaptureError(f"torch.export could not capture the model on its example inputs: "
-                                 f"{hint + '. ' if hint else ''}{type(e).__name__}: {e}".rstrip())
-            error.torch_output = printed.getvalue()
-            raise error from e
-        sys.stderr.write(printed.getvalue())     # a successful export's warnings, as they were
+    with phases("capture"), capture_errors():     # CaptureError, torch's output kept on it
+        cap = capture(model, example_inputs, dynamic_batch=dynamic_batch, dynamic_shapes=dynamic_shapes)
     # the weights are final once captured: weights.bin is written while the rest runs
     pending = begin_save(cap, example_inputs, out_dir) if out_dir is not None else None
     try:
@@ -200,25 +173,6 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
         if pending is not None:
             pending.discard()        # a failed compile leaves no temporary folder
     return compiled
-
-
-@contextlib.contextmanager
-def _stderr_into(buffer):
-    """sys.stderr, and the stream of torch's logging handlers that write to it (they
-    keep the stream they were made with), into ``buffer`` meanwhile."""
-    import logging
-    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
-               if name == "torch" or name.startswith("torch.")]
-    handlers = {h for lg in loggers for h in lg.handlers
-                if isinstance(h, logging.StreamHandler) and h.stream is sys.stderr}
-    for h in handlers:
-        h.setStream(buffer)
-    try:
-        with contextlib.redirect_stderr(buffer):
-            yield
-    finally:
-        for h in handlers:
-            h.setStream(sys.stderr)
 
 
 def _warm_inputs(example_inputs, options: CompileOptions, glue: GlueSpec):

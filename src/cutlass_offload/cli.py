@@ -24,6 +24,8 @@ def _folder(text: str) -> str:
 
 
 def _cmd_compile(a) -> int:
+    if a.dry_run:
+        return _dry_run(a)
     from .api import check_out_dir
     from .api import compile as co_compile
     from .models import load_model
@@ -45,6 +47,27 @@ def _cmd_compile(a) -> int:
                           decompose_wide_attention=a.decompose_wide_attention)
     print(compiled.report)
     print(f"wrote {a.out}")
+    return 0
+
+
+def _dry_run(a) -> int:
+    """compile --dry-run: dry_run.explain's report and build preview; nothing built
+    or written (but --json's file)."""
+    from .dry_run import explain
+    from .models import load_model
+    notes = []
+    model, inputs = load_model(a.model, a.dtype, a.batch, a.seq, notes=notes)
+    ignored = [flag for flag, given in (("--out", a.out), ("--tune", a.tune),
+                                        ("--executor ray", a.executor != "local")) if given]
+    for line in notes + ([f"a dry run builds nothing: {', '.join(ignored)} not used"] if ignored else []):
+        print(f"note: {line}", file=sys.stderr)
+    dry = explain(model, inputs, arch=a.arch, allow_tf32=a.tf32, dynamic_batch=a.dynamic_batch,
+                  strict=a.strict, build_strategy=a.build, glue=a.glue, mode=a.mode,
+                  offload_norms=a.norms, combine_gemms=a.combine_gemms, jobs=a.jobs or None,
+                  decompose_wide_attention=a.decompose_wide_attention)
+    print(dry)
+    if a.json:
+        Path(a.json).write_text(json.dumps(dry.to_dict(), indent=1) + "\n")
     return 0
 
 
@@ -312,7 +335,12 @@ def main(argv=None) -> int:
     from .models import BUILTIN, DEFAULT_SIZES
     c.add_argument("model", help=", ".join(BUILTIN) + ", or package.module:factory (a function "
                    "returning (model, example_inputs))")
-    c.add_argument("--out", required=True, type=_folder, help="output folder")
+    c.add_argument("--out", default=None, type=_folder, help="output folder (required, unless --dry-run)")
+    c.add_argument("--dry-run", action="store_true",
+                   help="capture, partition and select only: print the report and the build's units, "
+                        "each cached or to compile; no nvcc compile, no GPU with --arch, nothing written")
+    c.add_argument("--json", default=None, metavar="FILE",
+                   help="with --dry-run: also write the report and the build preview to FILE as JSON")
     c.add_argument("--arch", default=None, help="sm_90a (also sm_90, sm90a, sm90) or sm_80 (also "
                    "sm80, and sm_86 / sm_89: any 8.x GPU runs it) (default: the visible GPU)")
     c.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"],
@@ -403,6 +431,9 @@ def main(argv=None) -> int:
     k.add_argument("file", nargs="?", default=None, help="the tar file of export / import")
     k.set_defaults(fn=_cmd_cache)
     a = p.parse_args(argv)
+    if a.cmd == "compile" and not a.dry_run and (a.out is None or a.json):
+        c.error("the following arguments are required: --out" if a.out is None
+                else "--json goes with --dry-run (a compile's folder holds report.json)")
     from .config import knobs
     try:
         cache = knobs().cache_dir   # every variable checked before any work, and before -q sets one
