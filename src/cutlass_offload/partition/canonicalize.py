@@ -7,8 +7,9 @@
 * a two-operand einsum becomes the permutes, reshapes and bmm ATen runs for it
   (partition/einsum.py), so it partitions like a written bmm;
 * drop eval-mode dropout (identity);
-* turn the hand-written tanh GELU (GPT-2's ``NewGELUActivation``) into
-  ``aten.gelu(approximate="tanh")``;
+* turn a written-out activation (GPT-2's tanh GELU, ``x * sigmoid(x)``, the erf
+  GELU, hardswish, ...) into its one ATen op (partition/activation_forms.py), so it
+  fuses into an epilogue like ``F.gelu`` / ``F.silu``;
 * regroup Swin's windowed mask (``view(logits + b1, split) + mask``, viewed back)
   into one bias of the logits, so the attention matcher sees ``softmax(q k^T + bias)``
   (partition/window_bias.py);
@@ -26,12 +27,12 @@ mode) so later stages can read shapes.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.fx as fx
 
 from ..runtime.glue_passes import fold_sdpa_query_scale
+from .activation_forms import fuse_activation_forms
 from .einsum import einsum_as_bmm
 from .lift_1d import conv1d_as_conv2d, group_norm_3d_as_4d
 from .window_bias import merge_window_bias
@@ -53,7 +54,7 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     _fold_batch_norm(gm)
     _drop_identity_scaling(gm.graph)
     _drop_contiguous_before_conv(gm.graph)
-    _fuse_tanh_gelu(gm.graph)
+    fuse_activation_forms(gm.graph)
     merge_window_bias(gm.graph)
     fold_sdpa_query_scale(gm, through_copies=True)
     while _sink_views(gm.graph):
@@ -233,64 +234,6 @@ def _drop_identity_scaling(graph: fx.Graph):
 
 def _is_call(n, target) -> bool:
     return isinstance(n, fx.Node) and n.op == "call_function" and n.target is target
-
-
-def _const_arg(n, other):
-    """The non-node argument of a binary node whose other argument is `other`."""
-    a, b = n.args[0], n.args[1]
-    if a is other and not isinstance(b, fx.Node):
-        return b
-    if b is other and not isinstance(a, fx.Node):
-        return a
-    return None
-
-
-def _close(x, y) -> bool:
-    return isinstance(x, (int, float)) and math.isclose(float(x), y, rel_tol=1e-6)
-
-
-def _fuse_tanh_gelu(graph: fx.Graph):
-    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))) -> gelu(x, tanh)."""
-    for t in list(graph.nodes):
-        if not _is_call(t, aten.tanh.default):
-            continue
-        inner = t.args[0]                       # sqrt(2/pi) * (x + c*x^3)
-        if not _is_call(inner, aten.mul.Tensor):
-            continue
-        s = next((a for a in inner.args if isinstance(a, fx.Node)), None)
-        if s is None or not _close(_const_arg(inner, s), math.sqrt(2.0 / math.pi)):
-            continue
-        if not _is_call(s, aten.add.Tensor):
-            continue
-        x, cube = s.args[0], s.args[1]
-        if not (_is_call(cube, aten.mul.Tensor) and _close(_const_arg(cube, _first_node(cube)), 0.044715)):
-            x, cube = cube, x
-            if not (_is_call(cube, aten.mul.Tensor) and _close(_const_arg(cube, _first_node(cube)), 0.044715)):
-                continue
-        p = _first_node(cube)
-        if not (_is_call(p, aten.pow.Tensor_Scalar) and p.args[0] is x and _close(p.args[1], 3.0)):
-            continue
-        if len(t.users) != 1:
-            continue
-        one = next(iter(t.users))                # 1 + tanh
-        if not (_is_call(one, aten.add.Tensor) and _close(_const_arg(one, t), 1.0)) or len(one.users) != 1:
-            continue
-        out = next(iter(one.users))              # (0.5 * x) * (1 + tanh)
-        if not _is_call(out, aten.mul.Tensor):
-            continue
-        half = out.args[0] if out.args[1] is one else out.args[1]
-        if not (_is_call(half, aten.mul.Tensor) and _first_node(half) is x and _close(_const_arg(half, x), 0.5)):
-            continue
-        with graph.inserting_before(out):
-            g = graph.call_function(aten.gelu.default, (x,), {"approximate": "tanh"})
-        g.meta["val"] = val(out)
-        out.replace_all_uses_with(g)
-        graph.erase_node(out)
-    graph.eliminate_dead_code()
-
-
-def _first_node(n):
-    return next((a for a in n.args if isinstance(a, fx.Node)), None)
 
 
 def _fake_mode(v):
