@@ -75,15 +75,28 @@ _CAPTURE_HINTS = {
 }
 
 
+# ... and by words of the message, for refusals whose class is a generic one
+_CAPTURE_MESSAGE_HINTS = (
+    (("cache_utils", "register a pytree"),
+     "the model returns a transformers cache object (decoders default to use_cache=True): "
+     "build it with use_cache=False (in its config, or as a forward argument), or wrap it "
+     "to return only the tensors"),
+)
+
+
 def capture_hint(error: BaseException) -> str | None:
     """What to do about ``error``, an exception torch.export raised for a model it
     cannot capture, when its class (or that of one it was raised from) is a known
-    refusal; None otherwise."""
+    refusal, or its message holds a known refusal's words; None otherwise."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if (hint := _CAPTURE_HINTS.get(type(error).__name__)) is not None:
             return hint
+        text = str(error)
+        for words, hint in _CAPTURE_MESSAGE_HINTS:
+            if all(w in text for w in words):
+                return hint
         error = error.__cause__ or error.__context__
     return None
 

@@ -4,6 +4,7 @@ torch.export's failures as CaptureError."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import logging
 import sys
@@ -30,7 +31,33 @@ def checked_inputs(model, example_inputs, dynamic_batch: bool, dynamic_shapes):
     if dynamic_batch and dynamic_shapes is not None:      # torch.export takes the latter as given
         raise ValueError("dynamic_batch=True with dynamic_shapes: mark the batch in "
                          "dynamic_shapes instead ({0: torch.export.Dim.AUTO} for each input)")
+    _check_signature(model, example_inputs)
     return example_inputs
+
+
+def _check_signature(model, example_inputs) -> None:
+    """TypeError, naming the parameters, where forward cannot take ``example_inputs``
+    positionally: a keyword-only parameter without a default (the inputs are
+    positional), or more inputs than positional parameters (torch.export's own text
+    names neither)."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):      # a builtin or C++ forward: torch.export decides
+        return
+    required_kw = [p.name for p in params if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
+    if required_kw:
+        raise TypeError(f"{type(model).__name__}.forward has keyword-only parameter(s) "
+                        f"{', '.join(required_kw)} without a default, and example inputs are "
+                        "positional: wrap the model in a Module whose forward takes them "
+                        "positionally and passes them on by keyword")
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(example_inputs) > len(positional):
+        raise TypeError(f"{len(example_inputs)} example inputs for {type(model).__name__}.forward, "
+                        f"which takes {len(positional)} positional parameter(s) "
+                        f"({', '.join(positional) or 'none'}); keyword arguments (a dict among the "
+                        "inputs included) are not taken: wrap the model to take them positionally")
 
 
 def compile_options(glue, **fields) -> CompileOptions:

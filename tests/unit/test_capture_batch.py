@@ -120,3 +120,54 @@ def test_dynamic_batch_with_dynamic_shapes_is_refused_before_any_work():
     with pytest.raises(ValueError, match=r"mark the batch in dynamic_shapes"):
         co.compile(torch.nn.Linear(8, 8), (torch.randn(4, 6, 8),), arch="sm_80",
                    dynamic_batch=True, dynamic_shapes=({1: seq},))
+
+
+def test_a_returned_transformers_cache_gets_the_use_cache_hint():
+    """A decoder built from its config returns a DynamicCache (use_cache=True by
+    default); torch.export's pytree text points elsewhere (a fresh-user trial, s54)."""
+    import pytest
+
+    import cutlass_offload as co
+
+    class Cache:                       # stands for transformers.cache_utils.DynamicCache
+        pass
+    Cache.__module__ = "transformers.cache_utils"
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.l(x), Cache()
+
+    with pytest.raises(co.CaptureError, match="use_cache=False"):
+        co.compile(Decoder(), (torch.randn(2, 8),), arch="sm_80")
+
+
+def test_keyword_only_and_surplus_inputs_are_named_before_the_capture():
+    import pytest
+
+    import cutlass_offload as co
+
+    class KwOnly(torch.nn.Module):
+        def forward(self, x, *, mask):
+            return x * mask
+
+    class KwOnlyDefault(torch.nn.Module):
+        def forward(self, x, *, scale=2.0):
+            return x * scale
+
+    class One(torch.nn.Module):
+        def forward(self, x):
+            return x + 1
+    x = torch.randn(2, 8)
+    with pytest.raises(TypeError, match=r"keyword-only parameter\(s\) mask without a default"):
+        co.compile(KwOnly(), (x, x), arch="sm_80")
+    with pytest.raises(TypeError, match=r"2 example inputs for One.forward, which takes 1 "
+                                        r"positional parameter\(s\) \(x\)"):
+        co.compile(One(), (x, {"y": x}), arch="sm_80")
+    with pytest.raises(TypeError, match="keyword-only"):
+        co.explain(KwOnly(), (x, x), arch="sm_80")
+    # a keyword-only parameter with a default keeps it: no refusal before the capture
+    assert co.explain(KwOnlyDefault(), (x,), arch="sm_80").report is not None
