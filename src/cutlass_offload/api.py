@@ -26,6 +26,7 @@ from .front import capture_errors, checked_inputs, compile_options
 from .ir import Plan
 from .partition import partition
 from .partition.flops import node_flops
+from .partition.graph_utils import module_paths
 from .report import Report
 from .runtime import fast_call, glue_binaries
 from .runtime.compiled_model import CompiledModel, offload
@@ -219,6 +220,7 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
     with phases("partition"):
         part = partition(gm, options)
         flops = node_flops(gm)          # after partition's rewrites: region nodes are these
+        modules = module_paths(gm)
     with phases("select"):
         plan = select(part, options.arch, options, tuned)
     tuning = None
@@ -236,7 +238,7 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
         # would slow a cold build on a small machine
         fast_call.prefetch()
     if plan.regions and library_path is None and warm_inputs is not None:
-        return _overlapped(gm, plan, options, phases, tuning, glue, warm_inputs, flops)
+        return _overlapped(gm, plan, options, phases, tuning, glue, warm_inputs, flops, modules)
     build_info = {}
     lib = library_path
     if plan.regions and lib is None:
@@ -244,7 +246,7 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
             res = _build(plan, options)
         lib, plan, build_info = res.library, res.plan, {**res.to_dict(), **_epilogue_forms(res.plan)}
         _check_strict(options, plan)
-    report = Report.from_plan(plan, flops)
+    report = Report.from_plan(plan, flops, modules)
     report.build = build_info
     if tuning is not None:
         report.tuning = tuning.to_dict()
@@ -299,14 +301,15 @@ class _PendingBuild:
 
 
 def _overlapped(gm, plan: Plan, options: CompileOptions, phases: _Phases, tuning,
-                glue: GlueSpec, warm_inputs, flops: dict | None = None) -> CompiledModel:
+                glue: GlueSpec, warm_inputs, flops: dict | None = None,
+                modules: dict | None = None) -> CompiledModel:
     """Build the library in a background thread while the first call on
     ``warm_inputs`` compiles the Inductor glue (its region calls wait for the
     library). Regions whose kernel fails to compile run PyTorch (disabled)."""
     pending = _PendingBuild(plan, options)
     with phases("load"):
         gm = offload(gm, plan, pending.library)
-    compiled = CompiledModel(gm, plan, Report.from_plan(plan, flops), None)
+    compiled = CompiledModel(gm, plan, Report.from_plan(plan, flops, modules), None)
     glue.apply(compiled)
     try:
         with phases("glue: compile + first call"), torch.no_grad():
@@ -322,7 +325,7 @@ def _overlapped(gm, plan: Plan, options: CompileOptions, phases: _Phases, tuning
     for m in compiled.region_modules():
         if m.region.name not in kept:
             m.disabled = "its kernel failed to compile when the library was built"
-    report = Report.from_plan(res.plan, flops)
+    report = Report.from_plan(res.plan, flops, modules)
     report.build = {**res.to_dict(), **_epilogue_forms(res.plan)}
     if tuning is not None:
         report.tuning = tuning.to_dict()

@@ -187,8 +187,10 @@ def offload_for_inductor(aten_gm, inputs, copts: CompileOptions, record: list):
     canonicalize(aten_gm)
     rewrites = to_composite(aten_gm)
     from .partition.flops import node_flops
+    from .partition.graph_utils import module_paths
     part = partition(aten_gm, copts)
     flops = node_flops(aten_gm)
+    modules = module_paths(aten_gm)
     plan = select(part, copts.arch, copts)
     _check_strict(copts, plan)
     pending = None
@@ -198,7 +200,7 @@ def offload_for_inductor(aten_gm, inputs, copts: CompileOptions, record: list):
         pending = _PendingBuild(plan, copts)
         offload(aten_gm, plan, pending.library)
     restored = restore(aten_gm, rewrites)
-    compiled = CompiledModel(aten_gm, plan, Report.from_plan(plan, flops), None)
+    compiled = CompiledModel(aten_gm, plan, Report.from_plan(plan, flops, modules), None)
     compiled.report.glue = {"glue": "inductor", "note": "torch.compile backend",
                             "composite_forms": op_counts(rewrites), "restored": restored}
     og = ops_graph(aten_gm)

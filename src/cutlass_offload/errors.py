@@ -23,6 +23,11 @@ class UnsupportedRegion(Exception):
     """A candidate region that no kernel can run correctly; it stays in PyTorch."""
 
 
+class LeftByChoice(UnsupportedRegion):
+    """A candidate region left to PyTorch on purpose (options.offload_norms), not
+    because no kernel could run it; the report counts these apart."""
+
+
 class ToolchainError(CutlassOffloadError):
     """nvcc or the CUTLASS headers cannot be found or used."""
 

@@ -42,6 +42,24 @@ def _form(region: dict) -> str:
     return f"{region['form']}[{kind}]"
 
 
+def _fallback_lines(fallbacks: list) -> list:
+    """One line per reason: equal (op, reason) pairs count together (a 12-layer model's
+    25 norms left to the glue are one line), named by module path where known; the
+    ones refused come before the ones left by choice."""
+    groups = collections.defaultdict(list)
+    for f in fallbacks:
+        groups[(bool(f.get("by_choice")), f["op"], f["reason"])].append(f)
+    lines = []
+    for (_, op, reason), fs in sorted(groups.items(), key=lambda kv: kv[0][0]):
+        names = [f"{f['node']} at {f['module']}" if f.get("module") else f["node"] for f in fs]
+        which = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        work = sum(f.get("flops", 0) for f in fs)
+        work = f", {_flop_text(work, 2)}" if work else ""
+        count = f" x{len(fs)}" if len(fs) > 1 else ""
+        lines.append(f"  fallback {op}{count} ({which}{work}): {reason}")
+    return lines
+
+
 def _flop_share(plan: Plan, flops: dict) -> dict:
     offloaded = sum(flops.get(n, 0) for r in plan.regions for n in r.nodes)
     return {"total": sum(flops.values()), "offloaded": offloaded}
@@ -60,10 +78,11 @@ class Report:
     flops: dict = field(default_factory=dict)        # total / offloaded FLOPs (partition/flops.py)
 
     @classmethod
-    def from_plan(cls, plan: Plan, flops: dict | None = None) -> "Report":
+    def from_plan(cls, plan: Plan, flops: dict | None = None, modules: dict | None = None) -> "Report":
         """The report of ``plan``; ``flops``: {node name: FLOPs} of the partitioned
         graph's matmul / conv / attention ops (partition.flops.node_flops), summed into
-        ``total`` and ``offloaded`` (those of the regions' nodes)."""
+        ``total`` and ``offloaded`` (those of the regions' nodes); ``modules``: {node
+        name: module path} (graph_utils.module_paths), which a fallback's entry names."""
         users = collections.defaultdict(list)
         for r, k in plan.pairs:
             users[k.name].append(r.name)
@@ -74,7 +93,8 @@ class Report:
                       "notes": [str(n) for n in r.notes],
                       "note_summaries": [getattr(n, "summary", str(n)) for n in r.notes]}
                      for r, k in plan.pairs],
-            fallbacks=[{**asdict(f), **({"flops": flops[f.node]} if f.node in (flops or {}) else {})}
+            fallbacks=[{**asdict(f), **({"flops": flops[f.node]} if f.node in (flops or {}) else {}),
+                        **({"module": modules[f.node]} if f.node in (modules or {}) else {})}
                        for f in plan.fallbacks],
             kernels=[{"name": k.name, "family": k.config.family, "regions": users[k.name]}
                      for k in plan.distinct_kernels],
@@ -91,9 +111,11 @@ class Report:
 
     def format(self) -> str:
         """The report as a person reads it (``str(report)`` / ``print(report)``)."""
+        chosen = sum(1 for f in self.fallbacks if f.get("by_choice"))
         out = [f"target {arch_name(self.arch)}: {_n(len(self.regions), 'region')} offloaded, "
-               f"{_n(len(self.fallbacks), 'offloadable op')} left in PyTorch, "
-               f"{_n(len(self.kernels), 'distinct kernel')}"]
+               f"{_n(len(self.fallbacks), 'offloadable op')} left in PyTorch"
+               + (f" ({chosen} by choice)" if chosen else "")
+               + f", {_n(len(self.kernels), 'distinct kernel')}"]
         if self.flops.get("total"):
             f = self.flops
             out.append(f"work offloaded: {100 * f['offloaded'] / f['total']:.1f}% of the "
@@ -105,9 +127,7 @@ class Report:
                        ", ".join(f"{k} x{v}" for k, v in sorted(by_form.items())))
         if not self.regions and self.fallbacks:
             out.append("nothing offloaded: every op below stays in PyTorch, for the reason beside it")
-        for f in self.fallbacks:
-            work = f", {_flop_text(f['flops'], 2)}" if f.get("flops") else ""
-            out.append(f"  fallback {f['node']} ({f['op']}{work}): {f['reason']}")
+        out += _fallback_lines(self.fallbacks)
         # equal notes of different regions count together: their summaries (ir.Note)
         # leave the node names out; a report saved before summaries shows its texts
         notes = collections.Counter(n for r in self.regions for n in r.get("note_summaries", r["notes"]))

@@ -15,6 +15,7 @@ from cutlass_offload.capture import capture
 from cutlass_offload.front import compile_options
 from cutlass_offload.partition import partition
 from cutlass_offload.partition.flops import node_flops
+from cutlass_offload.partition.graph_utils import module_paths
 from cutlass_offload.report import Report
 from cutlass_offload.runtime.glue import GlueSpec
 from cutlass_offload.select import select
@@ -74,7 +75,7 @@ def test_the_report_is_the_partition_and_select_paths(arch, tmp_path, monkeypatc
     gm = capture(model, inputs).graph_module
     part = partition(gm, options)
     plan = select(part, options.arch, options)
-    assert _plain(dry.report) == _plain(Report.from_plan(plan, node_flops(gm)))
+    assert _plain(dry.report) == _plain(Report.from_plan(plan, node_flops(gm), module_paths(gm)))
     assert dry.fallbacks and all(f["reason"] for f in dry.fallbacks)
     assert [f["node"] for f in dry.fallbacks] == [f.node for f in plan.fallbacks]
     assert len(dry.regions) == len(plan.regions) == 3

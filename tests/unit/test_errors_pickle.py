@@ -23,6 +23,7 @@ CASES = [
     errors.CutlassOffloadError("strict mode: ops left in PyTorch"),
     ToolchainMismatch("worker w1 has nvcc 12.8"),
     errors.UnsupportedRegion("dynamic head dim"),
+    errors.LeftByChoice("left to the glue by choice"),
 ]
 
 

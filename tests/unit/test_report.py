@@ -40,7 +40,9 @@ def test_notes_keep_their_meaning_without_node_names():
     assert folded == "mask where_3 folded: bottom_right (checked once per shape)"
     assert folded.summary == \
         "causal mask folded into the kernel (bottom-right aligned) (checked once per shape)"
-    assert note_stops("norm", "add_7", 3).summary == "norm ends at an output used 3 times (kept in the region)"
+    assert note_stops("norm", "add_7", 3).summary == (
+        "norm ends at an output with 3 users (a residual stream, say): it is written to memory "
+        "for them, so nothing after it fuses")
     assert note_not_fused("gelu_2", "used twice").summary == \
         "next op not fused into the epilogue (stays in PyTorch): used twice"
     plain = Note("negative scale -0.125: runs as 0.125 on -q (or -k)")
@@ -70,3 +72,27 @@ def test_a_build_with_the_staged_epilogues_says_so(monkeypatch):
     assert api._epilogue_forms(Plan("sm80", ("r",), ("k",), ())) == {}
     monkeypatch.setenv("CUTLASS_OFFLOAD_STAGED_EPILOGUE", "0")
     assert api._epilogue_forms(plan) == {}
+
+
+def test_fallbacks_count_together_by_reason_with_module_paths():
+    """A deep model's norms left to the glue are one line, not one per norm, counted
+    apart from the refusals, which come first; each names where it is in the model
+    (fresh-user trial, session 54)."""
+    from cutlass_offload.ir import Fallback, Plan
+    choice = "left to the glue by choice: Inductor fuses a norm with its neighbours"
+    fallbacks = tuple(Fallback(f"layer_norm_{i}", "layer_norm", choice, by_choice=True) for i in range(25))
+    fallbacks += (Fallback("baddbmm", "baddbmm", "no anchor for baddbmm"),)
+    modules = {f"layer_norm_{i}": f"encoder.layer.{i // 2}.ln (LayerNorm)" for i in range(25)}
+    modules["baddbmm"] = "blocks.3.attn (Attention)"
+    rep = Report.from_plan(Plan(arch="sm90a", regions=(), kernels=(), fallbacks=fallbacks),
+                           {"baddbmm": 16.8e6}, modules)
+    lines = str(rep).splitlines()
+    assert lines[0] == ("target sm_90a: 0 regions offloaded, 26 offloadable ops left in PyTorch "
+                        "(25 by choice), 0 distinct kernels")
+    fb = [ln for ln in lines if ln.startswith("  fallback ")]
+    assert fb == [
+        "  fallback baddbmm (baddbmm at blocks.3.attn (Attention), 16.80 MFLOP): no anchor for baddbmm",
+        "  fallback layer_norm x25 (layer_norm_0 at encoder.layer.0.ln (LayerNorm), layer_norm_1 at "
+        "encoder.layer.0.ln (LayerNorm), layer_norm_2 at encoder.layer.1.ln (LayerNorm) and 22 more): "
+        + choice]
+    assert rep.to_dict()["fallbacks"][-1]["module"] == "blocks.3.attn (Attention)"

@@ -237,7 +237,8 @@ class Note(str):
 def note_stops(what: str, node: str, uses: int) -> Note:
     """A norm or epilogue that ends at an output used elsewhere too."""
     return Note(f"{what} stops at {node}: used {uses} times",
-                f"{what} ends at an output used {uses} times (kept in the region)")
+                f"{what} ends at an output with {uses} users (a residual stream, say): it is "
+                "written to memory for them, so nothing after it fuses")
 
 
 def note_not_fused(node: str, why: str) -> Note:

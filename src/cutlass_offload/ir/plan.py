@@ -11,6 +11,7 @@ class Fallback:
     node: str
     op: str
     reason: str
+    by_choice: bool = False      # left to PyTorch on purpose (a norm Inductor fuses), not refused
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import replace
 import torch.fx as fx
 
 from ..config import CompileOptions
-from ..errors import UnsupportedRegion
+from ..errors import LeftByChoice, UnsupportedRegion
 from ..ir import Fallback, Note, PartitionResult, note_stops
 from ..target import ALIASES, TARGETS
 from .gated_gemm import fuse_gated_linears
@@ -111,7 +111,8 @@ def _find_regions(gm: fx.GraphModule, options: CompileOptions) -> PartitionResul
                     continue
                 region, nodes = anchor.make(len(regions), node, ops, options, taken)
             except (UnsupportedRegion, ValueError) as e:
-                fallbacks.append(Fallback(node.name, anchor.form, str(e)))
+                fallbacks.append(Fallback(node.name, anchor.form, str(e),
+                                          by_choice=isinstance(e, LeftByChoice)))
                 log.info("fallback %s (%s): %s", node.name, anchor.form, e)
                 continue
             regions.append(region)

@@ -176,3 +176,18 @@ def reachable(src: fx.Node, dst: fx.Node) -> bool:
         seen.add(n)
         stack.extend(n.all_input_nodes)
     return False
+
+
+def module_paths(gm: fx.GraphModule) -> dict:
+    """{node name: "path.of.module (Type)"} of the innermost module each op of ``gm``
+    came from (torch.export's ``nn_module_stack``), for the report to say where a
+    fallback is in the user's model; nodes without that metadata are left out."""
+    out = {}
+    for n in gm.graph.nodes:
+        stack = n.meta.get("nn_module_stack")
+        if not stack:
+            continue
+        path, kind = list(stack.values())[-1]
+        if path:
+            out[n.name] = f"{path} ({str(kind).rsplit('.', 1)[-1]})"
+    return out

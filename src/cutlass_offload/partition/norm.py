@@ -38,7 +38,7 @@ from typing import Optional
 import torch
 import torch.fx as fx
 
-from ..errors import UnsupportedRegion
+from ..errors import LeftByChoice, UnsupportedRegion
 from ..ir import NormProblem, NormRegion, note_not_fused, note_stops
 from .graph_utils import DTYPE_NAMES, aten, hint_int, max_alignment, static_int, tensor_dtype, val
 # shared graph helpers, under this module's names (attention_forms imports them from here)
@@ -326,10 +326,10 @@ def left_to_glue(group: bool, options) -> str | None:
     ``group``: a group norm (kept as a region under "group")."""
     norms = options.offload_norms
     if norms == "none" or (norms == "group" and not group):
-        why = ("the default 'auto' with Inductor glue, unless set so" if norms == "group"
-               else "as set")
-        return (f"left to the glue by choice (offload_norms={norms!r}: {why}; 'all' / --norms all "
-                "offloads it): Inductor fuses it with its neighbours, which a region would prevent")
+        why = ("what 'auto' picks with Inductor glue" if norms == "group" else "as set")
+        return (f"left to the glue by choice: Inductor fuses a norm with its neighbours, which "
+                f"a region would prevent (offload_norms={norms!r}, {why}; --norms all / "
+                "offload_norms='all' offloads it)")
     return None
 
 
@@ -342,7 +342,7 @@ def norm_maker(group: bool, make_region):
     def make(index, node, ops, options, taken) -> tuple:
         why = left_to_glue(group, options)
         if why:
-            raise UnsupportedRegion(why)
+            raise LeftByChoice(why)
         if any(n in taken for n in ops.nodes):
             raise UnsupportedRegion("overlaps another region")
         return make_region(index, ops), ops.nodes
