@@ -323,7 +323,9 @@ def _finish(ops: AttentionOperands, enable_gqa=False):
             if enable_gqa or what != "q":
                 raise UnsupportedRegion(
                     f"grouped-query attention: {heads[1]} K/V heads for {heads[0]} query heads "
-                    "(only K/V shared by every head, or one K/V head per query head, is offloaded)")
+                    "(only K/V shared by every head, or one K/V head per query head, is offloaded; "
+                    "repeating K and V per query head first, k.repeat_interleave(heads // kv_heads, "
+                    "dim=1) as transformers' repeat_kv does, makes it one attention region)")
             raise UnsupportedRegion(f"{what} has {hh} heads, the others {h}")
     batch = _broadcast_dim([b for b, _ in lead], "batch")
     seq_q, seq_kv = qv.shape[-2], kshape[-2]

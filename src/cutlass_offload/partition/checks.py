@@ -17,6 +17,11 @@ from ..errors import UnsupportedRegion
 from .graph_utils import (DTYPE_NAMES, aten, hint_int, reachable, same_dim, same_shape, static_int,
                           tensor_dtype, val)
 
+# What an fp32 GEMM or conv left in PyTorch may do: no advice that costs accuracy unasked
+# (an op a model keeps in fp32 on purpose, e.g. RoPE's angles, should stay so)
+FP32_ADVICE = ("a model left in fp32 by mistake: cast it and its inputs to fp16 / bf16; "
+                "allow_tf32=True / --tf32 runs fp32 ones as TF32, inputs rounded to 10-bit mantissas")
+
 
 @dataclass
 class Operands:
@@ -61,7 +66,8 @@ def _common_dtype(a, b, options) -> str:
         raise UnsupportedRegion(f"mixed input dtypes {da} x {db} (PyTorch's own matmul refuses "
                                 "them: cast the model or its inputs to one dtype)")
     if da == "f32" and not options.allow_tf32:
-        raise UnsupportedRegion("fp32 GEMM: TF32 not allowed (pass allow_tf32=True / --tf32)")
+        raise UnsupportedRegion(f"fp32 GEMM: TF32 not allowed, so it stays in PyTorch in fp32 "
+                                f"({FP32_ADVICE})")
     return da
 
 

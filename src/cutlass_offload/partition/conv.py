@@ -19,6 +19,7 @@ from ..config import knobs
 from ..errors import UnsupportedRegion
 from ..families import conv_sm90, depthwise, grouped_conv
 from ..ir import ConvProblem, ConvRegion, GemmEpilogue
+from .checks import FP32_ADVICE
 from .epilogue import grow_epilogue
 from ..target import ALIASES, TARGETS
 from .graph_utils import aten, hint_int, max_alignment, static_int, tensor_dtype, val
@@ -118,7 +119,8 @@ def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, group
     if tensor_dtype(w, "weight") != dtype:
         raise UnsupportedRegion("input and weight dtypes differ")
     if dtype == "f32" and not options.allow_tf32:
-        raise UnsupportedRegion("fp32 conv: TF32 not allowed (pass allow_tf32=True / --tf32)")
+        raise UnsupportedRegion(f"fp32 conv: TF32 not allowed, so it stays in PyTorch in fp32 "
+                                f"({FP32_ADVICE})")
     xv, wv = val(x), val(w)
     if xv.dim() != 4 or wv.dim() != 4:
         raise UnsupportedRegion("conv2d needs 4-D (N, C, H, W) input and (K, C, R, S) weight")
