@@ -26,10 +26,11 @@ def _folder(text: str) -> str:
 def _cmd_compile(a) -> int:
     if a.dry_run:
         return _dry_run(a)
-    from .api import check_out_dir
+    from .api import check_out_dir, resolve_arch
     from .api import compile as co_compile
     from .models import load_model
     check_out_dir(a.out)            # before building the model (sd-unet, llama take a while)
+    resolve_arch(a.arch)            # the same: an unknown --arch, or none without a GPU
     t0 = time.perf_counter()
     notes = []
     model, inputs = load_model(a.model, a.dtype, a.batch, a.seq, notes=notes)
@@ -53,8 +54,10 @@ def _cmd_compile(a) -> int:
 def _dry_run(a) -> int:
     """compile --dry-run: dry_run.explain's report and build preview; nothing built
     or written (but --json's file)."""
+    from .api import resolve_arch
     from .dry_run import explain
     from .models import load_model
+    resolve_arch(a.arch)            # before building the model
     notes = []
     model, inputs = load_model(a.model, a.dtype, a.batch, a.seq, notes=notes)
     ignored = [flag for flag, given in (("--out", a.out), ("--tune", a.tune),

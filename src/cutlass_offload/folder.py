@@ -104,9 +104,18 @@ def _fingerprint(plan) -> list:
 def check_out_dir(out_dir) -> None:
     """Raise CutlassOffloadError (nothing written) when ``out_dir`` is an existing
     file, or an existing non-empty folder that is not a cutlass-offload output
-    folder (no manifest.json): saving would replace it."""
+    folder (no manifest.json): saving would replace it; or when a part of its path
+    is a file, so it cannot be created."""
     out = Path(out_dir)
     if not os.path.lexists(out):
+        # the first existing folder above it must be a folder (checked before any work:
+        # creating it would fail only at the save)
+        for parent in out.absolute().parents:
+            if os.path.lexists(parent):
+                if not parent.is_dir():
+                    raise CutlassOffloadError(f"cannot create {out}: a part of {out.parent} is a "
+                                              "file, not a folder; pass another out_dir (--out)")
+                break
         return
     if not out.is_dir() or out.is_symlink():
         raise CutlassOffloadError(f"{out} exists and is not a folder; an output folder would replace "

@@ -182,6 +182,18 @@ def test_out_dir_naming_a_file_or_a_foreign_folder_is_refused_before_any_work(tm
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {afile} exists and is not a folder")
     assert afile.read_text() == "keep me"
+    # a path under a file, and an unknown --arch, are refused before the model is built too
+    under = afile / "sub" / "out"
+    with pytest.raises(CutlassOffloadError, match="is a file, not a folder"):
+        co.compile(model, x, arch="sm_80", out_dir=under)
+    assert cli.main(["compile", "mlp", "--out", str(under), "--arch", "sm_80"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: cannot create {under}: a part of")
+    for argv in (["--out", str(tmp_path / "new")], ["--dry-run"]):
+        assert cli.main(["compile", "mlp", "--arch", "sm90x", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: unknown arch 'sm90x'")
+    assert afile.read_text() == "keep me" and not (tmp_path / "new").exists()
 
 
 @pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux's /proc")
