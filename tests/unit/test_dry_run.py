@@ -124,6 +124,11 @@ def test_a_unit_of_an_earlier_build_serves_a_new_model(fake_nvcc, monkeypatch):
     assert "3 kernels in 3 units: 1 cached, 2 to compile" in str(dry)
     built = co.compile(bigger, x, arch="sm_80").report.build["units"]
     assert {u["name"]: (u["cache_hit"], len(u["kernels"])) for u in built} == state
+    # the other way round: the first shard serves a model that uses part of it,
+    # and its line says how many of the unit's kernels are this model's
+    other = nn.Sequential(nn.Linear(32, 64), nn.ReLU()).half()
+    lines = [ln for ln in str(co.explain(other, x, arch="sm_80")).splitlines() if " of its " in ln]
+    assert len(lines) == 1 and "1 of its 2 kernels" in lines[0] and lines[0].endswith("cached"), lines
 
 
 def test_without_nvcc_the_units_are_listed_unchecked(tmp_path, monkeypatch):

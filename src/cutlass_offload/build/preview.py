@@ -54,6 +54,7 @@ class BuildPreview:
     units: list = field(default_factory=list)
     library_cached: bool | None = None
     toolchain_error: str = ""
+    kernel_names: tuple = ()          # the plan's distinct kernels, by name
 
     @property
     def cached(self) -> list:
@@ -83,7 +84,11 @@ class BuildPreview:
         for u in self.units:
             status = ("not checked" if u.cached is None else "to compile" if not u.cached
                       else "cached as FAILED (its regions fall back)" if u.failed else "cached")
-            out.append(f"  {u.name:<40} {_n(len(u.kernels), 'kernel'):>11}  {status}")
+            mine = sum(1 for k in u.kernels if k in self.kernel_names)
+            # a unit an earlier build compiled may hold other models' kernels too
+            held = (f"{mine} of its {len(u.kernels)} kernels" if self.kernel_names and mine != len(u.kernels)
+                    else _n(len(u.kernels), 'kernel'))
+            out.append(f"  {u.name:<40} {held:>11}  {status}")
         out.append(f"  cache: {self.cache}")
         return "\n".join(out)
 
@@ -122,7 +127,8 @@ def preview(plan: Plan, strategy: str = "sharded", cache: BuildCache | None = No
     else:       # sharded, or single with kernels whose headers clash: one unit per group
         groups = header_compatible_groups(plan.distinct_kernels) if strategy == "single" else None
         units = _sharded(b, groups)
-    return BuildPreview(strategy, jobs, kernels, str(cache.root), units, _library_cached(b, units))
+    return BuildPreview(strategy, jobs, kernels, str(cache.root), units, _library_cached(b, units),
+                        kernel_names=tuple(k.name for k in plan.distinct_kernels))
 
 
 def _object(b, name: str, prefix: str, tu, cutlass: bool = True) -> PlannedUnit:
