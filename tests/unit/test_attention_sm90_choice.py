@@ -373,3 +373,22 @@ def test_three_consumer_warpgroups_for_small_head_tiles():
     assert {c.tile[0] for c in fam.search_space(problem(128))} == {fam.BLOCK_Q}
     assert fam.choose(problem(40, seq_q=4096, seq_kv=4096), "sm90a").config.tile[0] in fam.BLOCK_QS
     assert fam.default_config(problem(40)).tile[0] == fam.BLOCK_Q
+
+
+def test_a_region_on_the_sm80_kernel_says_why_on_a_hopper_target():
+    """A padding mask (an additive bias) keeps BERT-style attention on the sm80 kernel
+    on sm_90a; the report says so (fresh-user trial, session 54). An unmasked one runs
+    the Hopper kernel and has no such note."""
+    import torch
+    import torch.nn.functional as F
+
+    import cutlass_offload as co
+
+    class M(torch.nn.Module):
+        def forward(self, q, m):
+            return F.scaled_dot_product_attention(q, q, q, attn_mask=m), F.scaled_dot_product_attention(q, q, q)
+    q = torch.randn(2, 4, 64, 64).half()
+    rep = co.explain(M(), (q, torch.randn(2, 1, 64, 64).half()), arch="sm_90a").report
+    notes = {r["epilogue"]: [n for n in r["notes"] if "sm80 attention kernel" in n] for r in rep.regions}
+    assert notes == {"bias": ["runs the sm80 attention kernel on sm_90a: an additive bias / boolean mask: "
+                              "the Hopper attention kernel has no bias"], "plain": []}

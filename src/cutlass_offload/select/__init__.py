@@ -7,8 +7,10 @@ from dataclasses import asdict, replace
 from ..config import CompileOptions
 from ..target import TARGETS
 from ..families import attention  # the sm80 kernel, for sm_80 and sm_90a (or the Hopper one)
+from ..families import attention_sm90
 from ..families import conv_sm90_table
 from ..ir import (
+    AttentionKernelSm90,
     AttentionRegion,
     ConvRegion,
     Fallback,
@@ -168,8 +170,15 @@ def _conv(r, arch, num_sms, options, tuned):
 
 
 def _attention(r, arch, num_sms, options, tuned):
-    return r, attention.choose(r.kernel_problem, arch,
-                               (tuned or {}).get(attention_tuning_id(r.kernel_problem)))
+    k = attention.choose(r.kernel_problem, arch,
+                         (tuned or {}).get(attention_tuning_id(r.kernel_problem)))
+    if arch == "sm90a" and not isinstance(k, AttentionKernelSm90):
+        # say why a Hopper target runs the Ampere-generation kernel (a padding mask, say)
+        why = attention_sm90.refusal(r.kernel_problem, arch)
+        if why:
+            r = replace(r, notes=tuple(r.notes) + (
+                Note(f"runs the sm80 attention kernel on sm_90a: {why}"),))
+    return r, k
 
 
 def _norm(r, arch, num_sms, options, tuned):
