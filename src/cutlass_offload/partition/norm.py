@@ -89,7 +89,8 @@ def _vector(node, what, dtype, cols):
     if not isinstance(node, fx.Node) or not isinstance(v, torch.Tensor):
         raise UnsupportedRegion(f"{what} is not a tensor")
     if DTYPE_NAMES.get(v.dtype) != dtype:
-        raise UnsupportedRegion(f"{what} dtype {v.dtype} differs from the input's ({dtype})")
+        raise UnsupportedRegion(f"{what} dtype {DTYPE_NAMES.get(v.dtype, v.dtype)} differs from "
+                                f"the input's ({dtype})")
     if v.dim() != 1 or static_int(v.shape[0]) != cols:
         raise UnsupportedRegion(f"{what} of shape {tuple(v.shape)} is not a ({cols},) vector")
     return node
