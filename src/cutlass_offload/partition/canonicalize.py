@@ -7,6 +7,9 @@
 * a two-operand einsum becomes the permutes, reshapes and bmm ATen runs for it
   (partition/einsum.py), so it partitions like a written bmm;
 * drop eval-mode dropout (identity);
+* ``baddbmm(input, b1, b2, beta, alpha)`` becomes ``alpha * bmm(b1, b2) + beta * input``,
+  so its bmm is a GEMM (BLOOM's ALiBi scores, ``baddbmm(alibi, q, k^T, alpha=1/sqrt(d))``
+  then softmax and ``@ v``, read as one attention region with a bias);
 * turn a written-out activation (GPT-2's tanh GELU, ``x * sigmoid(x)``, the erf
   GELU, hardswish, ...) into its one ATen op (partition/activation_forms.py), so it
   fuses into an epilogue like ``F.gelu`` / ``F.silu``;
@@ -36,7 +39,7 @@ from .activation_forms import fuse_activation_forms
 from .einsum import einsum_as_bmm
 from .lift_1d import conv1d_as_conv2d, group_norm_3d_as_4d
 from .window_bias import merge_window_bias
-from .graph_utils import aten, attr_tensor, fake_like, fake_value, users, val
+from .graph_utils import aten, attr_tensor, call_with_val, fake_like, fake_value, users, val
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 _UNARY = (aten.relu.default, aten.gelu.default, aten.silu.default, aten.sigmoid.default)
@@ -51,6 +54,7 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     group_norm_3d_as_4d(gm)
     einsum_as_bmm(gm)
     _drop_eval_dropout(gm.graph)
+    _decompose_baddbmm(gm.graph)
     _fold_batch_norm(gm)
     _drop_identity_scaling(gm.graph)
     _drop_contiguous_before_conv(gm.graph)
@@ -230,6 +234,34 @@ def _drop_identity_scaling(graph: fx.Graph):
                 and xv.dtype == nv.dtype and xv.dtype.is_floating_point and xv.shape == nv.shape):
             n.replace_all_uses_with(x)
             graph.erase_node(n)
+
+
+def _decompose_baddbmm(graph: fx.Graph):
+    """baddbmm -> bmm, its scalings where not 1, and the add (module docstring); the
+    input is dropped where beta == 0, as baddbmm ignores it (NaNs included)."""
+    for n in list(graph.nodes):
+        if not _is_call(n, aten.baddbmm.default) or len(n.args) != 3:
+            continue
+        inp, b1, b2 = n.args
+        beta, alpha = n.kwargs.get("beta", 1), n.kwargs.get("alpha", 1)
+        if not all(isinstance(a, fx.Node) for a in (inp, b1, b2)) or not all(
+                isinstance(c, (int, float)) and not isinstance(c, bool) for c in (beta, alpha)):
+            continue
+        with graph.inserting_before(n):
+            out = call_with_val(graph, aten.bmm.default, (b1, b2))
+            if alpha != 1:
+                out = call_with_val(graph, aten.mul.Tensor, (out, alpha))
+            if beta != 0:
+                term = inp if beta == 1 else call_with_val(graph, aten.mul.Tensor, (inp, beta))
+                out = call_with_val(graph, aten.add.Tensor, (out, term))
+        want, got = val(n), val(out)
+        if isinstance(want, torch.Tensor) and (not isinstance(got, torch.Tensor) or got.dtype != want.dtype
+                                               or tuple(got.shape) != tuple(want.shape)):
+            graph.eliminate_dead_code()          # the new nodes, unused: the baddbmm stays
+            continue
+        out.meta.update({k: v for k, v in n.meta.items() if k in ("stack_trace", "nn_module_stack")})
+        n.replace_all_uses_with(out)
+        graph.erase_node(n)
 
 
 def _is_call(n, target) -> bool:
