@@ -12,10 +12,11 @@ from .capture import capture
 from .config import CompileOptions
 from .backend import backend, make_backend
 from .errors import (CaptureError, CompileError, CutlassOffloadError, DamagedFileError, DeviceError,
-                     DiskFullError, KernelLaunchError, ToolchainError, UnsupportedRegion)
+                     DiskFullError, InputsError, KernelLaunchError, ToolchainError, UnsupportedRegion)
 
 __version__ = "0.1.0"
 __all__ = ["compile", "explain", "DryRun", "compile_captured", "capture", "CompileOptions", "load",
            "check_folder", "resolve_arch", "backend", "make_backend", "CaptureError", "CompileError",
-           "CutlassOffloadError", "DamagedFileError", "DeviceError", "DiskFullError", "KernelLaunchError",
+           "CutlassOffloadError", "DamagedFileError", "DeviceError", "DiskFullError", "InputsError",
+           "KernelLaunchError",
            "ToolchainError", "UnsupportedRegion"]

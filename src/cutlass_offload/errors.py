@@ -70,6 +70,12 @@ class CaptureError(CutlassOffloadError):
     torch_output = ""
 
 
+class InputsError(CutlassOffloadError, TypeError):
+    """Example inputs the model's forward cannot take as they are given (a keyword-only
+    parameter, more inputs than positional parameters): a TypeError, as Python's own
+    call would raise, that the CLI reports in one line."""
+
+
 class DeviceError(CutlassOffloadError):
     """No CUDA device, or a device of another architecture than the library targets."""
 

@@ -108,14 +108,10 @@ def check_out_dir(out_dir) -> None:
     is a file, so it cannot be created."""
     out = Path(out_dir)
     if not os.path.lexists(out):
-        # the first existing folder above it must be a folder (checked before any work:
-        # creating it would fail only at the save)
-        for parent in out.absolute().parents:
-            if os.path.lexists(parent):
-                if not parent.is_dir():
-                    raise CutlassOffloadError(f"cannot create {out}: a part of {out.parent} is a "
-                                              "file, not a folder; pass another out_dir (--out)")
-                break
+        # what exists of its path must be folders (else the save fails, after the work)
+        if not next(p for p in out.absolute().parents if os.path.lexists(p)).is_dir():
+            raise CutlassOffloadError(f"cannot create {out}: a part of {out.parent} is a file, not "
+                                      "a folder; pass another out_dir (--out)")
         return
     if not out.is_dir() or out.is_symlink():
         raise CutlassOffloadError(f"{out} exists and is not a folder; an output folder would replace "

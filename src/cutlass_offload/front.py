@@ -13,7 +13,7 @@ import torch
 
 from .capture import capture_hint
 from .config import CompileOptions, knobs, options_for_glue
-from .errors import CaptureError
+from .errors import CaptureError, InputsError
 
 
 def checked_inputs(model, example_inputs, dynamic_batch: bool, dynamic_shapes):
@@ -36,7 +36,7 @@ def checked_inputs(model, example_inputs, dynamic_batch: bool, dynamic_shapes):
 
 
 def _check_signature(model, example_inputs) -> None:
-    """TypeError, naming the parameters, where forward cannot take ``example_inputs``
+    """InputsError (a TypeError), naming the parameters, where forward cannot take ``example_inputs``
     positionally: a keyword-only parameter without a default (the inputs are
     positional), or more inputs than positional parameters (torch.export's own text
     names neither)."""
@@ -46,7 +46,7 @@ def _check_signature(model, example_inputs) -> None:
         return
     required_kw = [p.name for p in params if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
     if required_kw:
-        raise TypeError(f"{type(model).__name__}.forward has keyword-only parameter(s) "
+        raise InputsError(f"{type(model).__name__}.forward has keyword-only parameter(s) "
                         f"{', '.join(required_kw)} without a default, and example inputs are "
                         "positional: wrap the model in a Module whose forward takes them "
                         "positionally and passes them on by keyword")
@@ -54,7 +54,7 @@ def _check_signature(model, example_inputs) -> None:
         return
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(example_inputs) > len(positional):
-        raise TypeError(f"{len(example_inputs)} example inputs for {type(model).__name__}.forward, "
+        raise InputsError(f"{len(example_inputs)} example inputs for {type(model).__name__}.forward, "
                         f"which takes {len(positional)} positional parameter(s) "
                         f"({', '.join(positional) or 'none'}); keyword arguments (a dict among the "
                         "inputs included) are not taken: wrap the model to take them positionally")

@@ -24,6 +24,7 @@ CASES = [
     ToolchainMismatch("worker w1 has nvcc 12.8"),
     errors.UnsupportedRegion("dynamic head dim"),
     errors.LeftByChoice("left to the glue by choice"),
+    errors.InputsError("3 example inputs for M.forward"),
 ]
 
 
