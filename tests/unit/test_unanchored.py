@@ -50,3 +50,42 @@ def test_the_table_names_ops_this_torch_has():
     names = {str(t) for t in UNANCHORED}
     assert "aten.baddbmm.default" in names and "aten.conv3d.default" in names
     assert all(len(reason) > 20 for _, reason in UNANCHORED.values())
+
+
+def test_grouped_gemms_and_heavy_custom_ops_are_named_and_counted():
+    """A mixture of experts' expert GEMMs (aten._grouped_mm in bf16, transformers'
+    grouped_mm_fallback custom op in fp16) were neither fallbacks nor FLOPs: a MoE model
+    read '100% offloaded' (fresh-user trial, session 54). A custom op named like a matmul
+    is listed too; one named otherwise is not."""
+    from cutlass_offload.partition.flops import node_flops
+
+    @torch.library.custom_op("co_test::expert_grouped_mm", mutates_args=())
+    def expert_grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(x.shape[0], w.shape[2])
+
+    @expert_grouped_mm.register_fake
+    def _(x, w, offs):
+        return x.new_empty(x.shape[0], w.shape[2])
+
+    @torch.library.custom_op("co_test::scale_rows", mutates_args=())
+    def scale_rows(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @scale_rows.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    class Experts(nn.Module):
+        def forward(self, x, w, offs):
+            y = torch.ops.co_test.expert_grouped_mm(x, w, offs)
+            z = torch._grouped_mm(x.bfloat16(), w.bfloat16(), offs=offs) if hasattr(torch, "_grouped_mm") else y
+            return torch.ops.co_test.scale_rows(y), z
+    x, w = torch.randn(64, 32, dtype=H), torch.randn(4, 32, 48, dtype=H)
+    offs = torch.tensor([16, 32, 48, 64], dtype=torch.int32)
+    gm = capture(Experts(), (x, w, offs)).graph_module
+    part = partition(gm)
+    ops = sorted(f.op for f in part.fallbacks)
+    expected = ["co_test::expert_grouped_mm"] + (["grouped_mm"] if hasattr(torch, "_grouped_mm") else [])
+    assert ops == sorted(expected), part.fallbacks
+    flops = node_flops(gm)
+    assert sorted(flops.values()) == [2 * 64 * 48 * 32] * len(expected)

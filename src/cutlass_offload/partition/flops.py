@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 
 from .graph_utils import hint_int, val
+from .unanchored import heavy_custom_op
 
 aten = torch.ops.aten
 
@@ -111,6 +112,22 @@ FLOPS = {
     aten.conv_transpose3d.input: _conv_transpose,
     aten.scaled_dot_product_attention.default: _attention,
 }
+
+
+def _grouped_mm(node, out):
+    """A grouped GEMM (MoE experts): A (tokens, K) against B (experts, K, N), each token
+    row meeting one expert's B, is 2 * numel(out) * K whatever the split (also 3-D x 3-D);
+    2-D x 2-D splits K among the groups: 2 * numel(A) * N (aten._grouped_mm's forms;
+    transformers' grouped_mm_fallback custom op takes the first)."""
+    a, b = val(node.args[0]), val(node.args[1])
+    if a.dim() == 2 and b.dim() == 2:
+        return 2 * _numel(a) * hint_int(b.shape[-1])
+    return 2 * _numel(out) * hint_int(a.shape[-1])
+
+
+if hasattr(aten, "_grouped_mm"):
+    FLOPS[aten._grouped_mm.default] = _grouped_mm
+GROUPED_MM_CUSTOM = "grouped_mm"
 # SDPA's backend ops (graphs traced below its dispatch, e.g. AOTAutograd's for the
 # torch.compile backend): the same count, on the first of the outputs they return
 _BACKENDS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -124,6 +141,8 @@ def node_flops(gm: fx.GraphModule) -> dict:
     out = {}
     for n in gm.graph.nodes:
         fn = FLOPS.get(n.target) if n.op == "call_function" else None
+        if fn is None and n.op == "call_function" and GROUPED_MM_CUSTOM in (heavy_custom_op(n.target) or ""):
+            fn = _grouped_mm
         res = val(n)
         if isinstance(res, (tuple, list)) and res:
             res = res[0]

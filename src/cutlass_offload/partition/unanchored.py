@@ -25,6 +25,9 @@ _TABLE = {
                        "(partition/einsum.py); this one (one or three and more operands, an outer "
                        "product, dynamic sizes outside the batched-matmul form) is not: written as "
                        "torch.matmul / torch.bmm it is offloaded"),
+    "_grouped_mm.default": ("grouped_mm", "a grouped GEMM (a mixture of experts' expert matmuls, "
+                            "each expert's token count known only at run time): no grouped-GEMM "
+                            "kernel is built"),
     "mv.default": ("mv", "matrix-vector product: no GEMV kernel is built"),
     "addmv.default": ("addmv", "matrix-vector product: no GEMV kernel is built"),
     "dot.default": ("dot", "vector dot product: no kernel is built"),
@@ -68,9 +71,36 @@ def _targets() -> dict:
 UNANCHORED = _targets()
 
 
+# a custom op (not ATen's) whose name says it multiplies matrices, convolves or attends:
+# opaque to the partition (its computation is its own), so it is named among the
+# fallbacks rather than left unsaid (transformers' MoE experts export as
+# transformers::grouped_mm_fallback in fp16)
+HEAVY_CUSTOM_WORDS = ("mm", "matmul", "gemm", "linear", "conv", "attention", "attn")
+
+
+def heavy_custom_op(target) -> str | None:
+    """"namespace::name" of a custom op (an OpOverload outside ATen / prims) whose name
+    holds one of HEAVY_CUSTOM_WORDS as a word part, else None."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    space, _, rest = target.name().partition("::")
+    if space in ("aten", "prims", "cutlass_offload"):
+        return None
+    parts = rest.split(".")[0].lower().split("_")
+    return f"{space}::{rest.split('.')[0]}" if any(w in parts for w in HEAVY_CUSTOM_WORDS) else None
+
+
 def unanchored_fallbacks(graph: fx.Graph, taken) -> list:
-    """A Fallback for each call in ``graph`` of an op in the table, not in ``taken``
-    (the nodes regions hold), in graph order."""
-    return [Fallback(n.name, UNANCHORED[n.target][0], UNANCHORED[n.target][1])
-            for n in graph.nodes
-            if n.op == "call_function" and n not in taken and n.target in UNANCHORED]
+    """A Fallback for each call in ``graph`` of an op in the table, or of a heavy
+    custom op (``heavy_custom_op``), not in ``taken`` (the nodes regions hold), in
+    graph order."""
+    out = []
+    for n in graph.nodes:
+        if n.op != "call_function" or n in taken:
+            continue
+        if n.target in UNANCHORED:
+            out.append(Fallback(n.name, *UNANCHORED[n.target]))
+        elif (name := heavy_custom_op(n.target)) is not None:
+            out.append(Fallback(n.name, name, f"a custom op ({name}): opaque to the partition, "
+                                "it runs as its library implements it"))
+    return out
