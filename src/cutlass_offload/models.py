@@ -304,6 +304,21 @@ DEFAULT_SIZES = {"sd-unet": (2, 77), "resnet50": (8, 224), "llama": (4, 512),
                  "efficientnet-b0": (32, 224), "vae-decoder": (1, 64)}
 
 
+def _cast_floating(model: torch.nn.Module, dt: torch.dtype) -> torch.nn.Module:
+    """``model`` with its floating-point parameters and buffers of another dtype cast to
+    ``dt``, in place. Not ``model.to(dt)``: that casts complex buffers too, dropping
+    their imaginary parts (a rotary table made with torch.polar: wrong results, a
+    fresh-user trial), and libraries hook it (diffusers warns on every call)."""
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            if p.is_floating_point() and p.dtype != dt:
+                p.data = p.data.to(dt)      # .data: tied parameters stay one tensor
+        for key, b in m.named_buffers(recurse=False):
+            if b.is_floating_point() and b.dtype != dt:
+                m._buffers[key] = b.to(dt)
+    return model
+
+
 def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: int | None = None,
                notes: list | None = None, **config):
     """(model, example_inputs) for a built-in name or ``package.module:factory``.
@@ -376,7 +391,7 @@ def load_model(name: str, dtype: str = "fp16", batch: int | None = None, seq: in
     if other and notes is not None and name not in BUILTIN:
         notes.append(f"the model's {' / '.join(other)} parameters and floating inputs were cast "
                      f"to {dtype} (--dtype)")
-    model = model.to(dt).eval()
+    model = _cast_floating(model, dt).eval()
     inputs = tuple(x.to(dt) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                    for x in inputs)
     if name in CHANNELS_LAST:

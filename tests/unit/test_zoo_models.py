@@ -242,6 +242,37 @@ def test_a_factory_that_fails_or_returns_something_else_is_one_clear_error(monke
     assert notes == []
 
 
+def test_the_dtype_cast_leaves_complex_buffers_and_ties_as_they_are(monkeypatch):
+    """--dtype casts floating parameters and buffers only: Module.to(float16) also cast a
+    complex rotary table (torch.polar) to its real part, so RoPE went wrong without a
+    word (fresh-user trial, session 54). Tied weights stay one tensor."""
+    import sys
+    import types
+    import warnings
+
+    class Rope(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 8)
+            self.head = torch.nn.Linear(8, 10, bias=False)
+            self.head.weight = self.emb.weight                 # tied
+            angles = torch.outer(torch.arange(4.0), torch.rand(4))
+            self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles))
+            self.register_buffer("scale", torch.ones(8, dtype=torch.float64))
+
+    mod = types.ModuleType("co_test_complex")
+    mod.rope = lambda: (Rope(), (torch.randn(2, 8),))
+    monkeypatch.setitem(sys.modules, "co_test_complex", mod)
+    torch.manual_seed(0)                                        # as load_model seeds the factory
+    ref = Rope().freqs_cis
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                          # no complex-cast warning
+        model, (x,) = models.load_model("co_test_complex:rope", "fp16")
+    assert model.freqs_cis.dtype == torch.complex64 and torch.equal(model.freqs_cis, ref)
+    assert model.emb.weight.dtype == model.scale.dtype == x.dtype == torch.float16
+    assert model.head.weight is model.emb.weight
+
+
 def test_a_forward_that_raises_is_a_capture_error(monkeypatch, capsys, tmp_path):
     """co.compile turns torch.export's failure into CaptureError (its cause kept), and the
     CLI prints it as one line with exit status 2."""
