@@ -320,7 +320,14 @@ def other_is_full_shape(state, node):
     if is_sample_channel_tensor(state, o):
         why = getattr(state.operands, "per_sample_refusal", "not a conv")
         return None if why is None else f"per-sample per-channel tensor {shape}: {why}"
-    return f"residual of shape {shape} broadcasts to the output"
+    out = tuple(val(state.out).shape)
+    size = lambda dims: math.prod(hint_int(d) for d in dims)  # noqa: E731
+    if len(shape) >= len(out) and size(shape) > size(out):
+        # the region's output is the one that broadcasts (a squeeze-excite gate x * s(.)):
+        # the product is larger than the GEMM's output, so it cannot be its epilogue
+        return (f"the region's output {out} broadcasts against the larger {shape} (a gate): "
+                "the product is larger than the region's output, so not its epilogue")
+    return f"residual of shape {shape} broadcasts to the output {out}"
 
 
 def other_same_dtype(state, node):
