@@ -251,3 +251,18 @@ def test_grouped_convs_stay_in_pytorch_with_reasons_and_depthwise_ones_offload()
     (gr,) = (f.reason for f in part.fallbacks)
     # K / groups = 16: the grouped kernels take multiples of 32 (families/grouped_conv.py)
     assert gr.startswith("grouped conv with K / groups = 16"), gr
+
+
+def test_an_nchw_model_input_is_noted_as_a_copy_per_call():
+    """Conv regions read NHWC: a model input in NCHW is copied on every call, which the
+    report said nothing about (fresh-user trial, session 54); a channels_last one, and
+    the later convs (they read our NHWC outputs), get no such note."""
+    import cutlass_offload as co
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
+                            torch.nn.Conv2d(32, 32, 3, padding=1)).half()
+    x = torch.randn(2, 3, 16, 16).half()
+    notes = [[n for n in r["notes"] if "NCHW" in n] for r in co.explain(m, (x,), arch="sm_90a").report.regions]
+    assert [len(n) for n in notes] == [1, 0] and "copied to NHWC on every call" in notes[0][0]
+    cl = m.to(memory_format=torch.channels_last)
+    rep = co.explain(cl, (x.contiguous(memory_format=torch.channels_last),), arch="sm_90a").report
+    assert not any("NCHW" in n for r in rep.regions for n in r["notes"])

@@ -13,12 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
 import torch.fx as fx
 
 from ..config import knobs
 from ..errors import UnsupportedRegion
 from ..families import conv_sm90, depthwise, grouped_conv
-from ..ir import ConvProblem, ConvRegion, GemmEpilogue
+from ..ir import ConvProblem, ConvRegion, GemmEpilogue, Note
 from .checks import FP32_ADVICE
 from .epilogue import grow_epilogue
 from ..target import ALIASES, TARGETS
@@ -250,8 +251,16 @@ def _make_conv_region(index, anchor, ops: ConvOperands, state) -> ConvRegion:
                             residual_per_sample=state.residual_per_sample)
     problem = _problem(ops, epilogue)
     nodes = ([ops.pad_node] if ops.pad_node is not None else []) + list(state.nodes)
+    notes = tuple(state.notes)
+    xv = val(ops.a)
+    if (ops.a.op == "placeholder" and xv.dim() == 4 and xv.shape[1] != 1
+            and not xv.is_contiguous(memory_format=torch.channels_last)):
+        # later convs read our NHWC outputs; a model input in NCHW is copied every call
+        fix = "pass it channels_last: x.contiguous(memory_format=torch.channels_last)"
+        notes += (Note(f"input {ops.a.name} is NCHW: copied to NHWC on every call ({fix})",
+                       f"a model input is NCHW: copied to NHWC on every call ({fix})"),)
     return ConvRegion(
         name=f"region{index}_conv2d_{epilogue.tag}", nodes=tuple(n.name for n in nodes),
         x=ops.a.name, w=ops.b.name, problem=problem,
         bias=ops.bias.name if ops.bias is not None else None,
-        c=state.c.name if state.c is not None else None, notes=tuple(state.notes))
+        c=state.c.name if state.c is not None else None, notes=notes)
