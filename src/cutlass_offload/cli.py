@@ -435,8 +435,8 @@ def main(argv=None) -> int:
     k.set_defaults(fn=_cmd_cache)
     a = p.parse_args(argv)
     if a.cmd == "compile" and not a.dry_run and (a.out is None or a.json):
-        c.error("the following arguments are required: --out" if a.out is None
-                else "--json goes with --dry-run (a compile's folder holds report.json)")
+        c.error("--json goes with --dry-run (a compile's folder holds report.json)" if a.json
+                else "the following arguments are required: --out (or --dry-run)")
     from .config import knobs
     try:
         cache = knobs().cache_dir   # every variable checked before any work, and before -q sets one

@@ -177,3 +177,6 @@ def test_cli_dry_run_prints_the_report_and_the_summary(tmp_path, monkeypatch, ca
     with pytest.raises(SystemExit) as e:              # without --dry-run, --out is required
         cli.main(["compile", "mlp", "--arch", "sm_80"])
     assert e.value.code == 2 and "--out" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:              # --json without --dry-run says so, --out or not
+        cli.main(["compile", "mlp", "--arch", "sm_80", "--json", str(out)])
+    assert e.value.code == 2 and "--json goes with --dry-run" in capsys.readouterr().err
