@@ -88,10 +88,15 @@ def capture_hint(error: BaseException) -> str | None:
     """What to do about ``error``, an exception torch.export raised for a model it
     cannot capture, when its class (or that of one it was raised from) is a known
     refusal, or its message holds a known refusal's words; None otherwise."""
-    seen = set()
+    seen, whole = set(), str(error)
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if (hint := _CAPTURE_HINTS.get(type(error).__name__)) is not None:
+            if "torch.float16" in whole or "torch.float16" in str(error):
+                # transformers' fp16 overflow checks (BART and kin: "if hidden_states.dtype
+                # == torch.float16 and not torch.isfinite(...)") branch only in fp16
+                hint += ("; the branch tests for float16 (an fp16 overflow check, as in "
+                         "transformers' BART): a bf16 model (--dtype bf16) does not take it")
             return hint
         text = str(error)
         for words, hint in _CAPTURE_MESSAGE_HINTS:

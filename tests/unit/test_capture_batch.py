@@ -171,3 +171,20 @@ def test_keyword_only_and_surplus_inputs_are_named_before_the_capture():
         co.explain(KwOnly(), (x, x), arch="sm_80")
     # a keyword-only parameter with a default keeps it: no refusal before the capture
     assert co.explain(KwOnlyDefault(), (x,), arch="sm_80").report is not None
+
+
+def test_an_fp16_only_branch_gets_the_bf16_hint():
+    """transformers' BART checks fp16 activations for overflow with a data-dependent
+    branch; a bf16 model does not take it (fresh-user trial, session 54)."""
+    import pytest
+
+    import cutlass_offload as co
+
+    class Clamp(torch.nn.Module):
+        def forward(self, x):
+            if x.dtype == torch.float16 and not torch.isfinite(x).all():
+                x = x.clamp(-1000, 1000)
+            return x * 2
+    with pytest.raises(co.CaptureError, match=r"--dtype bf16"):
+        co.compile(Clamp(), (torch.randn(4, 8).half(),), arch="sm_80")
+    co.explain(Clamp(), (torch.randn(4, 8).bfloat16(),), arch="sm_80")     # captures
