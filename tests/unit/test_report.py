@@ -35,7 +35,8 @@ def test_counts_and_targets_read_as_typed():
 
 def test_notes_keep_their_meaning_without_node_names():
     dropped = note_mask_folded("attn_mask", "mask", "none", False)
-    assert dropped.summary == "mask hides nothing: dropped, the kernel runs unmasked"
+    assert dropped.summary == ("mask hides nothing (a bias of zeros, a mask of all true, at the "
+                               "values compiled): dropped, the kernel runs unmasked")
     folded = note_mask_folded("mask", "where_3", "bottom_right", True)
     assert folded == "mask where_3 folded: bottom_right (checked once per shape)"
     assert folded.summary == \

@@ -253,7 +253,8 @@ def note_mask_folded(label: str, node: str, causal: str, checked: bool) -> Note:
     rest = " (checked once per shape)" if checked else ""
     if causal == "none":
         return Note(f"{label} {node} folded: none{rest}",
-                    f"mask hides nothing: dropped, the kernel runs unmasked{rest}")
+                    f"mask hides nothing (a bias of zeros, a mask of all true, at the values "
+                    f"compiled): dropped, the kernel runs unmasked{rest}")
     words = {"top_left": "top-left", "bottom_right": "bottom-right"}.get(causal, causal)
     return Note(f"{label} {node} folded: {causal}{rest}",
                 f"causal mask folded into the kernel ({words} aligned){rest}")
