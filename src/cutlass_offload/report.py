@@ -62,7 +62,10 @@ def _fallback_lines(fallbacks: list) -> list:
 
 def _flop_share(plan: Plan, flops: dict) -> dict:
     offloaded = sum(flops.get(n, 0) for r in plan.regions for n in r.nodes)
-    return {"total": sum(flops.values()), "offloaded": offloaded}
+    share = {"total": sum(flops.values()), "offloaded": offloaded}
+    if getattr(flops, "data_dependent", None):       # partition.flops.FlopCounts
+        share["data_dependent_ops"] = len(flops.data_dependent)
+    return share
 
 
 @dataclass
@@ -120,7 +123,9 @@ class Report:
             f = self.flops
             out.append(f"work offloaded: {100 * f['offloaded'] / f['total']:.1f}% of the "
                        f"{_flop_text(f['total'], 1)} of matmul / conv / attention ops "
-                       f"(at the example inputs)")
+                       f"(at the example inputs)"
+                       + (f"; a lower bound: {_n(f['data_dependent_ops'], 'op')} with a size known "
+                          "only at run time (counted as 1)" if f.get("data_dependent_ops") else ""))
         by_form = collections.Counter(_form(r) + ":" + r["epilogue"] for r in self.regions)
         if by_form:
             out.append("offloaded (op:epilogue x count): " +

@@ -148,3 +148,28 @@ def test_einsum_of_three_operands_counts_each_contraction():
     counts = node_flops(capture(Chain().eval(), xs).graph_module)
     # (ij,jk -> ik: 2*3*4*5) then (ik,kl -> il: 2*3*5*6); a permute counts 0
     assert sorted(counts.values()) == [0, 2 * 3 * 4 * 5 + 2 * 3 * 5 * 6]
+
+
+def test_a_size_known_only_at_run_time_makes_the_share_a_lower_bound():
+    """torch.where routing (a hand-written mixture of experts) sizes each expert's rows
+    at run time: counted as 1 row, the report says the figure is a lower bound
+    (fresh-user trial, session 54)."""
+    import cutlass_offload as co
+
+    class Routed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.expert = torch.nn.Linear(32, 64)
+
+        def forward(self, x):
+            rows = torch.where(x[:, 0] > 0)[0]
+            return self.expert(x[rows]), x @ x.t()
+    x = torch.randn(16, 32).half()
+    gm = capture(Routed().half(), (x,)).graph_module
+    counts = node_flops(gm)
+    assert len(counts.data_dependent) == 1 and counts.data_dependent <= set(counts)
+    rep = co.explain(Routed().half(), (x,), arch="sm_90a").report
+    assert rep.flops["data_dependent_ops"] == 1
+    assert "a lower bound: 1 op with a size known only at run time (counted as 1)" in str(rep)
+    plain = co.explain(torch.nn.Linear(32, 64).half(), (x,), arch="sm_90a").report
+    assert "data_dependent_ops" not in plain.flops and "lower bound" not in str(plain)

@@ -135,10 +135,23 @@ _BACKENDS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficie
 FLOPS.update({getattr(aten, name).default: _attention for name in _BACKENDS if hasattr(aten, name)})
 
 
-def node_flops(gm: fx.GraphModule) -> dict:
-    """{node name: FLOPs} for each op of ``gm`` in FLOPS whose sizes are recorded
-    (``meta['val']``); others are absent."""
-    out = {}
+class FlopCounts(dict):
+    """{node name: FLOPs}; ``data_dependent``: the names among them counted with a size
+    known only at run time (an unbacked symbol, e.g. a mixture of experts' tokens per
+    expert), which counts as 1: their FLOPs, and the total, are lower bounds."""
+
+    data_dependent: frozenset = frozenset()
+
+
+def _no_hint(t) -> bool:
+    return isinstance(t, torch.Tensor) and any(
+        not isinstance(d, int) and getattr(getattr(d, "node", None), "hint", 0) is None for d in t.shape)
+
+
+def node_flops(gm: fx.GraphModule) -> FlopCounts:
+    """{node name: FLOPs} (a FlopCounts) for each op of ``gm`` in FLOPS whose sizes are
+    recorded (``meta['val']``); others are absent."""
+    out, unsized = FlopCounts(), set()
     for n in gm.graph.nodes:
         fn = FLOPS.get(n.target) if n.op == "call_function" else None
         if fn is None and n.op == "call_function" and GROUPED_MM_CUSTOM in (heavy_custom_op(n.target) or ""):
@@ -152,4 +165,7 @@ def node_flops(gm: fx.GraphModule) -> dict:
             out[n.name] = int(fn(n, res))
         except (AttributeError, IndexError, TypeError):      # sizes not recorded
             continue
+        if _no_hint(res) or any(_no_hint(val(a)) for a in n.args if isinstance(a, fx.Node)):
+            unsized.add(n.name)
+    out.data_dependent = frozenset(unsized)
     return out
