@@ -5,23 +5,14 @@ import math
 
 import pytest
 import torch
-import torch.nn as nn
 
 from cutlass_offload.capture import capture
 from cutlass_offload.ir import AttentionRegion, GemmRegion
 from cutlass_offload.partition import partition
 from cutlass_offload.partition.graph_utils import aten
+from helpers import Fn
 
 H = torch.float16
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def bloom_attention(q, k, v, alibi):
