@@ -122,6 +122,25 @@ def gemm_problems(corpus: dict, dtype: str) -> list:
     return out
 
 
+def col_b_twins(problems: list) -> list:
+    """``problems`` with, after each one whose B is row-major (K, N), its twin with B
+    column-major (N, K), its alignment over K (unless an identical problem is already
+    there): the A/B of a constant weight stored K-major."""
+    from dataclasses import replace
+
+    from cutlass_offload.partition.graph_utils import max_alignment
+    have = {p for p, _ in problems}
+    out = []
+    for p, info in problems:
+        out.append((p, info))
+        if p.layout_b == "row":
+            twin = replace(p, layout_b="col", align_b=max_alignment(p.k, p.dtype))
+            if twin not in have:
+                have.add(twin)
+                out.append((twin, {**info, "models": [f"{m} (K-major twin)" for m in info["models"]]}))
+    return out
+
+
 def lowered_conv_gemms(corpus: dict, dtype: str) -> list:
     """[(GemmProblem, info)]: the GEMM of each corpus conv that sm90a lowers onto the
     GEMM (families/conv_gemm_sm90.py: 1x1 convs read directly, few-channel convs
@@ -653,6 +672,10 @@ def parse_args(argv=None):
     p.add_argument("--attention-ftz", action=argparse.BooleanOptionalAction, default=True,
                    help="compile the Hopper attention kernels with -ftz=true (the default, "
                         "emit/attention_sm90.FTZ); --no-attention-ftz: the A/B against them without")
+    p.add_argument("--col-b-twins", action="store_true",
+                   help="GEMMs: beside each problem with B row-major (K, N), the same problem with B "
+                        "column-major: the A/B of storing a constant weight K-major "
+                        "(the Linear layout; gpt2's Conv1D weights are (K, N))")
     p.add_argument("--merge-table", action="store_true",
                    help="with --write-table: keep the packaged table's entries for shapes not searched")
     return p.parse_args(argv)
@@ -754,6 +777,8 @@ def main(argv=None) -> int:
             problems = [(p, i) for p, i in problems
                         if (p.m * (p.batch or 1), p.n, p.k) in wanted]
             print(f"{len(problems)} GEMM problems of {len(wanted)} shapes", flush=True)
+        if args.col_b_twins:
+            problems = col_b_twins(problems)
         rows, report = bench_gemms(problems, args.search, sms)
         result["rows"] += rows
         result["gemm_build"] = report.build
