@@ -431,3 +431,27 @@ def test_one_mask_read_by_many_attentions_is_checked_once(monkeypatch):
     regions = [r for r in part.regions if isinstance(r, AttentionRegion)]
     assert len(regions) == 3 and {r.problem.causal for r in regions} == {"top_left"}
     assert calls == [("bool_keep", 16, 16)]
+
+
+def test_attention_hidden_by_an_op_on_the_logits_is_named():
+    """An op the logits walk does not take (Gemma2's tanh soft-cap; BLOOM's view of the
+    scores to (B, H, L, S)) left the attention as two GEMMs and a softmax with no line
+    in the report (fresh-user trial, session 54): the softmax is a fallback naming it."""
+    import math
+
+    def softcap(q, k, v):
+        w = torch.tanh(torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5 / 50) * 50
+        return torch.matmul(torch.softmax(w, -1, dtype=torch.float32).to(q.dtype), v)
+
+    def bloom(q, k, v, alibi):
+        s = torch.baddbmm(alibi, q, k.transpose(1, 2), alpha=1 / math.sqrt(32)).view(2, 4, 64, 64)
+        return torch.bmm(torch.softmax(s, -1, dtype=torch.float32).to(q.dtype).view(8, 64, 64), v)
+    q4, q3 = torch.randn(2, 4, 128, 64).half(), torch.randn(8, 64, 32).half()
+    for fn, xs, op in ((softcap, (q4, q4, q4), "tanh"),
+                       (bloom, (q3, q3, q3, torch.randn(8, 1, 64).half()), "view")):
+        part = partition(capture(Fn(fn), xs).graph_module)
+        assert sorted(r.form for r in part.regions) == sorted(["matmul", "matmul"] if fn is softcap
+                                                              else ["bmm", "bmm"])
+        (fb,) = part.fallbacks
+        assert fb.op == "softmax_attention" and f"aten.{op}.default" in fb.reason
+        assert "between q @ k^T and the softmax" in fb.reason

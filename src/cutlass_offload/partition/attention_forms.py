@@ -280,14 +280,6 @@ def softmax_operands(node, options) -> Optional[AttentionOperands]:
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if not isinstance(dim, int) or dim % xv.dim() != xv.dim() - 1:
         return None
-    # -- logits, walked back from the softmax to the q @ k^T matmul
-    chain, cur = [], x
-    while isinstance(cur, fx.Node) and not _call(cur, *_MATMULS) and len(chain) < 12:
-        chain.append(cur)
-        cur = _logits_source(cur)
-    if not _call(cur, *_MATMULS):
-        return None
-    mm = cur
     # -- probabilities, walked forward from the softmax to the p @ v matmul
     tail, p = [], node
     nxt = _single_user(p)
@@ -297,6 +289,20 @@ def softmax_operands(node, options) -> Optional[AttentionOperands]:
     if nxt is None or not _call(nxt, *_MATMULS) or nxt.args[0] is not p:
         return None
     pv = nxt
+    # -- logits, walked back from the softmax to the q @ k^T matmul
+    chain, cur = [], x
+    while isinstance(cur, fx.Node) and not _call(cur, *_MATMULS) and len(chain) < 12:
+        chain.append(cur)
+        cur = _logits_source(cur)
+    if not _call(cur, *_MATMULS):
+        blocker = _unwalked_op(chain)
+        if blocker is not None:     # attention all the same: say what hid it
+            raise UnsupportedRegion(
+                f"hand-written attention: {blocker.target} ({blocker.name}) between q @ k^T and the "
+                "softmax, which the attention kernels do not compute (the two matmuls run as GEMM "
+                "regions, the softmax in PyTorch)")
+        return None
+    mm = cur
     # from here on it is attention: refusals become fallbacks with a reason
     ops = _read_softmax_form(node, mm, list(reversed(chain)), tail, pv)
     note = (wide_note(val(ops.q), val(ops.v), val(mm).shape)
@@ -305,6 +311,20 @@ def softmax_operands(node, options) -> Optional[AttentionOperands]:
         mm.meta[WIDE_NOTE_KEY] = pv.meta[WIDE_NOTE_KEY] = note
         return None
     return ops
+
+
+def _unwalked_op(chain):
+    """The op the logits walk stopped at (the last node of ``chain``) when a q @ k^T
+    matmul lies within a few ops of tensors behind it (a view, a tanh soft-cap), else
+    None: then the softmax is not attention's."""
+    if not chain:
+        return None
+    stop, frontier = chain[-1], [chain[-1]]
+    for _ in range(4):
+        frontier = [a for n in frontier for a in n.args if isinstance(a, fx.Node) and a.op == "call_function"]
+        if any(_call(a, *_MATMULS) for a in frontier):
+            return stop
+    return None
 
 
 def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
