@@ -54,7 +54,7 @@ def test_what_is_not_lowered_stays_an_einsum_with_a_reason():
         def forward(self, a, b, c, v, w):
             return (torch.einsum("ij,jk,kl->il", a, b, c),      # three operands
                     torch.einsum("i,j->ij", v, w),              # an outer product: no GEMM
-                    torch.einsum("ij->ji", a))                  # one operand
+                    torch.einsum("ij->i", a))                   # one operand, a sum
     xs = (torch.randn(3, 4, dtype=H), torch.randn(4, 5, dtype=H), torch.randn(5, 6, dtype=H),
           torch.randn(3, dtype=H), torch.randn(4, dtype=H))
     gm = capture(Rest(), xs).graph_module
@@ -96,3 +96,24 @@ def test_attention_written_with_einsums_is_one_attention_region():
     assert [type(r).__name__ for r in part.regions] == ["AttentionRegion"], part.regions
     xs = tuple(x.double() for x in xs)
     torch.testing.assert_close(cap.graph_module(*xs), Att()(*xs))
+
+
+def test_a_one_operand_reordering_is_a_permute():
+    """diffusers' unpatchify (einsum("nhwpqc->nchpwq", x)) only reorders dims: it became
+    a fallback 'left in PyTorch' with advice that could not apply (fresh-user trial,
+    session 54). A one-operand einsum that sums stays a fallback."""
+    from cutlass_offload.partition.einsum import einsum_as_bmm
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.einsum("nhwpqc->nchpwq", x), torch.einsum("nhwpqc->nc", x)
+    x = torch.randn(2, 3, 4, 2, 2, 5, dtype=torch.float64)
+    gm = capture(M(), (x,)).graph_module
+    ops = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert ops.count(torch.ops.aten.einsum.default) == 1 and torch.ops.aten.permute.default in ops
+    out = gm(x)
+    torch.testing.assert_close(out[0], torch.einsum("nhwpqc->nchpwq", x))
+    torch.testing.assert_close(out[1], torch.einsum("nhwpqc->nc", x))
+    part = partition(gm)
+    assert [f.op for f in part.fallbacks] == ["einsum"]
+    assert einsum_as_bmm(gm) is False

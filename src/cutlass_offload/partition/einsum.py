@@ -15,8 +15,12 @@ column-major, in place. The views of the decomposition are spliced as ``reshape`
 (a view where the strides allow, else a copy: what einsum itself does), so a call
 with other strides than the example's stays correct.
 
-Left as they are (the report lists them among the fallbacks): einsums of one
-operand or of three and more, an explicit contraction path, operands of two dtypes,
+A one-operand einsum that only reorders dims (diffusers' unpatchify,
+``einsum("nhwpqc->nchpwq", x)``) becomes that ``permute``: no arithmetic, nothing to
+report.
+
+Left as they are (the report lists them among the fallbacks): other einsums of one
+operand, einsums of three and more, an explicit contraction path, operands of two dtypes,
 ones other than the matmul form whose sizes are dynamic (the traced reshapes would
 fix them), and a
 decomposition without exactly one ``bmm`` (an outer product is a broadcast multiply,
@@ -49,6 +53,13 @@ def einsum_as_bmm(gm: fx.GraphModule) -> bool:
             continue
         if (perms := _matmul_form(n)) is not None:
             _splice_matmul(graph, n, perms)
+            changed = True
+            continue
+        if (perm := _permutation(n)) is not None:       # no arithmetic: a permute
+            with graph.inserting_before(n):
+                out = _call(graph, aten.permute.default, (n.args[1][0], perm))
+            n.replace_all_uses_with(out)
+            graph.erase_node(n)
             changed = True
             continue
         if (sub := _decomposition(n)) is None:
@@ -102,6 +113,21 @@ def _matmul_form(n) -> tuple | None:
     order = batch + rows + cols
     return ([a.index(c) for c in batch + rows + red], [b.index(c) for c in batch + red + cols],
             [order.index(c) for c in out])
+
+
+def _permutation(n) -> list | None:
+    """The dims' order when einsum node ``n`` only reorders one operand's dims
+    (diffusers' unpatchify, ``einsum("nhwpqc->nchpwq", x)``): one term, each index
+    once, the output a reordering of it; None otherwise."""
+    equation, operands = n.args[0], n.args[1]
+    if not isinstance(equation, str) or not isinstance(operands, (list, tuple)) or len(operands) != 1:
+        return None
+    term, arrow, out = equation.replace(" ", "").partition("->")
+    v = val(operands[0])
+    if (not arrow or "." in equation or not isinstance(v, torch.Tensor) or len(term) != v.dim()
+            or len(set(term)) != len(term) or sorted(out) != sorted(term)):
+        return None
+    return [term.index(c) for c in out]
 
 
 def _splice_matmul(graph: fx.Graph, n, perms) -> None:
