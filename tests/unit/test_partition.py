@@ -250,3 +250,15 @@ def test_model_without_supported_op_compiles_and_runs(tmp_path):
     assert torch.equal(compiled(x), NoGemm()(x))
     loaded, reference, inputs = co.load(tmp_path / "out")
     assert torch.equal(loaded(*inputs), reference(*inputs))
+
+
+def test_not_fused_notes_name_what_stopped_the_epilogue():
+    """A scalar factor, and an activation after the residual add, were explained as
+    'residual is not a tensor' / 'a second residual' (fresh-user trial, session 54)."""
+    lin = lambda x, w, b: F.linear(x, w, b)     # noqa: E731
+    xs = (r(8, 16), r(24, 16), r(24))
+    (scaled,) = regions_of(lambda x, w, b: lin(x, w, b) * 0.5, *xs).regions
+    assert any("a scalar factor: the epilogue has no output scale" in n for n in scaled.notes), scaled.notes
+    (late,) = regions_of(lambda x, w, b, res: F.silu(lin(x, w, b) + res), *xs, r(8, 24)).regions
+    assert late.problem.epilogue.tag == "bias_resadd"
+    assert any("an activation after the residual" in n for n in late.notes), late.notes

@@ -252,6 +252,20 @@ def no_residual_yet(state, node):
     return "a second residual" if state.residual != "none" else None
 
 
+def bias_before_activation(state, node):
+    return ("a bias after the activation (the epilogue adds its bias first)"
+            if state.activation != "identity" else None)
+
+
+def before_residual(what: str):
+    """A check: ``what`` (a bias, an activation) may not follow the residual."""
+    def check(state, node):
+        return (f"{what} after the residual (the epilogue's order: bias, activation, residual, "
+                "then a relu)" if state.residual != "none" else None)
+    check.__name__ = f"{what.split()[-1]}_before_residual"
+    return check
+
+
 def kernel_takes_residual(state, node):
     """A grouped conv's kernel (CUTLASS 2.x grouped fprop) has no residual epilogue:
     the add stays in the glue."""
@@ -312,6 +326,9 @@ def other_is_full_shape(state, node):
     per-sample (N, K, 1, 1) one where the conv's operands allow it
     (``ConvOperands.per_sample_refusal`` is None: residual_per_sample)."""
     o = _other(state, node)
+    if isinstance(o, (int, float)) and len(node.args) == 2:
+        return ("a scalar factor: the epilogue has no output scale" if "mul" in str(node.target)
+                else "a constant added: no epilogue stage adds one")
     if not isinstance(o, fx.Node) or not isinstance(val(o), torch.Tensor):
         return "residual is not a tensor"
     if same_shape(val(o).shape, val(state.out).shape) or is_channel_vector(state, o):

@@ -37,9 +37,10 @@ class Stage:
 
 EPILOGUE_STAGES = (
     Stage("bias", (aten.add.Tensor,),
-          C.all_of(C.no_bias_yet, C.no_activation_yet, C.no_residual_yet, C.alpha_is_one,
-                   C.other_is_column_vector, C.other_same_dtype)),
-    Stage("activation", tuple(ACTIVATION_NAMES), C.all_of(C.no_activation_yet, C.no_residual_yet)),
+          C.all_of(C.no_bias_yet, C.bias_before_activation, C.before_residual("a bias"),
+                   C.alpha_is_one, C.other_is_column_vector, C.other_same_dtype)),
+    Stage("activation", tuple(ACTIVATION_NAMES),
+          C.all_of(C.no_activation_yet, C.before_residual("an activation"))),
     Stage("residual", (aten.add.Tensor, aten.mul.Tensor),
           C.all_of(C.no_residual_yet, C.kernel_takes_residual, C.alpha_is_one,
                    C.other_is_full_shape, C.other_same_dtype, C.other_independent_of_gemm)),
