@@ -260,7 +260,7 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
         inner.insert(0, xf)
     # the tail: [y.to(x.dtype)] [weight * y] [.to(x.dtype)], ending in x's dtype
     # (AOTAutograd's decomposition of rms_norm multiplies the weight in fp32, then casts)
-    xdt, notes = val(x).dtype, []
+    xdt, notes, refused = val(x).dtype, [], None
     out = _cast_to(norm, xdt) or norm
     if out is not norm:
         inner.append(out)
@@ -275,7 +275,7 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
             if val(wmul).dtype not in (xdt, torch.float32):
                 raise UnsupportedRegion(f"weight * y is {val(wmul).dtype}")
         except UnsupportedRegion as e:
-            weight = None
+            weight, refused = None, f"{wmul.name}: {e}"
             notes.append(note_not_fused(wmul.name, str(e)))
         if weight is not None:
             out = wmul
@@ -291,6 +291,10 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
     elif len(nxt) > 1:
         notes.append(note_stops("norm", out.name, len(nxt)))
     if val(out).dtype != xdt:
+        if refused is not None:     # e.g. Gemma's x_norm * (1 + w.float()), cast back after it
+            raise UnsupportedRegion(f"{what}: the normalized x is multiplied in {val(out).dtype} "
+                                    f"by what is not a weight vector the kernel takes ({refused}) "
+                                    "before the cast back")
         raise UnsupportedRegion(f"{what}: the result is {val(out).dtype}, the input {xdt}")
     # metadata checks on intermediates join the region; the output's stay outside
     members = set(inner)
