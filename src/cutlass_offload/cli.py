@@ -449,6 +449,14 @@ def main(argv=None) -> int:
         # frame); its first line names the problem
         first = str(e).splitlines()[0]
         frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(\S[^\n]*)', str(e))
+        if not frames and e.__cause__ is not None:
+            # the model's own error (not an export refusal): its traceback's last frame
+            # outside torch and this package is the user's line
+            import traceback
+            frames = [(f.filename, f.lineno, f.name, f.line or "")
+                      for f in traceback.extract_tb(e.__cause__.__traceback__)
+                      if f"{os.sep}torch{os.sep}" not in f.filename
+                      and f"{os.sep}cutlass_offload{os.sep}" not in f.filename]
         where = (f"at {Path(frames[-1][0]).name}:{frames[-1][1]} in {frames[-1][2]}: "
                  f"{frames[-1][3].strip()}; " if frames else "")
         print(f"error: {first} ({where}torch.export's whole message: co.compile from Python "

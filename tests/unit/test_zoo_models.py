@@ -293,6 +293,8 @@ def test_a_forward_that_raises_is_a_capture_error(monkeypatch, capsys, tmp_path)
                      "--out", str(tmp_path / "out"), "-q"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: torch.export could not capture") and "forward broke" in err[-1]
+    # the model's own error: the line names the model's file and line, from its traceback
+    assert "at test_zoo_models.py:" in err[-1], err[-1]
     assert not any("Traceback" in line for line in err)
     assert not (tmp_path / "out").exists()                         # nothing half-written
 
