@@ -138,7 +138,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     Raises CaptureError when torch.export cannot capture the model (its forward
     raised on the example inputs, or the export refused it; the original error is its
     ``__cause__``), TypeError for a model that is not an nn.Module or example inputs
-    that are not a tuple (or one tensor), DeviceError, ToolchainError, CompileError (nvcc failed: names the
+    that are not a tuple (or one tensor), InputsError (a TypeError) for inputs its
+    forward cannot take positionally, DeviceError, ToolchainError, CompileError (nvcc failed: names the
     regions and kernels, keeps the source), CutlassOffloadError when ``strict`` and
     an offloadable op falls back or ``out_dir`` may not be written, DiskFullError
     when the cache's or out_dir's disk is full, ValueError for an unknown glue,

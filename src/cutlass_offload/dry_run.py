@@ -79,7 +79,8 @@ def explain(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     with their cache state unknown (``build.toolchain_error`` says why; compile would
     raise ToolchainError).
     Raises what compile raises before its build: TypeError for a model that is not an
-    nn.Module or example inputs that are not a tuple (or one tensor), ValueError for
+    nn.Module or example inputs that are not a tuple (or one tensor), InputsError (a
+    TypeError) for inputs its forward cannot take positionally, ValueError for
     an unknown arch, glue, mode, option or build strategy, or dynamic_batch with
     dynamic_shapes, DeviceError when ``arch`` is None and no supported GPU is
     visible, CaptureError when torch.export cannot capture the model (the original

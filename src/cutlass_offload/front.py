@@ -19,7 +19,8 @@ from .errors import CaptureError, InputsError
 def checked_inputs(model, example_inputs, dynamic_batch: bool, dynamic_shapes):
     """``example_inputs`` as the capture takes them (one tensor stands for a tuple of
     one). Raises TypeError for a model that is not an nn.Module or inputs that are
-    not a tuple, list or tensor; ValueError for dynamic_batch with dynamic_shapes."""
+    not a tuple, list or tensor; InputsError (a TypeError) for inputs its forward
+    cannot take positionally; ValueError for dynamic_batch with dynamic_shapes."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__} "
                         "(wrap a function in a Module whose forward calls it)")
