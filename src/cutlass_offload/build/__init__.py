@@ -252,29 +252,46 @@ class _Builder:
                 for j, r in zip(pending, results)]
 
     # -- strategies --------------------------------------------------------------
-    def sharded(self, shards=None, workers=None, strategy="sharded") -> BuildResult:
-        """shards: explicit kernel groups (else planned); workers: parallel nvcc jobs."""
-        units, pending = [], []
-        reused, claimed = set(), set()
-        for name in self.sources:                      # kernels compiled by an earlier build
-            if name in reused or shards is not None:
+    def reused_units(self) -> list:
+        """[(prefix, entry folder, meta)] of units earlier builds compiled that serve
+        kernels of this plan (the kernel index, ``_cached_shard_of`` / ``_unit_serves``),
+        in the plan's kernel order. The sharded build links them; the dry run lists them."""
+        units, reused, claimed = [], set(), set()
+        for name in self.sources:
+            if name in reused:
                 continue
             found = self._cached_shard_of(name)
             if found and self._unit_serves(found, claimed):
-                prefix, key, (d, meta) = found
+                prefix, _, (d, meta) = found
                 claimed.update(meta.get("kernels", ()))
                 reused.update(k for k in meta.get("kernels", ()) if k in self.sources)
-                # named as a fresh unit is (the cache folder's name adds the key, which
-                # the output folder's src/ file name adds again)
-                units.append(UnitReport(prefix, tuple(meta.get("kernels", ())), 0.0, True, True,
-                                        meta.get("peak_rss_mb", 0.0), str(d / UNIT_NAME)))
-        todo = [k for k in {k.name: k for k in self.plan.kernels}.values() if k.name not in reused]
-        for shard in (shards if shards is not None else choose_shards(todo, self.jobs)):
-            # the header enters the unit's cache key: no shard index (it depends on which
-            # shards this build has left to compile, so a cached shard would miss)
-            tu = emit_unit([self.sources[k.name] for k in shard],
-                           f"shard of {len(shard)} kernels for {self.plan.arch}")
-            prefix = shard_name(shard)
+                units.append((prefix, d, meta))
+        return units
+
+    def shard_units(self, shards) -> list:
+        """[(prefix, TranslationUnit)] of kernel groups ``shards``."""
+        # the header enters the unit's cache key: no shard index (it depends on which
+        # shards this build has left to compile, so a cached shard would miss)
+        return [(shard_name(shard), emit_unit([self.sources[k.name] for k in shard],
+                                              f"shard of {len(shard)} kernels for {self.plan.arch}"))
+                for shard in shards]
+
+    def todo_shards(self, reused) -> list:
+        """The planned shards of this plan's kernels that ``reused`` (reused_units) lacks."""
+        held = {k for _, _, meta in reused for k in meta.get("kernels", ())}
+        todo = [k for k in {k.name: k for k in self.plan.kernels}.values() if k.name not in held]
+        return choose_shards(todo, self.jobs)
+
+    def sharded(self, shards=None, workers=None, strategy="sharded") -> BuildResult:
+        """shards: explicit kernel groups (else planned); workers: parallel nvcc jobs."""
+        units, pending = [], []
+        reused = self.reused_units() if shards is None else []     # compiled by earlier builds
+        for prefix, d, meta in reused:
+            # named as a fresh unit is (the cache folder's name adds the key, which the
+            # output folder's src/ file name adds again)
+            units.append(UnitReport(prefix, tuple(meta.get("kernels", ())), 0.0, True, True,
+                                    meta.get("peak_rss_mb", 0.0), str(d / UNIT_NAME)))
+        for prefix, tu in self.shard_units(shards if shards is not None else self.todo_shards(reused)):
             report, job = self._object_job(prefix, prefix, tu)
             if report:
                 units.append(report)
@@ -340,15 +357,19 @@ class _Builder:
         units.append(self._small_object("library_info", emit_info_unit(plan)))
         return self._finish(units, plan, failures, "per-region")
 
+    def single_source(self) -> tuple:
+        """(the one source of the single strategy, its cache prefix, its cache key)."""
+        src = emit_library(self.plan)
+        cmd = toolchain.nvcc_command("nvcc", self.plan.arch, SOURCE_NAME, LIB_NAME, 0, src.flags)
+        key = cache_key(src.text, toolchain.flags_signature(cmd), *self.versions)
+        return src, f"lib_{self.plan.arch}_{len(src.kernel_spans)}k_single", key
+
     def single(self) -> BuildResult:
         groups = header_compatible_groups(self.plan.distinct_kernels)
         if len(groups) > 1:
             # CUTLASS cannot hold both in one TU: one unit per group, one after another
             return self.sharded(shards=groups, workers=1, strategy="single")
-        src = emit_library(self.plan)
-        cmd = toolchain.nvcc_command("nvcc", self.plan.arch, SOURCE_NAME, LIB_NAME, 0, src.flags)
-        key = cache_key(src.text, toolchain.flags_signature(cmd), *self.versions)
-        prefix = f"lib_{self.plan.arch}_{len(src.kernel_spans)}k_single"
+        src, prefix, key = self.single_source()
         with self.cache.lock("lib", prefix, key):
             hit = self.cache.lookup("lib", prefix, key, LIB_NAME)
             if hit is not None and not hit[1].get("ok", True):
@@ -407,13 +428,17 @@ class _Builder:
                                log_path=report.log, source_path=report.source)
         return report
 
+    def link_key(self, plan, entries) -> tuple:
+        """(cache prefix, key) of the library linked from the object entries named
+        ``entries`` (their cache folders' names, sorted)."""
+        cmd_sig = toolchain.flags_signature(toolchain.link_command("nvcc", plan.arch, [], LIB_NAME))
+        return f"lib_{plan.arch}_{len(plan.distinct_kernels)}k", cache_key(*entries, cmd_sig, *self.versions)
+
     def _finish(self, units, plan, failures, strategy) -> BuildResult:
         """Link every unit's object into the library (cached by the objects' keys)."""
         objs = sorted({str(Path(u.source).parent / OBJ_NAME) for u in units})
         keys = sorted(Path(p).parent.name for p in objs)
-        cmd_sig = toolchain.flags_signature(toolchain.link_command("nvcc", plan.arch, [], LIB_NAME))
-        key = cache_key(*keys, cmd_sig, *self.versions)
-        prefix = f"lib_{plan.arch}_{len(plan.distinct_kernels)}k"
+        prefix, key = self.link_key(plan, keys)
         link_seconds = 0.0
         hit = self.cache.lookup("lib", prefix, key, LIB_NAME)
         if hit is None:

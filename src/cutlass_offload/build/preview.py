@@ -17,8 +17,7 @@ from pathlib import Path
 from .. import build as pkg
 from ..errors import ToolchainError
 from ..ir import Plan
-from . import toolchain
-from .cache import BuildCache, cache_key
+from .cache import BuildCache
 from .shards import choose_shards, header_compatible_groups, job_slots
 
 STRATEGIES = ("sharded", "single", "per-region")
@@ -144,33 +143,18 @@ def _sharded(b, shards=None) -> list:
     """As ``_Builder.sharded``: units of earlier builds that serve kernels of this
     plan, then shards of the rest (``shards`` given: those, nothing reused), then
     the launchers."""
-    units, reused, claimed = [], set(), set()
-    for name in b.sources if shards is None else ():
-        if name in reused:
-            continue
-        found = b._cached_shard_of(name)
-        if found and b._unit_serves(found, claimed):
-            prefix, key, (d, meta) = found
-            held = tuple(meta.get("kernels", ()))
-            claimed.update(held)
-            reused.update(k for k in held if k in b.sources)
-            units.append(PlannedUnit(prefix, held, True, False, str(d)))
-    todo = [k for k in {k.name: k for k in b.plan.kernels}.values() if k.name not in reused]
-    for shard in (shards if shards is not None else choose_shards(todo, b.jobs)):
-        tu = pkg.emit_unit([b.sources[k.name] for k in shard],
-                           f"shard of {len(shard)} kernels for {b.plan.arch}")
-        prefix = pkg.shard_name(shard)
-        units.append(_object(b, prefix, prefix, tu))
+    reused = b.reused_units() if shards is None else []
+    units = [PlannedUnit(prefix, tuple(meta.get("kernels", ())), True, False, str(d))
+             for prefix, d, meta in reused]
+    units += [_object(b, prefix, prefix, tu)
+              for prefix, tu in b.shard_units(shards if shards is not None else b.todo_shards(reused))]
     units.append(_object(b, "launchers", "launchers", pkg.emit_launchers(b.plan), cutlass=False))
     return units
 
 
 def _single(b) -> PlannedUnit:
     """As ``_Builder.single`` keys its one nvcc to the library."""
-    src = pkg.emit_library(b.plan)
-    cmd = toolchain.nvcc_command("nvcc", b.plan.arch, pkg.SOURCE_NAME, pkg.LIB_NAME, 0, src.flags)
-    key = cache_key(src.text, toolchain.flags_signature(cmd), *b.versions)
-    prefix = f"lib_{b.plan.arch}_{len(src.kernel_spans)}k_single"
+    src, prefix, key = b.single_source()
     hit = b.cache.lookup("lib", prefix, key, pkg.LIB_NAME)
     entry = hit[0] if hit is not None else b.cache.entry_dir("lib", prefix, key)
     return PlannedUnit("single", tuple(src.kernels), hit is not None,
@@ -182,10 +166,7 @@ def _library_cached(b, units) -> bool | None:
     cached as failed (the build then prunes the plan, and links another library)."""
     if any(u.failed for u in units):
         return None
-    names = sorted({Path(u.entry).name for u in units})
-    cmd_sig = toolchain.flags_signature(toolchain.link_command("nvcc", b.plan.arch, [], pkg.LIB_NAME))
-    key = cache_key(*names, cmd_sig, *b.versions)
-    prefix = f"lib_{b.plan.arch}_{len(b.plan.distinct_kernels)}k"
+    prefix, key = b.link_key(b.plan, sorted({Path(u.entry).name for u in units}))
     return b.cache.lookup("lib", prefix, key, pkg.LIB_NAME) is not None
 
 
