@@ -327,6 +327,29 @@ def _unwalked_op(chain):
     return None
 
 
+def _one_bias(ops: AttentionOperands, biases: list, fill, lq, lk):
+    """The one bias left for the kernel of the additive ``biases`` on the logits (none,
+    one, or two: BLOOM adds its ALiBi bias, then the causal mask): of two, the one
+    that is a compile-time causal pattern is folded into ``ops`` (the kernel's causal
+    mask) and the other returned. UnsupportedRegion when two stay."""
+    what = "hand-written attention"
+    if len(biases) < 2:
+        return biases[0] if biases else None
+    if fill is not None:
+        raise UnsupportedRegion(f"{what}: two biases and a masked_fill on the logits (the "
+                                "kernel takes one bias and a causal mask)")
+    for i, b in enumerate(biases):
+        folded = _fold_mask(b, "float", lq, lk) if isinstance(b, fx.Node) else None
+        if folded is not None:
+            ops.causal, ops.mask_check = folded
+            ops.mask, ops.mask_kind = b, "float"
+            ops.notes.append(note_mask_folded("mask", b.name, folded[0], bool(folded[1])))
+            return biases[1 - i]
+    raise UnsupportedRegion(f"{what}: two biases are added to the logits and neither is a "
+                            "compile-time causal mask (the kernel adds one bias: adding the two "
+                            "first, logits + (b1 + b2), makes it one region)")
+
+
 def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
     what = "hand-written attention"
     rank = val(mm).dim()
@@ -357,7 +380,8 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
         break
     q = a
     # logits: [casts | scalings | number shifts]* then at most one bias
-    add_bias = fill = fill_value = None   # one additive bias, one masked_fill(mask, -inf)
+    fill = fill_value = None           # one masked_fill(mask, -inf)
+    add_biases = []                    # up to two additive biases: one may be a causal mask
     dtype_in = val(q).dtype
     for n in chain:
         c = _cast_of(n)
@@ -373,7 +397,7 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
         s = src[0]
         sc = _scaled(n)
         if sc is not None and sc[0] is s:
-            if add_bias is not None or fill is not None:
+            if add_biases or fill is not None:
                 raise UnsupportedRegion(f"{what}: the logits are scaled after the mask "
                                         "(the kernel scales before adding it)")
             scale *= sc[1]
@@ -386,9 +410,9 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
             if _number(other) is not None:        # softmax is shift-invariant
                 nodes.append(n)
                 continue
-            if add_bias is not None:
-                raise UnsupportedRegion(f"{what}: more than one bias is added to the logits")
-            add_bias = other
+            if len(add_biases) == 2:
+                raise UnsupportedRegion(f"{what}: more than two biases are added to the logits")
+            add_biases.append(other)
             nodes.append(n)
             continue
         if _call(n, aten.masked_fill.Scalar) and n.args[0] is s and len(n.args) == 3:
@@ -422,6 +446,7 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
     ops = AttentionOperands("softmax_attention", q, k, pv.args[1], nodes, pv, scale,
                             k_transposed=k_transposed)
     lq, lk = val(mm).shape[-2], val(mm).shape[-1]
+    add_bias = _one_bias(ops, add_biases, fill, lq, lk)
     folded_fill = None
     if fill is not None:
         if not isinstance(fill, fx.Node) or _tensor(fill, "the mask").dtype != torch.bool:
@@ -446,7 +471,8 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
     if add_bias is not None:
         if not isinstance(add_bias, fx.Node):
             raise UnsupportedRegion(f"{what}: the bias is not a tensor")
-        folded = _fold_mask(add_bias, "float", lq, lk) if folded_fill is None else None
+        folded = (_fold_mask(add_bias, "float", lq, lk)
+                  if folded_fill is None and ops.mask is None else None)
         if folded is not None:
             ops.causal, ops.mask_check = folded
             ops.mask, ops.mask_kind = add_bias, "float"

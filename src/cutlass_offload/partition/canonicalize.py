@@ -10,6 +10,10 @@
 * ``baddbmm(input, b1, b2, beta, alpha)`` becomes ``alpha * bmm(b1, b2) + beta * input``,
   so its bmm is a GEMM (BLOOM's ALiBi scores, ``baddbmm(alibi, q, k^T, alpha=1/sqrt(d))``
   then softmax and ``@ v``, read as one attention region with a bias);
+* attention run as (B * H, L, D) bmms with its scores viewed to (B, H, L, S) around
+  the softmax (BLOOM) becomes the same attention on (B, H, ...) views
+  (partition/head_views.py), which the attention matcher reads; a view to the shape
+  a tensor already has is dropped;
 * turn a written-out activation (GPT-2's tanh GELU, ``x * sigmoid(x)``, the erf
   GELU, hardswish, ...) into its one ATen op (partition/activation_forms.py), so it
   fuses into an epilogue like ``F.gelu`` / ``F.silu``;
@@ -37,6 +41,7 @@ import torch.fx as fx
 from ..runtime.glue_passes import fold_sdpa_query_scale
 from .activation_forms import fuse_activation_forms
 from .einsum import einsum_as_bmm
+from .head_views import drop_same_shape_views, split_head_batches
 from .lift_1d import conv1d_as_conv2d, group_norm_3d_as_4d
 from .window_bias import merge_window_bias
 from .graph_utils import aten, attr_tensor, call_with_val, fake_like, fake_value, users, val
@@ -55,6 +60,8 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     einsum_as_bmm(gm)
     _drop_eval_dropout(gm.graph)
     _decompose_baddbmm(gm.graph)
+    drop_same_shape_views(gm.graph)
+    split_head_batches(gm.graph)
     _fold_batch_norm(gm)
     _drop_identity_scaling(gm.graph)
     _drop_contiguous_before_conv(gm.graph)

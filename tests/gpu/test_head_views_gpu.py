@@ -1,0 +1,70 @@
+"""GPU: attention on (B * H, L, D) bmms with its scores viewed to (B, H, L, S) around
+the softmax (BLOOM; partition/head_views.py) runs as one attention region reading q,
+k and v in place: the form alone and transformers' BloomForCausalLM, fp16 / bf16,
+fresh inputs, outputs poisoned, against float32."""
+import copy
+
+import pytest
+import torch
+
+import cutlass_offload as co
+from cutlass_offload.ir import AttentionRegion
+from helpers import TOLERANCE, check_fresh_outputs, poison_allocator, rel_err
+from test_head_views import B, L, NH, D, bloom_attention
+
+pytestmark = pytest.mark.gpu
+
+
+def _inputs(seed, dtype):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(B, L, NH, 3, D, generator=g, device="cuda").to(dtype),
+            torch.randn(B * NH, 1, L, generator=g, device="cuda").to(dtype))
+
+
+class Single(torch.nn.Module):
+    def forward(self, qkv, alibi):
+        return (bloom_attention(qkv, alibi),)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_bloom_attention_matches_float32(dtype):
+    m = co.compile(Single(), _inputs(0, dtype), arch="sm_90a")
+    assert [type(r) for r in m.plan.regions] == [AttentionRegion], m.report.format()
+    check_fresh_outputs(m, Single(), lambda r: _inputs(r + 1, dtype), dtype, ["attention"])
+    calls = [(mod.calls, mod.fallback_calls) for mod in m.region_modules()]
+    assert calls and all(c > 0 and f == 0 for c, f in calls), calls
+
+
+def test_transformers_bloom_matches_float32():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BloomConfig(vocab_size=512, hidden_size=256, n_layer=2, n_head=4, use_cache=False)
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = transformers.BloomForCausalLM(cfg).eval()
+
+        def forward(self, ids):
+            return self.m(ids).logits
+
+    ref = Logits().cuda().float()
+    model = copy.deepcopy(ref).half()
+
+    def ids(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        return torch.randint(0, 512, (2, 128), device="cuda", generator=g)
+
+    m = co.compile(model, (ids(0),), arch="sm_90a")
+    att = [r for r in m.plan.regions if isinstance(r, AttentionRegion)]
+    assert len(att) == 2 and all(r.problem.causal for r in att), m.report.format()
+    for seed in (1, 2):
+        x = ids(seed)
+        poison_allocator()
+        with torch.no_grad():
+            out, want = m(x), ref(x)
+        torch.cuda.synchronize()
+        assert not out.isnan().any()
+        assert rel_err(out, want) < TOLERANCE[torch.float16]
+    calls = [(mod.calls, mod.fallback_calls) for mod in m.region_modules()]
+    assert calls and all(c > 0 and f == 0 for c, f in calls), calls

@@ -1,0 +1,124 @@
+"""Attention on (B * H, L, D) bmms with its scores viewed to (B, H, L, S) around the
+softmax (transformers' BLOOM) becomes one attention region (partition/head_views.py):
+the partition, the rewritten graph's values in float64, the forms left alone. No GPU,
+no nvcc."""
+import math
+
+import pytest
+import torch
+
+from cutlass_offload.capture import capture
+from cutlass_offload.ir import AttentionRegion
+from cutlass_offload.partition import partition
+from cutlass_offload.partition.graph_utils import aten, val
+from helpers import Fn
+
+H = torch.float16
+B, NH, L, D = 2, 4, 64, 32
+
+
+def bloom_attention(qkv, alibi, mask=None, fp32_softmax=True):
+    """BLOOM's attention (transformers BloomAttention, eager): q, k, v split from the
+    fused projection (B, L, NH, 3, D) and copied to (B * NH, L, D), scores by baddbmm
+    with the ALiBi bias (B * NH, 1, L), viewed to (B, NH, L, L) for the causal mask."""
+    q, k, v = (qkv[..., i, :].transpose(1, 2).reshape(B * NH, L, D) for i in range(3))
+    s = torch.baddbmm(alibi, q, k.transpose(-1, -2), beta=1.0, alpha=1 / math.sqrt(D))
+    s = s.view(B, NH, L, L)
+    if mask is None:            # built in the graph: a compile-time causal pattern
+        causal = torch.ones(L, L, dtype=torch.bool, device=qkv.device).tril()
+        mask = torch.zeros(L, L, dtype=s.dtype, device=qkv.device).masked_fill(
+            ~causal, torch.finfo(s.dtype).min)[None, None]
+    s = s + mask
+    p = torch.softmax(s, -1, dtype=torch.float32).to(qkv.dtype) if fp32_softmax else s.softmax(-1)
+    o = torch.bmm(p.view(B * NH, L, L), v)
+    return o.view(B, NH, L, D).permute(0, 2, 1, 3).reshape(B, L, NH * D)
+
+
+def _inputs(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, L, NH, 3, D, generator=g).to(dtype),
+            torch.randn(B * NH, 1, L, generator=g).to(dtype))
+
+
+@pytest.mark.parametrize("fp32_softmax", [True, False])
+def test_bloom_attention_is_one_region_reading_qkv_in_place(fp32_softmax):
+    fn = lambda qkv, alibi: bloom_attention(qkv, alibi, fp32_softmax=fp32_softmax)   # noqa: E731
+    gm = capture(Fn(fn), _inputs(H)).graph_module
+    part = partition(gm)
+    assert [type(r) for r in part.regions] == [AttentionRegion], part
+    (region,) = part.regions
+    p = region.problem
+    assert p.causal and p.bias != "none" and (p.heads, p.seq_q, p.head_dim) == (NH, L, D)
+    assert math.isclose(p.scale, 1 / math.sqrt(D), rel_tol=1e-6)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    # q, k and v are the strided views of qkv, not the (B * NH, L, D) copies
+    for name in (region.q, region.k, region.v):
+        assert val(nodes[name]).dim() == 4 and not val(nodes[name]).is_contiguous(), name
+    assert not [n for n in gm.graph.nodes if n.target is aten.bmm.default]
+    assert not part.fallbacks
+
+
+@pytest.mark.parametrize("with_mask_input", [False, True])
+def test_rewritten_graph_computes_the_same(with_mask_input):
+    mask = torch.where(torch.rand(B, 1, L, L) < 0.2, -1e4, 0.0)
+    if with_mask_input:
+        fn = lambda qkv, alibi, mask: bloom_attention(qkv, alibi, mask)   # noqa: E731
+        example = _inputs(torch.float64) + (mask.double(),)
+    else:
+        fn = bloom_attention
+        example = _inputs(torch.float64)
+    gm = capture(Fn(fn), example).graph_module
+    assert not [n for n in gm.graph.nodes if n.target is aten.bmm.default]
+    for seed in range(2):
+        xs = _inputs(torch.float64, seed + 1) + ((mask.double(),) if with_mask_input else ())
+        out = gm(*xs)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        torch.testing.assert_close(out, fn(*xs), rtol=1e-12, atol=1e-12)
+
+
+def test_two_biases_neither_causal_say_so():
+    mask = torch.where(torch.rand(B, 1, L, L) < 0.2, -1e4, 0.0).to(H)
+    part = partition(capture(Fn(lambda qkv, alibi, m: bloom_attention(qkv, alibi, m)),
+                             _inputs(H) + (mask,)).graph_module)
+    assert not [r for r in part.regions if isinstance(r, AttentionRegion)]
+    assert any("two biases" in f.reason for f in part.fallbacks), part.fallbacks
+
+
+def _split_without_softmax(x, y):
+    s = torch.bmm(x, y).view(B, NH, L, L)
+    return torch.bmm((s * 2.0).view(B * NH, L, L), y)
+
+
+def test_a_bmm_viewed_without_a_softmax_is_left_alone():
+    x, y = torch.randn(B * NH, L, L).to(H), torch.randn(B * NH, L, L).to(H)
+    gm = capture(Fn(_split_without_softmax), (x, y)).graph_module
+    assert len([n for n in gm.graph.nodes if n.target is aten.bmm.default]) == 2
+
+
+def test_transformers_bloom_attention_regions():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BloomConfig(vocab_size=256, hidden_size=128, n_layer=2, n_head=4, use_cache=False)
+    model = transformers.BloomForCausalLM(cfg).half().eval()
+    ids = torch.randint(0, 256, (2, 32))
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, ids):
+            return self.m(ids).logits
+
+    part = partition(capture(Logits(), (ids,)).graph_module)
+    att = [r for r in part.regions if isinstance(r, AttentionRegion)]
+    assert len(att) == 2, part
+    assert all(r.problem.causal and r.problem.bias != "none" for r in att)
+
+
+def test_a_view_to_the_same_shape_between_softmax_and_pv_is_dropped():
+    def fn(q, k, v, alibi):
+        s = torch.baddbmm(alibi, q, k.transpose(1, 2), alpha=1 / math.sqrt(D))
+        return torch.bmm(s.softmax(-1).view(B * NH, L, L), v)
+    xs = tuple(torch.randn(B * NH, L, D).to(H) for _ in range(3)) + (torch.randn(B * NH, 1, L).to(H),)
+    part = partition(capture(Fn(fn), xs).graph_module)
+    assert [type(r) for r in part.regions] == [AttentionRegion], part
