@@ -26,7 +26,7 @@ from .front import capture_errors, checked_inputs, compile_options
 from .ir import Plan
 from .partition import partition
 from .partition.flops import node_flops
-from .partition.graph_utils import module_paths
+from .partition.graph_utils import input_summary, module_paths
 from .report import Report
 from .runtime import fast_call, glue_binaries
 from .runtime.compiled_model import CompiledModel, offload
@@ -222,6 +222,7 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
         part = partition(gm, options)
         flops = node_flops(gm)          # after partition's rewrites: region nodes are these
         modules = module_paths(gm)
+        inputs = input_summary(gm)
     with phases("select"):
         plan = select(part, options.arch, options, tuned)
     tuning = None
@@ -239,7 +240,8 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
         # would slow a cold build on a small machine
         fast_call.prefetch()
     if plan.regions and library_path is None and warm_inputs is not None:
-        return _overlapped(gm, plan, options, phases, tuning, glue, warm_inputs, flops, modules)
+        return _overlapped(gm, plan, options, phases, tuning, glue, warm_inputs, flops, modules,
+                           inputs)
     build_info = {}
     lib = library_path
     if plan.regions and lib is None:
@@ -247,7 +249,7 @@ def _compile_graph(gm, options: CompileOptions, phases: _Phases, library_path=No
             res = _build(plan, options)
         lib, plan, build_info = res.library, res.plan, {**res.to_dict(), **_epilogue_forms(res.plan)}
         _check_strict(options, plan)
-    report = Report.from_plan(plan, flops, modules)
+    report = Report.from_plan(plan, flops, modules, inputs)
     report.build = build_info
     if tuning is not None:
         report.tuning = tuning.to_dict()
@@ -303,14 +305,14 @@ class _PendingBuild:
 
 def _overlapped(gm, plan: Plan, options: CompileOptions, phases: _Phases, tuning,
                 glue: GlueSpec, warm_inputs, flops: dict | None = None,
-                modules: dict | None = None) -> CompiledModel:
+                modules: dict | None = None, inputs: dict | None = None) -> CompiledModel:
     """Build the library in a background thread while the first call on
     ``warm_inputs`` compiles the Inductor glue (its region calls wait for the
     library). Regions whose kernel fails to compile run PyTorch (disabled)."""
     pending = _PendingBuild(plan, options)
     with phases("load"):
         gm = offload(gm, plan, pending.library)
-    compiled = CompiledModel(gm, plan, Report.from_plan(plan, flops, modules), None)
+    compiled = CompiledModel(gm, plan, Report.from_plan(plan, flops, modules, inputs), None)
     glue.apply(compiled)
     try:
         with phases("glue: compile + first call"), torch.no_grad():
@@ -326,7 +328,7 @@ def _overlapped(gm, plan: Plan, options: CompileOptions, phases: _Phases, tuning
     for m in compiled.region_modules():
         if m.region.name not in kept:
             m.disabled = "its kernel failed to compile when the library was built"
-    report = Report.from_plan(res.plan, flops, modules)
+    report = Report.from_plan(res.plan, flops, modules, inputs)
     report.build = {**res.to_dict(), **_epilogue_forms(res.plan)}
     if tuning is not None:
         report.tuning = tuning.to_dict()

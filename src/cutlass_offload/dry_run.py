@@ -19,7 +19,7 @@ from .capture import capture, dtype_mismatch
 from .front import capture_errors, checked_inputs, compile_options
 from .partition import partition
 from .partition.flops import node_flops
-from .partition.graph_utils import module_paths
+from .partition.graph_utils import input_summary, module_paths
 from .report import Report
 from .runtime.glue import GlueSpec
 from .select import select
@@ -107,7 +107,8 @@ def explain(model: torch.nn.Module, example_inputs: tuple, *, arch: str | None =
     _check_strict(opts, plan)
     build = preview(plan, opts.build_strategy, jobs=opts.jobs)
     phases["build preview"] = time.perf_counter() - t0
-    report = Report.from_plan(plan, flops, module_paths(cap.graph_module))
+    report = Report.from_plan(plan, flops, module_paths(cap.graph_module),
+                              input_summary(cap.graph_module))
     report.phases = phases
     report.glue = {"requested": spec.glue, "glue": spec.resolved(), "mode": spec.mode,
                    "options": spec.options}

@@ -79,13 +79,16 @@ class Report:
     tuning: dict = field(default_factory=dict)       # tune.TuningReport.to_dict() of a --tune compile
     glue: dict = field(default_factory=dict)         # glue, mode, options, how it was compiled
     flops: dict = field(default_factory=dict)        # total / offloaded FLOPs (partition/flops.py)
+    inputs: dict = field(default_factory=dict)       # graph_utils.input_summary: shapes, dynamic sizes
 
     @classmethod
-    def from_plan(cls, plan: Plan, flops: dict | None = None, modules: dict | None = None) -> "Report":
+    def from_plan(cls, plan: Plan, flops: dict | None = None, modules: dict | None = None,
+                  inputs: dict | None = None) -> "Report":
         """The report of ``plan``; ``flops``: {node name: FLOPs} of the partitioned
         graph's matmul / conv / attention ops (partition.flops.node_flops), summed into
         ``total`` and ``offloaded`` (those of the regions' nodes); ``modules``: {node
-        name: module path} (graph_utils.module_paths), which a fallback's entry names."""
+        name: module path} (graph_utils.module_paths), which a fallback's entry names;
+        ``inputs``: graph_utils.input_summary of the captured graph."""
         users = collections.defaultdict(list)
         for r, k in plan.pairs:
             users[k.name].append(r.name)
@@ -101,7 +104,7 @@ class Report:
                        for f in plan.fallbacks],
             kernels=[{"name": k.name, "family": k.config.family, "regions": users[k.name]}
                      for k in plan.distinct_kernels],
-            flops=_flop_share(plan, flops) if flops else {})
+            flops=_flop_share(plan, flops) if flops else {}, inputs=inputs or {})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -144,6 +147,8 @@ class Report:
         for k in self.kernels:
             n = len(k["regions"])
             out.append(f"  {k['name']}  ({n} region{'s' if n != 1 else ''})")
+        if self.inputs.get("inputs"):
+            out.append(_inputs_line(self.inputs))
         if self.glue:
             g = self.glue
             line = f"glue: {g.get('glue')}"
@@ -177,3 +182,18 @@ class Report:
             from .tune.result import format_tuning
             out.append(format_tuning(self.tuning))
         return "\n".join(out)
+
+
+def _inputs_line(summary: dict) -> str:
+    """"inputs: ids (s0, 512) int64; dynamic: 2 <= s0", or "...; every size static"."""
+    shown = [f"{i['name']} ({', '.join(i['shape'])}{',' if len(i['shape']) == 1 else ''}) {i['dtype']}"
+             for i in summary["inputs"][:4]]
+    more = len(summary["inputs"]) - len(shown)
+    line = "inputs: " + ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+    dyn = summary.get("dynamic") or {}
+    if not dyn:
+        return line + ("; every size static: calls with other sizes are refused "
+                       "(--dynamic-batch / dynamic_batch=True makes dim 0 dynamic)")
+    ranges = [f"{lo if lo is not None else '?'} <= {s}" + (f" <= {hi}" if hi is not None else "")
+              for s, (lo, hi) in dyn.items()]
+    return line + "; dynamic: " + ", ".join(ranges)

@@ -180,3 +180,24 @@ def test_cli_dry_run_prints_the_report_and_the_summary(tmp_path, monkeypatch, ca
     with pytest.raises(SystemExit) as e:              # --json without --dry-run says so, --out or not
         cli.main(["compile", "mlp", "--arch", "sm_80", "--json", str(out)])
     assert e.value.code == 2 and "--json goes with --dry-run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_the_inputs_line_says_which_sizes_are_dynamic(dynamic, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTLASS_OFFLOAD_NVCC", str(tmp_path / "no_nvcc"))
+    monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(tmp_path / "cache"))
+    model, inputs = _model()
+    dry = co.explain(model.eval(), inputs, arch="sm_90a", dynamic_batch=dynamic)
+    (line,) = [ln for ln in str(dry).splitlines() if ln.startswith("inputs: ")]
+    summary = dry.report.inputs
+    (x,) = summary["inputs"]
+    assert x["dtype"] == "float16" and x["shape"][1:] == ["8", "8", "8"]
+    if dynamic:
+        (sym,) = summary["dynamic"]
+        assert x["shape"][0] == sym and summary["dynamic"][sym][0] == 2
+        assert f"dynamic: 2 <= {sym}" in line
+    else:
+        assert x["shape"][0] == "4" and not summary["dynamic"]
+        assert "every size static" in line
+    # the JSON form carries it, and a report read back formats the same line
+    assert Report(**json.loads(json.dumps(dry.report.to_dict()))).format().count(line) == 1

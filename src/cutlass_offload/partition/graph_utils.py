@@ -191,3 +191,35 @@ def module_paths(gm: fx.GraphModule) -> dict:
         if path:
             out[n.name] = f"{path} ({str(kind).rsplit('.', 1)[-1]})"
     return out
+
+
+def input_summary(gm: fx.GraphModule) -> dict:
+    """The graph's tensor inputs as the report shows them: {"inputs": [{"name", "shape"
+    (sizes as text: ints, or the symbol of a dynamic size), "dtype"}], "dynamic":
+    {symbol: [low, high]}} (high None when unbounded), from the placeholders'
+    FakeTensors and their shape environment's ranges."""
+    inputs, dynamic = [], {}
+    for n in gm.graph.nodes:
+        v = n.meta.get("val") if n.op == "placeholder" else None
+        if not isinstance(v, torch.Tensor):
+            continue
+        inputs.append({"name": n.name, "shape": [str(d) for d in v.shape],
+                       "dtype": str(v.dtype).replace("torch.", "")})
+        for d in v.shape:
+            if static_int(d) is None and str(d) not in dynamic:
+                dynamic[str(d)] = _range(d)
+    return {"inputs": inputs, "dynamic": dynamic}
+
+
+def _range(size) -> list:
+    """[low, high] of a dynamic size (high None when unbounded; [None, None] unknown)."""
+    import sympy
+    try:
+        node = size.node
+        r = node.shape_env.var_to_range[node.expr]
+        lo = int(r.lower)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return [None, None]
+    # torch's int_oo calls itself finite (and an integer): only a sympy Integer is a bound
+    hi = int(r.upper) if isinstance(r.upper, (int, sympy.Integer)) else None
+    return [lo, hi if hi is not None and hi < 2 ** 62 else None]
