@@ -56,6 +56,8 @@ def test_bloom_attention_is_one_region_reading_qkv_in_place(fp32_softmax):
         assert val(nodes[name]).dim() == 4 and not val(nodes[name]).is_contiguous(), name
     assert not [n for n in gm.graph.nodes if n.target is aten.bmm.default]
     assert not part.fallbacks
+    # the output viewed back to (B, NH, L, D) and permuted: the kernel writes (B, L, NH, D)
+    assert region.out_layout == "bmhk"
 
 
 @pytest.mark.parametrize("with_mask_input", [False, True])

@@ -16,7 +16,7 @@ view moves to the operands instead::
 
     s = c * matmul(q4, k4^T) + alibi.unflatten(0, (B, H))     # (B, H, L, S)
     p = softmax(s + mask, -1, dtype=float32).to(fp16)
-    o3 = matmul(p, v4).flatten(0, 1)
+    o3 = matmul(p, v4).flatten(0, 1)      # a view of it back to (B, H, L, D) reads matmul(p, v4)
 
 which is the same math, element for element (splitting dim 0 is a view of any
 tensor, so nothing is copied; each op rounds as before). An operand that is itself
@@ -199,6 +199,13 @@ def split_head_batches(graph: fx.Graph) -> int:
             out4 = _new(graph, aten.matmul.default, (merge.args[0], v4), like=bmm2)
             out3 = _new(graph, aten.flatten.using_ints, (out4, 0, 1), like=bmm2)
         bmm2.replace_all_uses_with(out3)
+        # BLOOM views the output straight back to (B, H, L, D): that is out4 itself, so
+        # the region's output layout can take the permute after it (attention_forms'
+        # _absorb_output) instead of a copy in the glue
+        for u in users(out3):
+            if is_call(u, *_VIEWS) and same_shape(val(u).shape, val(out4).shape):
+                u.replace_all_uses_with(out4)
+                graph.erase_node(u)
         for old in [bmm2, merge, view] + chain[::-1] + [bmm1]:
             for check in metadata_checks(old):
                 graph.erase_node(check)
