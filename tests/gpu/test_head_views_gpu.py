@@ -10,9 +10,10 @@ import torch
 import cutlass_offload as co
 from cutlass_offload.ir import AttentionRegion
 from helpers import TOLERANCE, check_fresh_outputs, poison_allocator, rel_err
-from test_head_views import B, L, NH, D, bloom_attention
+from attention_models import BLOOM_SHAPE, bloom_attention
 
 pytestmark = pytest.mark.gpu
+B, NH, L, D = BLOOM_SHAPE
 
 
 def _inputs(seed, dtype):

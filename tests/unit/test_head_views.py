@@ -11,27 +11,11 @@ from cutlass_offload.capture import capture
 from cutlass_offload.ir import AttentionRegion
 from cutlass_offload.partition import partition
 from cutlass_offload.partition.graph_utils import aten, val
+from attention_models import BLOOM_SHAPE, bloom_attention
 from helpers import Fn
 
 H = torch.float16
-B, NH, L, D = 2, 4, 64, 32
-
-
-def bloom_attention(qkv, alibi, mask=None, fp32_softmax=True):
-    """BLOOM's attention (transformers BloomAttention, eager): q, k, v split from the
-    fused projection (B, L, NH, 3, D) and copied to (B * NH, L, D), scores by baddbmm
-    with the ALiBi bias (B * NH, 1, L), viewed to (B, NH, L, L) for the causal mask."""
-    q, k, v = (qkv[..., i, :].transpose(1, 2).reshape(B * NH, L, D) for i in range(3))
-    s = torch.baddbmm(alibi, q, k.transpose(-1, -2), beta=1.0, alpha=1 / math.sqrt(D))
-    s = s.view(B, NH, L, L)
-    if mask is None:            # built in the graph: a compile-time causal pattern
-        causal = torch.ones(L, L, dtype=torch.bool, device=qkv.device).tril()
-        mask = torch.zeros(L, L, dtype=s.dtype, device=qkv.device).masked_fill(
-            ~causal, torch.finfo(s.dtype).min)[None, None]
-    s = s + mask
-    p = torch.softmax(s, -1, dtype=torch.float32).to(qkv.dtype) if fp32_softmax else s.softmax(-1)
-    o = torch.bmm(p.view(B * NH, L, L), v)
-    return o.view(B, NH, L, D).permute(0, 2, 1, 3).reshape(B, L, NH * D)
+B, NH, L, D = BLOOM_SHAPE
 
 
 def _inputs(dtype, seed=0):
