@@ -9,7 +9,8 @@ built once per session (conftest.py's ``hopper_fmha_built``), one unit:
 * the kernels that test_attention_lpt_build.py's and test_attention_sm90_build.py's
   models select (their problems: LPT_TEST, HD40_TEST). The staged O store is the
   default, so those tests' compiles find these kernels compiled (the kernel index,
-  build.sharded) and link this unit, compiling only their launchers.
+  build.sharded) and link this unit, compiling only their launchers;
+* a causal kernel with a tanh soft-cap on the logits (Gemma 2's; SOFTCAP).
 
 On the 2-core machine (nvcc 13.0, 2026-12) the six kernels' unit compiled in 100 s;
 as the three tests' own units (four kernels, one, one) they took 104 + 43 + 38 s."""
@@ -35,6 +36,9 @@ LPT_TEST = AttentionProblem(heads=4, seq_q=256, seq_kv=256, head_dim=64, head_di
                             scale=64 ** -0.5, batch=2, causal="top_left")
 HD40_TEST = AttentionProblem(heads=8, seq_q=64, seq_kv=64, head_dim=40, head_dim_v=40, dtype="f16",
                              scale=40 ** -0.5, batch=2)
+# Gemma 2's causal attention with its logits soft-capped at 50 (test_attention_softcap_build.py)
+SOFTCAP = AttentionProblem(heads=4, seq_q=256, seq_kv=256, head_dim=64, head_dim_v=64, dtype="f16",
+                           scale=0.125, batch=2, causal="top_left", softcap=50.0)
 
 
 def _region(name, problem):
@@ -53,7 +57,8 @@ def plan() -> Plan:
              ("hd80", HD80, attention_sm90.choose(HD80, config=pick[80])),
              ("hd160", HD160, attention_sm90.choose(HD160, config=pick[160])),
              ("lpt_test", LPT_TEST, attention_sm90.choose(LPT_TEST)),
-             ("hd40_test", HD40_TEST, attention_sm90.choose(HD40_TEST)))
+             ("hd40_test", HD40_TEST, attention_sm90.choose(HD40_TEST)),
+             ("softcap", SOFTCAP, attention_sm90.choose(SOFTCAP)))
     return Plan("sm90a", tuple(_region(n, p) for n, p, _ in pairs), tuple(k for _, _, k in pairs), ())
 
 

@@ -434,12 +434,16 @@ def test_one_mask_read_by_many_attentions_is_checked_once(monkeypatch):
 
 
 def test_attention_hidden_by_an_op_on_the_logits_is_named():
-    """An op the logits walk does not take (Gemma2's tanh soft-cap) left the attention
-    as two GEMMs and a softmax with no line in the report (fresh-user trial, session
-    54): the softmax is a fallback naming it. BLOOM's view of the scores to (B, H, L,
-    S), the other op of that trial, is one attention region since session 55
-    (partition/head_views.py; tests/unit/test_head_views.py)."""
+    """An op the logits walk does not take left the attention as two GEMMs and a
+    softmax with no line in the report (fresh-user trial, session 54): the softmax is a
+    fallback naming it (here a clamp). The two ops of that trial are attention regions
+    since session 55: Gemma 2's tanh soft-cap (tests/unit/test_softcap_attention.py)
+    and BLOOM's view of the scores to (B, H, L, S) (partition/head_views.py)."""
     import math
+
+    def clamped(q, k, v):
+        w = torch.clamp(torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5, -30, 30)
+        return torch.matmul(torch.softmax(w, -1, dtype=torch.float32).to(q.dtype), v)
 
     def softcap(q, k, v):
         w = torch.tanh(torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5 / 50) * 50
@@ -449,10 +453,11 @@ def test_attention_hidden_by_an_op_on_the_logits_is_named():
         s = torch.baddbmm(alibi, q, k.transpose(1, 2), alpha=1 / math.sqrt(32)).view(2, 4, 64, 64)
         return torch.bmm(torch.softmax(s, -1, dtype=torch.float32).to(q.dtype).view(8, 64, 64), v)
     q4, q3 = torch.randn(2, 4, 128, 64).half(), torch.randn(8, 64, 32).half()
-    part = partition(capture(Fn(softcap), (q4, q4, q4)).graph_module)
+    part = partition(capture(Fn(clamped), (q4, q4, q4)).graph_module)
     assert sorted(r.form for r in part.regions) == ["matmul", "matmul"]
     (fb,) = part.fallbacks
-    assert fb.op == "softmax_attention" and "aten.tanh.default" in fb.reason
+    assert fb.op == "softmax_attention" and "aten.clamp.default" in fb.reason
     assert "between q @ k^T and the softmax" in fb.reason
-    part = partition(capture(Fn(bloom), (q3, q3, q3, torch.randn(8, 1, 64).half())).graph_module)
-    assert [r.form for r in part.regions] == ["softmax_attention"] and not part.fallbacks
+    for fn, xs in ((softcap, (q4, q4, q4)), (bloom, (q3, q3, q3, torch.randn(8, 1, 64).half()))):
+        part = partition(capture(Fn(fn), xs).graph_module)
+        assert [r.form for r in part.regions] == ["softmax_attention"] and not part.fallbacks

@@ -72,6 +72,7 @@ What the example supports, read from its code (CUTLASS 4.2):
 """
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from string import Template
 
@@ -126,10 +127,10 @@ using TileShape = cute::Shape<cute::_${block_q}, cute::_${block_kv}, cute::_${he
 // (seq, head dim, (batch, head)): runtime 32-bit strides, head dim contiguous
 using StrideQKVO = cute::tuple<int, cute::_1, cute::tuple<int, int>>;
 using StrideLSE = cute::tuple<cute::_1, cute::tuple<int, int>>;
-${kernel_type}using ProblemShape = typename Kernel::ProblemShape;   // (B, H, Q, K, D)
+${fusion_def}${kernel_type}using ProblemShape = typename Kernel::ProblemShape;   // (B, H, Q, K, D)
 
 constexpr bool kCausal = ${causal};
-// the LPT one-CTA-per-tile grid: ((b, h), query tiles)
+${softcap_consts}// the LPT one-CTA-per-tile grid: ((b, h), query tiles)
 constexpr bool kGridBhByTiles = ${grid_bh_by_tiles};
 constexpr int64_t kBlockQ = ${block_q};
 constexpr int64_t kHeadTile = ${head};
@@ -168,7 +169,7 @@ static bool supported(const CoAttentionArgs& a) {
   if (a.head_dim != a.head_dim_v || a.head_dim < 1 || a.head_dim > kHeadTile) return false;
   if (a.head_dim % kAlign) return false;      // can_implement's seq_q % 8: not needed (docstring)
   if (!(a.scale > 0.0f) || !(a.scale < INFINITY)) return false;
-  if (a.bias != nullptr) return false;
+${softcap_check}  if (a.bias != nullptr) return false;
   if (kCausal) {
     // CausalFusion is top-left and masks nothing past seq_kv
     if (!((a.causal == 1 && a.seq_q <= a.seq_kv) || (a.causal == 2 && a.seq_q == a.seq_kv)))
@@ -205,8 +206,8 @@ static typename Kernel::Params make_params(const CoAttentionArgs& a) {
       hw_info};
   typename Kernel::Params p = Kernel::to_underlying_arguments(args, nullptr);
   // to_underlying_arguments hard-codes 1/sqrt(head_dim); the softmax reads only these two
-  p.mainloop.scale_softmax = a.scale;
-  p.mainloop.scale_softmax_log2 = float(double(a.scale) * 1.4426950408889634);  // log2(e)
+  p.mainloop.scale_softmax = ${softmax_scale};
+  p.mainloop.scale_softmax_log2 = float(double(${softmax_scale}) * 1.4426950408889634);  // log2(e)
   return p;
 }
 
@@ -254,7 +255,7 @@ int run(const CoAttentionArgs& args, cudaStream_t stream) {
 _BUILDER_KERNEL = """\
 using Kernel = typename cutlass::fmha::kernel::FmhaBuilder<
     Element, float, float, TileShape, StrideQKVO, StrideQKVO, StrideQKVO,
-    cutlass::fmha::collective::${fusion}, cutlass::gemm::${schedule},
+    ${fusion}, cutlass::gemm::${schedule},
     ${options}
     >::Kernel;
 """
@@ -265,7 +266,7 @@ using Kernel = typename cutlass::fmha::kernel::FmhaBuilder<
 _LPT_KERNEL = """\
 using Builder = cutlass::fmha::kernel::FmhaBuilder<
     Element, float, float, TileShape, StrideQKVO, StrideQKVO, StrideQKVO,
-    cutlass::fmha::collective::${fusion}, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+    ${fusion}, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
     ${options}>;
 // query tiles heaviest first (causal: tile m reads m + 1 key tiles)
 using Kernel = cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<
@@ -297,7 +298,7 @@ STAGED_EPILOGUE_H = (Path(__file__).parent / "templates" / "fmha_staged_epilogue
 _STAGED_KERNEL = """\
 using Builder = cutlass::fmha::kernel::FmhaBuilder<
     Element, float, float, TileShape, StrideQKVO, StrideQKVO, StrideQKVO,
-    cutlass::fmha::collective::${fusion}, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+    ${fusion}, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
     ${options}>;
 // the builder's mainloop and scheduler; O staged in shared memory (fmha_staged_epilogue.h)
 using Kernel = cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<
@@ -334,12 +335,59 @@ def _kernel_type(kernel: AttentionKernelSm90, fusion: str) -> str:
                                             options=",\n    ".join(options))
 
 
+# A tanh soft-cap on the logits (Gemma 2): the collective calls the fusion's
+# before_softmax only on the K/V tiles it counts as masked (fmha_collective_softmax.hpp
+# step<false> skips it), so every tile is one here; the mask of the base fusion comes
+# after the cap, as the model adds its mask to the capped logits. tanh.approx.f32
+# (cutlass::fast_tanh, one MUFU op; FlashAttention's soft-cap uses the same).
+_SOFTCAP_FUSION = """\
+struct SoftcapFusion : cutlass::fmha::collective::${base} {
+  using Base = cutlass::fmha::collective::${base};
+  static constexpr float kCap = ${cap};
+  static constexpr float kInner = ${inner};   // scale / cap
+
+  template<class BlkCoord, class TileShape, class ProblemSize>
+  CUTLASS_DEVICE int get_masked_trip_count(BlkCoord const& blk_coord, TileShape const& tile_shape,
+                                           ProblemSize const& problem_size) {
+    return Base::get_trip_count(blk_coord, tile_shape, problem_size);
+  }
+
+  template<class BlkCoord, class TileShape, class ProblemSize>
+  CUTLASS_DEVICE int get_unmasked_trip_count(BlkCoord const&, TileShape const&, ProblemSize const&) {
+    return 0;
+  }
+
+  template<class AccQK, class IndexQK, class ProblemSize>
+  CUTLASS_DEVICE void before_softmax(AccQK& acc_qk, IndexQK const& index_qk,
+                                     ProblemSize const& problem_size) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < cute::size(acc_qk); i++) {
+      acc_qk(i) = kCap * cutlass::fast_tanh(acc_qk(i) * kInner);
+    }
+    Base::before_softmax(acc_qk, index_qk, problem_size);
+  }
+};
+"""
+
+
+def _float(x: float) -> str:
+    """A C++ float literal of ``x`` rounded to float32, exactly."""
+    return f"{struct.unpack('>f', struct.pack('>f', x))[0]!r}f"
+
+
 def values(kernel: AttentionKernelSm90) -> dict:
     """The substitution dict of ``kernel``'s C++ (raises ValueError via ``check``)."""
     check(kernel)
     q, kv, d = kernel.config.tile
     mask = "top-left causal" if kernel.causal else "no mask"
-    fusion = "CausalFusion" if kernel.causal else "ResidualFusion"
+    base = "CausalFusion" if kernel.causal else "ResidualFusion"
+    fusion, fusion_def = f"cutlass::fmha::collective::{base}", ""
+    if kernel.softcap:
+        fusion = "SoftcapFusion"
+        # the product is formed in double and rounded once, as the reference's scale / cap
+        fusion_def = Template(_SOFTCAP_FUSION).substitute(
+            base=base, cap=_float(kernel.softcap), inner=_float(kernel.scale / kernel.softcap))
+        mask = f"logits soft-capped at {kernel.softcap:g} (scale {kernel.scale:g}), {mask}"
     return {
         "name": kernel.name,
         "semantics": (f"out = softmax(scale * q k^T, {mask}) v; {kernel.dtype}, head dims "
@@ -347,7 +395,16 @@ def values(kernel: AttentionKernelSm90) -> dict:
         "element": CPP[kernel.dtype],
         "block_q": q, "block_kv": kv, "head": d,
         "kernel_type": _kernel_type(kernel, fusion),
+        "fusion_def": fusion_def,
         "causal": "true" if kernel.causal else "false",
+        # empty without a soft-cap: those kernels' source is what it was before it existed
+        # (their build cache entries stay valid)
+        "softcap_consts": (f"// soft-capped logits: the fusion applies the scale, the softmax none\n"
+                           f"constexpr float kCompiledScale = {_float(kernel.scale)};\n"
+                           if kernel.softcap else ""),
+        "softcap_check": ("  if (a.scale != kCompiledScale) return false;   // the fusion holds it\n"
+                          if kernel.softcap else ""),
+        "softmax_scale": "1.0f" if kernel.softcap else "a.scale",
         "grid_bh_by_tiles": ("true" if kernel.config.tile_scheduler == "lpt"
                              and kernel.config.kernel_schedule != PINGPONG else "false"),
     }

@@ -73,6 +73,10 @@ def refusal(problem: AttentionProblem, arch: str = "sm80") -> Optional[str]:
             return f"{what}={n} does not fit the kernel's int32 sizes"
     if p.seq_kv == 0 and (p.seq_q or 0) > 0:
         return "seq_kv = 0: softmax over no keys"
+    if p.softcap and (arch != "sm90a" or not attention_sm90.supports(p, arch)):
+        why = attention_sm90.refusal(p, "sm90a") if arch == "sm90a" else f"the target is {arch}"
+        return (f"a tanh soft-cap on the logits: only the Hopper kernel (sm_90a) applies it, "
+                f"and it cannot run this problem ({why})")
     if p.causal == "bottom_right" and p.seq_q is not None and p.seq_kv is not None \
             and p.seq_q > p.seq_kv:
         return (f"bottom-right causal with seq_q={p.seq_q} > seq_kv={p.seq_kv}: the first "

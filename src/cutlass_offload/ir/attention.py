@@ -3,7 +3,9 @@ and sm90 (examples/88) kernels, and the region."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
+import struct
 from dataclasses import dataclass
 from typing import Optional
 
@@ -47,6 +49,9 @@ class AttentionProblem:
     align: elements, the largest of 8/4/2/1 dividing the Q/K/V pointers and all
       their strides (example inputs; checked again on every call): 8 (16-bit) or
       4 (f32) selects the aligned kernel, 4 the not-aligned one.
+    softcap: 0.0, or the cap c of a tanh soft-cap on the scaled logits before the bias
+      and the softmax: ``c * tanh(scale * Q_bh @ K_bh^T / c)`` (Gemma 2's
+      ``attn_logit_softcapping``; Grok-1); only the Hopper kernel applies it.
     """
 
     heads: int
@@ -63,9 +68,14 @@ class AttentionProblem:
     align: int = 8
     layout: str = "bmhk"
     batch_hint: int = 1
+    softcap: float = 0.0
 
     def __post_init__(self):
         _check(self.dtype, ATTENTION_DTYPES, "dtype")
+        if not (isinstance(self.softcap, numbers.Real) and not isinstance(self.softcap, bool)
+                and 0.0 <= self.softcap < math.inf):
+            raise ValueError(f"softcap must be a finite number >= 0 (0: none), got {self.softcap!r}")
+        object.__setattr__(self, "softcap", float(self.softcap))
         _check(self.causal, CAUSAL, "causal")
         _check(self.bias, ATTENTION_BIASES, "bias")
         _check(self.layout, ATTENTION_LAYOUTS, "layout")
@@ -101,6 +111,8 @@ class AttentionProblem:
                                                     "bottom_right": "causal_br"}[self.causal]]
         if self.bias != "none":
             parts.append("bias")
+        if self.softcap:
+            parts.append("softcap")
         return AttentionVariant("_".join(parts) or "plain")
 
     def summary(self) -> dict:
@@ -110,7 +122,7 @@ class AttentionProblem:
                               "seq_kv": p.seq_kv, "head_dim": p.head_dim,
                               "head_dim_v": p.head_dim_v, "scale": p.scale, "causal": p.causal,
                               "bias": p.bias, "bias_broadcast": list(p.bias_broadcast),
-                              "align": p.align}}
+                              "align": p.align, **({"softcap": p.softcap} if p.softcap else {})}}
 
 
 @dataclass(frozen=True)
@@ -206,6 +218,10 @@ class AttentionKernelSm90:
       families/attention_sm90.CONFIGS lists the legal ones).
     causal: the fusion is a template parameter: True = CausalFusion (top-left),
       False = ResidualFusion (no mask; keys past seq_kv in the last tile masked).
+    softcap, scale: a tanh soft-cap ``softcap * tanh(scale * s / softcap)`` on the
+      logits s, applied by the fusion before its mask with both constants compiled in
+      (the fusion is stateless); the kernel then takes only calls of that ``scale``.
+      0.0 and 0.0 without one.
     Q/K/V/O are read and written 16 bytes at a time (TMA): head dim, pointers
     and strides multiples of 8 elements. The workspace holds the per-row
     log-sum-exp the kernel always writes (fp32, batch x heads x seq_q).
@@ -215,6 +231,8 @@ class AttentionKernelSm90:
     dtype: str
     config: KernelConfig
     causal: bool = False
+    softcap: float = 0.0
+    scale: float = 0.0
 
     kind = "attention"
     args_type = "CoAttentionArgs"
@@ -233,6 +251,12 @@ class AttentionKernelSm90:
         if self.config.tile_scheduler not in ("persistent", "lpt"):
             raise ValueError(f"Hopper attention tile schedulers are 'persistent' and 'lpt', "
                              f"got {self.config.tile_scheduler!r}")
+        if self.softcap:
+            if not (0.0 < self.softcap < math.inf and 0.0 < self.scale < math.inf):
+                raise ValueError(f"a soft-capped kernel needs a finite cap and scale > 0, got "
+                                 f"softcap={self.softcap!r} scale={self.scale!r}")
+        elif self.scale:
+            raise ValueError("scale is compiled into soft-capped kernels only")
 
     @property
     def head_tile(self) -> int:
@@ -244,7 +268,14 @@ class AttentionKernelSm90:
         schedule = "pingpong" if self.config.kernel_schedule.endswith("Pingpong") else "coop"
         return (f"cutlass3x_sm90_fmha_fwd_{self.dtype}_{q}x{k}x{d}_s{self.config.stages}_{schedule}"
                 + ("_lpt" if self.config.tile_scheduler == "lpt" else "")
-                + ("_causal" if self.causal else ""))
+                + ("_causal" if self.causal else "")
+                + (f"_softcap{_float_tag(self.softcap)}_scale{_float_tag(self.scale)}"
+                   if self.softcap else ""))
+
+
+def _float_tag(x: float) -> str:
+    """``x`` in an identifier: its float32 bits in hex (what the kernel compiles in)."""
+    return struct.pack(">f", x).hex()
 
 
 @dataclass(frozen=True)

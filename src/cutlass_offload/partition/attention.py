@@ -88,6 +88,7 @@ class AttentionOperands:
     k_transposed: bool = False
     out_layout: str = "strided"
     enable_gqa: bool = False
+    softcap: float = 0.0          # c of c * tanh(scale * s / c) on the logits s (0: none)
     notes: list = field(default_factory=list)
 
 
@@ -192,6 +193,8 @@ def _logits_source(n, depth=12):
     c = _cast_of(n)
     if c is not None:
         return c[0]
+    if _call(n, aten.tanh.default) and len(n.args) == 1:     # a soft-cap (Gemma 2)
+        return n.args[0]
     sc = _scaled(n) or ((_shifted(n),) if _shifted(n) is not None else None)
     if sc is not None:
         return sc[0]
@@ -353,12 +356,14 @@ def _finish(ops: AttentionOperands, enable_gqa=False):
         problem = AttentionProblem(
             heads=h, seq_q=static_int(seq_q), seq_kv=static_int(seq_kv), head_dim=e,
             head_dim_v=ev, dtype=dtype, scale=-scale if negate else scale,
-            batch=static_int(batch), causal=ops.causal,
+            batch=static_int(batch), causal=ops.causal, softcap=ops.softcap,
             bias="add" if ops.bias is not None else "none",
             bias_broadcast=bias_broadcast if ops.bias is not None else (), align=align,
             batch_hint=max(1, hint_int(batch)))
     except ValueError as ex:
         raise UnsupportedRegion(str(ex)) from ex
+    if negate and ops.softcap:
+        raise UnsupportedRegion(f"a tanh soft-cap with a negative scale {scale}")
     if negate:
         ops.notes.append(f"negative scale {scale}: runs as {-scale} on -q (or -k)")
     return problem, rank, negate

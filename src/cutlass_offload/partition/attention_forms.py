@@ -382,6 +382,7 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
     # logits: [casts | scalings | number shifts]* then at most one bias
     fill = fill_value = None           # one masked_fill(mask, -inf)
     add_biases = []                    # up to two additive biases: one may be a causal mask
+    pre_cap, shifted = None, False     # the scale before a tanh soft-cap; a shift before it
     dtype_in = val(q).dtype
     for n in chain:
         c = _cast_of(n)
@@ -408,11 +409,20 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
                 raise UnsupportedRegion(f"{what}: add with alpha")
             other = n.args[1] if n.args[0] is s else n.args[0]
             if _number(other) is not None:        # softmax is shift-invariant
+                shifted = shifted or pre_cap is None      # a tanh after it is not
                 nodes.append(n)
                 continue
             if len(add_biases) == 2:
                 raise UnsupportedRegion(f"{what}: more than two biases are added to the logits")
             add_biases.append(other)
+            nodes.append(n)
+            continue
+        if _call(n, aten.tanh.default) and len(n.args) == 1:    # c * tanh(x / c): a soft-cap
+            if pre_cap is not None or add_biases or fill is not None or shifted:
+                raise UnsupportedRegion(f"{what}: a second tanh, or a bias, mask or shift before "
+                                        "the tanh soft-cap (the kernel caps the scaled logits, "
+                                        "then adds the mask)")
+            pre_cap, scale = scale, 1.0
             nodes.append(n)
             continue
         if _call(n, aten.masked_fill.Scalar) and n.args[0] is s and len(n.args) == 3:
@@ -443,8 +453,14 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
             raise UnsupportedRegion(f"{what}: {w} is not a rank-{rank} batched matmul")
     if val(mm).dtype != dtype_in:
         raise UnsupportedRegion(f"{what}: q @ k^T in {val(mm).dtype}")
+    softcap = 0.0
+    if pre_cap is not None:           # post * tanh(pre * s): cap post, scale pre * post
+        if not (pre_cap > 0 and scale > 0):
+            raise UnsupportedRegion(f"{what}: a tanh soft-cap with the scales {pre_cap:g} inside "
+                                    f"and {scale:g} outside (the kernel takes both > 0)")
+        softcap, scale = scale, pre_cap * scale
     ops = AttentionOperands("softmax_attention", q, k, pv.args[1], nodes, pv, scale,
-                            k_transposed=k_transposed)
+                            k_transposed=k_transposed, softcap=softcap)
     lq, lk = val(mm).shape[-2], val(mm).shape[-1]
     add_bias = _one_bias(ops, add_biases, fill, lq, lk)
     folded_fill = None
