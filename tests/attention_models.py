@@ -29,6 +29,17 @@ def bloom_attention(qkv, alibi, mask=None, fp32_softmax=True):
     return o.view(B, NH, L, D).permute(0, 2, 1, 3).reshape(B, L, NH * D)
 
 
+def deberta_like_attention(x, heads=4):
+    """Attention on (B * heads, L, D) bmms of one input whose scores are viewed
+    ``(-1, heads, L, L)`` (DeBERTa-v2's DisentangledSelfAttention): under a dynamic
+    batch the -1 is symbolic."""
+    q, k, v = x, x + 1, x * 2
+    L = x.shape[-2]
+    s = torch.bmm(q, k.transpose(1, 2)).view(-1, heads, L, L) * 0.125
+    p = torch.softmax(s, -1, dtype=torch.float32).to(q.dtype)
+    return torch.bmm(p.view(-1, L, L), v)
+
+
 def gemma2_attention(q, k, v, causal=True, shift=0.0, bias=None):
     """transformers' Gemma2 eager_attention_forward: the logits scaled, soft-capped
     (``CAP * tanh(s / CAP)``), then masked; q, k, v (B, NH, L, D)."""

@@ -10,7 +10,7 @@ import torch
 import cutlass_offload as co
 from cutlass_offload.ir import AttentionRegion
 from helpers import TOLERANCE, check_fresh_outputs, poison_allocator, rel_err
-from attention_models import BLOOM_SHAPE, bloom_attention
+from attention_models import BLOOM_SHAPE, bloom_attention, deberta_like_attention
 
 pytestmark = pytest.mark.gpu
 B, NH, L, D = BLOOM_SHAPE
@@ -32,6 +32,25 @@ def test_bloom_attention_matches_float32(dtype):
     m = co.compile(Single(), _inputs(0, dtype), arch="sm_90a")
     assert [type(r) for r in m.plan.regions] == [AttentionRegion], m.report.format()
     check_fresh_outputs(m, Single(), lambda r: _inputs(r + 1, dtype), dtype, ["attention"])
+    calls = [(mod.calls, mod.fallback_calls) for mod in m.region_modules()]
+    assert calls and all(c > 0 and f == 0 for c, f in calls), calls
+
+
+class DebertaLike(torch.nn.Module):
+    def forward(self, x):
+        return (deberta_like_attention(x),)
+
+
+def test_dynamic_batch_split_matches_float32_at_two_batches():
+    """scores.view(-1, H, L, S) under a dynamic batch (DeBERTa-v2): one region whose
+    batch is the rows // H, run at the compiled batch and at another."""
+    def x(batch, seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        return (torch.randn(batch * 4, 64, 32, generator=g, device="cuda").half(),)
+    m = co.compile(DebertaLike(), x(2, 0), arch="sm_90a", dynamic_batch=True)
+    assert [type(r) for r in m.plan.regions] == [AttentionRegion], m.report.format()
+    for batch, seed in ((2, 1), (5, 2)):
+        check_fresh_outputs(m, DebertaLike(), lambda r: x(batch, seed + r), torch.float16, ["attention"])
     calls = [(mod.calls, mod.fallback_calls) for mod in m.region_modules()]
     assert calls and all(c > 0 and f == 0 for c, f in calls), calls
 

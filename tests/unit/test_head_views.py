@@ -11,7 +11,7 @@ from cutlass_offload.capture import capture
 from cutlass_offload.ir import AttentionRegion
 from cutlass_offload.partition import partition
 from cutlass_offload.partition.graph_utils import aten, val
-from attention_models import BLOOM_SHAPE, bloom_attention
+from attention_models import BLOOM_SHAPE, bloom_attention, deberta_like_attention
 from helpers import Fn
 
 H = torch.float16
@@ -108,3 +108,13 @@ def test_a_view_to_the_same_shape_between_softmax_and_pv_is_dropped():
     xs = tuple(torch.randn(B * NH, L, D).to(H) for _ in range(3)) + (torch.randn(B * NH, 1, L).to(H),)
     part = partition(capture(Fn(fn), xs).graph_module)
     assert [type(r) for r in part.regions] == [AttentionRegion], part
+
+
+def test_a_dynamic_batch_split_by_minus_one_is_rewritten():
+    """DeBERTa's ``scores.view(-1, H, L, S)``: with a dynamic batch the -1 stays
+    symbolic (fresh-user trial, session 55: the attention was lost under dynamic_batch)."""
+    fn = deberta_like_attention
+    gm = capture(Fn(fn), (torch.randn(B * NH, L, D).to(H),), dynamic_batch=True).graph_module
+    part = partition(gm)
+    assert [type(r) for r in part.regions] == [AttentionRegion], part
+    assert part.regions[0].problem.batch is None          # dynamic

@@ -28,6 +28,8 @@ the split view, a softmax after it, and the merge view read only by the second b
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
@@ -61,9 +63,24 @@ def _split(v: fx.Node):
     if src.dim() != 3 or out.dim() != 4 or not same_shape(out.shape[2:], src.shape[1:]):
         return None
     sizes = list(v.args[1])[:2]
-    if any(isinstance(s, int) and s == -1 for s in sizes):   # worked out from a static shape
-        sizes = [static_int(d) for d in out.shape[:2]]
+    if any(isinstance(s, int) and s == -1 for s in sizes):
+        # worked out from a static shape; a -1 for a dynamic batch (DeBERTa's view(-1, H,
+        # L, S) under dynamic_batch) is None: the rows // H (_batch_of), so H stays static
+        static = [static_int(d) for d in out.shape[:2]]
+        if isinstance(sizes[1], int) and sizes[1] > 0:      # H as the view gives it
+            static[1] = sizes[1]
+        if static[0] is None and static[1] is not None:
+            return [None, static[1]]          # split_head_batches makes the batch node
+        sizes = static
     return sizes if all(isinstance(s, (int, fx.Node)) for s in sizes) else None
+
+
+def _batch_of(graph: fx.Graph, rows_of: fx.Node, heads: int) -> fx.Node:
+    """A node of ``rows_of.shape[0] // heads`` (the dynamic B of a (B * H, ...) tensor)."""
+    rows = _new(graph, aten.sym_size.int, (rows_of, 0))
+    batch = graph.call_function(operator.floordiv, (rows, heads))
+    batch.meta["val"] = val(rows) // heads
+    return batch
 
 
 def _merges(v: fx.Node, shape4) -> bool:
@@ -140,7 +157,18 @@ def _lift(graph: fx.Graph, n: fx.Node, bh) -> fx.Node:
         if (isinstance(src, torch.Tensor) and src.dim() == 4 and same_shape(src.shape[2:], nv.shape[1:])
                 and same_shape(src.shape[:2], [val(b) if isinstance(b, fx.Node) else b for b in bh])):
             return n.args[0]
-    return _new(graph, aten.unflatten.int, (n, 0, list(bh)), like=n)
+    out = _new(graph, aten.unflatten.int, (n, 0, list(bh)), like=n)
+    heads = bh[1]
+    if isinstance(heads, int) and static_int(val(out).shape[1]) is None:
+        # a dynamic B * H split by a static H: the fake op spells H as rows // (rows // H),
+        # which is H for every size the model's own view accepts (rows a multiple of H)
+        v, mode = val(out), getattr(val(out), "fake_mode", None)
+        if mode is not None:
+            shape = [v.shape[0], heads] + list(v.shape[2:])
+            stride = [v.stride(0), nv.stride(0)] + list(v.stride()[2:])
+            with mode:
+                out.meta["val"] = torch.empty_strided(shape, stride, dtype=v.dtype, device=v.device)
+    return out
 
 
 def _lift_operand(graph: fx.Graph, a, scores3, bh):
@@ -177,6 +205,8 @@ def split_head_batches(graph: fx.Graph) -> int:
         bmm2 = users(merge)[0]
         before = view.prev                      # the new nodes go between it and the view
         with graph.inserting_before(view):
+            if bh[0] is None:
+                bh = [_batch_of(graph, bmm1.args[0], bh[1]), bh[1]]
             q4, k4 = (_lift(graph, a, bh) for a in bmm1.args)
             cur, prev = _new(graph, aten.matmul.default, (q4, k4), like=bmm1), bmm1
             for op in chain:
@@ -188,7 +218,9 @@ def split_head_batches(graph: fx.Graph) -> int:
                 cur = graph.call_function(op.target, args, dict(op.kwargs))
                 cur.meta["val"] = fake_value(op.target, fx.node.map_arg(args, val), op.kwargs)
                 prev = op
-        if cur is None or not same_shape(val(cur).shape, val(view).shape) \
+        # the leading two dims are the split itself (torch.export may spell a dynamic one
+        # as s // (s // H) where the rewrite has H)
+        if cur is None or not same_shape(val(cur).shape[2:], val(view).shape[2:]) \
                 or val(cur).dtype != val(view).dtype:
             while view.prev is not before:      # the new nodes, unused
                 graph.erase_node(view.prev)
