@@ -461,3 +461,26 @@ def test_attention_hidden_by_an_op_on_the_logits_is_named():
     for fn, xs in ((softcap, (q4, q4, q4)), (bloom, (q3, q3, q3, torch.randn(8, 1, 64).half()))):
         part = partition(capture(Fn(fn), xs).graph_module)
         assert [r.form for r in part.regions] == ["softmax_attention"] and not part.fallbacks
+
+
+def test_fp16_lowest_fill_on_fp32_logits_is_the_causal_mask():
+    """MPT fills fp32 logits with fp16's finfo.min (-65504): with a compile-time causal
+    mask every row keeps a key, so it masks as finfo.min does (fresh-user trial, session
+    55: the reason said only finfo.min was taken)."""
+    def fn(q, k, v):
+        s = (torch.matmul(q, k.transpose(-1, -2)) * 0.125).float()
+        keep_out = torch.ones(64, 64, dtype=torch.bool).triu(1)
+        s = s.masked_fill(keep_out, torch.finfo(torch.float16).min)
+        return torch.matmul(torch.softmax(s, -1).to(q.dtype), v)
+
+    def other(q, k, v):            # a fill that is neither: stays, with the values named
+        s = (torch.matmul(q, k.transpose(-1, -2)) * 0.125).float()
+        s = s.masked_fill(torch.ones(64, 64, dtype=torch.bool).triu(1), -1000.0)
+        return torch.matmul(torch.softmax(s, -1).to(q.dtype), v)
+    q = torch.randn(2, 4, 64, 32).half()
+    part = partition(capture(Fn(fn), (q, q, q)).graph_module)
+    assert [r.form for r in part.regions] == ["softmax_attention"], part
+    assert part.regions[0].problem.causal == "top_left"
+    part = partition(capture(Fn(other), (q, q, q)).graph_module)
+    (fb,) = [f for f in part.fallbacks if f.op == "softmax_attention"]
+    assert "masked_fill with -1000.0" in fb.reason and "-3.40282e+38" in fb.reason

@@ -426,11 +426,17 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
             nodes.append(n)
             continue
         if _call(n, aten.masked_fill.Scalar) and n.args[0] is s and len(n.args) == 3:
-            value = _number(n.args[2])
-            if value is None or not (value == -math.inf
-                                     or value == torch.finfo(val(s).dtype).min):
-                raise UnsupportedRegion(f"{what}: masked_fill with {n.args[2]!r} (only -inf or "
-                                        "finfo.min mask the kernel's way)")
+            value, ldt = _number(n.args[2]), val(s).dtype
+            # MPT fills fp32 logits (its fp32 ALiBi bias promoted them) with fp16's
+            # finfo.min: like finfo.min where every row keeps a key (exp(-65504 - max)
+            # underflows to 0 unless the row's logits are all below -65400)
+            lowest = torch.finfo(ldt).min
+            if value is not None and ldt == torch.float32 and lowest < value <= torch.finfo(torch.float16).min:
+                value = lowest
+            if value is None or not (value == -math.inf or value == lowest):
+                raise UnsupportedRegion(f"{what}: masked_fill with {n.args[2]!r} (only -inf or the "
+                                        f"logits' finfo.min, {lowest:g} for {ldt}, or fp16's on fp32 "
+                                        "logits, mask the kernel's way)")
             if fill is not None:
                 raise UnsupportedRegion(f"{what}: more than one masked_fill on the logits")
             fill, fill_value = n.args[1], value
