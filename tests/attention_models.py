@@ -40,6 +40,14 @@ def deberta_like_attention(x, heads=4):
     return torch.bmm(p.view(-1, L, L), v)
 
 
+def cosine_attention(q, k, v, logit_scale, bias):
+    """Swin-V2's cosine attention (torchvision ShiftedWindowAttentionV2): normalized q
+    and k, a learned scale per head (logit_scale (H, 1, 1)), a position bias (1, H, L, L)."""
+    attn = torch.nn.functional.normalize(q, dim=-1) @ torch.nn.functional.normalize(k, dim=-1).transpose(-2, -1)
+    attn = attn * torch.clamp(logit_scale, max=math.log(100.0)).exp()
+    return (attn + bias).softmax(-1) @ v
+
+
 def gemma2_attention(q, k, v, causal=True, shift=0.0, bias=None):
     """transformers' Gemma2 eager_attention_forward: the logits scaled, soft-capped
     (``CAP * tanh(s / CAP)``), then masked; q, k, v (B, NH, L, D)."""

@@ -17,6 +17,8 @@
 * turn a written-out activation (GPT-2's tanh GELU, ``x * sigmoid(x)``, the erf
   GELU, hardswish, ...) into its one ATen op (partition/activation_forms.py), so it
   fuses into an epilogue like ``F.gelu`` / ``F.silu``;
+* move a per-head logit scale (Swin-V2's cosine attention, ``(q @ k^T) * s`` with s
+  of shape (H, 1, 1)) onto q (partition/logit_scale.py);
 * regroup Swin's windowed mask (``view(logits + b1, split) + mask``, viewed back)
   into one bias of the logits, so the attention matcher sees ``softmax(q k^T + bias)``
   (partition/window_bias.py);
@@ -43,6 +45,7 @@ from .activation_forms import fuse_activation_forms
 from .einsum import einsum_as_bmm
 from .head_views import drop_same_shape_views, split_head_batches
 from .lift_1d import conv1d_as_conv2d, group_norm_3d_as_4d
+from .logit_scale import fold_head_scale_into_q
 from .window_bias import merge_window_bias
 from .graph_utils import aten, attr_tensor, call_with_val, fake_like, fake_value, users, val
 
@@ -66,6 +69,7 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     _drop_identity_scaling(gm.graph)
     _drop_contiguous_before_conv(gm.graph)
     fuse_activation_forms(gm.graph)
+    fold_head_scale_into_q(gm.graph)
     merge_window_bias(gm.graph)
     fold_sdpa_query_scale(gm, through_copies=True)
     while _sink_views(gm.graph):
