@@ -7,6 +7,8 @@
 * a two-operand einsum becomes the permutes, reshapes and bmm ATen runs for it
   (partition/einsum.py), so it partitions like a written bmm;
 * drop eval-mode dropout (identity);
+* fold an eval batch norm after a conv into its weights, and a written-out one
+  (``conv(x) * scale + shift`` with per-channel constants: FrozenBatchNorm2d);
 * ``baddbmm(input, b1, b2, beta, alpha)`` becomes ``alpha * bmm(b1, b2) + beta * input``,
   so its bmm is a GEMM (BLOOM's ALiBi scores, ``baddbmm(alibi, q, k^T, alpha=1/sqrt(d))``
   then softmax and ``@ v``, read as one attention region with a bias);
@@ -66,6 +68,7 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     drop_same_shape_views(gm.graph)
     split_head_batches(gm.graph)
     _fold_batch_norm(gm)
+    _fold_channel_affine(gm)
     _drop_identity_scaling(gm.graph)
     _drop_contiguous_before_conv(gm.graph)
     fuse_activation_forms(gm.graph)
@@ -192,21 +195,83 @@ def _fold_batch_norm(gm: fx.GraphModule):
                 bias = bias + beta.double()
             new_w = (w.double() * scale.reshape(-1, 1, 1, 1)).to(w.dtype)
             new_b = bias.to(w.dtype)
-        names = []
-        for t in (new_w, new_b):
-            name = f"_co_folded_{len([k for k, _ in gm.named_buffers() if k.startswith('_co_folded_')])}"
-            gm.register_buffer(name, t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t)
-            names.append(name)
-        with graph.inserting_before(conv):
-            w_node, b_node2 = graph.get_attr(names[0]), graph.get_attr(names[1])
-        w_node.meta["val"] = conv.args[1].meta.get("val")
-        b_node2.meta["val"] = fake_like(conv.args[1].meta.get("val"), new_b)
-        args = list(conv.args) + [None] * (3 - len(conv.args))
-        args[1], args[2] = w_node, b_node2
-        conv.args = tuple(args)
-        conv.kwargs = {k: v for k, v in conv.kwargs.items() if k != "bias"}
+        _set_conv_params(gm, conv, new_w, new_b)
         bn.replace_all_uses_with(conv)
         graph.erase_node(bn)
+
+
+def _set_conv_params(gm: fx.GraphModule, conv: fx.Node, new_w, new_b) -> None:
+    """Give ``conv`` the weight and bias ``new_w`` / ``new_b``, registered on ``gm`` as
+    buffers ``_co_folded_<n>`` (the weight channels-last, as the conv regions read it)."""
+    graph = gm.graph
+    names = []
+    for t in (new_w, new_b):
+        name = f"_co_folded_{len([k for k, _ in gm.named_buffers() if k.startswith('_co_folded_')])}"
+        gm.register_buffer(name, t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t)
+        names.append(name)
+    with graph.inserting_before(conv):
+        w_node, b_node = graph.get_attr(names[0]), graph.get_attr(names[1])
+    w_node.meta["val"] = conv.args[1].meta.get("val")
+    b_node.meta["val"] = fake_like(conv.args[1].meta.get("val"), new_b)
+    args = list(conv.args) + [None] * (3 - len(conv.args))
+    args[1], args[2] = w_node, b_node
+    conv.args = tuple(args)
+    conv.kwargs = {k: v for k, v in conv.kwargs.items() if k != "bias"}
+
+
+def _channel_vector(node, channels: int):
+    """The (channels,) float64 values of a per-channel constant ``node`` (shape
+    (1, C, 1, 1), (C, 1, 1) or a broadcast of them), computed from the graph's
+    constants; None when it is not one."""
+    from .attention_forms import constant_value
+    if not isinstance(node, fx.Node):
+        return None
+    got = constant_value(node)
+    if got is None or got[1]:                 # symbolic: not a constant
+        return None
+    t = got[0]
+    shape = [1] * (4 - t.dim()) + list(t.shape) if t.dim() <= 4 else None
+    if shape is None or shape[0] != 1 or shape[2:] != [1, 1] or shape[1] != channels:
+        return None
+    return t.reshape(channels).double()
+
+
+def _fold_channel_affine(gm: fx.GraphModule):
+    """conv2d -> ``* scale + shift`` with per-channel constants (a batch norm written
+    out: torchvision's FrozenBatchNorm2d, DETR's backbone) becomes one conv2d with
+    folded weights, as ``_fold_batch_norm``: w' = w * scale[k], b' = b * scale + shift,
+    in float64 rounded once. Only when each of the conv and the multiply feeds just
+    the next op and the conv's weight (and bias) are module constants."""
+    graph = gm.graph
+    for conv in list(graph.nodes):
+        if not (_is_call(conv, aten.conv2d.default) and len(conv.users) == 1):
+            continue
+        mul = next(iter(conv.users))
+        if not (_is_call(mul, aten.mul.Tensor) and len(mul.args) == 2 and len(mul.users) == 1):
+            continue
+        w = attr_tensor(gm, conv.args[1])
+        b_node = conv.args[2] if len(conv.args) > 2 else conv.kwargs.get("bias")
+        b = attr_tensor(gm, b_node) if b_node is not None else None
+        if w is None or (b_node is not None and b is None):
+            continue
+        scale = _channel_vector(mul.args[1] if mul.args[0] is conv else mul.args[0], w.shape[0])
+        if scale is None or val(mul).dtype != w.dtype or val(mul).shape != val(conv).shape:
+            continue
+        add, shift = next(iter(mul.users)), None
+        if _is_call(add, aten.add.Tensor) and len(add.args) == 2 and add.kwargs.get("alpha", 1) == 1:
+            shift = _channel_vector(add.args[1] if add.args[0] is mul else add.args[0], w.shape[0])
+            if shift is not None and (val(add).dtype != w.dtype or val(add).shape != val(conv).shape):
+                shift = None
+        with torch.no_grad():
+            new_w = (w.double() * scale.reshape(-1, 1, 1, 1)).to(w.dtype)
+            bias = b.double() * scale if b is not None else torch.zeros_like(scale)
+            new_b = (bias + shift if shift is not None else bias).to(w.dtype)
+        _set_conv_params(gm, conv, new_w, new_b)
+        last = add if shift is not None else mul
+        last.replace_all_uses_with(conv)
+        if shift is not None:
+            graph.erase_node(add)
+        graph.erase_node(mul)
 
 
 _CONVS = (aten.conv2d.default, aten.conv2d.padding, aten.convolution.default)
