@@ -36,14 +36,16 @@ def test_counts_and_targets_read_as_typed():
 def test_notes_keep_their_meaning_without_node_names():
     dropped = note_mask_folded("attn_mask", "mask", "none", False)
     assert dropped.summary == ("mask hides nothing (a bias of zeros, a mask of all true, at the "
-                               "values compiled): dropped, the kernel runs unmasked")
+                               "values compiled): dropped")
     folded = note_mask_folded("mask", "where_3", "bottom_right", True)
     assert folded == "mask where_3 folded: bottom_right (checked once per shape)"
     assert folded.summary == \
         "causal mask folded into the kernel (bottom-right aligned) (checked once per shape)"
     assert note_stops("norm", "add_7", 3).summary == (
-        "norm ends at an output with 3 users (a residual stream, say): it is written to memory "
-        "for them, so nothing after it fuses")
+        "norm ends at an output with more than one user (a residual stream, a concatenation): "
+        "it is written to memory for them, so nothing after it fuses")
+    # one line for every count of users (DenseNet's 2..24, fresh-user trial, session 55)
+    assert note_stops("epilogue", "a", 2).summary == note_stops("epilogue", "b", 24).summary
     assert note_not_fused("gelu_2", "used twice").summary == \
         "next op not fused into the epilogue (stays in PyTorch): used twice"
     plain = Note("negative scale -0.125: runs as 0.125 on -q (or -k)")

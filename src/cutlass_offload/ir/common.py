@@ -237,8 +237,8 @@ class Note(str):
 def note_stops(what: str, node: str, uses: int) -> Note:
     """A norm or epilogue that ends at an output used elsewhere too."""
     return Note(f"{what} stops at {node}: used {uses} times",
-                f"{what} ends at an output with {uses} users (a residual stream, say): it is "
-                "written to memory for them, so nothing after it fuses")
+                f"{what} ends at an output with more than one user (a residual stream, a "
+                "concatenation): it is written to memory for them, so nothing after it fuses")
 
 
 def note_not_fused(node: str, why: str) -> Note:
@@ -254,7 +254,7 @@ def note_mask_folded(label: str, node: str, causal: str, checked: bool) -> Note:
     if causal == "none":
         return Note(f"{label} {node} folded: none{rest}",
                     f"mask hides nothing (a bias of zeros, a mask of all true, at the values "
-                    f"compiled): dropped, the kernel runs unmasked{rest}")
+                    f"compiled): dropped{rest}")
     words = {"top_left": "top-left", "bottom_right": "bottom-right"}.get(causal, causal)
     return Note(f"{label} {node} folded: {causal}{rest}",
                 f"causal mask folded into the kernel ({words} aligned){rest}")

@@ -342,9 +342,10 @@ def other_is_full_shape(state, node):
     if len(shape) >= len(out) and size(shape) > size(out):
         # the region's output is the one that broadcasts (a squeeze-excite gate x * s(.)):
         # the product is larger than the GEMM's output, so it cannot be its epilogue
-        return (f"the region's output {out} broadcasts against the larger {shape} (a gate): "
-                "the product is larger than the region's output, so not its epilogue")
-    return f"residual of shape {shape} broadcasts to the output {out}"
+        # no shapes in the text: one report line for every such gate of a model
+        return ("the region's output broadcasts against a larger tensor (a gate, as in "
+                "squeeze-excite): the product is larger than the region's output, so not its epilogue")
+    return f"a tensor of shape {shape} that broadcasts to the output {out} (only a full one or a per-channel vector fuses)"
 
 
 def other_same_dtype(state, node):

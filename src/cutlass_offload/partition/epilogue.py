@@ -158,7 +158,10 @@ def _match_stage(state, node):
         r = stage.check(state, node)
         if r is None:
             return stage, None
-        refusals.append(f"as {stage.name}: {r}")
+        label = stage.name
+        if label == "residual":          # the residual stage adds or multiplies
+            label = "residual multiply" if "mul" in str(node.target) else "residual add"
+        refusals.append(f"as {label}: {r}")
     return None, "; ".join(refusals)
 
 
