@@ -10,6 +10,10 @@ import torch
 from .partition.canonicalize import canonicalize
 
 
+# graph_module.meta key: the capture traced a batch-2 copy of batch-1 example inputs
+BATCH_DOUBLED = "cutlass_offload_batch_doubled"
+
+
 @dataclass
 class Captured:
     """exported: the ExportedProgram (saved next to the library for ``run``).
@@ -39,7 +43,9 @@ def capture(model: torch.nn.Module, example_inputs: tuple, *, dynamic_batch: boo
             try:
                 with torch.no_grad():
                     ep = torch.export.export(model, doubled, dynamic_shapes=dynamic_shapes)
-                return Captured(ep, from_exported(ep))
+                gm = from_exported(ep)
+                gm.meta[BATCH_DOUBLED] = True      # the report says what was traced
+                return Captured(ep, gm)
             except Exception:  # noqa: BLE001 - the model may depend on batch 1: export it as given
                 pass
     with torch.no_grad():

@@ -126,7 +126,8 @@ class Report:
             f = self.flops
             out.append(f"work offloaded: {100 * f['offloaded'] / f['total']:.1f}% of the "
                        f"{_flop_text(f['total'], 1)} of matmul / conv / attention ops "
-                       f"(at the example inputs)"
+                       + ("(at the example inputs)" if not self.inputs.get("traced_batch")
+                          else f"(at the traced inputs: batch {self.inputs['traced_batch']})")
                        + (f"; a lower bound: {_n(f['data_dependent_ops'], 'op')} with a size known "
                           "only at run time (counted as 1)" if f.get("data_dependent_ops") else ""))
         by_form = collections.Counter(_form(r) + ":" + r["epilogue"] for r in self.regions)
@@ -196,4 +197,9 @@ def _inputs_line(summary: dict) -> str:
                        "(--dynamic-batch / dynamic_batch=True makes dim 0 dynamic)")
     ranges = [f"{lo if lo is not None else '?'} <= {s}" + (f" <= {hi}" if hi is not None else "")
               for s, (lo, hi) in dyn.items()]
-    return line + "; dynamic: " + ", ".join(ranges)
+    line += "; dynamic: " + ", ".join(ranges)
+    if summary.get("traced_batch"):
+        line += (f"; traced at batch {summary['traced_batch']} (the example's batch of 1 doubled: "
+                 "torch.export specializes a size-1 dim), so the FLOPs above and the kernels' "
+                 "choices are batch 2's")
+    return line

@@ -201,3 +201,18 @@ def test_the_inputs_line_says_which_sizes_are_dynamic(dynamic, tmp_path, monkeyp
         assert "every size static" in line
     # the JSON form carries it, and a report read back formats the same line
     assert Report(**json.loads(json.dumps(dry.report.to_dict()))).format().count(line) == 1
+
+
+def test_a_batch_one_example_traced_at_batch_two_says_so(tmp_path, monkeypatch):
+    """dynamic_batch with a batch-1 example traces a batch-2 copy (capture.py): the FLOPs
+    and the inputs lines say so (fresh-user trial, session 55: "at the example inputs"
+    counted batch 2)."""
+    monkeypatch.setenv("CUTLASS_OFFLOAD_NVCC", str(tmp_path / "no_nvcc"))
+    monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(tmp_path / "cache"))
+    m = nn.Sequential(nn.Linear(256, 512)).half()
+    text = str(co.explain(m, (torch.randn(1, 64, 256, dtype=torch.float16),), arch="sm_80",
+                          dynamic_batch=True))
+    assert "33.6 MFLOP of matmul / conv / attention ops (at the traced inputs: batch 2)" in text
+    assert "traced at batch 2 (the example's batch of 1 doubled" in text
+    static = str(co.explain(m, (torch.randn(1, 64, 256, dtype=torch.float16),), arch="sm_80"))
+    assert "16.8 MFLOP of matmul / conv / attention ops (at the example inputs)" in static

@@ -197,7 +197,8 @@ def input_summary(gm: fx.GraphModule) -> dict:
     """The graph's tensor inputs as the report shows them: {"inputs": [{"name", "shape"
     (sizes as text: ints, or the symbol of a dynamic size), "dtype"}], "dynamic":
     {symbol: [low, high]}} (high None when unbounded), from the placeholders'
-    FakeTensors and their shape environment's ranges."""
+    FakeTensors and their shape environment's ranges; "traced_batch": 2 when the
+    capture traced a batch-2 copy of batch-1 example inputs (capture.py)."""
     inputs, dynamic = [], {}
     for n in gm.graph.nodes:
         v = n.meta.get("val") if n.op == "placeholder" else None
@@ -208,7 +209,10 @@ def input_summary(gm: fx.GraphModule) -> dict:
         for d in v.shape:
             if static_int(d) is None and str(d) not in dynamic:
                 dynamic[str(d)] = _range(d)
-    return {"inputs": inputs, "dynamic": dynamic}
+    out = {"inputs": inputs, "dynamic": dynamic}
+    if getattr(gm, "meta", {}).get("cutlass_offload_batch_doubled"):   # capture.BATCH_DOUBLED
+        out["traced_batch"] = 2
+    return out
 
 
 def _range(size) -> list:
