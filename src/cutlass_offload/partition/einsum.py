@@ -63,6 +63,7 @@ def einsum_as_bmm(gm: fx.GraphModule) -> bool:
             changed = True
             continue
         if (sub := _decomposition(n)) is None:
+            n.meta[REFUSAL_KEY] = _refusal(n)
             continue
         inputs = iter(n.args[1])
         env = {}
@@ -82,6 +83,42 @@ def einsum_as_bmm(gm: fx.GraphModule) -> bool:
     if changed:
         graph.eliminate_dead_code()
     return changed
+
+
+# node.meta key: why an einsum left in the graph was not lowered (partition/unanchored.py
+# reports it)
+REFUSAL_KEY = "cutlass_offload_einsum_refusal"
+
+
+def _refusal(n) -> str:
+    """Why einsum node ``n`` is neither the matmul form, a permutation, nor a traced
+    two-operand decomposition: the one cause that applies."""
+    equation, operands = n.args[0], n.args[1]
+    if len(n.args) > 2 and n.args[2] is not None or n.kwargs.get("path") is not None:
+        return "an explicit contraction path is given"
+    count = len(operands) if isinstance(operands, (list, tuple)) else 0
+    if count == 1:
+        return "one operand, and not a pure reordering of its dims"
+    if count != 2:
+        return f"{count} operands: only two-operand einsums are lowered"
+    vals = [val(o) for o in operands]
+    if not all(isinstance(v, torch.Tensor) and v.is_floating_point() for v in vals):
+        return "an operand that is not a floating tensor"
+    if vals[0].dtype != vals[1].dtype:
+        return f"operands of two dtypes ({vals[0].dtype}, {vals[1].dtype})"
+    lhs, _, out = str(equation).replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if len(terms) == 2:
+        a, b = terms
+        rows = [c for c in a if c not in b and c in out]
+        cols = [c for c in b if c not in a and c in out]
+        dynamic = [c for t, v in zip(terms, vals) for c, d in zip(t, v.shape) if not isinstance(d, int)]
+        if dynamic and (len(rows) != 1 or len(cols) != 1):
+            return (f"'{equation}' has {len(rows)} row and {len(cols)} column indices and the "
+                    f"dynamic size at index {', '.join(repr(c) for c in sorted(set(dynamic)))}: only the batched-matmul form "
+                    "(one row, one column, one contracted index, the rest batch) keeps a dynamic size; "
+                    "with static sizes (no dynamic_batch) it is lowered")
+    return f"'{equation}' contracts no index (an outer product or a sum): not a GEMM"
 
 
 def _matmul_form(n) -> tuple | None:

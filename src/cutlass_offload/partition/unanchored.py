@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from ..ir import Fallback
+from .einsum import REFUSAL_KEY as EINSUM_REFUSAL
 
 aten = torch.ops.aten
 
@@ -99,7 +100,10 @@ def unanchored_fallbacks(graph: fx.Graph, taken) -> list:
         if n.op != "call_function" or n in taken:
             continue
         if n.target in UNANCHORED:
-            out.append(Fallback(n.name, *UNANCHORED[n.target]))
+            op, why = UNANCHORED[n.target]
+            if n.meta.get(EINSUM_REFUSAL):           # the one cause that applies
+                why = f"an einsum not lowered to matmul / bmm (partition/einsum.py): {n.meta[EINSUM_REFUSAL]}"
+            out.append(Fallback(n.name, op, why))
         elif (name := heavy_custom_op(n.target)) is not None:
             out.append(Fallback(n.name, name, f"a custom op ({name}): opaque to the partition, "
                                 "it runs as its library implements it"))
