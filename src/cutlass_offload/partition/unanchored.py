@@ -103,8 +103,31 @@ def unanchored_fallbacks(graph: fx.Graph, taken) -> list:
             op, why = UNANCHORED[n.target]
             if n.meta.get(EINSUM_REFUSAL):           # the one cause that applies
                 why = f"an einsum not lowered to matmul / bmm (partition/einsum.py): {n.meta[EINSUM_REFUSAL]}"
+            elif n.target is aten.batch_norm.default:
+                why = _batch_norm_reason(n)
             out.append(Fallback(n.name, op, why))
         elif (name := heavy_custom_op(n.target)) is not None:
             out.append(Fallback(n.name, name, f"a custom op ({name}): opaque to the partition, "
                                 "it runs as its library implements it"))
     return out
+
+
+def _batch_norm_reason(n: fx.Node) -> str:
+    """Why an ``aten.batch_norm`` was not folded into a conv (canonicalize.py's
+    ``_fold_batch_norm``): the first of its conditions that fails."""
+    src = n.args[0]
+    training = n.args[5] if len(n.args) > 5 else n.kwargs.get("training", False)
+    if training:
+        return "batch_norm in training mode (batch statistics): no batch norm kernel is built"
+    conv = isinstance(src, fx.Node) and src.op == "call_function" and src.target in (
+        aten.conv2d.default, aten.convolution.default)
+    if not conv:
+        what = getattr(src, "target", src)
+        return (f"batch_norm after {getattr(what, '__name__', what)}, not after a conv (a "
+                "pre-activation norm, say): only one after a conv folds into it; no batch norm "
+                "kernel is built")
+    if len(src.users) != 1:
+        return ("batch_norm after a conv whose output is read elsewhere too, so its weights "
+                "cannot change: no batch norm kernel is built")
+    return ("batch_norm after a conv, with statistics or weights that are not module constants: "
+            "no batch norm kernel is built")
