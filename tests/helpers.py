@@ -224,3 +224,48 @@ def gemm_table(path, m: int, k: int, configs, gpu: str | None = None, num_sms: i
         yield
     finally:
         sm90.use_table(before)
+
+
+class LMLogits(torch.nn.Module):
+    """A transformers causal LM as a module of token ids returning its logits."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.m = lm.eval()
+
+    def forward(self, ids):
+        return self.m(ids).logits
+
+
+def compile_and_check_lm(lm, vocab: int, check_plan, seq: int = 128, batch: int = 2):
+    """Compile the fp16 copy of transformers causal LM ``lm`` (on CUDA, random init) on
+    random token ids for sm_90a, call ``check_plan(compiled)`` (the test's assertions
+    on its regions), then compare its logits on two fresh id sets, allocator poisoned,
+    with the float32 model's (norm-wise TOLERANCE), and check every region ran its
+    kernel. Returns the compiled model."""
+    ref = LMLogits(lm).cuda().float()
+    model = copy.deepcopy(ref).half()
+
+    def ids(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        return torch.randint(0, vocab, (batch, seq), device="cuda", generator=g)
+
+    import cutlass_offload as co
+    m = co.compile(model, (ids(0),), arch="sm_90a")
+    check_plan(m)
+    for seed in (1, 2):
+        x = ids(seed)
+        poison_allocator()
+        with torch.no_grad():
+            out, want = m(x), ref(x)
+        torch.cuda.synchronize()
+        assert not out.isnan().any()
+        assert rel_err(out, want) < TOLERANCE[torch.float16]
+    assert_regions_ran(m)
+    return m
+
+
+def assert_regions_ran(compiled):
+    """Every region of ``compiled`` was called and ran its kernel (no PyTorch fallback)."""
+    calls = [(mod.calls, mod.fallback_calls) for mod in compiled.region_modules()]
+    assert calls and all(c > 0 and f == 0 for c, f in calls), calls
