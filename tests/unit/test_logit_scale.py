@@ -50,3 +50,14 @@ def test_a_factor_varying_over_queries_or_keys_stays(shape):
     gm = capture(Fn(fn), (q, k, v, torch.rand(*shape).half())).graph_module
     mms = [n for n in gm.graph.nodes if n.target is torch.ops.aten.matmul.default]
     assert not any(n.args[0].target is torch.ops.aten.mul.Tensor for n in mms)
+
+
+def test_a_factor_that_stays_is_the_op_the_fallback_names():
+    """A factor varying over queries is not moved; the fallback names the multiply that
+    hides the matmul, not the bias add above it (fresh-user trial, session 55)."""
+    def fn(q, k, v, s, bias):
+        return ((q @ k.transpose(-2, -1)) * s + bias).softmax(-1) @ v
+    q, k, v, _, bias = _inputs(torch.float16)
+    part = partition(capture(Fn(fn), (q, k, v, torch.rand(H, L, 1).half(), bias)).graph_module)
+    (fb,) = [f for f in part.fallbacks if f.op == "softmax_attention"]
+    assert "aten.mul.Tensor between q @ k^T and the softmax" in fb.reason, fb.reason

@@ -302,7 +302,7 @@ def softmax_operands(node, options) -> Optional[AttentionOperands]:
         blocker = _unwalked_op(chain)
         if blocker is not None:     # attention all the same: say what hid it
             raise UnsupportedRegion(
-                f"hand-written attention: {blocker.target} ({blocker.name}) between q @ k^T and the "
+                f"hand-written attention: {blocker.target} between q @ k^T and the "
                 "softmax, which the attention kernels do not compute (the two matmuls run as GEMM "
                 "regions, the softmax in PyTorch)")
         return None
@@ -318,16 +318,22 @@ def softmax_operands(node, options) -> Optional[AttentionOperands]:
 
 
 def _unwalked_op(chain):
-    """The op the logits walk stopped at (the last node of ``chain``) when a q @ k^T
-    matmul lies within a few ops of tensors behind it (a view, a tanh soft-cap), else
-    None: then the softmax is not attention's."""
+    """The op that hid the q @ k^T matmul from the logits walk when one lies within a
+    few ops behind where it stopped (the last node of ``chain``), else None (then the
+    softmax is not attention's): of the ops on the path from there to the matmul, the
+    one nearest the matmul that the walk does not pass (an add of a bias is passed when
+    its other side is walkable; Swin-V2's per-head ``* s`` below it is what hides it)."""
     if not chain:
         return None
-    stop, frontier = chain[-1], [chain[-1]]
+    stop = chain[-1]
+    paths = [[stop]]
     for _ in range(4):
-        frontier = [a for n in frontier for a in n.args if isinstance(a, fx.Node) and a.op == "call_function"]
-        if any(_call(a, *_MATMULS) for a in frontier):
-            return stop
+        paths = [p + [a] for p in paths for a in p[-1].args
+                 if isinstance(a, fx.Node) and a.op == "call_function"]
+        hit = next((p for p in paths if _call(p[-1], *_MATMULS)), None)
+        if hit is not None:
+            unwalked = [n for n, nxt in zip(hit, hit[1:]) if _logits_source(n) is not nxt]
+            return unwalked[-1] if unwalked else stop
     return None
 
 
@@ -397,7 +403,7 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
             continue
         src = [x for x in n.args if isinstance(x, fx.Node) and (x is mm or x in nodes)]
         if len(src) != 1:
-            raise UnsupportedRegion(f"{what}: {n.name} ({n.target}) combines the logits with "
+            raise UnsupportedRegion(f"{what}: {n.target} combines the logits with "
                                     "another tensor")
         s = src[0]
         sc = _scaled(n)
