@@ -1,7 +1,7 @@
 """GPU: attention on (B * H, L, D) bmms with its scores viewed to (B, H, L, S) around
 the softmax (BLOOM; partition/head_views.py) runs as one attention region reading q,
 k and v in place: the form alone and transformers' BloomForCausalLM, fp16 / bf16,
-fresh inputs, outputs poisoned, against float32."""
+fresh inputs, outputs poisoned, against float32. Eager glue: the regions' kernels are what is tested."""
 import pytest
 import torch
 
@@ -27,7 +27,7 @@ class Single(torch.nn.Module):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_bloom_attention_matches_float32(dtype):
-    m = co.compile(Single(), _inputs(0, dtype), arch="sm_90a")
+    m = co.compile(Single(), _inputs(0, dtype), arch="sm_90a", glue="eager")
     assert [type(r) for r in m.plan.regions] == [AttentionRegion], m.report.format()
     check_fresh_outputs(m, Single(), lambda r: _inputs(r + 1, dtype), dtype, ["attention"])
     assert_regions_ran(m)
@@ -44,7 +44,7 @@ def test_dynamic_batch_split_matches_float32_at_two_batches():
     def x(batch, seed):
         g = torch.Generator(device="cuda").manual_seed(seed)
         return (torch.randn(batch * 4, 64, 32, generator=g, device="cuda").half(),)
-    m = co.compile(DebertaLike(), x(2, 0), arch="sm_90a", dynamic_batch=True)
+    m = co.compile(DebertaLike(), x(2, 0), arch="sm_90a", dynamic_batch=True, glue="eager")
     assert [type(r) for r in m.plan.regions] == [AttentionRegion], m.report.format()
     for batch, seed in ((2, 1), (5, 2)):
         check_fresh_outputs(m, DebertaLike(), lambda r: x(batch, seed + r), torch.float16, ["attention"])
