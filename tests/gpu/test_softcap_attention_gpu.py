@@ -12,6 +12,13 @@ from cutlass_offload.ir.attention import AttentionKernelSm90
 from helpers import assert_regions_ran, check_fresh_outputs, compile_and_check_lm
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def softcap_on(monkeypatch):
+    """The Hopper kernel's soft-cap, whatever partition/attention_forms.SOFTCAP's default."""
+    from cutlass_offload.partition import attention_forms
+    monkeypatch.setattr(attention_forms, "SOFTCAP", True)
 B, NH, L, D = GEMMA2_SHAPE
 
 

@@ -433,13 +433,16 @@ def test_one_mask_read_by_many_attentions_is_checked_once(monkeypatch):
     assert calls == [("bool_keep", 16, 16)]
 
 
-def test_attention_hidden_by_an_op_on_the_logits_is_named():
+def test_attention_hidden_by_an_op_on_the_logits_is_named(monkeypatch):
     """An op the logits walk does not take left the attention as two GEMMs and a
     softmax with no line in the report (fresh-user trial, session 54): the softmax is a
     fallback naming it (here a clamp). The two ops of that trial are attention regions
     since session 55: Gemma 2's tanh soft-cap (tests/unit/test_softcap_attention.py)
     and BLOOM's view of the scores to (B, H, L, S) (partition/head_views.py)."""
     import math
+
+    from cutlass_offload.partition import attention_forms
+    monkeypatch.setattr(attention_forms, "SOFTCAP", True)
 
     def clamped(q, k, v):
         w = torch.clamp(torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5, -30, 30)

@@ -11,13 +11,19 @@ from cutlass_offload.emit import attention_sm90 as emit_a90
 from cutlass_offload.families import attention, attention_sm90
 from cutlass_offload.ir import AttentionRegion
 from cutlass_offload.ir.attention import AttentionKernelSm90, AttentionProblem
-from cutlass_offload.partition import partition
+from cutlass_offload.partition import attention_forms, partition
 from cutlass_offload.select import select
 from attention_models import CAP, GEMMA2_SHAPE, SCALING, gemma2_attention
 from helpers import Fn
 
 H = torch.float16
 B, NH, L, D = GEMMA2_SHAPE
+
+
+@pytest.fixture(autouse=True)
+def softcap_on(monkeypatch):
+    """The match as it runs with the switch on (partition/attention_forms.SOFTCAP)."""
+    monkeypatch.setattr(attention_forms, "SOFTCAP", True)
 
 
 def _qkv(dtype=H):
@@ -77,3 +83,10 @@ def test_the_kernel_source_holds_cap_and_scale():
     with pytest.raises(ValueError, match="softcap"):
         AttentionProblem(heads=1, seq_q=1, seq_kv=1, head_dim=8, head_dim_v=8, dtype="f16",
                          scale=1.0, softcap=-1.0)
+
+
+def test_with_the_switch_off_it_stays_in_pytorch_with_the_reason(monkeypatch):
+    monkeypatch.setattr(attention_forms, "SOFTCAP", False)
+    part = partition(capture(Fn(gemma2_attention), _qkv()).graph_module)
+    assert not [r for r in part.regions if isinstance(r, AttentionRegion)]
+    assert any("attention_forms.SOFTCAP" in f.reason for f in part.fallbacks), part.fallbacks
