@@ -59,7 +59,9 @@ def _dry_run(a) -> int:
     from .models import load_model
     resolve_arch(a.arch)            # before building the model
     notes = []
+    t0 = time.perf_counter()
     model, inputs = load_model(a.model, a.dtype, a.batch, a.seq, notes=notes)
+    t_model = time.perf_counter() - t0
     ignored = [flag for flag, given in (("--out", a.out), ("--tune", a.tune),
                                         ("--executor ray", a.executor != "local")) if given]
     for line in notes + ([f"a dry run builds nothing: {', '.join(ignored)} not used"] if ignored else []):
@@ -68,6 +70,7 @@ def _dry_run(a) -> int:
                   strict=a.strict, build_strategy=a.build, glue=a.glue, mode=a.mode,
                   offload_norms=a.norms, combine_gemms=a.combine_gemms, jobs=a.jobs or None,
                   decompose_wide_attention=a.decompose_wide_attention)
+    dry.report.phases = {"model": t_model, **dry.report.phases}     # as compile's line starts
     print(dry)
     if a.json:
         Path(a.json).write_text(json.dumps(dry.to_dict(), indent=1) + "\n")

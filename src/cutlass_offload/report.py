@@ -187,7 +187,7 @@ class Report:
 
 def _inputs_line(summary: dict) -> str:
     """"inputs: ids (s0, 512) int64; dynamic: 2 <= s0", or "...; every size static"."""
-    shown = [f"{i['name']} ({', '.join(i['shape'])}{',' if len(i['shape']) == 1 else ''}) {i['dtype']}"
+    shown = [f"{i['name']} ({', '.join(map(str, i['shape']))}{',' if len(i['shape']) == 1 else ''}) {i['dtype']}"
              for i in summary["inputs"][:4]]
     more = len(summary["inputs"]) - len(shown)
     line = "inputs: " + ", ".join(shown) + (f" and {more} more" if more > 0 else "")

@@ -171,6 +171,7 @@ def test_cli_dry_run_prints_the_report_and_the_summary(tmp_path, monkeypatch, ca
     text = capsys.readouterr().out
     assert text.startswith("target sm_90a: 3 regions offloaded")
     assert "build (sharded" in text and "3 kernels in" in text and "0 cached" in text
+    assert "\nphases: model " in text           # as compile's (fresh-clone trial, session 55)
     data = json.loads(out.read_text())
     assert len(data["report"]["regions"]) == 3 and data["build"]["kernels"] == 3
     assert not (tmp_path / "cache").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["dry.json"]
@@ -191,13 +192,13 @@ def test_the_inputs_line_says_which_sizes_are_dynamic(dynamic, tmp_path, monkeyp
     (line,) = [ln for ln in str(dry).splitlines() if ln.startswith("inputs: ")]
     summary = dry.report.inputs
     (x,) = summary["inputs"]
-    assert x["dtype"] == "float16" and x["shape"][1:] == ["8", "8", "8"]
+    assert x["dtype"] == "float16" and x["shape"][1:] == [8, 8, 8]
     if dynamic:
         (sym,) = summary["dynamic"]
         assert x["shape"][0] == sym and summary["dynamic"][sym][0] == 2
         assert f"dynamic: 2 <= {sym}" in line
     else:
-        assert x["shape"][0] == "4" and not summary["dynamic"]
+        assert x["shape"][0] == 4 and not summary["dynamic"]
         assert "every size static" in line
     # the JSON form carries it, and a report read back formats the same line
     assert Report(**json.loads(json.dumps(dry.report.to_dict()))).format().count(line) == 1

@@ -195,7 +195,7 @@ def module_paths(gm: fx.GraphModule) -> dict:
 
 def input_summary(gm: fx.GraphModule) -> dict:
     """The graph's tensor inputs as the report shows them: {"inputs": [{"name", "shape"
-    (sizes as text: ints, or the symbol of a dynamic size), "dtype"}], "dynamic":
+    (sizes: ints, or the symbol of a dynamic size as text), "dtype"}], "dynamic":
     {symbol: [low, high]}} (high None when unbounded), from the placeholders'
     FakeTensors and their shape environment's ranges; "traced_batch": 2 when the
     capture traced a batch-2 copy of batch-1 example inputs (capture.py)."""
@@ -204,7 +204,8 @@ def input_summary(gm: fx.GraphModule) -> dict:
         v = n.meta.get("val") if n.op == "placeholder" else None
         if not isinstance(v, torch.Tensor):
             continue
-        inputs.append({"name": n.name, "shape": [str(d) for d in v.shape],
+        inputs.append({"name": n.name, "shape": [static_int(d) if static_int(d) is not None else str(d)
+                                                 for d in v.shape],
                        "dtype": str(v.dtype).replace("torch.", "")})
         for d in v.shape:
             if static_int(d) is None and str(d) not in dynamic:
