@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .graph_utils import aten, fake_value, is_call, users, val
+from .graph_utils import aten, fake_value, is_call, same_shape, static_int, users, val
 
 _SOFTMAX = (aten._softmax.default, aten.softmax.int)
 _ON_THE_WAY = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor,
@@ -54,7 +54,7 @@ def _head_factor(mul: fx.Node, mm: fx.Node):
         return None
     if tv.dtype != mv.dtype or tv.dim() < 2 or tv.dim() > mv.dim():
         return None
-    if list(tv.shape[-2:]) != [1, 1] or tuple(val(mul).shape) != tuple(mv.shape):
+    if [static_int(d) for d in tv.shape[-2:]] != [1, 1] or not same_shape(val(mul).shape, mv.shape):
         return None
     return t
 
@@ -77,7 +77,7 @@ def fold_head_scale_into_q(graph: fx.Graph) -> int:
         with graph.inserting_before(mul):        # after s, which may come after the matmul
             qs = graph.call_function(aten.mul.Tensor, (q, t))
             qs.meta["val"] = fake_value(aten.mul.Tensor, (q, t))
-            if qs.meta["val"] is None or tuple(qs.meta["val"].shape) != tuple(val(q).shape):
+            if qs.meta["val"] is None or not same_shape(qs.meta["val"].shape, val(q).shape):
                 graph.erase_node(qs)           # t widens q's shape: not a per-row factor
                 continue
             scaled = graph.call_function(aten.matmul.default, (qs, mm.args[1]))
