@@ -8,10 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .partition.canonicalize import canonicalize
-
-
-# graph_module.meta key: the capture traced a batch-2 copy of batch-1 example inputs
-BATCH_DOUBLED = "cutlass_offload_batch_doubled"
+from .partition.graph_utils import BATCH_DOUBLED
 
 
 @dataclass

@@ -4,8 +4,8 @@ matched and why a form stays in PyTorch): ``sdpa_operands`` for
 for the hand-written ``softmax(q @ k^T * scale [+ bias]) @ v``. Each returns the
 AttentionOperands that partition/attention.make_attention_region turns into a region.
 
-Also here: the compile-time evaluation of a mask computed in the graph
-(``constant_value``) and its fold into the kernel's causal argument (``_fold_mask``,
+Also here: the fold of a mask computed in the graph (its value from
+partition/constants.constant_value) into the kernel's causal argument (``_fold_mask``,
 through masks.mask_pattern), and the layout of the region's output (``_absorb_output``).
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ..masks import mask_pattern
 from .attention import (_MATMULS, AttentionOperands, _arg, _call, _cast_of, _checks,
                         _is_heads_transpose, _is_last_two_transpose, _logits_source, _number,
                         _scaled, _tensor, _users)
+from .constants import constant_value
 from .graph_utils import aten, hint_int, same_shape, static_int, val
 from .wide_attention import NOTE_KEY as WIDE_NOTE_KEY, wide_note
 
@@ -34,95 +35,14 @@ _SAME_SHAPE_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.
 # has passed on a GPU: the kernel compiles (tests/build/test_attention_softcap_build.py)
 # but no device came up in session 55 to run it.
 SOFTCAP: bool = False
-_MAX_FOLD_NODES = 512            # a mask computed by more ops is not evaluated
-_MAX_FOLD_ELEMENTS = 1 << 26
 
 
 # -------------------------------------------------------------- compile-time masks
 
-_FOLDS = weakref.WeakKeyDictionary()      # graph -> {mask node: (value, symbolic) | None}
 # graph -> {(mask node, kind, seq_q, seq_kv): mask_pattern's answer}: one mask serves
 # every layer (llama's 16 SDPAs read one causal mask; checking it took 1.07 of the
 # 1.08 s of its partition on 2 cores, session 50)
 _PATTERNS = weakref.WeakKeyDictionary()
-
-
-# ops whose value is not a function of their arguments (uninitialized memory)
-_UNINITIALIZED = ("empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided")
-
-
-def _pure(target) -> bool:
-    if isinstance(target, torch._ops.OpOverload):
-        if target._schema.is_mutable or target.overloadpacket.__name__ in _UNINITIALIZED:
-            return False
-        return torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ())
-    return getattr(target, "__module__", None) in ("_operator", "operator") or target is math.sqrt
-
-
-def _attr(gm, target: str):
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def constant_value(node: fx.Node):
-    """(tensor, symbolic) when ``node``'s value is computable from the graph's constants
-    and input sizes (``symbolic``: it depends on dynamic sizes and was evaluated at
-    the example sizes), else None."""
-    graph = node.graph
-    memo = _FOLDS.setdefault(graph, {})
-    if node in memo:
-        return memo[node]
-    memo[node] = result = _evaluate(node)
-    return result
-
-
-def _evaluate(node):
-    stack, anc, symbolic = [node], set(), False
-    while stack:
-        n = stack.pop()
-        if n in anc:
-            continue
-        if n.op == "get_attr":
-            anc.add(n)
-            continue
-        if n.op != "call_function":
-            return None                           # a graph input: data-dependent
-        if n.target is aten.sym_size.int:         # a size of an input: its example value
-            anc.add(n)
-            symbolic = True
-            continue
-        if not _pure(n.target):
-            return None
-        anc.add(n)
-        if len(anc) > _MAX_FOLD_NODES:
-            return None
-        stack.extend(n.all_input_nodes)
-    order = {n: i for i, n in enumerate(node.graph.nodes)}
-    gm = node.graph.owning_module
-    env = {}
-    try:
-        with torch.no_grad():
-            for n in sorted(anc, key=order.__getitem__):
-                if n.op == "get_attr":
-                    env[n] = _attr(gm, n.target)
-                elif n.target is aten.sym_size.int:
-                    env[n] = hint_int(val(n), default=-1)
-                    if env[n] < 0:
-                        return None
-                else:
-                    args = fx.node.map_arg(n.args, env.__getitem__)
-                    kwargs = fx.node.map_arg(n.kwargs, env.__getitem__)
-                    env[n] = n.target(*args, **kwargs)
-                    if isinstance(env[n], torch.Tensor) and env[n].numel() > _MAX_FOLD_ELEMENTS:
-                        return None
-    except Exception:                   # noqa: BLE001 (not evaluable: the mask is a bias)
-        return None
-    out = env[node]
-    if not isinstance(out, torch.Tensor) or out.dim() < 1:
-        return None
-    return out, symbolic
 
 
 def _fold_mask(mask: fx.Node, kind: str, seq_q, seq_kv):

@@ -44,12 +44,13 @@ import torch.fx as fx
 
 from ..runtime.glue_passes import fold_sdpa_query_scale
 from .activation_forms import fuse_activation_forms
+from .constants import constant_value
 from .einsum import einsum_as_bmm
 from .head_views import drop_same_shape_views, split_head_batches
 from .lift_1d import conv1d_as_conv2d, group_norm_3d_as_4d
 from .logit_scale import fold_head_scale_into_q
 from .window_bias import merge_window_bias
-from .graph_utils import aten, attr_tensor, call_with_val, fake_like, fake_value, users, val
+from .graph_utils import aten, attr_tensor, call_with_val, fake_like, fake_value, same_shape, users, val
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 _UNARY = (aten.relu.default, aten.gelu.default, aten.silu.default, aten.sigmoid.default)
@@ -223,7 +224,6 @@ def _channel_vector(node, channels: int):
     """The (channels,) float64 values of a per-channel constant ``node`` (shape
     (1, C, 1, 1), (C, 1, 1) or a broadcast of them), computed from the graph's
     constants; None when it is not one."""
-    from .attention_forms import constant_value
     if not isinstance(node, fx.Node):
         return None
     got = constant_value(node)
@@ -255,12 +255,12 @@ def _fold_channel_affine(gm: fx.GraphModule):
         if w is None or (b_node is not None and b is None):
             continue
         scale = _channel_vector(mul.args[1] if mul.args[0] is conv else mul.args[0], w.shape[0])
-        if scale is None or val(mul).dtype != w.dtype or val(mul).shape != val(conv).shape:
+        if scale is None or val(mul).dtype != w.dtype or not same_shape(val(mul).shape, val(conv).shape):
             continue
         add, shift = next(iter(mul.users)), None
         if _is_call(add, aten.add.Tensor) and len(add.args) == 2 and add.kwargs.get("alpha", 1) == 1:
             shift = _channel_vector(add.args[1] if add.args[0] is mul else add.args[0], w.shape[0])
-            if shift is not None and (val(add).dtype != w.dtype or val(add).shape != val(conv).shape):
+            if shift is not None and (val(add).dtype != w.dtype or not same_shape(val(add).shape, val(conv).shape)):
                 shift = None
         with torch.no_grad():
             new_w = (w.double() * scale.reshape(-1, 1, 1, 1)).to(w.dtype)

@@ -193,6 +193,10 @@ def module_paths(gm: fx.GraphModule) -> dict:
     return out
 
 
+# graph_module.meta key set by capture.py: it traced a batch-2 copy of batch-1 example inputs
+BATCH_DOUBLED = "cutlass_offload_batch_doubled"
+
+
 def input_summary(gm: fx.GraphModule) -> dict:
     """The graph's tensor inputs as the report shows them: {"inputs": [{"name", "shape"
     (sizes: ints, or the symbol of a dynamic size as text), "dtype"}], "dynamic":
@@ -211,7 +215,7 @@ def input_summary(gm: fx.GraphModule) -> dict:
             if static_int(d) is None and str(d) not in dynamic:
                 dynamic[str(d)] = _range(d)
     out = {"inputs": inputs, "dynamic": dynamic}
-    if getattr(gm, "meta", {}).get("cutlass_offload_batch_doubled"):   # capture.BATCH_DOUBLED
+    if getattr(gm, "meta", {}).get(BATCH_DOUBLED):
         out["traced_batch"] = 2
     return out
 

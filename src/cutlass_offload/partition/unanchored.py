@@ -119,9 +119,8 @@ def _batch_norm_reason(n: fx.Node) -> str:
     training = n.args[5] if len(n.args) > 5 else n.kwargs.get("training", False)
     if training:
         return "batch_norm in training mode (batch statistics): no batch norm kernel is built"
-    conv = isinstance(src, fx.Node) and src.op == "call_function" and src.target in (
-        aten.conv2d.default, aten.convolution.default)
-    if not conv:
+    conv = isinstance(src, fx.Node) and src.op == "call_function" and src.target is aten.conv2d.default
+    if not conv:                       # the fold takes an aten.conv2d only
         what = getattr(src, "target", src)
         return (f"batch_norm after {getattr(what, '__name__', what)}, not after a conv (a "
                 "pre-activation norm, say): only one after a conv folds into it; no batch norm "
