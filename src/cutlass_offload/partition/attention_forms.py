@@ -31,10 +31,10 @@ from .wide_attention import NOTE_KEY as WIDE_NOTE_KEY, wide_note
 _SAME_SHAPE_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 # Hand-written attention with a tanh soft-cap on its logits (Gemma 2) as one region on
 # the Hopper kernel's SoftcapFusion (emit/attention_sm90.py); False leaves it two GEMMs
-# and the softmax, with the reason. Off until tests/gpu/test_softcap_attention_gpu.py
-# has passed on a GPU: the kernel compiles (tests/build/test_attention_softcap_build.py)
-# but no device came up in session 55 to run it.
-SOFTCAP: bool = False
+# and the softmax, with the reason (a switch for A/B runs and for a kernel fault found
+# later). On since tests/gpu/test_softcap_attention_gpu.py's forms passed on an H100
+# (session 56, fp16 / bf16, causal or not, against float32).
+SOFTCAP: bool = True
 
 
 # -------------------------------------------------------------- compile-time masks
@@ -352,8 +352,7 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
         if _call(n, aten.tanh.default) and len(n.args) == 1:    # c * tanh(x / c): a soft-cap
             if not SOFTCAP:
                 raise UnsupportedRegion(f"{what}: a tanh soft-cap on the logits (the Hopper kernel's "
-                                        "is off until its GPU test has passed: "
-                                        "partition/attention_forms.SOFTCAP)")
+                                        "is switched off: partition/attention_forms.SOFTCAP)")
             if pre_cap is not None or add_biases or fill is not None or shifted:
                 raise UnsupportedRegion(f"{what}: a second tanh, or a bias, mask or shift before "
                                         "the tanh soft-cap (the kernel caps the scaled logits, "

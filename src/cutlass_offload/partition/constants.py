@@ -21,7 +21,15 @@ _FOLDS = weakref.WeakKeyDictionary()      # graph -> {node: (value, symbolic) | 
 _UNINITIALIZED = ("empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided")
 
 
+# in-place ops that change no value, only autograd state: evaluated out of place (a
+# lifted tensor constant is ``lift_fresh_copy`` then ``detach_`` in transformers 5.17's
+# masks; evaluating in place would detach a module's own parameter)
+_OUT_OF_PLACE = {aten.detach_.default: aten.detach.default}
+
+
 def _pure(target) -> bool:
+    if target in _OUT_OF_PLACE:
+        return True
     if isinstance(target, torch._ops.OpOverload):
         if target._schema.is_mutable or target.overloadpacket.__name__ in _UNINITIALIZED:
             return False
@@ -84,7 +92,7 @@ def _evaluate(node):
                 else:
                     args = fx.node.map_arg(n.args, env.__getitem__)
                     kwargs = fx.node.map_arg(n.kwargs, env.__getitem__)
-                    env[n] = n.target(*args, **kwargs)
+                    env[n] = _OUT_OF_PLACE.get(n.target, n.target)(*args, **kwargs)
                     if isinstance(env[n], torch.Tensor) and env[n].numel() > _MAX_FOLD_ELEMENTS:
                         return None
     except Exception:                   # noqa: BLE001 (not evaluable: the mask is a bias)
