@@ -64,3 +64,10 @@ def gemma2_attention(q, k, v, causal=True, shift=0.0, bias=None):
             ~keep, torch.finfo(w.dtype).min)
     p = torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(p, v)
+
+
+def repeat_kv(x, n):
+    """transformers' repeat_kv: (B, Hkv, S, D) -> (B, Hkv * n, S, D), each K/V head n
+    times in a row (a copy)."""
+    b, h, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, h, n, s, d).reshape(b, h * n, s, d)

@@ -10,7 +10,9 @@ built once per session (conftest.py's ``hopper_fmha_built``), one unit:
   models select (their problems: LPT_TEST, HD40_TEST). The staged O store is the
   default, so those tests' compiles find these kernels compiled (the kernel index,
   build.sharded) and link this unit, compiling only their launchers;
-* a causal kernel with a tanh soft-cap on the logits (Gemma 2's; SOFTCAP).
+* a causal kernel with a tanh soft-cap on the logits (Gemma 2's; SOFTCAP);
+* a causal grouped-query kernel reading K and V in place, 4 query heads per K/V head
+  (llama's attention; GQA; templates/fmha_gqa_mainloop.h).
 
 On the 2-core machine (nvcc 13.0, 2026-12) the six kernels' unit compiled in 100 s;
 as the three tests' own units (four kernels, one, one) they took 104 + 43 + 38 s."""
@@ -40,6 +42,10 @@ HD40_TEST = AttentionProblem(heads=8, seq_q=64, seq_kv=64, head_dim=40, head_dim
 SOFTCAP = AttentionProblem(heads=4, seq_q=256, seq_kv=256, head_dim=64, head_dim_v=64, dtype="f16",
                            scale=0.125, batch=2, causal="top_left", softcap=50.0)
 
+# llama-style grouped-query attention: 8 query heads, 2 K/V heads (test_attention_gqa_build.py)
+GQA = AttentionProblem(heads=8, seq_q=256, seq_kv=256, head_dim=64, head_dim_v=64, dtype="f16",
+                       scale=0.125, batch=2, causal="top_left", kv_group=4)
+
 
 def _region(name, problem):
     return AttentionRegion(name=name, form="sdpa", nodes=(name,), q="q", k="k", v="v", problem=problem,
@@ -58,7 +64,8 @@ def plan() -> Plan:
              ("hd160", HD160, attention_sm90.choose(HD160, config=pick[160])),
              ("lpt_test", LPT_TEST, attention_sm90.choose(LPT_TEST)),
              ("hd40_test", HD40_TEST, attention_sm90.choose(HD40_TEST)),
-             ("softcap", SOFTCAP, attention_sm90.choose(SOFTCAP)))
+             ("softcap", SOFTCAP, attention_sm90.choose(SOFTCAP)),
+             ("gqa", GQA, attention_sm90.choose(GQA)))
     return Plan("sm90a", tuple(_region(n, p) for n, p, _ in pairs), tuple(k for _, _, k in pairs), ())
 
 

@@ -274,7 +274,7 @@ static bool supported(const CoAttentionArgs& a) {
   if (!(a.scale > 0.0f) || !(a.scale < INFINITY)) return false;
   if (a.causal < 0 || a.causal > 2) return false;
   if (a.causal == 2 && a.seq_q > a.seq_kv) return false;
-  if (!operand_ok(a.q, a.q_stride_batch, a.q_stride_seq, a.q_stride_head, kAlignQK)) return false;
+${group_check}  if (!operand_ok(a.q, a.q_stride_batch, a.q_stride_seq, a.q_stride_head, kAlignQK)) return false;
   if (!operand_ok(a.k, a.k_stride_batch, a.k_stride_seq, a.k_stride_head, kAlignQK)) return false;
   if (!operand_ok(a.v, a.v_stride_batch, a.v_stride_seq, a.v_stride_head, kAlignV)) return false;
   // int32 products in advance_to_block and the key loop
@@ -317,8 +317,7 @@ __global__ void __launch_bounds__(AK::kNumThreads, AK::kMinBlocksPerSm)
     return;
   }
   const int64_t head = blockIdx.y;
-  p.key_ptr += head * (k_head_stride - k_added);
-  p.value_ptr += head * (v_head_stride - v_added);
+${kv_head_offsets}
   AK::attention_kernel(p);
 }
 
@@ -421,7 +420,8 @@ def values(kernel: AttentionKernel) -> dict:
     bias = " + bias" if kernel.supports_bias else ""
     output = ("output in registers" if kernel.single_value_iteration
               else "fp32 output accumulated in global memory")
-    semantics = (f"out = softmax(scale * q k^T{bias}, causal mask) v; {kernel.dtype}, "
+    group = f", query head h reads K/V head h / {kernel.kv_group}" if kernel.kv_group > 1 else ""
+    semantics = (f"out = softmax(scale * q k^T{bias}, causal mask) v{group}; {kernel.dtype}, "
                  f"{'aligned' if kernel.aligned else 'not aligned'} "
                  f"({kernel.access}-element Q/K/V accesses), {output}")
     return {
@@ -434,6 +434,17 @@ def values(kernel: AttentionKernel) -> dict:
         "single": "true" if kernel.single_value_iteration else "false",
         "needs_workspace": "true" if kernel.needs_workspace else "false",
         "access": kernel.access,
+        # grouped-query attention: query head h reads K/V head h / G (the strides are per
+        # K/V head); the G = 1 text is what it was before (those cache entries stay valid)
+        "group_check": (f"  if (a.heads % {kernel.kv_group}) return false;   // whole K/V head groups\n"
+                        if kernel.kv_group > 1 else ""),
+        "kv_head_offsets": (
+            "  p.key_ptr += head * (k_head_stride - k_added);\n"
+            "  p.value_ptr += head * (v_head_stride - v_added);"
+            if kernel.kv_group == 1 else
+            f"  constexpr int64_t kKvGroup = {kernel.kv_group};   // query heads per K/V head\n"
+            "  p.key_ptr += (head / kKvGroup) * k_head_stride - head * k_added;\n"
+            "  p.value_ptr += (head / kKvGroup) * v_head_stride - head * v_added;"),
     }
 
 

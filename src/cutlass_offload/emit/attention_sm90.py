@@ -126,7 +126,7 @@ using Element = ${element};
 using TileShape = cute::Shape<cute::_${block_q}, cute::_${block_kv}, cute::_${head}>;
 // (seq, head dim, (batch, head)): runtime 32-bit strides, head dim contiguous
 using StrideQKVO = cute::tuple<int, cute::_1, cute::tuple<int, int>>;
-using StrideLSE = cute::tuple<cute::_1, cute::tuple<int, int>>;
+${gqa_types}using StrideLSE = cute::tuple<cute::_1, cute::tuple<int, int>>;
 ${fusion_def}${kernel_type}using ProblemShape = typename Kernel::ProblemShape;   // (B, H, Q, K, D)
 
 constexpr bool kCausal = ${causal};
@@ -169,7 +169,7 @@ static bool supported(const CoAttentionArgs& a) {
   if (a.head_dim != a.head_dim_v || a.head_dim < 1 || a.head_dim > kHeadTile) return false;
   if (a.head_dim % kAlign) return false;      // can_implement's seq_q % 8: not needed (docstring)
   if (!(a.scale > 0.0f) || !(a.scale < INFINITY)) return false;
-${softcap_check}  if (a.bias != nullptr) return false;
+${softcap_check}${gqa_check}  if (a.bias != nullptr) return false;
   if (kCausal) {
     // CausalFusion is top-left and masks nothing past seq_kv
     if (!((a.causal == 1 && a.seq_q <= a.seq_kv) || (a.causal == 2 && a.seq_q == a.seq_kv)))
@@ -194,12 +194,12 @@ static typename Kernel::Params make_params(const CoAttentionArgs& a) {
   auto stride = [](int64_t seq, int64_t batch, int64_t head) {
     return StrideQKVO{int(seq), _1{}, cute::make_tuple(int(batch), int(head))};
   };
-  cutlass::KernelHardwareInfo hw_info = co_hardware_info<cutlass::KernelHardwareInfo>();   // the persistent scheduler's grid
+${gqa_strides}  cutlass::KernelHardwareInfo hw_info = co_hardware_info<cutlass::KernelHardwareInfo>();   // the persistent scheduler's grid
   typename Kernel::Arguments args{
       problem,
-      {static_cast<const Element*>(a.q), stride(a.q_stride_seq, a.q_stride_batch, a.q_stride_head),
-       static_cast<const Element*>(a.k), stride(a.k_stride_seq, a.k_stride_batch, a.k_stride_head),
-       static_cast<const Element*>(a.v), stride(a.v_stride_seq, a.v_stride_batch, a.v_stride_head)},
+      {static_cast<const Element*>(a.q), ${q_stride}(a.q_stride_seq, a.q_stride_batch, a.q_stride_head),
+       static_cast<const Element*>(a.k), ${kv_stride}(a.k_stride_seq, a.k_stride_batch, a.k_stride_head),
+       static_cast<const Element*>(a.v), ${kv_stride}(a.v_stride_seq, a.v_stride_batch, a.v_stride_head)},
       {static_cast<Element*>(a.out), stride(a.out_stride_seq, a.out_stride_batch, a.out_stride_head),
        static_cast<float*>(a.workspace),
        StrideLSE{_1{}, cute::make_tuple(int(a.heads * a.seq_q), int(a.seq_q))}},
@@ -294,6 +294,7 @@ def staged_o() -> bool:
 
 
 STAGED_EPILOGUE_H = (Path(__file__).parent / "templates" / "fmha_staged_epilogue.h").read_text()
+GQA_MAINLOOP_H = (Path(__file__).parent / "templates" / "fmha_gqa_mainloop.h").read_text()
 
 _STAGED_KERNEL = """\
 using Builder = cutlass::fmha::kernel::FmhaBuilder<
@@ -309,6 +310,41 @@ using Kernel = cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<
 """
 
 
+# Grouped-query attention: the builder's mainloop with the grouped strides, regrouped by
+# co_fmha::GqaMainloop (templates/fmha_gqa_mainloop.h), under the scheduler and epilogue
+# the other kernels of this config use.
+_GQA_KERNEL = """\
+using Builder = cutlass::fmha::kernel::FmhaBuilder<
+    Element, float, float, TileShape, StrideQ, StrideKV, StrideKV,
+    ${fusion}, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+    ${options}>;
+// query head h reads K/V head h / kKvGroup in place (fmha_gqa_mainloop.h)
+using Kernel = cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<
+    co_fmha::GqaMainloop<typename Builder::CollectiveMainloop, kKvGroup>,
+    ${epilogue},
+    ${scheduler},
+    ${options}>;
+"""
+
+# the head modes of the grouped strides: Q (sh, G * sh), K / V (_0, sh_kv)
+_GQA_TYPES = """\
+// grouped-query attention: G query heads per K/V head; head mode (G, H / G)
+constexpr int kKvGroup = ${group};
+using StrideQ = cute::tuple<int, cute::_1, cute::tuple<int, cute::tuple<int, int>>>;
+using StrideKV = cute::tuple<int, cute::_1, cute::tuple<int, cute::tuple<cute::_0, int>>>;
+"""
+
+_GQA_STRIDES = """\
+  auto q_stride = [](int64_t seq, int64_t batch, int64_t head) {
+    return StrideQ{int(seq), _1{}, cute::make_tuple(int(batch),
+                                                    cute::make_tuple(int(head), int(head * kKvGroup)))};
+  };
+  auto kv_stride = [](int64_t seq, int64_t batch, int64_t head) {   // head: per K/V head
+    return StrideKV{int(seq), _1{}, cute::make_tuple(int(batch), cute::make_tuple(cute::_0{}, int(head)))};
+  };
+"""
+
+
 def _kernel_type(kernel: AttentionKernelSm90, fusion: str) -> str:
     """The C++ ``using Kernel = ...;`` of ``kernel``: the example's builder, or for the
     "lpt" tile scheduler the builder's collectives under co_fmha's schedulers."""
@@ -319,7 +355,7 @@ def _kernel_type(kernel: AttentionKernelSm90, fusion: str) -> str:
     schedule = kernel.config.kernel_schedule
     lpt = kernel.config.tile_scheduler == "lpt"
     staged_store = staged_o()
-    if not lpt and not staged_store:
+    if not lpt and not staged_store and kernel.kv_group == 1:
         return Template(_BUILDER_KERNEL).substitute(fusion=fusion, schedule=schedule,
                                                     options=",\n    ".join(options))
     persistent = schedule == PINGPONG
@@ -327,6 +363,13 @@ def _kernel_type(kernel: AttentionKernelSm90, fusion: str) -> str:
         options += [opt.format("kIsPersistent", "cute::true_type"),
                     opt.format("kLoadsQSeparately", "cute::true_type")]
     scheduler = "LptPersistentTileScheduler" if persistent else "LptIndividualTileScheduler"
+    if kernel.kv_group > 1:
+        epilogue = ("co_fmha::StagedFwdEpilogue<Element, float, "
+                    "typename Builder::CollectiveMainloop::TileShapePV>" if staged_store
+                    else "typename Builder::CollectiveEpilogue")
+        return Template(_GQA_KERNEL).substitute(
+            fusion=fusion, options=",\n    ".join(options), epilogue=epilogue,
+            scheduler=f"co_fmha::{scheduler}" if lpt else "typename Builder::TileScheduler")
     if staged_store:
         return Template(_STAGED_KERNEL).substitute(
             fusion=fusion, options=",\n    ".join(options),
@@ -379,6 +422,7 @@ def values(kernel: AttentionKernelSm90) -> dict:
     """The substitution dict of ``kernel``'s C++ (raises ValueError via ``check``)."""
     check(kernel)
     q, kv, d = kernel.config.tile
+    gqa = kernel.kv_group > 1
     mask = "top-left causal" if kernel.causal else "no mask"
     base = "CausalFusion" if kernel.causal else "ResidualFusion"
     fusion, fusion_def = f"cutlass::fmha::collective::{base}", ""
@@ -388,6 +432,8 @@ def values(kernel: AttentionKernelSm90) -> dict:
         fusion_def = Template(_SOFTCAP_FUSION).substitute(
             base=base, cap=_float(kernel.softcap), inner=_float(kernel.scale / kernel.softcap))
         mask = f"logits soft-capped at {kernel.softcap:g} (scale {kernel.scale:g}), {mask}"
+    if gqa:
+        mask += f"; query head h reads K/V head h / {kernel.kv_group}"
     return {
         "name": kernel.name,
         "semantics": (f"out = softmax(scale * q k^T, {mask}) v; {kernel.dtype}, head dims "
@@ -405,6 +451,13 @@ def values(kernel: AttentionKernelSm90) -> dict:
         "softcap_check": ("  if (a.scale != kCompiledScale) return false;   // the fusion holds it\n"
                           if kernel.softcap else ""),
         "softmax_scale": "1.0f" if kernel.softcap else "a.scale",
+        # empty for one K/V head per query head: that source is what it was before
+        "gqa_types": Template(_GQA_TYPES).substitute(group=kernel.kv_group) if gqa else "",
+        "gqa_check": ("  if (a.heads % kKvGroup) return false;   // whole K/V head groups\n"
+                      if gqa else ""),
+        "gqa_strides": _GQA_STRIDES if gqa else "",
+        "q_stride": "q_stride" if gqa else "stride",
+        "kv_stride": "kv_stride" if gqa else "stride",
         "grid_bh_by_tiles": ("true" if kernel.config.tile_scheduler == "lpt"
                              and kernel.config.kernel_schedule != PINGPONG else "false"),
     }
@@ -423,6 +476,7 @@ def emit(kernel: AttentionKernelSm90) -> KernelSource:
     # the staged epilogue's headers go after the includes, with the code (their guards
     # keep one copy per unit)
     code = ((staged.COMMON_H + STAGED_EPILOGUE_H if staged_o() else "")
+            + (GQA_MAINLOOP_H if kernel.kv_group > 1 else "")
             + Template(_KERNEL).substitute(values(kernel)))
     return KernelSource(name=kernel.name, includes=INCLUDES, code=code,
                         args_type="CoAttentionArgs", nvcc_flags=NVCC_FLAGS if FTZ else (),

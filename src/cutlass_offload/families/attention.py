@@ -110,7 +110,8 @@ def choose(problem: AttentionProblem, arch: str = "sm80", config: KernelConfig |
                (problem.align >= wide and problem.head_dim % wide == 0
                 and problem.head_dim_v % wide == 0))
     return AttentionKernel(arch=arch, dtype=problem.dtype, config=config_for(problem.dtype, tile),
-                           aligned=aligned, supports_bias=problem.bias != "none")
+                           aligned=aligned, supports_bias=problem.bias != "none",
+                           kv_group=problem.kv_group)
 
 
 def workspace_bytes(kernel, batch: int, heads: int, seq_q: int, head_dim_v: int) -> int:

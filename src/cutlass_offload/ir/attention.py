@@ -52,6 +52,10 @@ class AttentionProblem:
     softcap: 0.0, or the cap c of a tanh soft-cap on the scaled logits before the bias
       and the softmax: ``c * tanh(scale * Q_bh @ K_bh^T / c)`` (Gemma 2's
       ``attn_logit_softcapping``; Grok-1); only the Hopper kernel applies it.
+    kv_group: query heads per K/V head (grouped-query attention): query head h reads
+      K/V head h // kv_group, K and V holding heads // kv_group heads, read in place
+      (no ``repeat_kv`` copy). 1: one K/V head per query head (or one shared by all,
+      stride 0).
     """
 
     heads: int
@@ -69,9 +73,14 @@ class AttentionProblem:
     layout: str = "bmhk"
     batch_hint: int = 1
     softcap: float = 0.0
+    kv_group: int = 1
 
     def __post_init__(self):
         _check(self.dtype, ATTENTION_DTYPES, "dtype")
+        if not (isinstance(self.kv_group, int) and not isinstance(self.kv_group, bool)
+                and self.kv_group >= 1 and self.heads % self.kv_group == 0):
+            raise ValueError(f"kv_group must be a positive divisor of heads={self.heads}, "
+                             f"got {self.kv_group!r}")
         if not (isinstance(self.softcap, numbers.Real) and not isinstance(self.softcap, bool)
                 and 0.0 <= self.softcap < math.inf):
             raise ValueError(f"softcap must be a finite number >= 0 (0: none), got {self.softcap!r}")
@@ -122,7 +131,8 @@ class AttentionProblem:
                               "seq_kv": p.seq_kv, "head_dim": p.head_dim,
                               "head_dim_v": p.head_dim_v, "scale": p.scale, "causal": p.causal,
                               "bias": p.bias, "bias_broadcast": list(p.bias_broadcast),
-                              "align": p.align, **({"softcap": p.softcap} if p.softcap else {})}}
+                              "align": p.align, **({"softcap": p.softcap} if p.softcap else {}),
+                              **({"kv_group": p.kv_group} if p.kv_group > 1 else {})}}
 
 
 @dataclass(frozen=True)
@@ -142,6 +152,8 @@ class AttentionKernel:
       kernel requests; informational, not a template parameter).
     aligned: isAligned (Q/K/V read 16 bytes at a time) vs 4-element accesses.
     supports_bias: kSupportsBias. kSupportsDropout is always false.
+    kv_group: query heads per K/V head, compiled in (grouped-query attention: the
+      launch's K / V head stride is per K/V head; 1: per query head).
     The causal mask, all sizes, strides and the scale are runtime arguments.
     """
 
@@ -150,6 +162,7 @@ class AttentionKernel:
     config: KernelConfig
     aligned: bool = True
     supports_bias: bool = False
+    kv_group: int = 1
 
     kind = "attention"
     args_type = "CoAttentionArgs"
@@ -158,6 +171,7 @@ class AttentionKernel:
     def __post_init__(self):
         _check(self.arch, ARCHS, "arch")
         _check(self.dtype, ATTENTION_DTYPES, "dtype")
+        _check_group(self.kv_group)
 
     @property
     def queries_per_block(self) -> int:
@@ -199,7 +213,7 @@ class AttentionKernel:
         mode = "rf" if self.single_value_iteration else "gmem"
         return (f"{self.config.family}_fmha_fwd_{self.dtype}_"
                 f"{'aligned' if self.aligned else 'notaligned'}_{q}x{k}_k{mk}_{mode}"
-                + ("_bias" if self.supports_bias else ""))
+                + ("_bias" if self.supports_bias else "") + _group_tag(self.kv_group))
 
 
 @dataclass(frozen=True)
@@ -222,6 +236,9 @@ class AttentionKernelSm90:
       logits s, applied by the fusion before its mask with both constants compiled in
       (the fusion is stateless); the kernel then takes only calls of that ``scale``.
       0.0 and 0.0 without one.
+    kv_group: query heads per K/V head, compiled in (grouped-query attention: the K /
+      V head mode is (kv_group, heads // kv_group) with strides (0, K/V head stride),
+      templates/fmha_gqa_mainloop.h); 1: one K/V head per query head.
     Q/K/V/O are read and written 16 bytes at a time (TMA): head dim, pointers
     and strides multiples of 8 elements. The workspace holds the per-row
     log-sum-exp the kernel always writes (fp32, batch x heads x seq_q).
@@ -233,6 +250,7 @@ class AttentionKernelSm90:
     causal: bool = False
     softcap: float = 0.0
     scale: float = 0.0
+    kv_group: int = 1
 
     kind = "attention"
     args_type = "CoAttentionArgs"
@@ -257,6 +275,7 @@ class AttentionKernelSm90:
                                  f"softcap={self.softcap!r} scale={self.scale!r}")
         elif self.scale:
             raise ValueError("scale is compiled into soft-capped kernels only")
+        _check_group(self.kv_group)
 
     @property
     def head_tile(self) -> int:
@@ -270,7 +289,17 @@ class AttentionKernelSm90:
                 + ("_lpt" if self.config.tile_scheduler == "lpt" else "")
                 + ("_causal" if self.causal else "")
                 + (f"_softcap{_float_tag(self.softcap)}_scale{_float_tag(self.scale)}"
-                   if self.softcap else ""))
+                   if self.softcap else "") + _group_tag(self.kv_group))
+
+
+def _check_group(kv_group) -> None:
+    if not (isinstance(kv_group, int) and not isinstance(kv_group, bool) and kv_group >= 1):
+        raise ValueError(f"kv_group must be an int >= 1, got {kv_group!r}")
+
+
+def _group_tag(kv_group: int) -> str:
+    """The kernel name's grouped-query suffix: none for one K/V head per query head."""
+    return f"_gqa{kv_group}" if kv_group > 1 else ""
 
 
 def _float_tag(x: float) -> str:

@@ -63,6 +63,7 @@ import torch.fx as fx
 
 from ..errors import UnsupportedRegion
 from ..ir import AttentionProblem, AttentionRegion
+from . import kv_groups
 from .graph_utils import DTYPE_NAMES, aten, hint_int, same_dim, static_int, tensor_dtype, val
 # shared graph helpers, under this module's names (attention_forms imports them from here)
 from .graph_utils import aten_arg as _arg, is_call as _call, metadata_checks as _checks, users as _users
@@ -89,6 +90,7 @@ class AttentionOperands:
     out_layout: str = "strided"
     enable_gqa: bool = False
     softcap: float = 0.0          # c of c * tanh(scale * s / c) on the logits s (0: none)
+    kv_group: int = 1             # query heads per K/V head read in place (kv_groups.py)
     notes: list = field(default_factory=list)
 
 
@@ -321,14 +323,26 @@ def _finish(ops: AttentionOperands, enable_gqa=False):
     if None in heads:
         raise UnsupportedRegion("dynamic number of heads")
     h = max(heads)
+    group = ops.kv_group
+    if group == 1 and enable_gqa and kv_groups.GQA_IN_PLACE and heads[1] == heads[2] \
+            and 1 < heads[1] < heads[0] and heads[0] % heads[1] == 0:
+        group = heads[0] // heads[1]
+        ops.notes.append(f"grouped-query attention: {group} query heads per K/V head, K and V "
+                         "read in place")
     for what, hh in (("q", heads[0]), ("k", heads[1]), ("v", heads[2])):
-        if hh not in (1, h):
+        if group > 1:
+            if hh * (1 if what == "q" else group) != h:
+                raise UnsupportedRegion(f"grouped-query attention: {what} has {hh} heads for "
+                                        f"{h} query heads in groups of {group}")
+        elif hh not in (1, h):
             if enable_gqa or what != "q":
+                why = ("its K/V heads do not divide the query heads evenly" if kv_groups.GQA_IN_PLACE
+                       else "read in place only with partition/kv_groups.GQA_IN_PLACE on")
                 raise UnsupportedRegion(
                     f"grouped-query attention: {heads[1]} K/V heads for {heads[0]} query heads "
-                    "(only K/V shared by every head, or one K/V head per query head, is offloaded; "
-                    "repeating K and V per query head first, k.repeat_interleave(heads // kv_heads, "
-                    "dim=1) as transformers' repeat_kv does, makes it one attention region)")
+                    f"({why}; repeating K and V per query head first, k.repeat_interleave("
+                    "heads // kv_heads, dim=1) as transformers' repeat_kv does, makes it one "
+                    "attention region)")
             raise UnsupportedRegion(f"{what} has {hh} heads, the others {h}")
     batch = _broadcast_dim([b for b, _ in lead], "batch")
     seq_q, seq_kv = qv.shape[-2], kshape[-2]
@@ -356,7 +370,7 @@ def _finish(ops: AttentionOperands, enable_gqa=False):
         problem = AttentionProblem(
             heads=h, seq_q=static_int(seq_q), seq_kv=static_int(seq_kv), head_dim=e,
             head_dim_v=ev, dtype=dtype, scale=-scale if negate else scale,
-            batch=static_int(batch), causal=ops.causal, softcap=ops.softcap,
+            batch=static_int(batch), causal=ops.causal, softcap=ops.softcap, kv_group=group,
             bias="add" if ops.bias is not None else "none",
             bias_broadcast=bias_broadcast if ops.bias is not None else (), align=align,
             batch_hint=max(1, hint_int(batch)))
@@ -388,6 +402,7 @@ def _region_nodes(ops: AttentionOperands) -> list:
 
 def make_attention_region(index: int, ops: AttentionOperands) -> AttentionRegion:
     """The AttentionRegion of matched operands (UnsupportedRegion with a reason)."""
+    kv_groups.read_in_place(ops)
     problem, rank, negate = _finish(ops, ops.enable_gqa)
     nodes = _region_nodes(ops)
     name = f"region{index}_attention_{problem.epilogue.tag}"

@@ -231,8 +231,14 @@ class AttentionRegionModule(RegionModule):
             return None
         if seq_kv == 0:
             return None
+        group = p.kv_group            # query heads per K/V head (grouped-query attention)
         try:
-            batch, heads = torch.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
+            if group > 1:
+                if k.shape[1] * group != q.shape[1] or v.shape[1] != k.shape[1]:
+                    return None
+                (batch,), heads = torch.broadcast_shapes(q.shape[:1], k.shape[:1], v.shape[:1]), q.shape[1]
+            else:
+                batch, heads = torch.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
         except RuntimeError:
             return None
         if heads != p.heads:
@@ -270,8 +276,8 @@ class AttentionRegionModule(RegionModule):
             q = q[:, :, skip:]
         rows = seq_q - skip                   # the queries the kernel computes
         q = q.expand(batch, heads, rows, e)
-        k = k.expand(batch, heads, seq_kv, e)
-        v = v.expand(batch, heads, seq_kv, ev)
+        k = k.expand(batch, heads // group, seq_kv, e)
+        v = v.expand(batch, heads // group, seq_kv, ev)
         out = torch.empty((batch, rows, heads, ev), dtype=dt, device=dev)
         args = CoAttentionArgs()
         args.q, args.k, args.v, args.out = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()

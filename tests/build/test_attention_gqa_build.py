@@ -1,0 +1,79 @@
+"""Build tier: grouped-query attention with K and V read in place compiles on both
+attention kernels (no GPU needed): the Hopper FMHA's co_fmha::GqaMainloop
+(templates/fmha_gqa_mainloop.h) in hopper_fmha.py's unit, and the sm80 kernel with a
+bias (a model's sm_80 build). Their host checks take calls whose query heads are whole
+groups of the compiled G and refuse the others (``workspace_size`` is 0 for a call
+``run`` refuses). tests/gpu/test_gqa_attention_gpu.py runs them."""
+import ctypes
+
+import pytest
+import torch
+import torch.nn.functional as F
+from build_helpers import kernel_code, kernel_units, library_exports
+
+import cutlass_offload as co
+from attention_models import repeat_kv
+from cutlass_offload import emit
+from cutlass_offload.runtime.library import CO_CANNOT_IMPLEMENT, CoAttentionArgs, Library
+
+pytestmark = pytest.mark.build
+
+
+def _args(p, **kw) -> CoAttentionArgs:
+    """A call of problem ``p``: Q / O (B, H, L, D), K / V (B, H / G, L, D), contiguous."""
+    a = CoAttentionArgs()
+    a.q = a.k = a.v = a.out = 1 << 20
+    a.bias = None
+    a.batch, a.heads, a.seq_q, a.seq_kv = p.batch, p.heads, p.seq_q, p.seq_kv
+    a.head_dim = a.head_dim_v = p.head_dim
+    for t, h in (("q", p.heads), ("k", p.heads // p.kv_group), ("v", p.heads // p.kv_group)):
+        setattr(a, f"{t}_stride_batch", h * p.seq_q * p.head_dim)
+        setattr(a, f"{t}_stride_seq", p.head_dim)
+        setattr(a, f"{t}_stride_head", p.seq_q * p.head_dim)
+    a.out_stride_batch = p.seq_q * p.heads * p.head_dim       # BMHK
+    a.out_stride_seq, a.out_stride_head = p.heads * p.head_dim, p.head_dim
+    a.scale, a.causal = p.scale, 1 if p.causal == "top_left" else 0
+    for name, value in kw.items():
+        setattr(a, name, value)
+    return a
+
+
+def test_hopper_gqa_kernel_compiles_and_takes_whole_groups(hopper_fmha_built):
+    plan, res = hopper_fmha_built
+    (i,) = [i for i, r in enumerate(plan.regions) if r.problem.kv_group > 1]
+    region, kernel = plan.regions[i], plan.kernels[i]
+    assert kernel.kv_group == 4 and kernel.name.endswith("_gqa4")
+    code = kernel_code(kernel_units(res))[kernel.name]
+    assert "co_fmha::GqaMainloop<typename Builder::CollectiveMainloop, kKvGroup>" in code
+    library_exports(res, plan)
+    lib = Library(res.library)
+    run, ws = lib.launcher(emit.region_symbol(region.name), CoAttentionArgs)
+    p = region.problem
+    assert ws(ctypes.byref(_args(p))) == p.batch * p.heads * p.seq_q * 4
+    assert ws(ctypes.byref(_args(p, heads=6))) == 0                    # not whole groups of 4
+    assert run(ctypes.byref(_args(p, heads=6)), None) == CO_CANNOT_IMPLEMENT
+
+
+class BiasedGqa(torch.nn.Module):
+    def forward(self, q, k, v, bias):
+        return F.scaled_dot_product_attention(q, repeat_kv(k, 4), repeat_kv(v, 4), attn_mask=bias)
+
+
+def test_sm80_gqa_kernel_compiles_and_takes_whole_groups(tmp_path, cache_dir, monkeypatch):
+    """The sm80 kernel (gmem variant: head dim 160) with a bias and 4 query heads per
+    K/V head."""
+    monkeypatch.setenv("CUTLASS_OFFLOAD_CACHE_DIR", str(cache_dir))
+    B, H, L, D = 2, 8, 24, 160
+    xs = (torch.randn(B, H, L, D).half(), torch.randn(B, H // 4, L, D).half(),
+          torch.randn(B, H // 4, L, D).half(), torch.randn(B, H, L, L).half())
+    m = co.compile(BiasedGqa(), xs, arch="sm_80", out_dir=tmp_path / "gqa")
+    (region,) = m.plan.regions
+    (kernel,) = m.plan.distinct_kernels
+    assert region.problem.kv_group == 4 and kernel.kv_group == 4 and kernel.supports_bias
+    lib = Library(tmp_path / "gqa" / "libcutlass_offload.so")
+    _, ws = lib.launcher(emit.region_symbol(region.name), CoAttentionArgs)
+    p = region.problem
+    bias = dict(bias=1 << 21, bias_stride_batch=H * L * L, bias_stride_head=L * L,
+                bias_stride_query=L, bias_kv_capacity=L)
+    assert ws(ctypes.byref(_args(p, **bias))) > 0                      # the fp32 accumulator
+    assert ws(ctypes.byref(_args(p, heads=6, **bias))) == 0
