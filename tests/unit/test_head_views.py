@@ -62,10 +62,30 @@ def test_rewritten_graph_computes_the_same(with_mask_input):
         torch.testing.assert_close(out, fn(*xs), rtol=1e-12, atol=1e-12)
 
 
-def test_two_biases_neither_causal_say_so():
+def test_a_mask_passed_in_is_added_to_the_alibi_bias_first():
+    """BLOOM with its attention mask given (padding): ALiBi and the mask, both inputs,
+    are summed in the glue (partition/bias_sum.py) into the region's one bias."""
     mask = torch.where(torch.rand(B, 1, L, L) < 0.2, -1e4, 0.0).to(H)
-    part = partition(capture(Fn(lambda qkv, alibi, m: bloom_attention(qkv, alibi, m)),
-                             _inputs(H) + (mask,)).graph_module)
+    gm = capture(Fn(lambda qkv, alibi, m: bloom_attention(qkv, alibi, m)), _inputs(H) + (mask,)).graph_module
+    part = partition(gm)
+    (r,) = part.regions
+    assert isinstance(r, AttentionRegion) and r.bias_kind == "float" and r.problem.causal == "none"
+    bias = {n.name: n for n in gm.graph.nodes}[r.bias]
+    assert bias.target is aten.add.Tensor and tuple(val(bias).shape) == (B, NH, L, L)
+    assert any(a.op == "placeholder" for a in bias.all_input_nodes) and not part.fallbacks   # the mask
+
+
+def test_two_biases_one_constant_but_not_causal_say_so():
+    """A compile-time bias that is not a causal pattern is not summed with the other
+    (such a mask might fold): the reason says what to do."""
+    class Biased(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("pattern", torch.randn(1, 1, L, L).to(H))
+
+        def forward(self, qkv, alibi):
+            return bloom_attention(qkv, alibi, self.pattern)
+    part = partition(capture(Biased(), _inputs(H)).graph_module)
     assert not [r for r in part.regions if isinstance(r, AttentionRegion)]
     assert any("two biases" in f.reason for f in part.fallbacks), part.fallbacks
 

@@ -23,7 +23,9 @@
   of shape (H, 1, 1)) onto q (partition/logit_scale.py);
 * regroup Swin's windowed mask (``view(logits + b1, split) + mask``, viewed back)
   into one bias of the logits, so the attention matcher sees ``softmax(q k^T + bias)``
-  (partition/window_bias.py);
+  (partition/window_bias.py); add two biases of the logits that depend on graph inputs
+  to each other first (BLOOM's ALiBi bias and the mask it is given:
+  ``softmax(s + b1 + b2)`` -> ``softmax(s + (b1 + b2))``, partition/bias_sum.py);
 * move a constant factor on SDPA's query into its scale (``sdpa(views(q * c),
   scale=s)`` -> ``sdpa(views(q), scale=c * s)``, the views may include layout
   copies: runtime/glue_passes.py, the pass the
@@ -50,6 +52,7 @@ from .head_views import drop_same_shape_views, split_head_batches
 from .lift_1d import conv1d_as_conv2d, group_norm_3d_as_4d
 from .logit_scale import fold_head_scale_into_q
 from .window_bias import merge_window_bias
+from .bias_sum import merge_logit_biases
 from .graph_utils import aten, attr_tensor, call_with_val, fake_like, fake_value, same_shape, users, val
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
@@ -75,6 +78,7 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     fuse_activation_forms(gm.graph)
     fold_head_scale_into_q(gm.graph)
     merge_window_bias(gm.graph)
+    merge_logit_biases(gm.graph)
     fold_sdpa_query_scale(gm, through_copies=True)
     while _sink_views(gm.graph):
         pass
