@@ -75,6 +75,11 @@ def extra_cases() -> list:
               causal="top_left", bias=[1, n, 65, 100]),
         _case(b=b, s=65, s_kv=100, n=n, h=64, h_v=64, kv_heads=1, causal="top_left",
               dtype="fp32"),
+        # grouped-query attention, 2 query heads per K/V head, K and V read in place
+        # (partition/kv_groups.py): causal (the Hopper kernel on sm_90a), and BSNH with a
+        # float bias (the sm80 kernel)
+        _case(b=b, s=65, s_kv=65, n=n, h=64, h_v=64, kv_heads=2, causal="top_left"),
+        _case(b=b, s=24, s_kv=40, n=n, h=64, h_v=64, kv_heads=2, bias=[b, n, 24, 40], layout="bsnh"),
         # hand-written: 4-D with a boolean padding mask, 3-D bmm (head_to_batch_dim style)
         _case(form="hand", b=b, s=24, s_kv=40, n=n, h=64, h_v=64, mask=[b, 1, 1, 40],
               layout="bsnh"),
@@ -177,7 +182,8 @@ def reference(c, q, k, v, extra=None):
     if c["layout"] == "bsnh" and c["form"] != "bmm":
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if c["kv_heads"]:
-        k, v = k.expand(-1, q.shape[1], -1, -1), v.expand(-1, q.shape[1], -1, -1)
+        g = q.shape[1] // k.shape[1]          # query heads per K/V head, each K/V head's in a row
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     s, skv = q.shape[-2], k.shape[-2]
     scale = c["scale"] if c["scale"] is not None else 1 / math.sqrt(q.shape[-1])
     logits = q @ k.transpose(-1, -2) * scale
@@ -286,11 +292,15 @@ def emulate(mod, args, keep, out):
         return False
     if sq == 0 or b == 0:
         return True
+    g = k.kv_group                  # query head i reads K/V head i // g (the strides are per K/V head)
+    if h % g:
+        return False
     qv = _storage_view(a.q, pool, dt, (b, sq, h, e), (a.q_stride_batch, a.q_stride_seq, a.q_stride_head, 1))
-    kv = _storage_view(a.k, pool, dt, (b, skv, h, e), (a.k_stride_batch, a.k_stride_seq, a.k_stride_head, 1))
-    vv = _storage_view(a.v, pool, dt, (b, skv, h, ev), (a.v_stride_batch, a.v_stride_seq, a.v_stride_head, 1))
+    kv = _storage_view(a.k, pool, dt, (b, skv, h // g, e), (a.k_stride_batch, a.k_stride_seq, a.k_stride_head, 1))
+    vv = _storage_view(a.v, pool, dt, (b, skv, h // g, ev), (a.v_stride_batch, a.v_stride_seq, a.v_stride_head, 1))
     ov = _storage_view(a.out, pool, dt, (b, sq, h, ev), (a.out_stride_batch, a.out_stride_seq, ev, 1))
     q4, k4, v4 = (t.permute(0, 2, 1, 3).double() for t in (qv, kv, vv))
+    k4, v4 = k4.repeat_interleave(g, dim=1), v4.repeat_interleave(g, dim=1)
     logits = q4 @ k4.transpose(-1, -2) * float(torch.tensor(a.scale, dtype=torch.float32))
     if a.bias:
         bs = (a.bias_stride_batch, a.bias_stride_head, a.bias_stride_query)

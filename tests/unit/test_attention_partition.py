@@ -24,7 +24,7 @@ from helpers import Fn
 
 from cutlass_offload.capture import capture
 from cutlass_offload.ir import AttentionRegion
-from cutlass_offload.partition import partition
+from cutlass_offload.partition import kv_groups, partition
 from cutlass_offload.runtime.attention_region import AttentionRegionModule
 from cutlass_offload.runtime.compiled_model import offload
 from cutlass_offload.select import select
@@ -157,7 +157,12 @@ def test_dropout_gqa_and_odd_head_dims_stay_in_pytorch_with_reasons():
     assert not p.regions and "dropout_p=0.1" in p.fallbacks[0].reason
 
     k2, v2 = torch.randn(2, 2, 16, 64, dtype=H), torch.randn(2, 2, 16, 64, dtype=H)
-    p, _ = parts(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), q, k2, v2)
+    gqa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)   # noqa: E731
+    p, _ = parts(gqa, q, k2, v2)
+    assert [r.problem.kv_group for r in p.regions] == [2]        # read in place (kv_groups.py)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kv_groups, "GQA_IN_PLACE", False)
+        p, _ = parts(gqa, q, k2, v2)
     assert not p.regions and "grouped-query" in p.fallbacks[0].reason
 
     k1, v1 = torch.randn(2, 1, 16, 64, dtype=H), torch.randn(2, 1, 16, 64, dtype=H)
@@ -226,7 +231,7 @@ def test_suite_cases_are_one_region_each_and_compute_the_reference(monkeypatch):
     assert all(isinstance(r, AttentionRegion) for r in plan.regions)
     families = [k.config.family for k in plan.distinct_kernels]
     # sm90a: the Hopper kernel takes the f16 / bf16 cases without bias (emit/attention_sm90.py)
-    assert (families.count("cutlass2x_sm80"), families.count("cutlass3x_sm90")) == (6, 5), \
+    assert (families.count("cutlass2x_sm80"), families.count("cutlass3x_sm90")) == (7, 6), \
         [k.name for k in plan.distinct_kernels]
     gm = offload(cap.graph_module, plan, library_path=None)
     log = run_emulated(monkeypatch, gm)

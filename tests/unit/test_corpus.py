@@ -12,11 +12,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import corpus  # noqa: E402
+from cutlass_offload.partition import kv_groups  # noqa: E402
 
 
 class Mixed(nn.Module):
     """One of each: an offloaded conv2d and linear, a grouped conv2d (fallback), a
-    conv3d (no anchor: a fallback from partition/unanchored.py), a grouped-query SDPA with 2 K/V heads (fallback)."""
+    conv3d (no anchor: a fallback from partition/unanchored.py), a grouped-query SDPA with 2 K/V heads
+    (a fallback with partition/kv_groups.GQA_IN_PLACE off)."""
 
     def __init__(self):
         super().__init__()
@@ -43,6 +45,7 @@ def _mixed(name, dtype, batch, seq):
 
 def test_collect_lists_offloaded_problems_and_pytorch_ops(monkeypatch):
     monkeypatch.setattr(corpus, "load_model", _mixed)
+    monkeypatch.setattr(kv_groups, "GQA_IN_PLACE", False)
     record, entries = corpus.collect("mixed")
     assert record["regions"] == {"conv2d": 1, "gemm": 1}
     assert record["problems"] == {"gemm": [1, 1], "conv2d": [1, 1], "attention": [0, 0]}

@@ -38,7 +38,9 @@ Layouts (kernel_forward.h Params / advance_to_block): Q, K, V are BMHK with
 every stride a runtime argument: batch (int64), sequence and head (int32 in
 Params), head_dim contiguous. Any non-negative stride works (0 broadcasts, e.g.
 one K/V head shared by every query head), so PyTorch's (B, H, L, E) tensors
-are passed as they are. The output is BMHK with only the sequence stride
+are passed as they are. Grouped-query attention (``kernel.kv_group`` = G query
+heads per K/V head, compiled in): ``co_attention_kernel`` offsets K and V by head / G
+times their (per K/V head) head stride, so they are read in place. The output is BMHK with only the sequence stride
 free: its head stride is head_dim_v and its batch stride seq_q * seq stride
 (hard-coded in advance_to_block). The bias is (B, H, Mq, Nk) with batch / head
 (int64) and query (int32) strides, 0 = broadcast, key stride 1.

@@ -50,7 +50,12 @@ What the example supports, read from its code (CUTLASS 4.2):
   asserts that on the host, so ``run`` checks it first. A stride-0 mode (one K/V
   head shared by every query head, a batch broadcast) is dropped from the TMA
   descriptor (cute copy_traits_sm90_tma.hpp: "size-1 or stride-0, then don't
-  append"), which is what the example's README describes for MQA.
+  append"), which is what the example's README describes for MQA. Grouped-query
+  attention (``kernel.kv_group`` = G query heads per K/V head, compiled in) runs the
+  builder's mainloop instantiated with a head mode (G, H / G) of strides (sh, G * sh)
+  for Q and (_0, sh_kv) for K / V under ``co_fmha::GqaMainloop``
+  (templates/fmha_gqa_mainloop.h), which hands it the problem with that head mode:
+  K and V are read in place, query head h from K/V head h / G.
 * The epilogue always writes the per-row log-sum-exp (fp32, (B, H, Q) with
   strides (H*Q, Q), unpredicated on the pointer): it goes to the region's
   workspace (``workspace_size`` = batch * heads * seq_q * 4 bytes), reused across

@@ -21,9 +21,10 @@ from .graph_utils import aten, is_call, same_dim, static_int, val
 
 # False: a grouped-query attention runs on K and V as the model repeats them (one K/V
 # head per query head, as before kv_group existed), and SDPA's enable_gqa stays in
-# PyTorch. Off until tests/gpu/test_gqa_attention_gpu.py has passed on a GPU: both
-# kernels compile (tests/build/test_attention_gqa_build.py).
-GQA_IN_PLACE: bool = False
+# PyTorch (a switch for A/B runs, benchmarks/gqa_attention.py). On since
+# tests/gpu/test_gqa_attention_gpu.py passed on an H100 (session 56: both kernels,
+# fp16 / bf16, causal or not, transformers' Llama).
+GQA_IN_PLACE: bool = True
 
 _RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
 
