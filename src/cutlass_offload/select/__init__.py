@@ -112,10 +112,14 @@ def attention_tuning_id(problem) -> str:
     """What a profiled attention choice is about (a Hopper config for one kernel
     problem): sizes at the example batch, head dims, dtype, mask, as canonical JSON."""
     batch = problem.batch if problem.batch is not None else problem.batch_hint
+    # soft-cap and K/V grouping only when set: the ids of every other problem are what
+    # they were before those fields existed
+    extra = {k: v for k, v in (("softcap", problem.softcap), ("kv_group", problem.kv_group))
+             if v not in (0.0, 1)}
     return json.dumps({"op": "attention", "batch": batch, "heads": problem.heads,
                        "seq_q": problem.seq_q, "seq_kv": problem.seq_kv, "head_dim": problem.head_dim,
                        "head_dim_v": problem.head_dim_v, "dtype": problem.dtype,
-                       "causal": problem.causal, "bias": problem.bias}, sort_keys=True)
+                       "causal": problem.causal, "bias": problem.bias, **extra}, sort_keys=True)
 
 
 def conv_tuning_id(problem) -> str:
