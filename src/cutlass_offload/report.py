@@ -60,6 +60,15 @@ def _fallback_lines(fallbacks: list) -> list:
     return lines
 
 
+def _fallback_flops(f, flops: dict) -> dict:
+    """{"flops": ...} of a fallback: its node's, or the sum over a refused region's nodes
+    (a hand-written attention's FLOPs are on its two matmuls, not on the op it names)."""
+    names = f.nodes or (f.node,)
+    if not any(n in flops for n in names):
+        return {}
+    return {"flops": sum(flops.get(n, 0) for n in names)}
+
+
 def _flop_share(plan: Plan, flops: dict) -> dict:
     offloaded = sum(flops.get(n, 0) for r in plan.regions for n in r.nodes)
     share = {"total": sum(flops.values()), "offloaded": offloaded}
@@ -99,7 +108,8 @@ class Report:
                       "notes": [str(n) for n in r.notes],
                       "note_summaries": [getattr(n, "summary", str(n)) for n in r.notes]}
                      for r, k in plan.pairs],
-            fallbacks=[{**asdict(f), **({"flops": flops[f.node]} if f.node in (flops or {}) else {}),
+            fallbacks=[{**{k: v for k, v in asdict(f).items() if k != "nodes"},
+                        **_fallback_flops(f, flops or {}),
                         **({"module": modules[f.node]} if f.node in (modules or {}) else {})}
                        for f in plan.fallbacks],
             kernels=[{"name": k.name, "family": k.config.family, "regions": users[k.name]}

@@ -90,3 +90,13 @@ def test_with_the_switch_off_it_stays_in_pytorch_with_the_reason(monkeypatch):
     part = partition(capture(Fn(gemma2_attention), _qkv()).graph_module)
     assert not [r for r in part.regions if isinstance(r, AttentionRegion)]
     assert any("attention_forms.SOFTCAP" in f.reason for f in part.fallbacks), part.fallbacks
+
+
+def test_the_sm80_fallback_names_the_softmax_and_counts_both_matmuls():
+    """A region refused at kernel selection is reported at its softmax (not at a K/V
+    repeat or transpose before it) with the FLOPs of its two matmuls."""
+    import cutlass_offload as co
+    d = co.explain(Fn(gemma2_attention), _qkv(), arch="sm_80")
+    (f,) = d.report.to_dict()["fallbacks"]
+    assert f["node"].startswith("softmax") and "soft-cap" in f["reason"]
+    assert f["flops"] == 2 * (2 * B * NH * L * L * D)

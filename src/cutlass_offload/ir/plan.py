@@ -12,6 +12,7 @@ class Fallback:
     op: str
     reason: str
     by_choice: bool = False      # left to PyTorch on purpose (a norm Inductor fuses), not refused
+    nodes: tuple = ()            # a refused region's nodes: the report sums their FLOPs
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,8 @@ class PartitionResult:
 
 def anchor_node(region) -> str:
     """The node a Fallback of ``region`` names: its anchor op (an attention region's
-    SDPA call, not a layout copy before it in ``nodes``), else its first node."""
+    SDPA call or softmax, not a layout copy or K/V repeat before it in ``nodes``), else
+    its first node."""
     return getattr(region, "anchor", "") or region.nodes[0]
 
 

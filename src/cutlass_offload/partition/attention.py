@@ -413,7 +413,8 @@ def make_attention_region(index: int, ops: AttentionOperands) -> AttentionRegion
         mask=ops.mask.name if ops.mask is not None else None, mask_kind=ops.mask_kind,
         mask_check=ops.mask_check, k_transposed=ops.k_transposed, negate=negate,
         out_layout=ops.out_layout, rank=rank, notes=tuple(ops.notes),
-        anchor=ops.nodes[0].name if ops.form == "sdpa" else "")
+        anchor=ops.nodes[0].name if ops.form == "sdpa" else
+        next((n.name for n in ops.nodes if _call(n, aten.softmax.int, aten._softmax.default)), ""))
 
 
 def make_attention(index, node, ops: AttentionOperands, options, taken) -> tuple:

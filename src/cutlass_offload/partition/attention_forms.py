@@ -24,6 +24,7 @@ from ..masks import mask_pattern
 from .attention import (_MATMULS, AttentionOperands, _arg, _call, _cast_of, _checks,
                         _is_heads_transpose, _is_last_two_transpose, _logits_source, _number,
                         _scaled, _tensor, _users)
+from . import bias_sum
 from .constants import constant_value
 from .graph_utils import aten, hint_int, same_shape, static_int, val
 from .wide_attention import NOTE_KEY as WIDE_NOTE_KEY, wide_note
@@ -436,6 +437,8 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
             ops.notes.append(note_mask_folded("mask", add_bias.name, folded[0], bool(folded[1])))
         else:
             ops.bias, ops.bias_kind = add_bias, "float"
+            if add_bias.meta.get(bias_sum.META_KEY):
+                ops.notes.append(bias_sum.NOTE)
     ops.output, extra, ops.out_layout = _absorb_output(pv, rank)
     ops.nodes += extra
     return ops

@@ -29,6 +29,9 @@ from .constants import constant_value
 from .graph_utils import aten, fake_value, is_call, same_shape, users, val
 
 _SOFTMAX = (aten._softmax.default, aten.softmax.int)
+META_KEY = "co_bias_sum"          # on the summed bias node: the matcher notes it
+NOTE = ("its bias is two biases of the logits (e.g. ALiBi and the attention mask) added to "
+        "each other in the glue first (partition/bias_sum.py)")
 _CASTS = (aten.to.dtype, aten._to_copy.default)
 _SCALES = (aten.mul.Tensor, aten.div.Tensor)
 
@@ -96,6 +99,7 @@ def merge_logit_biases(graph: fx.Graph) -> int:
         with graph.inserting_before(outer):
             bias = graph.call_function(aten.add.Tensor, (b1, b2))
             bias.meta["val"] = summed
+            bias.meta[META_KEY] = True
             logits = graph.call_function(aten.add.Tensor, (x, bias))
             logits.meta.update(outer.meta)
         outer.replace_all_uses_with(logits)

@@ -214,18 +214,18 @@ def select(part: PartitionResult, arch: str, options: CompileOptions = CompileOp
         if defer and _defer_measured(r):
             why = pytorch_faster.reason(r.problem, arch, num_sms, glue=options.glue)
             if why is not None:
-                fallbacks.append(Fallback(anchor_node(r), r.form, why))
+                fallbacks.append(Fallback(anchor_node(r), r.form, why, nodes=r.nodes))
                 continue
         try:
             r, k = CHOOSERS[type(r)](r, arch, num_sms, options, tuned)
         except ValueError as e:
-            fallbacks.append(Fallback(anchor_node(r), r.form, f"no kernel: {e}"))
+            fallbacks.append(Fallback(anchor_node(r), r.form, f"no kernel: {e}", nodes=r.nodes))
             continue
         if defer and isinstance(r, GemmRegion):
             # a GEMM entry names the kernel it timed: asked after the choice
             why = pytorch_faster.reason(r.problem, arch, num_sms, gemm_kernel_tag(k), options.glue)
             if why is not None:
-                fallbacks.append(Fallback(anchor_node(r), r.form, why))
+                fallbacks.append(Fallback(anchor_node(r), r.form, why, nodes=r.nodes))
                 continue
         regions.append(r)
         kernels.append(k)
