@@ -115,13 +115,16 @@ class AttentionProblem:
 
     @property
     def epilogue(self) -> "AttentionVariant":
-        """No fused epilogue: the report's epilogue column names the mask variant."""
+        """No fused epilogue: the report's epilogue column names the mask variant (and a
+        soft-cap, K/V heads read in place for grouped-query attention)."""
         parts = [] if self.causal == "none" else [{"top_left": "causal",
                                                     "bottom_right": "causal_br"}[self.causal]]
         if self.bias != "none":
             parts.append("bias")
         if self.softcap:
             parts.append("softcap")
+        if self.kv_group > 1:
+            parts.append("gqa")
         return AttentionVariant("_".join(parts) or "plain")
 
     def summary(self) -> dict:
