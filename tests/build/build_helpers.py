@@ -50,3 +50,25 @@ def kernel_code(units) -> dict:
         for (start, name), (end, _) in zip(starts, starts[1:] + [(len(source), None)]):
             code[name] = source[start:end]
     return code
+
+
+def attention_args(p, **kw):
+    """CoAttentionArgs of a call of AttentionProblem ``p`` at a fake address (the host
+    checks read only sizes and strides): Q (B, H, L, D), K / V (B, H / kv_group, L, D),
+    contiguous; O BMHK; ``kw`` overrides fields."""
+    from cutlass_offload.runtime.library import CoAttentionArgs
+    a = CoAttentionArgs()
+    a.q = a.k = a.v = a.out = 1 << 20
+    a.bias = None
+    a.batch, a.heads, a.seq_q, a.seq_kv = p.batch, p.heads, p.seq_q, p.seq_kv
+    a.head_dim = a.head_dim_v = p.head_dim
+    for t, h in (("q", p.heads), ("k", p.heads // p.kv_group), ("v", p.heads // p.kv_group)):
+        setattr(a, f"{t}_stride_batch", h * p.seq_q * p.head_dim)
+        setattr(a, f"{t}_stride_seq", p.head_dim)
+        setattr(a, f"{t}_stride_head", p.seq_q * p.head_dim)
+    a.out_stride_batch = p.seq_q * p.heads * p.head_dim
+    a.out_stride_seq, a.out_stride_head = p.heads * p.head_dim, p.head_dim
+    a.scale, a.causal = p.scale, 1 if p.causal == "top_left" else 0
+    for name, value in kw.items():
+        setattr(a, name, value)
+    return a

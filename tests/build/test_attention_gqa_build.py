@@ -9,7 +9,7 @@ import ctypes
 import pytest
 import torch
 import torch.nn.functional as F
-from build_helpers import kernel_code, kernel_units, library_exports
+from build_helpers import attention_args as _args, kernel_code, kernel_units, library_exports
 
 import cutlass_offload as co
 from attention_models import repeat_kv
@@ -18,25 +18,6 @@ from cutlass_offload.partition import kv_groups
 from cutlass_offload.runtime.library import CO_CANNOT_IMPLEMENT, CoAttentionArgs, Library
 
 pytestmark = pytest.mark.build
-
-
-def _args(p, **kw) -> CoAttentionArgs:
-    """A call of problem ``p``: Q / O (B, H, L, D), K / V (B, H / G, L, D), contiguous."""
-    a = CoAttentionArgs()
-    a.q = a.k = a.v = a.out = 1 << 20
-    a.bias = None
-    a.batch, a.heads, a.seq_q, a.seq_kv = p.batch, p.heads, p.seq_q, p.seq_kv
-    a.head_dim = a.head_dim_v = p.head_dim
-    for t, h in (("q", p.heads), ("k", p.heads // p.kv_group), ("v", p.heads // p.kv_group)):
-        setattr(a, f"{t}_stride_batch", h * p.seq_q * p.head_dim)
-        setattr(a, f"{t}_stride_seq", p.head_dim)
-        setattr(a, f"{t}_stride_head", p.seq_q * p.head_dim)
-    a.out_stride_batch = p.seq_q * p.heads * p.head_dim       # BMHK
-    a.out_stride_seq, a.out_stride_head = p.heads * p.head_dim, p.head_dim
-    a.scale, a.causal = p.scale, 1 if p.causal == "top_left" else 0
-    for name, value in kw.items():
-        setattr(a, name, value)
-    return a
 
 
 def test_hopper_gqa_kernel_compiles_and_takes_whole_groups(hopper_fmha_built):

@@ -6,29 +6,13 @@ tests/gpu/test_softcap_attention_gpu.py runs it."""
 import ctypes
 
 import pytest
-from build_helpers import kernel_code, kernel_units, library_exports
+from build_helpers import attention_args as _args, kernel_code, kernel_units, library_exports
 
 from cutlass_offload import emit
 from cutlass_offload.emit import attention_sm90 as emit_a90
 from cutlass_offload.runtime.library import CO_CANNOT_IMPLEMENT, CoAttentionArgs, Library
 
 pytestmark = pytest.mark.build
-
-
-def _args(p, **kw) -> CoAttentionArgs:
-    a = CoAttentionArgs()
-    a.q = a.k = a.v = a.out = 1 << 20
-    a.bias = None
-    a.batch, a.heads, a.seq_q, a.seq_kv = p.batch, p.heads, p.seq_q, p.seq_kv
-    a.head_dim = a.head_dim_v = p.head_dim
-    for t in ("q", "k", "v", "out"):                         # BHSD, contiguous
-        setattr(a, f"{t}_stride_batch", p.heads * p.seq_q * p.head_dim)
-        setattr(a, f"{t}_stride_seq", p.head_dim)
-        setattr(a, f"{t}_stride_head", p.seq_q * p.head_dim)
-    a.scale, a.causal = p.scale, 1
-    for name, value in kw.items():
-        setattr(a, name, value)
-    return a
 
 
 def test_softcap_kernel_compiles_and_holds_its_scale(hopper_fmha_built):
