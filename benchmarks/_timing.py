@@ -8,6 +8,7 @@ replayed (device time: no host launch cost).
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import torch
 
@@ -129,3 +130,18 @@ def conv_row(mod, args, pytorch_op, conv_alone, reference) -> tuple:
     return out, {"kernel": mod.kernel.name, "fell_back": mod.fallback_calls, "rel_err": err,
                  "ours_us": ours, "cudnn_us": theirs, "speedup": theirs / ours,
                  "cudnn_conv_us": conv, "conv_speedup": conv / ours}
+
+
+def write_result(name: str, data: dict, **meta) -> Path:
+    """``{"meta": {gpu, torch, date, **meta}, **data}`` as JSON to $OUT/``name``.json
+    (default ./out); returns the path."""
+    import json
+    import os
+    import time
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d"), **meta}
+    path = out / f"{name}.json"
+    path.write_text(json.dumps({"meta": meta, **data}, indent=1))
+    return path

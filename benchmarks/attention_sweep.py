@@ -17,10 +17,7 @@ $OUT/attention_sweep.json (default ./out).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from _attention_search import _tag, compile_regions, prebuild_all            # noqa: E402
-from _timing import median_ms                                                 # noqa: E402
+from _timing import median_ms, write_result                                                 # noqa: E402
 from cutlass_offload.families import attention_sm90                           # noqa: E402
 from cutlass_offload.ir import AttentionKernelSm90, AttentionProblem          # noqa: E402
 from cutlass_offload.select import attention_tuning_id                        # noqa: E402
@@ -113,12 +110,7 @@ def main(argv=None):
               ("  (the table's choice)" if row["table_choice"] else ""), flush=True)
         del compiled
     print("anchors: " + "  ".join(f"{n} {t:.3f} ms" for n, t in anchors.items()))
-    out = Path(os.environ.get("OUT", "out"))
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-            "problem": vars(a), "tuning_id": tid}
-    (out / "attention_sweep.json").write_text(json.dumps({"meta": meta, "anchors": anchors,
-                                                          "rows": rows}, indent=1))
+    write_result("attention_sweep", {"anchors": anchors, "rows": rows}, problem=vars(a), tuning_id=tid)
 
 
 if __name__ == "__main__":

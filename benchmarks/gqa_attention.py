@@ -22,8 +22,6 @@ Prints a table and writes $OUT/gqa_attention.json (default ./out).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import cutlass_offload as co                                          # noqa: E402
 from cutlass_offload.partition import kv_groups                       # noqa: E402
-from _timing import median_ms                                         # noqa: E402
+from _timing import median_ms, write_result                                         # noqa: E402
 
 HQ, HKV, D = 32, 4, 64           # TinyLlama-1.1B's attention
 
@@ -104,11 +102,7 @@ def main(argv=None):
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     rows = run(dtype, shapes)
-    out = Path(os.environ.get("OUT", "out"))
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": a.dtype,
-            "date": time.strftime("%Y-%m-%d")}
-    (out / "gqa_attention.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_result("gqa_attention", {"rows": rows}, dtype=a.dtype)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ fp16's. Prints a table and writes $OUT/softcap_attention.json (default ./out).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -34,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))              # _timing
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import cutlass_offload as co                                          # noqa: E402
-from _timing import median_ms                                         # noqa: E402
+from _timing import median_ms, write_result                                         # noqa: E402
 
 HEAD_DIM, CAP = 256, 50.0
 SCALING = HEAD_DIM ** -0.5        # Gemma 2: query_pre_attn_scalar ** -0.5
@@ -116,11 +114,7 @@ def main(argv=None):
         sys.exit("softcap_attention.py needs a CUDA GPU")
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
     rows = run(dtype, [int(s) for s in a.seqs.split(",")], a.batch)
-    out = Path(os.environ.get("OUT", "out"))
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": a.dtype,
-            "date": time.strftime("%Y-%m-%d")}
-    (out / "softcap_attention.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_result("softcap_attention", {"rows": rows}, dtype=a.dtype)
 
 
 if __name__ == "__main__":

@@ -25,37 +25,21 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .attention import _reaches_matmul
 from .constants import constant_value
 from .graph_utils import aten, fake_value, is_call, same_shape, users, val
+from .window_bias import _tensor_add
 
 _SOFTMAX = (aten._softmax.default, aten.softmax.int)
 META_KEY = "co_bias_sum"          # on the summed bias node: the matcher notes it
 NOTE = ("its bias is two biases of the logits (e.g. ALiBi and the attention mask) added to "
         "each other in the glue first (partition/bias_sum.py)")
 _CASTS = (aten.to.dtype, aten._to_copy.default)
-_SCALES = (aten.mul.Tensor, aten.div.Tensor)
 
 
-def _tensor_add(n):
-    if not is_call(n, aten.add.Tensor) or len(n.args) != 2 or n.kwargs.get("alpha", 1) != 1:
-        return None
-    a, b = n.args
-    return (a, b) if isinstance(a, fx.Node) and isinstance(b, fx.Node) else None
-
-
-def _from_matmul(n, depth: int = 6) -> bool:
-    """n carries logits: it leads back to a matmul through adds, scalings and casts."""
-    while isinstance(n, fx.Node) and depth > 0:
-        if is_call(n, aten.matmul.default, aten.bmm.default):
-            return True
-        if is_call(n, *_CASTS, *_SCALES) and n.args:
-            n = n.args[0]
-        elif _tensor_add(n) is not None:
-            return any(_from_matmul(a, depth - 1) for a in n.args)
-        else:
-            return False
-        depth -= 1
-    return False
+def _from_matmul(n) -> bool:
+    """n carries logits: the attention matcher's walk leads it back to a matmul."""
+    return _reaches_matmul(n, 12)
 
 
 def _bias(n) -> bool:
