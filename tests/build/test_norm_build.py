@@ -10,7 +10,7 @@ import torch.nn as nn
 
 import cutlass_offload as co
 from cutlass_offload import emit
-from norm_cases import LlamaRMSNorm
+from norm_cases import GemmaRMSNorm, LayerNorm1P, LlamaRMSNorm
 
 pytestmark = pytest.mark.build
 
@@ -42,3 +42,22 @@ def test_layer_norm_and_rms_norm_build_into_one_library(tmp_path):
     units = {u["name"] for u in compiled.report.build["units"]}
     assert any(n.startswith("shard_rowwise_layer_norm_f16") for n in units), units
     assert "regions offloaded" in compiled.report.format()
+
+
+class OffsetNorms(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.ln, self.rms = LayerNorm1P(d), GemmaRMSNorm(d)
+
+    def forward(self, x):
+        return self.rms(self.ln(x) * 2.0)
+
+
+def test_unit_offset_norms_build(tmp_path):
+    """Gemma's RMSNorm and LayerNorm1P: the kernels scaling by 1 + weight compile."""
+    compiled = co.compile(OffsetNorms().half(), (torch.randn(2, 8, 64, dtype=torch.float16),),
+                          arch="sm_80", out_dir=tmp_path / "offset", offload_norms="all")
+    assert not compiled.plan.fallbacks and not compiled.report.build["failures"]
+    assert sorted(k.name for k in compiled.plan.distinct_kernels) == [
+        "rowwise_layer_norm_f16_vec8_weight1p_bias", "rowwise_rms_norm_f16_vec8_weight1p"]
+    assert (tmp_path / "offset" / "libcutlass_offload.so").exists()

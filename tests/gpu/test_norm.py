@@ -14,7 +14,7 @@ import torch.nn as nn
 
 import cutlass_offload as co
 from helpers import poison_allocator, rel_err
-from norm_cases import LlamaRMSNorm
+from norm_cases import GemmaRMSNorm, LayerNorm1P, LlamaRMSNorm
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
@@ -35,6 +35,10 @@ CASES = [
     # eps=None: PyTorch's default for an fp16 input, float32's epsilon (1.2e-7), which
     # dominates a mean square of 1e-8 here (the reference below uses it too)
     ("rms_norm_default_eps_4x256_f16", lambda: nn.RMSNorm(256), (4, 256), torch.float16, 1e-4),
+    # zero-centred weights, scaled by 1 + weight (Gemma's RMSNorm; Nemotron's LayerNorm1P)
+    ("gemma_rms_2x9x2304_bf16", lambda: GemmaRMSNorm(2304), (2, 9, 2304), torch.bfloat16, 1.0),
+    ("gemma_rms_3x256_f16", lambda: GemmaRMSNorm(256), (3, 256), torch.float16, 1.0),
+    ("layer_norm_1p_4x192_f16", lambda: LayerNorm1P(192), (4, 192), torch.float16, 1.0),
 ]
 
 
@@ -75,7 +79,8 @@ def test_every_case_offloaded(suite):
     assert not compiled.plan.fallbacks
     kinds = [r.problem.kind for r in compiled.plan.regions]
     assert kinds == ["layer_norm", "layer_norm", "rms_norm", "rms_norm", "layer_norm", "rms_norm",
-                     "layer_norm", "layer_norm", "rms_norm"]
+                     "layer_norm", "layer_norm", "rms_norm", "rms_norm", "rms_norm", "layer_norm"]
+    assert [r.problem.unit_offset for r in compiled.plan.regions] == [False] * 9 + [True] * 3
     assert compiled.plan.regions[8].problem.eps == torch.finfo(torch.float32).eps
     assert compiled.plan.regions[4].problem.eps == 1e-12
 

@@ -11,8 +11,8 @@ is kept in registers when it fits (up to 4 vectors per thread: 32768 fp16 /
 layer_norm is two-pass (the mean, then the centred sum of squares: no
 cancellation, unlike E[x^2] - E[x]^2), biased variance, like PyTorch;
 rms_norm needs only the sum of squares. weight and bias are optional
-(compile-time), eps is a runtime argument. The launcher never allocates,
-launches on the given stream and returns CO_CANNOT_IMPLEMENT for a cols that is
+(compile-time; a zero-centred weight scales by 1 + weight, ``unit_offset``), eps
+is a runtime argument. The launcher never allocates, launches on the given stream and returns CO_CANNOT_IMPLEMENT for a cols that is
 not a multiple of ``vec``, a misaligned or missing pointer, or too many rows.
 
 Why not CUTLASS's own (tools/util/include/cutlass/util):
@@ -56,6 +56,7 @@ constexpr int kVec = ${vec};
 constexpr bool kRms = ${rms};
 constexpr bool kWeight = ${weight};
 constexpr bool kBias = ${bias};
+constexpr bool kUnitOffset = ${unit_offset};
 
 static bool aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % uintptr_t(kVec * sizeof(Element)) == 0;
@@ -77,7 +78,7 @@ int run(const CoNormArgs& args, cudaStream_t stream) {
   const int64_t rows_per_block = threads == 32 ? 4 : 1;  // short rows: a warp per row
   const int64_t blocks = (args.rows + rows_per_block - 1) / rows_per_block;
   if (blocks > int64_t(INT32_MAX)) return CO_CANNOT_IMPLEMENT;
-  co_rowwise_norm::rowwise_norm_kernel<Element, kVec, kRms, kWeight, kBias>
+  co_rowwise_norm::rowwise_norm_kernel<Element, kVec, kRms, kWeight, kBias, kUnitOffset>
       <<<dim3(unsigned(blocks)), dim3(unsigned(threads), unsigned(rows_per_block)), 0, stream>>>(
           static_cast<const Element*>(args.input), static_cast<const Element*>(args.weight),
           static_cast<const Element*>(args.bias), static_cast<Element*>(args.output),
@@ -108,6 +109,7 @@ def emit(kernel: NormKernel) -> KernelSource:
     body = Template(_KERNEL).substitute(
         name=kernel.name, element=CPP[kernel.dtype], vec=kernel.vec,
         rms="true" if kernel.kind == "rms_norm" else "false",
-        weight="true" if kernel.weight else "false", bias="true" if kernel.bias else "false")
+        weight="true" if kernel.weight else "false", bias="true" if kernel.bias else "false",
+        unit_offset="true" if kernel.unit_offset else "false")
     return KernelSource(name=kernel.name, includes=INCLUDES, code=common + "\n" + body,
                         args_type="CoNormArgs")

@@ -20,7 +20,9 @@ class NormProblem:
     eps: as the graph gives it (the op's argument or the decomposed form's
     constant). cols: static; rows: ``None`` when dynamic (rows_hint = the
     example's). align: elements, the largest of 8/4/2/1 (4/2/1 for fp32) dividing
-    cols. weight / bias: the affine (cols,) vectors are present. Norm regions have
+    cols. weight / bias: the affine (cols,) vectors are present. unit_offset: the
+    weight is zero-centred, y is scaled by (1 + weight) computed in fp32 (Gemma's
+    RMSNorm, ``x_norm * (1.0 + weight.float())``; Nemotron's LayerNorm1P). Norm regions have
     no fused epilogue (``epilogue`` is the empty GemmEpilogue, for the report).
     """
 
@@ -33,6 +35,7 @@ class NormProblem:
     bias: bool = False
     rows: Optional[int] = None
     rows_hint: int = 1
+    unit_offset: bool = False
 
     epilogue = GemmEpilogue()
 
@@ -48,12 +51,15 @@ class NormProblem:
             raise ValueError("a norm with a bias but no weight is not a PyTorch form")
         if self.bias and self.kind == "rms_norm":
             raise ValueError("rms_norm has no bias")
+        if self.unit_offset and not self.weight:
+            raise ValueError("unit_offset scales by 1 + weight: it needs a weight")
 
     def summary(self) -> dict:
         """The problem as the report shows it (JSON-able)."""
         p = self
         return {"norm": {"kind": p.kind, "rows_hint": p.rows_hint, "cols": p.cols, "eps": p.eps,
-                         "weight": p.weight, "bias": p.bias}}
+                         "weight": p.weight, "bias": p.bias,
+                         **({"unit_offset": True} if p.unit_offset else {})}}
 
 
 class _VectorKernel:
@@ -85,7 +91,8 @@ class NormKernel(_VectorKernel):
     """One distinct row-wise normalization kernel (one row per thread block, or one
     warp per row for short rows; emit/norm.py). Its identity is dtype, kind,
     vector width (``vec`` elements per load, cols % vec == 0) and the affine
-    parameters; rows, cols and eps are runtime arguments.
+    parameters (``unit_offset``: scaled by 1 + weight); rows, cols and eps are
+    runtime arguments.
 
     config: KernelConfig of family "rowwise_norm", tile (1, 1, 1): no tuning
     choice is compiled in (the block size is picked per call from cols).
@@ -98,11 +105,14 @@ class NormKernel(_VectorKernel):
     weight: bool
     bias: bool
     config: "KernelConfig" = None
+    unit_offset: bool = False
 
     def __post_init__(self):
         _check(self.kind, NORM_KINDS, "kind")
         if self.bias and not self.weight:
             raise ValueError("a norm kernel with a bias needs a weight")
+        if self.unit_offset and not self.weight:
+            raise ValueError("a norm kernel scaling by 1 + weight needs a weight")
         self._check_common()
 
     FAMILY = "rowwise_norm"
@@ -111,7 +121,8 @@ class NormKernel(_VectorKernel):
 
     @property
     def affine(self) -> str:
-        return "weight_bias" if self.bias else ("weight" if self.weight else "noaffine")
+        w = "weight1p" if self.unit_offset else "weight"
+        return f"{w}_bias" if self.bias else (w if self.weight else "noaffine")
 
     @property
     def name(self) -> str:

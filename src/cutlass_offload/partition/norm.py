@@ -14,7 +14,8 @@ Forms matched (fp16 / bf16 / fp32, affine weight and bias optional):
       r  = rsqrt(mean(xf.pow(2), [-1], keepdim=True) + eps)    # or xf * xf
       y  = xf * r                              # or x * r (promotes to fp32)
       y  = y.to(x.dtype)                       # optional when y already is x.dtype
-      y  = weight * y                          # optional, weight (C,) of x.dtype
+      y  = weight * y                          # optional, weight (C,) of x.dtype, or
+                                               # (1 + weight.float()) * y in fp32 (Gemma)
       y  = y.to(x.dtype)                       # when weight * y was fp32 (AOTAutograd's
                                                # decomposition of aten.rms_norm)
 
@@ -27,6 +28,11 @@ eps is read from the graph: the op's argument (or its schema default for
 layer_norm), the constant added in the written-out form. ``aten.rms_norm``
 without an eps takes PyTorch's default, the epsilon of the computation type
 (float32's for every input dtype offloaded).
+
+A zero-centred weight, ``1 + weight`` (either order, the weight cast to fp32 or not:
+Gemma's ``x_norm * (1.0 + weight.float())``, Nemotron's ``layer_norm(x, ..., weight + 1)``),
+is read as the weight with ``unit_offset`` (the kernel scales by 1 + weight in fp32), its
+add and cast joining the region.
 """
 from __future__ import annotations
 
@@ -58,6 +64,7 @@ class NormOperands:
     weight: Optional[fx.Node] = None
     bias: Optional[fx.Node] = None
     notes: list = field(default_factory=list)
+    unit_offset: bool = False     # y scaled by (1 + weight): the weight is zero-centred
 
 
 def _cols(x) -> int:
@@ -96,6 +103,33 @@ def _vector(node, what, dtype, cols):
     return node
 
 
+def _is_one(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and v == 1
+
+
+def _unit_offset_weight(node, dtype, cols):
+    """(weight, the form's nodes [cast], add) when ``node`` is ``1 + weight`` (add.Tensor /
+    add.Scalar, alpha 1, either order), the weight a (cols,) vector of the input's dtype,
+    cast to fp32 first or not; else None. UnsupportedRegion when it is that form but the
+    weight is not a vector the kernel takes (e.g. of another dtype)."""
+    if not (isinstance(node, fx.Node) and _call(node, aten.add.Tensor, aten.add.Scalar)
+            and len(node.args) == 2 and node.kwargs.get("alpha", 1) == 1):
+        return None
+    a, b = node.args
+    t = a if _is_one(b) else (b if _is_one(a) else None)
+    if not isinstance(t, fx.Node) or val(node) is None:
+        return None
+    if DTYPE_NAMES.get(val(node).dtype) not in ("f32", dtype):
+        return None
+    cast = _cast_of(t)
+    nodes = [node]
+    if cast is not None and cast[1] == torch.float32:
+        if _users(t) != [node]:
+            return None
+        t, nodes = cast[0], [t, node]
+    return _vector(t, "weight", dtype, cols), nodes
+
+
 def _last_axis_only(shape, what, cols):
     shape = list(shape)
     if len(shape) != 1:
@@ -111,12 +145,18 @@ def layer_norm_operands(node, options) -> NormOperands:
     dtype = tensor_dtype(x, "input")
     cols = _cols(x)
     _last_axis_only(_arg(node, 1, "normalized_shape"), "layer_norm", cols)
-    weight = _vector(_arg(node, 2, "weight"), "weight", dtype, cols)
+    w = _arg(node, 2, "weight")
+    offset = _unit_offset_weight(w, dtype, cols)
+    if offset is not None and _users(w) == [node]:      # weight + 1 joins the region
+        weight, nodes = offset[0], offset[1] + [node]
+    else:
+        weight, nodes, offset = _vector(w, "weight", dtype, cols), [node], None
     bias = _vector(_arg(node, 3, "bias"), "bias", dtype, cols)
     if bias is not None and weight is None:
         raise UnsupportedRegion("layer_norm with a bias but no weight")
     eps = _eps(_arg(node, 4, "eps"), "layer_norm")
-    return NormOperands("layer_norm", "layer_norm", x, cols, dtype, eps, [node], weight, bias)
+    return NormOperands("layer_norm", "layer_norm", x, cols, dtype, eps, nodes, weight, bias,
+                        unit_offset=offset is not None)
 
 
 def native_layer_norm_operands(node, options) -> NormOperands:
@@ -128,7 +168,7 @@ def native_layer_norm_operands(node, options) -> NormOperands:
         raise UnsupportedRegion("native_layer_norm: its mean / rstd outputs are used")
     if len(outs) != 1:
         raise UnsupportedRegion("native_layer_norm: its output is read more than once")
-    ops.nodes = [node, outs[0]]
+    ops.nodes = ops.nodes + [outs[0]]
     return ops
 
 
@@ -158,7 +198,11 @@ def _other(n, one):
 
 
 def _cast_of(n):
-    """(source, dtype) when n is a pure dtype cast (to.dtype / _to_copy), else None."""
+    """(source, dtype) when n is a pure dtype cast (to.dtype / _to_copy / type_as, as
+    ``y.type_as(x)`` ends Gemma's RMSNorm), else None."""
+    if _call(n, aten.type_as.default) and len(n.args) == 2 and not n.kwargs:
+        other = val(n.args[1])
+        return (n.args[0], other.dtype) if isinstance(other, torch.Tensor) else None
     if _call(n, aten.to.dtype):
         extra = dict(zip(("non_blocking", "copy", "memory_format"), n.args[2:]), **n.kwargs)
         if any(v not in (None, False, torch.preserve_format) for v in extra.values()):
@@ -269,7 +313,12 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
     if len(nxt) == 1 and _call(nxt[0], aten.mul.Tensor) and len(nxt[0].args) == 2:
         wmul = nxt[0]
         try:
-            weight = _vector(_other(wmul, out), "weight", dtype, cols)
+            offset = _unit_offset_weight(_other(wmul, out), dtype, cols)
+            if offset is not None:
+                weight, offset_nodes = offset
+                inner.extend(offset_nodes)
+            else:
+                weight = _vector(_other(wmul, out), "weight", dtype, cols)
             if tuple(val(wmul).shape) != tuple(val(out).shape):
                 raise UnsupportedRegion("weight * y broadcasts to another shape")
             if val(wmul).dtype not in (xdt, torch.float32):
@@ -308,7 +357,7 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
         if not set(n.users) <= members:
             raise UnsupportedRegion(f"{what}: intermediate {n.name} is used outside the norm")
     return NormOperands("rms_norm_decomposed", "rms_norm", x, cols, dtype, eps, nodes, weight,
-                        notes=notes)
+                        notes=notes, unit_offset=weight is not None and offset is not None)
 
 
 def make_norm_region(index: int, ops: NormOperands) -> NormRegion:
@@ -319,7 +368,8 @@ def make_norm_region(index: int, ops: NormOperands) -> NormRegion:
     rows_hint = max(1, int(math.prod(hint_int(d) for d in lead)))
     problem = NormProblem(kind=ops.kind, dtype=ops.dtype, cols=ops.cols, eps=ops.eps,
                           align=max_alignment(ops.cols, ops.dtype), weight=ops.weight is not None,
-                          bias=ops.bias is not None, rows=rows, rows_hint=rows_hint)
+                          bias=ops.bias is not None, rows=rows, rows_hint=rows_hint,
+                          unit_offset=ops.unit_offset)
     return NormRegion(name=f"region{index}_{ops.form}", form=ops.form,
                       nodes=tuple(n.name for n in ops.nodes), x=ops.x.name, problem=problem,
                       weight=ops.weight.name if ops.weight is not None else None,

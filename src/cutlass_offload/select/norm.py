@@ -10,4 +10,4 @@ from ..ir import NormKernel, NormProblem
 def choose_norm_kernel(problem: NormProblem, arch: str) -> NormKernel:
     """The kernel for one norm problem on ``arch``; ValueError when none fits."""
     return NormKernel(arch=arch, kind=problem.kind, dtype=problem.dtype, vec=problem.align,
-                      weight=problem.weight, bias=problem.bias)
+                      weight=problem.weight, bias=problem.bias, unit_offset=problem.unit_offset)

@@ -30,7 +30,9 @@ __device__ __forceinline__ float row_sum(float v, float* smem) {
   return v;
 }
 
-template <typename T, int kVec, bool kRms, bool kWeight, bool kBias>
+// kUnitOffset: the weight is stored zero-centred and scales by (1 + weight), in fp32
+// (Gemma's RMSNorm: x_norm * (1.0 + weight.float()); Nemotron's LayerNorm1P: weight + 1)
+template <typename T, int kVec, bool kRms, bool kWeight, bool kBias, bool kUnitOffset>
 struct Row {
   using Vec = cutlass::AlignedArray<T, kVec>;
   using Frag = cutlass::Array<float, kVec>;
@@ -69,7 +71,7 @@ struct Row {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       float v = (f[j] - mean) * rstd;
-      if (kWeight) v *= fw[j];
+      if (kWeight) v *= kUnitOffset ? 1.f + fw[j] : fw[j];
       if (kBias) v += fb[j];
       o[j] = v;
     }
@@ -80,12 +82,12 @@ struct Row {
   }
 };
 
-template <typename T, int kVec, bool kRms, bool kWeight, bool kBias>
+template <typename T, int kVec, bool kRms, bool kWeight, bool kBias, bool kUnitOffset>
 __global__ void __launch_bounds__(1024)
 rowwise_norm_kernel(const T* __restrict__ input, const T* __restrict__ weight,
                     const T* __restrict__ bias, T* __restrict__ output,
                     int64_t rows, int64_t cols, float eps) {
-  using R = Row<T, kVec, kRms, kWeight, kBias>;
+  using R = Row<T, kVec, kRms, kWeight, kBias, kUnitOffset>;
   using Vec = typename R::Vec;
   using Frag = typename R::Frag;
   __shared__ float smem[32];
