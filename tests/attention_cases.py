@@ -17,7 +17,7 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 def _case(**kw):
     c = dict(form="sdpa", layout="bnsh", causal="none", bias=None, mask=None, scale=None,
-             kv_heads=None, dtype="fp16", dynamic=False)
+             kv_heads=None, dtype="fp16", dynamic=False, window=None)
     c.update(kw)
     return c
 
@@ -88,6 +88,21 @@ def extra_cases() -> list:
     ]
 
 
+def sliding_window_cases() -> list:
+    """Top-left causal masks within a sliding window of ``window`` keys (query i sees keys
+    i - W < j <= i, transformers' ``sliding_window``), computed in the model from its
+    sizes: SDPA's boolean attn_mask (with grouped K/V heads, in BSNH), the hand-written
+    masked_fill, and a window as wide as the rows (plain causal). On sm_90a the window
+    folds into the Hopper kernel; on sm_80 the mask stays the sm80 kernel's bias."""
+    return [
+        _case(b=2, s=200, s_kv=200, n=4, h=64, h_v=64, causal="top_left", window=48),
+        _case(b=1, s=130, s_kv=130, n=4, h=128, h_v=128, causal="top_left", window=100,
+              kv_heads=2, layout="bsnh", dtype="bf16"),
+        _case(form="hand", b=2, s=96, s_kv=96, n=2, h=64, h_v=64, causal="top_left", window=32),
+        _case(b=1, s=64, s_kv=64, n=2, h=64, h_v=64, causal="top_left", window=100),
+    ]
+
+
 def case_id(c) -> str:
     parts = [c["form"], c["layout"], f"b{c['b']}s{c['s']}kv{c['s_kv']}n{c['n']}h{c['h']}v{c['h_v']}",
              c["dtype"], c["causal"]]
@@ -99,6 +114,8 @@ def case_id(c) -> str:
         parts.append(f"scale{c['scale']}")
     if c["kv_heads"]:
         parts.append(f"kvheads{c['kv_heads']}")
+    if c.get("window"):
+        parts.append(f"win{c['window']}")
     return "_".join(parts)
 
 
@@ -132,11 +149,14 @@ def case_inputs(c, device="cpu", seed=0, s=None):
     return tuple(xs)
 
 
-def _causal_keep(s, skv, causal, device):
+def _causal_keep(s, skv, causal, device, window=None):
     if causal == "none":
         return None
     diag = 0 if causal == "top_left" else skv - s
-    return torch.ones(s, skv, dtype=torch.bool, device=device).tril(diagonal=diag)
+    keep = torch.ones(s, skv, dtype=torch.bool, device=device).tril(diagonal=diag)
+    if window:                    # and keys j > i - window (transformers' sliding window)
+        keep = keep & ~torch.ones(s, skv, dtype=torch.bool, device=device).tril(diagonal=diag - window)
+    return keep
 
 
 def case_forward(c, q, k, v, extra=None):
@@ -150,7 +170,10 @@ def case_forward(c, q, k, v, extra=None):
         if c["kv_heads"]:
             kw["enable_gqa"] = True
         mask = extra
-        if c["causal"] == "top_left":
+        if c.get("window"):
+            mask = _causal_keep(s, skv, c["causal"], q.device, c["window"])
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+        elif c["causal"] == "top_left":
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
         else:
             if c["causal"] == "bottom_right":
@@ -166,7 +189,7 @@ def case_forward(c, q, k, v, extra=None):
             scores = scores + extra
         if c["mask"]:
             scores = scores.masked_fill(~extra, float("-inf"))
-        keep = _causal_keep(s, skv, c["causal"], q.device)
+        keep = _causal_keep(s, skv, c["causal"], q.device, c.get("window"))
         if keep is not None:
             scores = scores.masked_fill(~keep, float("-inf"))
         p = torch.softmax(scores.float(), dim=-1).to(q.dtype)
@@ -191,7 +214,7 @@ def reference(c, q, k, v, extra=None):
         logits = logits + extra.double()
     if c["mask"]:
         logits = logits.masked_fill(~extra, float("-inf"))
-    keep = _causal_keep(s, skv, c["causal"], q.device)
+    keep = _causal_keep(s, skv, c["causal"], q.device, c.get("window"))
     if keep is not None:
         logits = logits.masked_fill(~keep, float("-inf"))
     p = torch.softmax(logits, dim=-1)
@@ -315,6 +338,8 @@ def emulate(mod, args, keep, out):
         i = torch.arange(sq)[:, None]
         j = torch.arange(skv)[None, :]
         keep_ = j <= i if a.causal == 1 else j <= i + (skv - sq)
+        if getattr(k, "window", 0):           # the Hopper kernel's compiled window
+            keep_ = keep_ & (j > i - k.window)
         logits = logits.masked_fill(~keep_, float("-inf"))
     p = torch.softmax(logits, dim=-1)              # a row of -inf: NaN, as the kernel's 0/0
     ov.copy_((p @ v4).permute(0, 2, 1, 3).to(dt))

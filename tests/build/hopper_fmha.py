@@ -12,7 +12,9 @@ built once per session (conftest.py's ``hopper_fmha_built``), one unit:
   build.sharded) and link this unit, compiling only their launchers;
 * a causal kernel with a tanh soft-cap on the logits (Gemma 2's; SOFTCAP);
 * a causal grouped-query kernel reading K and V in place, 4 query heads per K/V head
-  (llama's attention; GQA; templates/fmha_gqa_mainloop.h).
+  (llama's attention; GQA; templates/fmha_gqa_mainloop.h);
+* Gemma 2's sliding-window layer: causal within a window of 128 keys, soft-capped,
+  2 query heads per K/V head (WINDOW; the window and soft-cap fusions composed).
 
 On the 2-core machine (nvcc 13.0, 2026-12) the six kernels' unit compiled in 100 s;
 as the three tests' own units (four kernels, one, one) they took 104 + 43 + 38 s."""
@@ -46,6 +48,12 @@ SOFTCAP = AttentionProblem(heads=4, seq_q=256, seq_kv=256, head_dim=64, head_dim
 GQA = AttentionProblem(heads=8, seq_q=256, seq_kv=256, head_dim=64, head_dim_v=64, dtype="f16",
                        scale=0.125, batch=2, causal="top_left", kv_group=4)
 
+# Gemma 2's sliding-window layer: a window of 128 keys, soft-cap 50, 2 query heads per
+# K/V head (test_attention_window_build.py)
+WINDOW = AttentionProblem(heads=8, seq_q=256, seq_kv=256, head_dim=64, head_dim_v=64, dtype="f16",
+                          scale=0.125, batch=2, causal="top_left", softcap=50.0, kv_group=2,
+                          window=128)
+
 
 def _region(name, problem):
     return AttentionRegion(name=name, form="sdpa", nodes=(name,), q="q", k="k", v="v", problem=problem,
@@ -65,7 +73,8 @@ def plan() -> Plan:
              ("lpt_test", LPT_TEST, attention_sm90.choose(LPT_TEST)),
              ("hd40_test", HD40_TEST, attention_sm90.choose(HD40_TEST)),
              ("softcap", SOFTCAP, attention_sm90.choose(SOFTCAP)),
-             ("gqa", GQA, attention_sm90.choose(GQA)))
+             ("gqa", GQA, attention_sm90.choose(GQA)),
+             ("window", WINDOW, attention_sm90.choose(WINDOW)))
     return Plan("sm90a", tuple(_region(n, p) for n, p, _ in pairs), tuple(k for _, _, k in pairs), ())
 
 

@@ -41,7 +41,11 @@ What the example supports, read from its code (CUTLASS 4.2):
   masks keys >= seq_kv). ``CausalFusion`` masks key > query from the top left
   and nothing else: right for seq_q <= seq_kv (no query sees a key past seq_kv);
   bottom-right causal is the same mask only when seq_q == seq_kv. No additive
-  bias (those problems stay on the sm80 kernel).
+  bias (those problems stay on the sm80 kernel). A sliding window of W keys
+  (``kernel.window``, compiled in) runs the causal fusion's tiles, each masked
+  (also keys j <= i - W: ``WindowFusion``); the tiles wholly left of the window are
+  still visited (the collectives start at key tile 0), so it does the causal
+  kernel's work.
 * Layout (strides): Q, K, V and O are (seq, head dim, (batch, head)) with
   ``cute::tuple<int, _1, cute::tuple<int, int>>`` strides: any 32-bit sequence,
   batch and head stride, head dim contiguous, so BSNH and BNSH both pass in place,
@@ -389,8 +393,8 @@ def _kernel_type(kernel: AttentionKernelSm90, fusion: str) -> str:
 # after the cap, as the model adds its mask to the capped logits. tanh.approx.f32
 # (cutlass::fast_tanh, one MUFU op; FlashAttention's soft-cap uses the same).
 _SOFTCAP_FUSION = """\
-struct SoftcapFusion : cutlass::fmha::collective::${base} {
-  using Base = cutlass::fmha::collective::${base};
+struct SoftcapFusion : ${base} {
+  using Base = ${base};
   static constexpr float kCap = ${cap};
   static constexpr float kInner = ${inner};   // scale / cap
 
@@ -418,6 +422,44 @@ struct SoftcapFusion : cutlass::fmha::collective::${base} {
 """
 
 
+# A top-left sliding window (transformers' sliding_window: Mistral, Gemma 2 / 3): query i
+# sees keys i - W < j <= i. Every tile the causal fusion visits is masked (the collective
+# calls before_softmax only on the tiles it counts as masked); the window's left edge
+# after the causal mask. Each row keeps its diagonal key, and a row's leading tiles
+# wholly left of its window leave its max at -inf, which the collective's softmax
+# treats as 0 (fmha_collective_softmax.hpp), so the row's sum only starts later.
+_WINDOW_FUSION = """\
+struct WindowFusion : cutlass::fmha::collective::CausalFusion {
+  using Base = cutlass::fmha::collective::CausalFusion;
+  static constexpr int kWindow = ${window};
+
+  template<class BlkCoord, class TileShape, class ProblemSize>
+  CUTLASS_DEVICE int get_masked_trip_count(BlkCoord const& blk_coord, TileShape const& tile_shape,
+                                           ProblemSize const& problem_size) {
+    return Base::get_trip_count(blk_coord, tile_shape, problem_size);
+  }
+
+  template<class BlkCoord, class TileShape, class ProblemSize>
+  CUTLASS_DEVICE int get_unmasked_trip_count(BlkCoord const&, TileShape const&, ProblemSize const&) {
+    return 0;
+  }
+
+  template<class AccQK, class IndexQK, class ProblemSize>
+  CUTLASS_DEVICE void before_softmax(AccQK& acc_qk, IndexQK const& index_qk,
+                                     ProblemSize const& problem_size) {
+    Base::before_softmax(acc_qk, index_qk, problem_size);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < cute::size(acc_qk); i++) {
+      auto pos = index_qk(i);
+      if (cute::get<1>(pos) <= cute::get<0>(pos) - kWindow) {
+        acc_qk(i) = -INFINITY;
+      }
+    }
+  }
+};
+"""
+
+
 def _float(x: float) -> str:
     """A C++ float literal of ``x`` rounded to float32, exactly."""
     return f"{struct.unpack('>f', struct.pack('>f', x))[0]!r}f"
@@ -429,12 +471,16 @@ def values(kernel: AttentionKernelSm90) -> dict:
     q, kv, d = kernel.config.tile
     gqa = kernel.kv_group > 1
     mask = "top-left causal" if kernel.causal else "no mask"
-    base = "CausalFusion" if kernel.causal else "ResidualFusion"
-    fusion, fusion_def = f"cutlass::fmha::collective::{base}", ""
+    base = "cutlass::fmha::collective::" + ("CausalFusion" if kernel.causal else "ResidualFusion")
+    fusion, fusion_def = base, ""
+    if kernel.window:
+        base = fusion = "WindowFusion"
+        fusion_def = Template(_WINDOW_FUSION).substitute(window=kernel.window)
+        mask = f"top-left causal within a sliding window of {kernel.window} keys"
     if kernel.softcap:
         fusion = "SoftcapFusion"
         # the product is formed in double and rounded once, as the reference's scale / cap
-        fusion_def = Template(_SOFTCAP_FUSION).substitute(
+        fusion_def += Template(_SOFTCAP_FUSION).substitute(
             base=base, cap=_float(kernel.softcap), inner=_float(kernel.scale / kernel.softcap))
         mask = f"logits soft-capped at {kernel.softcap:g} (scale {kernel.scale:g}), {mask}"
     if gqa:

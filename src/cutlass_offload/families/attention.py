@@ -77,6 +77,11 @@ def refusal(problem: AttentionProblem, arch: str = "sm80") -> Optional[str]:
         why = attention_sm90.refusal(p, "sm90a") if arch == "sm90a" else f"the target is {arch}"
         return (f"a tanh soft-cap on the logits: only the Hopper kernel (sm_90a) applies it, "
                 f"and it cannot run this problem ({why})")
+    if p.window and (arch != "sm90a" or not attention_sm90.supports(p, arch)):
+        # partition folds a window only for an sm_90a target; kept as a mask elsewhere
+        why = attention_sm90.refusal(p, "sm90a") if arch == "sm90a" else f"the target is {arch}"
+        return (f"a sliding-window mask of {p.window} keys: only the Hopper kernel (sm_90a) "
+                f"applies it, and it cannot run this problem ({why})")
     if p.causal == "bottom_right" and p.seq_q is not None and p.seq_kv is not None \
             and p.seq_q > p.seq_kv:
         return (f"bottom-right causal with seq_q={p.seq_q} > seq_kv={p.seq_kv}: the first "

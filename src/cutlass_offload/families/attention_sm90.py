@@ -197,7 +197,8 @@ def choose(problem: AttentionProblem, arch: str = ARCH,
     ValueError unless it is in CONFIGS and holds the head dim), else the learned
     table's row for the problem (families/attention_sm90_table.py), else the example's
     instantiation for the smallest verified head tile; the causal fusion for a
-    causal mask, with the problem's soft-cap and scale and its K/V head grouping compiled in. Raises ValueError with the reason when it cannot run it
+    causal mask, with the problem's soft-cap and scale, its K/V head grouping and its
+    sliding window compiled in. Raises ValueError with the reason when it cannot run it
     (``refusal``)."""
     reason = refusal(problem, arch)
     if reason:
@@ -212,7 +213,7 @@ def choose(problem: AttentionProblem, arch: str = ARCH,
     softcap = problem.softcap
     return AttentionKernelSm90(arch=arch, dtype=problem.dtype, config=config, causal=causal,
                                softcap=softcap, scale=problem.scale if softcap else 0.0,
-                               kv_group=problem.kv_group)
+                               kv_group=problem.kv_group, window=problem.window)
 
 
 def default_config(problem: AttentionProblem) -> KernelConfig:

@@ -56,6 +56,9 @@ class AttentionProblem:
       K/V head h // kv_group, K and V holding heads // kv_group heads, read in place
       (no ``repeat_kv`` copy). 1: one K/V head per query head (or one shared by all,
       stride 0).
+    window: 0, or W of a top-left sliding window with the causal mask: query i sees
+      keys i - W < j <= i (transformers' ``sliding_window``: Mistral, Gemma 2 / 3);
+      needs causal "top_left"; only the Hopper kernel applies it.
     """
 
     heads: int
@@ -74,9 +77,11 @@ class AttentionProblem:
     batch_hint: int = 1
     softcap: float = 0.0
     kv_group: int = 1
+    window: int = 0
 
     def __post_init__(self):
         _check(self.dtype, ATTENTION_DTYPES, "dtype")
+        _check_window(self.window, self.causal == "top_left")
         if not (isinstance(self.kv_group, int) and not isinstance(self.kv_group, bool)
                 and self.kv_group >= 1 and self.heads % self.kv_group == 0):
             raise ValueError(f"kv_group must be a positive divisor of heads={self.heads}, "
@@ -119,6 +124,8 @@ class AttentionProblem:
         soft-cap, K/V heads read in place for grouped-query attention)."""
         parts = [] if self.causal == "none" else [{"top_left": "causal",
                                                     "bottom_right": "causal_br"}[self.causal]]
+        if self.window:
+            parts.append("window")
         if self.bias != "none":
             parts.append("bias")
         if self.softcap:
@@ -135,7 +142,8 @@ class AttentionProblem:
                               "head_dim_v": p.head_dim_v, "scale": p.scale, "causal": p.causal,
                               "bias": p.bias, "bias_broadcast": list(p.bias_broadcast),
                               "align": p.align, **({"softcap": p.softcap} if p.softcap else {}),
-                              **({"kv_group": p.kv_group} if p.kv_group > 1 else {})}}
+                              **({"kv_group": p.kv_group} if p.kv_group > 1 else {}),
+                              **({"window": p.window} if p.window else {})}}
 
 
 @dataclass(frozen=True)
@@ -242,6 +250,8 @@ class AttentionKernelSm90:
     kv_group: query heads per K/V head, compiled in (grouped-query attention: the K /
       V head mode is (kv_group, heads // kv_group) with strides (0, K/V head stride),
       templates/fmha_gqa_mainloop.h); 1: one K/V head per query head.
+    window: 0, or W of a sliding window on the causal mask (keys i - W < j <= i),
+      compiled in (the fusion masks every K/V tile it visits).
     Q/K/V/O are read and written 16 bytes at a time (TMA): head dim, pointers
     and strides multiples of 8 elements. The workspace holds the per-row
     log-sum-exp the kernel always writes (fp32, batch x heads x seq_q).
@@ -254,6 +264,7 @@ class AttentionKernelSm90:
     softcap: float = 0.0
     scale: float = 0.0
     kv_group: int = 1
+    window: int = 0
 
     kind = "attention"
     args_type = "CoAttentionArgs"
@@ -279,6 +290,7 @@ class AttentionKernelSm90:
         elif self.scale:
             raise ValueError("scale is compiled into soft-capped kernels only")
         _check_group(self.kv_group)
+        _check_window(self.window, self.causal)
 
     @property
     def head_tile(self) -> int:
@@ -292,7 +304,15 @@ class AttentionKernelSm90:
                 + ("_lpt" if self.config.tile_scheduler == "lpt" else "")
                 + ("_causal" if self.causal else "")
                 + (f"_softcap{_float_tag(self.softcap)}_scale{_float_tag(self.scale)}"
-                   if self.softcap else "") + _group_tag(self.kv_group))
+                   if self.softcap else "") + _group_tag(self.kv_group)
+                + (f"_win{self.window}" if self.window else ""))
+
+
+def _check_window(window, causal: bool) -> None:
+    if not (isinstance(window, int) and not isinstance(window, bool) and window >= 0):
+        raise ValueError(f"window must be an int >= 0 (0: none), got {window!r}")
+    if window and not causal:
+        raise ValueError("a sliding window is a band on the top-left causal mask: it needs causal")
 
 
 def _check_group(kv_group) -> None:

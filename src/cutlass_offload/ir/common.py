@@ -247,10 +247,15 @@ def note_not_fused(node: str, why: str) -> Note:
                 f"next op not fused into the epilogue (stays in PyTorch): {why}")
 
 
-def note_mask_folded(label: str, node: str, causal: str, checked: bool) -> Note:
+def note_mask_folded(label: str, node: str, causal: str, checked: bool, window: int = 0) -> Note:
     """A compile-time mask folded into the attention kernel's causal mode; ``causal``
-    "none": a mask that hides nothing (e.g. BERT's all-ones padding mask), dropped."""
+    "none": a mask that hides nothing (e.g. BERT's all-ones padding mask), dropped;
+    ``window`` W: a top-left sliding window of W keys on the causal mask."""
     rest = " (checked once per shape)" if checked else ""
+    if window:
+        return Note(f"{label} {node} folded: {causal}, window {window}{rest}",
+                    f"sliding-window causal mask folded into the kernel (top-left aligned, "
+                    f"{window} keys){rest}")
     if causal == "none":
         return Note(f"{label} {node} folded: none{rest}",
                     f"mask hides nothing (a bias of zeros, a mask of all true, at the values "

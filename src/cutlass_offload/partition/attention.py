@@ -91,6 +91,7 @@ class AttentionOperands:
     enable_gqa: bool = False
     softcap: float = 0.0          # c of c * tanh(scale * s / c) on the logits s (0: none)
     kv_group: int = 1             # query heads per K/V head read in place (kv_groups.py)
+    window: int = 0               # W of a folded sliding-window mask (0: none)
     notes: list = field(default_factory=list)
 
 
@@ -371,6 +372,7 @@ def _finish(ops: AttentionOperands, enable_gqa=False):
             heads=h, seq_q=static_int(seq_q), seq_kv=static_int(seq_kv), head_dim=e,
             head_dim_v=ev, dtype=dtype, scale=-scale if negate else scale,
             batch=static_int(batch), causal=ops.causal, softcap=ops.softcap, kv_group=group,
+            window=ops.window,
             bias="add" if ops.bias is not None else "none",
             bias_broadcast=bias_broadcast if ops.bias is not None else (), align=align,
             batch_hint=max(1, hint_int(batch)))

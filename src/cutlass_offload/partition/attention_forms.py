@@ -19,6 +19,7 @@ import torch.fx as fx
 
 from ..errors import UnsupportedRegion
 from ..ir import note_mask_folded
+from ..target import ALIASES
 from ..layout_copies import is_layout_copy
 from ..masks import mask_pattern
 from .attention import (_MATMULS, AttentionOperands, _arg, _call, _cast_of, _checks,
@@ -46,8 +47,24 @@ SOFTCAP: bool = True
 _PATTERNS = weakref.WeakKeyDictionary()
 
 
-def _fold_mask(mask: fx.Node, kind: str, seq_q, seq_kv):
-    """(causal, symbolic) when ``mask`` folds into the kernel's causal argument."""
+def window_ok(options, q: fx.Node, v: fx.Node) -> bool:
+    """Whether a sliding-window mask may fold into the kernel: only the Hopper kernel
+    applies one, so only for an sm_90a target (partition's default) and a problem of its
+    dtypes and head dims (families/attention_sm90.refusal); elsewhere the mask stays a
+    bias, which the sm80 kernel reads."""
+    if (ALIASES[options.arch] if options.arch else "sm90a") != "sm90a":
+        return False
+    qv, vv = val(q), val(v)
+    if not (isinstance(qv, torch.Tensor) and isinstance(vv, torch.Tensor)):
+        return False
+    e, ev = static_int(qv.shape[-1]), static_int(vv.shape[-1])
+    return (qv.dtype in (torch.float16, torch.bfloat16) and e is not None and e == ev
+            and e % 8 == 0 and e <= 256)
+
+
+def _fold_mask(mask: fx.Node, kind: str, seq_q, seq_kv, window_ok: bool = False):
+    """(causal, symbolic, window) when ``mask`` folds into the kernel's causal argument
+    (a sliding window only with ``window_ok``)."""
     got = constant_value(mask)
     if got is None:
         return None
@@ -65,14 +82,24 @@ def _fold_mask(mask: fx.Node, kind: str, seq_q, seq_kv):
     found = memo[key]
     if found is None:
         return None
-    pattern, soft = found
+    pattern, soft, window = found
+    if window and not window_ok:
+        return None
     if soft and pattern == "bottom_right":
         # finfo.min masks rows with no key softly (PyTorch averages them): exact only
         # while every row sees a key, i.e. seq_q <= seq_kv, provably
         sq, sk = static_int(seq_q), static_int(seq_kv)
         if sq is None or sk is None or sq > sk:
             return None
-    return pattern, symbolic
+    return pattern, symbolic, window
+
+
+def _apply_fold(ops: AttentionOperands, folded, mask: fx.Node, kind: str, label: str) -> None:
+    """Record a folded mask in ``ops``: the kernel's causal mode and window, the mask
+    kept only to be checked (and for the PyTorch fallback), and the report's note."""
+    ops.causal, ops.mask_check, ops.window = folded
+    ops.mask, ops.mask_kind = mask, kind
+    ops.notes.append(note_mask_folded(label, mask.name, folded[0], bool(folded[1]), folded[2]))
 
 
 # ------------------------------------------------------------------ output layout
@@ -164,11 +191,9 @@ def sdpa_operands(node, options) -> AttentionOperands:
         if is_causal:
             raise UnsupportedRegion("attn_mask together with is_causal=True")
         lk = _tensor(k, "k").shape[-2]
-        folded = _fold_mask(mask, kind, qv.shape[-2], lk)
+        folded = _fold_mask(mask, kind, qv.shape[-2], lk, window_ok(options, q, v))
         if folded is not None:
-            ops.causal, ops.mask_check = folded
-            ops.mask, ops.mask_kind = mask, kind
-            ops.notes.append(note_mask_folded("attn_mask", mask.name, folded[0], bool(folded[1])))
+            _apply_fold(ops, folded, mask, kind, "attn_mask")
         else:
             ops.bias, ops.bias_kind = mask, kind
     ops.output, extra, ops.out_layout = _absorb_output(node, qv.dim())
@@ -231,7 +256,7 @@ def softmax_operands(node, options) -> Optional[AttentionOperands]:
         return None
     mm = cur
     # from here on it is attention: refusals become fallbacks with a reason
-    ops = _read_softmax_form(node, mm, list(reversed(chain)), tail, pv)
+    ops = _read_softmax_form(node, mm, list(reversed(chain)), tail, pv, options)
     note = (wide_note(val(ops.q), val(ops.v), val(mm).shape)
             if options.decompose_wide_attention and isinstance(val(mm), torch.Tensor) else None)
     if note is not None:         # its matmuls become GEMM regions (partition/wide_attention.py)
@@ -274,16 +299,14 @@ def _one_bias(ops: AttentionOperands, biases: list, fill, lq, lk):
     for i, b in enumerate(biases):
         folded = _fold_mask(b, "float", lq, lk) if isinstance(b, fx.Node) else None
         if folded is not None:
-            ops.causal, ops.mask_check = folded
-            ops.mask, ops.mask_kind = b, "float"
-            ops.notes.append(note_mask_folded("mask", b.name, folded[0], bool(folded[1])))
+            _apply_fold(ops, folded, b, "float", "mask")
             return biases[1 - i]
     raise UnsupportedRegion(f"{what}: two biases are added to the logits and neither is a "
                             "compile-time causal mask (the kernel adds one bias: adding the two "
                             "first, logits + (b1 + b2), makes it one region)")
 
 
-def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
+def _read_softmax_form(softmax, mm, chain, tail, pv, options) -> AttentionOperands:
     what = "hand-written attention"
     rank = val(mm).dim()
     a, b = mm.args[0], mm.args[1]
@@ -404,20 +427,19 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
     ops = AttentionOperands("softmax_attention", q, k, pv.args[1], nodes, pv, scale,
                             k_transposed=k_transposed, softcap=softcap)
     lq, lk = val(mm).shape[-2], val(mm).shape[-1]
+    window = window_ok(options, q, pv.args[1])
     add_bias = _one_bias(ops, add_biases, fill, lq, lk)
     folded_fill = None
     if fill is not None:
         if not isinstance(fill, fx.Node) or _tensor(fill, "the mask").dtype != torch.bool:
             raise UnsupportedRegion(f"{what}: masked_fill with a mask that is not boolean")
-        folded_fill = _fold_mask(fill, "bool_masked", lq, lk)
+        folded_fill = _fold_mask(fill, "bool_masked", lq, lk, window)
         if folded_fill is not None and fill_value != -math.inf and folded_fill[0] == "bottom_right" \
                 and not (static_int(lq) is not None and static_int(lk) is not None
                          and static_int(lq) <= static_int(lk)):
             folded_fill = None            # finfo.min fills rows with no key softly
         if folded_fill is not None:
-            ops.causal, ops.mask_check = folded_fill
-            ops.mask, ops.mask_kind = fill, "bool_masked"
-            ops.notes.append(note_mask_folded("mask", fill.name, folded_fill[0], bool(folded_fill[1])))
+            _apply_fold(ops, folded_fill, fill, "bool_masked", "mask")
         elif fill_value != -math.inf:
             raise UnsupportedRegion(f"{what}: masked_fill with finfo.min and a mask that is not a "
                                     "compile-time causal pattern (rows with no key would differ)")
@@ -429,12 +451,10 @@ def _read_softmax_form(softmax, mm, chain, tail, pv) -> AttentionOperands:
     if add_bias is not None:
         if not isinstance(add_bias, fx.Node):
             raise UnsupportedRegion(f"{what}: the bias is not a tensor")
-        folded = (_fold_mask(add_bias, "float", lq, lk)
+        folded = (_fold_mask(add_bias, "float", lq, lk, window)
                   if folded_fill is None and ops.mask is None else None)
         if folded is not None:
-            ops.causal, ops.mask_check = folded
-            ops.mask, ops.mask_kind = add_bias, "float"
-            ops.notes.append(note_mask_folded("mask", add_bias.name, folded[0], bool(folded[1])))
+            _apply_fold(ops, folded, add_bias, "float", "mask")
         else:
             ops.bias, ops.bias_kind = add_bias, "float"
             if add_bias.meta.get(bias_sum.META_KEY):

@@ -133,8 +133,9 @@ class AttentionRegionModule(RegionModule):
             if mask.is_cuda and torch.cuda.is_current_stream_capturing():
                 return False
             found = mask_pattern(mask, self.region.mask_kind, seq_q, seq_kv)
-            ok = found is not None and found[0] == self._p.causal and not (
-                found[1] and found[0] == "bottom_right" and seq_q > seq_kv)
+            ok = (found is not None and found[0] == self._p.causal
+                  and found[2] == self._p.window
+                  and not (found[1] and found[0] == "bottom_right" and seq_q > seq_kv))
             self._mask_ok[key] = ok
         return ok
 

@@ -112,10 +112,11 @@ def attention_tuning_id(problem) -> str:
     """What a profiled attention choice is about (a Hopper config for one kernel
     problem): sizes at the example batch, head dims, dtype, mask, as canonical JSON."""
     batch = problem.batch if problem.batch is not None else problem.batch_hint
-    # soft-cap and K/V grouping only when set: the ids of every other problem are what
-    # they were before those fields existed
-    extra = {k: v for k, v in (("softcap", problem.softcap), ("kv_group", problem.kv_group))
-             if v not in (0.0, 1)}
+    # soft-cap, K/V grouping and window only when set: the ids of every other problem are
+    # what they were before those fields existed
+    extra = {k: v for k, v, unset in (("softcap", problem.softcap, 0.0),
+                                      ("kv_group", problem.kv_group, 1),
+                                      ("window", problem.window, 0)) if v != unset}
     return json.dumps({"op": "attention", "batch": batch, "heads": problem.heads,
                        "seq_q": problem.seq_q, "seq_kv": problem.seq_kv, "head_dim": problem.head_dim,
                        "head_dim_v": problem.head_dim_v, "dtype": problem.dtype,
