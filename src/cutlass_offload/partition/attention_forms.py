@@ -37,6 +37,10 @@ _SAME_SHAPE_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.
 # later). On since tests/gpu/test_softcap_attention_gpu.py's forms passed on an H100
 # (session 56, fp16 / bf16, causal or not, against float32).
 SOFTCAP: bool = True
+# A compile-time sliding-window mask folded into the Hopper kernel's WindowFusion
+# (``window_ok``); False keeps such masks the sm80 kernel's bias, as before the fold
+# existed (a switch for A/B runs: benchmarks/window_attention.py).
+SLIDING_WINDOW: bool = True
 
 
 # -------------------------------------------------------------- compile-time masks
@@ -52,7 +56,7 @@ def window_ok(options, q: fx.Node, v: fx.Node) -> bool:
     applies one, so only for an sm_90a target (partition's default) and a problem of its
     dtypes and head dims (families/attention_sm90.refusal); elsewhere the mask stays a
     bias, which the sm80 kernel reads."""
-    if (ALIASES[options.arch] if options.arch else "sm90a") != "sm90a":
+    if not SLIDING_WINDOW or (ALIASES[options.arch] if options.arch else "sm90a") != "sm90a":
         return False
     qv, vv = val(q), val(v)
     if not (isinstance(qv, torch.Tensor) and isinstance(vv, torch.Tensor)):
