@@ -14,7 +14,7 @@ import torch.nn as nn
 
 import cutlass_offload as co
 from helpers import poison_allocator, rel_err
-from norm_cases import GemmaRMSNorm, LayerNorm1P, LlamaRMSNorm
+from norm_cases import CohereLayerNorm, GemmaRMSNorm, LayerNorm1P, LlamaRMSNorm
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
@@ -39,6 +39,8 @@ CASES = [
     ("gemma_rms_2x9x2304_bf16", lambda: GemmaRMSNorm(2304), (2, 9, 2304), torch.bfloat16, 1.0),
     ("gemma_rms_3x256_f16", lambda: GemmaRMSNorm(256), (3, 256), torch.float16, 1.0),
     ("layer_norm_1p_4x192_f16", lambda: LayerNorm1P(192), (4, 192), torch.float16, 1.0),
+    # the layer norm written out in float32 (Cohere's), weight cast to float32
+    ("cohere_layer_norm_2x9x1024_f16", lambda: CohereLayerNorm(1024), (2, 9, 1024), torch.float16, 1.0),
 ]
 
 
@@ -79,8 +81,10 @@ def test_every_case_offloaded(suite):
     assert not compiled.plan.fallbacks
     kinds = [r.problem.kind for r in compiled.plan.regions]
     assert kinds == ["layer_norm", "layer_norm", "rms_norm", "rms_norm", "layer_norm", "rms_norm",
-                     "layer_norm", "layer_norm", "rms_norm", "rms_norm", "rms_norm", "layer_norm"]
-    assert [r.problem.unit_offset for r in compiled.plan.regions] == [False] * 9 + [True] * 3
+                     "layer_norm", "layer_norm", "rms_norm", "rms_norm", "rms_norm", "layer_norm",
+                     "layer_norm"]
+    assert [r.problem.unit_offset for r in compiled.plan.regions] == [False] * 9 + [True] * 3 + [False]
+    assert compiled.plan.regions[12].form == "layer_norm_decomposed"
     assert compiled.plan.regions[8].problem.eps == torch.finfo(torch.float32).eps
     assert compiled.plan.regions[4].problem.eps == 1e-12
 

@@ -234,7 +234,8 @@ class NormRegion(_Region):
     decomposed RMS norm such as transformers' LlamaRMSNorm, with the
     ``_assert_tensor_metadata`` checks on its intermediates).
     x, weight, bias: input node names by role (weight and bias may be None).
-    form: "layer_norm", "rms_norm" (the ATen op) or "rms_norm_decomposed".
+    form: "layer_norm", "rms_norm" (the ATen op), "rms_norm_decomposed" or
+      "layer_norm_decomposed" (written out: partition/norm.py).
     """
 
     name: str

@@ -15,9 +15,14 @@ Forms matched (fp16 / bf16 / fp32, affine weight and bias optional):
       y  = xf * r                              # or x * r (promotes to fp32)
       y  = y.to(x.dtype)                       # optional when y already is x.dtype
       y  = weight * y                          # optional, weight (C,) of x.dtype, or
-                                               # (1 + weight.float()) * y in fp32 (Gemma)
+                                               # (1 + weight.float()) * y in fp32 (Gemma),
+                                               # or weight.to(fp32) * y (Cohere)
       y  = y.to(x.dtype)                       # when weight * y was fp32 (AOTAutograd's
                                                # decomposition of aten.rms_norm)
+
+  The layer norm written out the same way (Cohere's LayerNorm, no bias) is matched at
+  its ``rsqrt`` too: ``rsqrt(mean((xf - mean(xf))^2) + eps)`` multiplied into
+  ``xf - mean(xf)`` (the same node or a second one computed alike).
 
   The statistics must be fp32; every intermediate must be used only inside the
   form (the ``_assert_tensor_metadata`` checks torch.export inserts before each
@@ -54,7 +59,7 @@ from .graph_utils import aten_arg as _arg, is_call as _call, metadata_checks as 
 
 @dataclass
 class NormOperands:
-    form: str                     # "layer_norm", "rms_norm", "rms_norm_decomposed"
+    form: str                     # "layer_norm", "rms_norm", "{rms,layer}_norm_decomposed"
     kind: str                     # "layer_norm" or "rms_norm"
     x: fx.Node
     cols: int
@@ -254,9 +259,22 @@ def _mean_eps(add):
     return None, None
 
 
+def _centred(d):
+    """(x, mean node) when ``d`` is ``x - mean(x, [-1], keepdim=True)``, else None."""
+    if not (isinstance(d, fx.Node) and _call(d, aten.sub.Tensor) and len(d.args) == 2
+            and d.kwargs.get("alpha", 1) == 1):
+        return None
+    x, m = d.args
+    if not (isinstance(m, fx.Node) and _call(m, aten.mean.dim) and m.args[0] is x
+            and not m.kwargs.get("dtype")):
+        return None
+    return x, m
+
+
 def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
-    """The written-out RMS norm anchored at ``rsqrt(mean(x^2, -1, keepdim) + eps)``;
-    None when this rsqrt is not the statistic of an RMS norm."""
+    """The written-out RMS norm anchored at ``rsqrt(mean(x^2, -1, keepdim) + eps)``, or
+    the written-out layer norm (Cohere's LayerNorm: ``rsqrt(mean((x - mean(x))^2) + eps)``
+    multiplied into ``x - mean(x)``, no bias); None when this rsqrt is neither."""
     add = node.args[0]
     mean, eps = _mean_eps(add)
     if mean is None:
@@ -265,10 +283,18 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
     xf = _square_base(sq)
     if xf is None or not isinstance(xf, fx.Node) or not isinstance(val(xf), torch.Tensor):
         return None
-    what = "RMS norm"
-    # from here on it is an RMS norm: refusals become fallbacks with a reason
+    centred = _centred(xf)
+    what = "layer norm" if centred else "RMS norm"
+    # from here on it is a norm: refusals become fallbacks with a reason
     if len(_users(add)) != 1 or len(_users(mean)) != 1 or len(_users(sq)) != 1:
         raise UnsupportedRegion(f"{what}: an intermediate of its statistics is used elsewhere")
+    stats = []                            # the centring's nodes (mean(x), x - mean(x))
+    if centred:
+        stats = [centred[1], xf]
+        for m in (centred[1], mean):
+            if _arg(m, 1, "dim") != _arg(mean, 1, "dim") or _arg(m, 2, "keepdim") != _arg(mean, 2, "keepdim"):
+                raise UnsupportedRegion(f"{what}: its mean and variance are over different dims")
+        xf = centred[0]
     xv = val(xf)
     dims = _arg(mean, 1, "dim")
     dims = [dims] if isinstance(dims, int) else list(dims or [])
@@ -295,11 +321,18 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
         raise UnsupportedRegion(f"{what}: rsqrt(mean(x^2) + eps) is not only multiplied into x")
     norm = r_users[0]
     src = _other(norm, node)
-    if src is not xf and src is not x:
+    if centred:
+        if src is not stats[1]:
+            again = _centred(src)
+            if again is None or again != (xf, stats[0]):
+                raise UnsupportedRegion(f"{what}: rsqrt(var + eps) multiplies another tensor "
+                                        "than x - mean(x)")
+            stats.append(src)
+    elif src is not xf and src is not x:
         raise UnsupportedRegion(f"{what}: rsqrt(mean(x^2) + eps) multiplies another tensor")
-    inner = [sq, mean, add, node, norm]
+    inner = stats + [sq, mean, add, node, norm]
     if cast is not None:                   # x.to(fp32) joins; x itself may be used anywhere
-        if not set(_users(xf)) <= {sq, norm}:
+        if not set(_users(xf)) <= ({stats[0], *stats[1:]} if centred else {sq, norm}):
             raise UnsupportedRegion(f"{what}: x.to({xv.dtype}) is used outside the norm")
         inner.insert(0, xf)
     # the tail: [y.to(x.dtype)] [weight * y] [.to(x.dtype)], ending in x's dtype
@@ -314,11 +347,17 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
         wmul = nxt[0]
         try:
             offset = _unit_offset_weight(_other(wmul, out), dtype, cols)
+            w = _other(wmul, out)
+            up = _cast_of(w) if isinstance(w, fx.Node) else None
             if offset is not None:
                 weight, offset_nodes = offset
                 inner.extend(offset_nodes)
+            elif up is not None and up[1] == torch.float32 and _users(w) == [wmul]:
+                # weight.to(fp32) * y (Cohere's): the kernel multiplies in fp32 anyway
+                weight = _vector(up[0], "weight", dtype, cols)
+                inner.append(w)
             else:
-                weight = _vector(_other(wmul, out), "weight", dtype, cols)
+                weight = _vector(w, "weight", dtype, cols)
             if tuple(val(wmul).shape) != tuple(val(out).shape):
                 raise UnsupportedRegion("weight * y broadcasts to another shape")
             if val(wmul).dtype not in (xdt, torch.float32):
@@ -356,7 +395,8 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
     for n in nodes[:-1]:
         if not set(n.users) <= members:
             raise UnsupportedRegion(f"{what}: intermediate {n.name} is used outside the norm")
-    return NormOperands("rms_norm_decomposed", "rms_norm", x, cols, dtype, eps, nodes, weight,
+    form, kind = ("layer_norm_decomposed", "layer_norm") if centred else ("rms_norm_decomposed", "rms_norm")
+    return NormOperands(form, kind, x, cols, dtype, eps, nodes, weight,
                         notes=notes, unit_offset=weight is not None and offset is not None)
 
 
