@@ -21,6 +21,38 @@ from .graph_utils import (DTYPE_NAMES, aten, hint_int, reachable, same_dim, same
 # (an op a model keeps in fp32 on purpose, e.g. RoPE's angles, should stay so)
 FP32_ADVICE = ("a model left in fp32 by mistake: cast it and its inputs to fp16 / bf16; "
                 "allow_tf32=True / --tf32 runs fp32 ones as TF32, inputs rounded to 10-bit mantissas")
+# ... and where the model itself casts an operand to fp32 for this op (GPT-J's attention
+# scores from fp16, RoPE's positions from int64), it asks for fp32: no advice to round it
+FP32_ON_PURPOSE = ("the model casts an operand from {src} to fp32 for this op on purpose; "
+                   "allow_tf32=True / --tf32 would run it as TF32, less precise than it asks")
+_LAYOUT = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.transpose.int,
+           aten.permute.default, aten.expand.default, aten.clone.default, aten.contiguous.default,
+           aten.unsqueeze.default, aten.squeeze.dim, aten.t.default)
+
+
+def upcast_from(node) -> Optional[str]:
+    """The dtype (e.g. "float16", "int64") an fp32 operand was cast from, read back
+    through layout ops (views, transposes, copies), or None."""
+    for _ in range(8):
+        if not isinstance(node, fx.Node) or node.op != "call_function":
+            return None
+        if node.target in (aten._to_copy.default, aten.to.dtype) and node.args:
+            src = val(node.args[0])
+            if not isinstance(src, torch.Tensor) or src.dtype == torch.float32:
+                return None
+            return str(src.dtype).replace("torch.", "")
+        if node.target not in _LAYOUT or not node.args:
+            return None
+        node = node.args[0]
+    return None
+
+
+def fp32_reason(what: str, *operands) -> str:
+    """Why an fp32 ``what`` ("GEMM", "conv") stays in PyTorch without TF32, with the
+    advice that fits: none that costs accuracy where the model upcast it on purpose."""
+    src = next((d for d in map(upcast_from, operands) if d), None)
+    advice = FP32_ON_PURPOSE.format(src=src) if src else FP32_ADVICE
+    return f"fp32 {what}: TF32 not allowed, so it stays in PyTorch in fp32 ({advice})"
 
 
 @dataclass
@@ -66,8 +98,7 @@ def _common_dtype(a, b, options) -> str:
         raise UnsupportedRegion(f"mixed input dtypes {da} x {db} (PyTorch's own matmul refuses "
                                 "them: cast the model or its inputs to one dtype)")
     if da == "f32" and not options.allow_tf32:
-        raise UnsupportedRegion(f"fp32 GEMM: TF32 not allowed, so it stays in PyTorch in fp32 "
-                                f"({FP32_ADVICE})")
+        raise UnsupportedRegion(fp32_reason("GEMM", a, b))
     return da
 
 

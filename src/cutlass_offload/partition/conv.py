@@ -20,7 +20,7 @@ from ..config import knobs
 from ..errors import UnsupportedRegion
 from ..families import conv_sm90, depthwise, grouped_conv
 from ..ir import ConvProblem, ConvRegion, GemmEpilogue, Note
-from .checks import FP32_ADVICE
+from .checks import fp32_reason
 from .epilogue import grow_epilogue
 from ..target import ALIASES, TARGETS
 from .graph_utils import aten, hint_int, max_alignment, static_int, tensor_dtype, val
@@ -120,8 +120,7 @@ def conv_operands(node, options, *, x, w, bias, stride, padding, dilation, group
     if tensor_dtype(w, "weight") != dtype:
         raise UnsupportedRegion("input and weight dtypes differ")
     if dtype == "f32" and not options.allow_tf32:
-        raise UnsupportedRegion(f"fp32 conv: TF32 not allowed, so it stays in PyTorch in fp32 "
-                                f"({FP32_ADVICE})")
+        raise UnsupportedRegion(fp32_reason("conv", x, w))
     xv, wv = val(x), val(w)
     if xv.dim() != 4 or wv.dim() != 4:
         raise UnsupportedRegion("conv2d needs 4-D (N, C, H, W) input and (K, C, R, S) weight")
