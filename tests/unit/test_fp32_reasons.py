@@ -2,20 +2,11 @@
 costing accuracy: a model left in fp32 may be cast; an operand the model itself casts
 to fp32 for the op (GPT-J's attention scores, RoPE's positions) gets no such advice."""
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from cutlass_offload.capture import capture
+from helpers import Fn
 from cutlass_offload.partition import partition
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def _reason(fn, *xs):

@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 
 from cutlass_offload.capture import capture
+from helpers import Fn
 from cutlass_offload.partition import partition
 from cutlass_offload.runtime.compiled_model import offload
 from cutlass_offload.runtime.norm_region import NormRegionModule
@@ -13,15 +14,6 @@ from cutlass_offload.select import select
 from norm_cases import CohereLayerNorm
 
 H = torch.float16
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 def parts(model, x):

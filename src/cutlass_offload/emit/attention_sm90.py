@@ -392,12 +392,9 @@ def _kernel_type(kernel: AttentionKernelSm90, fusion: str) -> str:
 # step<false> skips it), so every tile is one here; the mask of the base fusion comes
 # after the cap, as the model adds its mask to the capped logits. tanh.approx.f32
 # (cutlass::fast_tanh, one MUFU op; FlashAttention's soft-cap uses the same).
-_SOFTCAP_FUSION = """\
-struct SoftcapFusion : ${base} {
-  using Base = ${base};
-  static constexpr float kCap = ${cap};
-  static constexpr float kInner = ${inner};   // scale / cap
-
+# Every K/V tile the base fusion visits counted as masked, so before_softmax sees each
+# (the soft-cap and the window fusions' trip counts)
+_EVERY_TILE_MASKED = """\
   template<class BlkCoord, class TileShape, class ProblemSize>
   CUTLASS_DEVICE int get_masked_trip_count(BlkCoord const& blk_coord, TileShape const& tile_shape,
                                            ProblemSize const& problem_size) {
@@ -409,7 +406,15 @@ struct SoftcapFusion : ${base} {
     return 0;
   }
 
-  template<class AccQK, class IndexQK, class ProblemSize>
+"""
+
+_SOFTCAP_FUSION = """\
+struct SoftcapFusion : ${base} {
+  using Base = ${base};
+  static constexpr float kCap = ${cap};
+  static constexpr float kInner = ${inner};   // scale / cap
+
+""" + _EVERY_TILE_MASKED + """  template<class AccQK, class IndexQK, class ProblemSize>
   CUTLASS_DEVICE void before_softmax(AccQK& acc_qk, IndexQK const& index_qk,
                                      ProblemSize const& problem_size) {
     CUTLASS_PRAGMA_UNROLL
@@ -433,18 +438,7 @@ struct WindowFusion : cutlass::fmha::collective::CausalFusion {
   using Base = cutlass::fmha::collective::CausalFusion;
   static constexpr int kWindow = ${window};
 
-  template<class BlkCoord, class TileShape, class ProblemSize>
-  CUTLASS_DEVICE int get_masked_trip_count(BlkCoord const& blk_coord, TileShape const& tile_shape,
-                                           ProblemSize const& problem_size) {
-    return Base::get_trip_count(blk_coord, tile_shape, problem_size);
-  }
-
-  template<class BlkCoord, class TileShape, class ProblemSize>
-  CUTLASS_DEVICE int get_unmasked_trip_count(BlkCoord const&, TileShape const&, ProblemSize const&) {
-    return 0;
-  }
-
-  template<class AccQK, class IndexQK, class ProblemSize>
+""" + _EVERY_TILE_MASKED + """  template<class AccQK, class IndexQK, class ProblemSize>
   CUTLASS_DEVICE void before_softmax(AccQK& acc_qk, IndexQK const& index_qk,
                                      ProblemSize const& problem_size) {
     Base::before_softmax(acc_qk, index_qk, problem_size);
