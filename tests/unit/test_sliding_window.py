@@ -133,3 +133,16 @@ def test_suite_window_cases_compute_the_reference(monkeypatch, arch):
         if not err <= TOL[out.dtype]:
             bad.append(f"{case_id(c)}: rel err {err:.2e}")
     assert not bad, "\n".join(bad)
+
+
+def test_a_dynamic_sequence_keeps_the_window_mask_as_a_bias():
+    """The Hopper kernel takes static sequence lengths only: under a dynamic one the
+    window mask stays the sm80 kernel's bias (checked per shape), not a fallback."""
+    q = torch.randn(2, 4, 96, 64, dtype=torch.float16)
+    seq = torch.export.Dim("seq", min=80, max=512)
+    cap = capture(WindowSdpa(32), (q, q.clone(), q.clone()),
+                  dynamic_shapes=({2: seq}, {2: seq}, {2: seq}))
+    plan = select(partition(cap.graph_module, CompileOptions(arch="sm90a")), "sm90a")
+    (r,) = plan.regions
+    assert r.problem.window == 0 and r.problem.bias == "add" and r.problem.seq_q is None
+    assert plan.kernels[0].config.family == "cutlass2x_sm80"

@@ -54,16 +54,18 @@ _PATTERNS = weakref.WeakKeyDictionary()
 def window_ok(options, q: fx.Node, v: fx.Node) -> bool:
     """Whether a sliding-window mask may fold into the kernel: only the Hopper kernel
     applies one, so only for an sm_90a target (partition's default) and a problem of its
-    dtypes and head dims (families/attention_sm90.refusal); elsewhere the mask stays a
-    bias, which the sm80 kernel reads."""
+    dtypes, head dims and static sequence lengths (families/attention_sm90.refusal);
+    elsewhere the mask stays a bias, which the sm80 kernel reads."""
     if not SLIDING_WINDOW or (ALIASES[options.arch] if options.arch else "sm90a") != "sm90a":
         return False
     qv, vv = val(q), val(v)
     if not (isinstance(qv, torch.Tensor) and isinstance(vv, torch.Tensor)):
         return False
     e, ev = static_int(qv.shape[-1]), static_int(vv.shape[-1])
+    # static sequence lengths: the Hopper kernel takes no dynamic ones
+    static = static_int(qv.shape[-2]) is not None and static_int(vv.shape[-2]) is not None
     return (qv.dtype in (torch.float16, torch.bfloat16) and e is not None and e == ev
-            and e % 8 == 0 and e <= 256)
+            and e % 8 == 0 and e <= 256 and static)
 
 
 def _fold_mask(mask: fx.Node, kind: str, seq_q, seq_kv, window_ok: bool = False):
