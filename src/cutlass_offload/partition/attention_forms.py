@@ -312,6 +312,25 @@ def _one_bias(ops: AttentionOperands, biases: list, fill, lq, lk):
                             "first, logits + (b1 + b2), makes it one region)")
 
 
+def _through_upcasts(q, mm, k, k_consumer, nodes):
+    """(q, k, upcast): GPT-J's ``q.to(float32) @ k.to(float32)^T`` read as the kernel's
+    q @ k^T on the 16-bit q and k (their products are exact in fp32 and the kernel sums
+    them in fp32, as the fp32 matmul does); the casts join ``nodes``. Unchanged, and
+    upcast False, unless both are fp32 casts of one 16-bit dtype used only here."""
+    cq = _cast_of(q) if isinstance(q, fx.Node) else None
+    ck = _cast_of(k) if isinstance(k, fx.Node) else None
+    if cq is None or ck is None or cq[1] != torch.float32 or ck[1] != torch.float32:
+        return q, k, False
+    sq, sk = val(cq[0]), val(ck[0])
+    if not (isinstance(sq, torch.Tensor) and isinstance(sk, torch.Tensor)
+            and sq.dtype == sk.dtype and sq.dtype in (torch.float16, torch.bfloat16)):
+        return q, k, False
+    if _single_user(q) is not mm or _single_user(k) is not k_consumer or q is k:
+        return q, k, False
+    nodes += [q, k]
+    return cq[0], ck[0], True
+
+
 def _read_softmax_form(softmax, mm, chain, tail, pv, options) -> AttentionOperands:
     what = "hand-written attention"
     rank = val(mm).dim()
@@ -341,6 +360,7 @@ def _read_softmax_form(softmax, mm, chain, tail, pv, options) -> AttentionOperan
             continue
         break
     q = a
+    q, k, upcast = _through_upcasts(q, mm, k, consumer, nodes)
     # logits: [casts | scalings | number shifts]* then at most one bias
     fill = fill_value = None           # one masked_fill(mask, -inf)
     add_biases = []                    # up to two additive biases: one may be a causal mask
@@ -422,7 +442,7 @@ def _read_softmax_form(softmax, mm, chain, tail, pv, options) -> AttentionOperan
     for n, w in ((mm, "q @ k^T"), (pv, "p @ v")):
         if val(n).dim() != rank or val(n.args[0]).dim() != rank or val(n.args[1]).dim() != rank:
             raise UnsupportedRegion(f"{what}: {w} is not a rank-{rank} batched matmul")
-    if val(mm).dtype != dtype_in:
+    if val(mm).dtype != dtype_in and not upcast:
         raise UnsupportedRegion(f"{what}: q @ k^T in {val(mm).dtype}")
     softcap = 0.0
     if pre_cap is not None:           # post * tanh(pre * s): cap post, scale pre * post
