@@ -291,9 +291,9 @@ def rsqrt_rms_operands(node, options) -> Optional[NormOperands]:
     stats = []                            # the centring's nodes (mean(x), x - mean(x))
     if centred:
         stats = [centred[1], xf]
-        for m in (centred[1], mean):
-            if _arg(m, 1, "dim") != _arg(mean, 1, "dim") or _arg(m, 2, "keepdim") != _arg(mean, 2, "keepdim"):
-                raise UnsupportedRegion(f"{what}: its mean and variance are over different dims")
+        m = centred[1]
+        if _arg(m, 1, "dim") != _arg(mean, 1, "dim") or _arg(m, 2, "keepdim") != _arg(mean, 2, "keepdim"):
+            raise UnsupportedRegion(f"{what}: its mean and variance are over different dims")
         xf = centred[0]
     xv = val(xf)
     dims = _arg(mean, 1, "dim")
